@@ -1,0 +1,131 @@
+//! Row gather (embedding lookup): `out[i] = table[ids[i]]`.
+//!
+//! Backward is a scatter-add: `∂table[r] += Σ_{i : ids[i] = r} ∂out[i]`.
+//! When the table is a 2-D parameter the tape keeps the contributions
+//! row-sparse and coalesces them with [`super::scatter::coalesce_rows`];
+//! otherwise [`gather_backward`] adds them into a dense buffer.
+//! Derivation: `docs/gradients.md#gather`.
+
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+use rayon::prelude::*;
+
+use crate::tape::{Op, Tape, Var};
+use crate::Real;
+
+/// `out[i, …] = table[ids[i], …]`.
+///
+/// table: (R, …), ids: (n) → out: (n, …).
+///
+/// **Panics** if an id is ≥ R.
+#[track_caller]
+pub fn gather_forward<T: Real>(table: ArrayViewD<'_, T>, ids: &[usize]) -> ArrayD<T> {
+    assert!(
+        table.ndim() >= 1,
+        "gather: the table must have at least one axis"
+    );
+    let n_rows = table.shape()[0];
+    if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
+        panic!("gather: id {bad} is out of range 0..{n_rows}");
+    }
+    let mut shape = table.shape().to_vec();
+    shape[0] = ids.len();
+    let width: usize = shape[1..].iter().product();
+    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
+    if width == 0 || ids.is_empty() {
+        return out;
+    }
+    let dst = out.as_slice_mut().expect("fresh array is contiguous");
+    match table.as_slice() {
+        Some(src) => {
+            let copy = |(o, &id): (&mut [T], &usize)| {
+                o.copy_from_slice(&src[id * width..(id + 1) * width])
+            };
+            if dst.len() >= super::PAR_MIN_ELEMS {
+                dst.par_chunks_mut(width).zip(ids.par_iter()).for_each(copy);
+            } else {
+                dst.chunks_mut(width).zip(ids.iter()).for_each(copy);
+            }
+        }
+        None => {
+            for (mut o, &id) in out.axis_iter_mut(Axis(0)).zip(ids) {
+                o.assign(&table.index_axis(Axis(0), id));
+            }
+        }
+    }
+    out
+}
+
+/// `g[ids[i]] += gy[i]` for every i, in order (a dense scatter-add).
+///
+/// ids: (n), gy: (n, …), g: (R, …).
+pub fn gather_backward<T: Real>(ids: &[usize], gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    for (row, &id) in gy.axis_iter(Axis(0)).zip(ids) {
+        let mut dst = g.index_axis_mut(Axis(0), id);
+        dst += &row;
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// Gathers rows: `out[i] = table[ids[i]]`.
+    ///
+    /// table: (R, …), ids: (n) → (n, …). Repeated ids are allowed; their
+    /// gradients add up. A 2-D parameter table gets a row-sparse gradient.
+    ///
+    /// **Panics** if an id is ≥ R (layers check ids first and return an
+    /// [`Error`](crate::Error)).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut tape = Tape::<f64>::new();
+    /// let t = tape.input(array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
+    /// let g = tape.gather(t, &[1, 0, 1]);
+    /// assert_eq!(tape.value(g), array![[3.0, 4.0], [1.0, 2.0], [3.0, 4.0]].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn gather(&mut self, table: Var, ids: &[usize]) -> Var {
+        let out = gather_forward(self.value(table), ids);
+        self.push(
+            out,
+            Op::Gather {
+                table,
+                ids: ids.to_vec(),
+            },
+            &[table],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn hand_case_repeated_ids_accumulate() {
+        // out = [t1, t0, t1]; ∂t0 = gy[1], ∂t1 = gy[0] + gy[2].
+        let gy = array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]].into_dyn();
+        let mut g = ArrayD::<f64>::zeros(IxDyn(&[3, 2]));
+        gather_backward(&[1, 0, 1], gy.view(), &mut g);
+        assert_eq!(
+            g,
+            array![[10.0, 20.0], [101.0, 202.0], [0.0, 0.0]].into_dyn()
+        );
+    }
+
+    #[test]
+    fn one_dimensional_table() {
+        let t = array![5.0f32, 6.0, 7.0].into_dyn();
+        assert_eq!(
+            gather_forward(t.view(), &[2, 2, 0]),
+            array![7.0f32, 7.0, 5.0].into_dyn()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "id 3 is out of range 0..3")]
+    fn out_of_range_panics() {
+        let t = array![[1.0f64], [2.0], [3.0]].into_dyn();
+        gather_forward(t.view(), &[3]);
+    }
+}

@@ -1,0 +1,144 @@
+//! Reductions to a scalar (a 0-D array): `sum`, `mean`, and the inner
+//! product with a constant array `Σ x ⊙ R` (the test losses).
+//!
+//! | op | forward | backward |
+//! |---|---|---|
+//! | sum | `y = Σ x` | `∂x += ∂y` |
+//! | mean | `y = Σ x / n` | `∂x += ∂y / n` |
+//! | dot_const | `y = Σ x ⊙ R` | `∂x += ∂y·R` |
+//!
+//! Derivation: `docs/gradients.md#reductions`.
+
+use ndarray::{arr0, ArrayD, ArrayViewD, Zip};
+
+use crate::tape::{Op, Tape, Value, Var};
+use crate::Real;
+
+fn scalar_of<T: Real>(gy: &ArrayViewD<'_, T>) -> T {
+    *gy.iter().next().expect("a scalar gradient")
+}
+
+/// `g += gy` (broadcast of a scalar).
+pub fn sum_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    let c = scalar_of(&gy);
+    g.mapv_inplace(|v| v + c);
+}
+
+/// `g += gy / n`.
+pub fn mean_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    let c = scalar_of(&gy) / T::from_f64(g.len().max(1) as f64);
+    g.mapv_inplace(|v| v + c);
+}
+
+/// `g += gy·R`.
+pub fn dot_const_backward<T: Real>(gy: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    let c = scalar_of(&gy);
+    Zip::from(g).and(&r).for_each(|g, &r| *g += c * r);
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// `Σ x` over every element, as a 0-D value.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
+    /// let s = t.sum(x);
+    /// assert_eq!(t.scalar(s), 10.0);
+    /// ```
+    pub fn sum(&mut self, x: Var) -> Var {
+        let y = self.value(x).sum();
+        self.push(arr0(y).into_dyn(), Op::Sum(x), &[x])
+    }
+
+    /// The mean of every element (0 for an empty array), as a 0-D value.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![1.0, 2.0, 6.0].into_dyn());
+    /// let m = t.mean(x);
+    /// assert_eq!(t.scalar(m), 3.0);
+    /// ```
+    pub fn mean(&mut self, x: Var) -> Var {
+        let v = self.value(x);
+        let y = v.sum() / T::from_f64(v.len().max(1) as f64);
+        self.push(arr0(y).into_dyn(), Op::Mean(x), &[x])
+    }
+
+    /// `Σ x ⊙ r` for a constant `r` of x's shape, as a 0-D value.
+    ///
+    /// **Panics** if the shapes differ.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![1.0, 2.0].into_dyn());
+    /// let y = t.dot_const(x, array![3.0, -1.0].into_dyn());
+    /// assert_eq!(t.scalar(y), 1.0);
+    /// assert_eq!(t.backward(y).input(x).unwrap(), &array![3.0, -1.0].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn dot_const(&mut self, x: Var, r: ArrayD<T>) -> Var {
+        let y = dot(self.value(x), r.view());
+        self.push(
+            arr0(y).into_dyn(),
+            Op::DotConst {
+                x,
+                r: Value::Owned(r),
+            },
+            &[x],
+        )
+    }
+
+    /// [`Tape::dot_const`] with a borrowed `r` (no copy).
+    ///
+    /// **Panics** if the shapes differ.
+    #[track_caller]
+    pub fn dot_const_view(&mut self, x: Var, r: ArrayViewD<'p, T>) -> Var {
+        let y = dot(self.value(x), r.view());
+        self.push(
+            arr0(y).into_dyn(),
+            Op::DotConst {
+                x,
+                r: Value::Borrowed(r),
+            },
+            &[x],
+        )
+    }
+}
+
+#[track_caller]
+fn dot<T: Real>(x: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>) -> T {
+    assert_eq!(
+        x.shape(),
+        r.shape(),
+        "dot_const: shapes {:?} and {:?} differ",
+        x.shape(),
+        r.shape()
+    );
+    let mut acc = T::zero();
+    Zip::from(&x).and(&r).for_each(|&a, &b| acc += a * b);
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn hand_case_mean() {
+        // y = (x0 + x1 + x2 + x3)/4: ∂x_i = 1/4.
+        let mut t = Tape::<f64>::new();
+        let x = t.input(array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
+        let m = t.mean(x);
+        assert_eq!(
+            t.backward(m).input(x).unwrap(),
+            &array![[0.25, 0.25], [0.25, 0.25]].into_dyn()
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Segment sum and segment mean over groups given by an index (the
+//! centroid of a split vocabulary's fusion penalty).
+//!
+//! `sum[s] = Σ_{i : seg[i] = s} x[i]`, backward `∂x[i] += ∂sum[seg[i]]`;
+//! `mean[s] = sum[s] / max(count[s], 1)`, backward
+//! `∂x[i] += ∂mean[seg[i]] / count[seg[i]]`. An empty segment's mean is 0
+//! (as the seed's `count.clamp(min=1)`).
+//! Derivation: `docs/gradients.md#segment-sum-and-mean`.
+
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+
+use crate::tape::{Op, Tape, Var};
+use crate::Real;
+
+#[track_caller]
+fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
+    assert!(
+        !shape.is_empty() && shape[0] == segments.len(),
+        "segment: {} segment ids for rows of {shape:?}",
+        segments.len()
+    );
+    if let Some(&bad) = segments.iter().find(|&&s| s >= n_segments) {
+        panic!("segment: segment id {bad} is out of range 0..{n_segments}");
+    }
+}
+
+/// `out[s] = Σ_{i : seg[i] = s} x[i]`, summed in increasing i.
+/// x: (n, …), segments: (n) → (n_segments, …).
+///
+/// **Panics** if a segment id is ≥ n_segments or the lengths differ.
+#[track_caller]
+pub fn segment_sum_forward<T: Real>(
+    x: ArrayViewD<'_, T>,
+    segments: &[usize],
+    n_segments: usize,
+) -> ArrayD<T> {
+    check(x.shape(), segments, n_segments);
+    let mut shape = x.shape().to_vec();
+    shape[0] = n_segments;
+    let mut out = ArrayD::zeros(IxDyn(&shape));
+    for (row, &s) in x.axis_iter(Axis(0)).zip(segments) {
+        let mut o = out.index_axis_mut(Axis(0), s);
+        o += &row;
+    }
+    out
+}
+
+/// Members of each segment.
+pub fn segment_counts(segments: &[usize], n_segments: usize) -> Vec<usize> {
+    let mut counts = vec![0; n_segments];
+    for &s in segments {
+        counts[s] += 1;
+    }
+    counts
+}
+
+/// `g[i] += gy[seg[i]]`.
+pub fn segment_sum_backward<T: Real>(segments: &[usize], gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    for (mut row, &s) in g.axis_iter_mut(Axis(0)).zip(segments) {
+        row += &gy.index_axis(Axis(0), s);
+    }
+}
+
+/// `g[i] += gy[seg[i]] / count[seg[i]]`.
+pub fn segment_mean_backward<T: Real>(
+    segments: &[usize],
+    counts: &[usize],
+    gy: ArrayViewD<'_, T>,
+    g: &mut ArrayD<T>,
+) {
+    for (mut row, &s) in g.axis_iter_mut(Axis(0)).zip(segments) {
+        let c = T::from_f64(counts[s] as f64);
+        row.zip_mut_with(&gy.index_axis(Axis(0), s), |g, &gy| *g += gy / c);
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// Sums rows by segment: `out[s] = Σ_{i : segments[i] = s} x[i]`.
+    ///
+    /// x: (n, …), segments: (n) → (n_segments, …).
+    ///
+    /// **Panics** if a segment id is ≥ n_segments or there is not one per row.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![[1.0], [2.0], [4.0]].into_dyn());
+    /// let s = t.segment_sum(x, &[1, 0, 1], 2);
+    /// assert_eq!(t.value(s), array![[2.0], [5.0]].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn segment_sum(&mut self, x: Var, segments: &[usize], n_segments: usize) -> Var {
+        let y = segment_sum_forward(self.value(x), segments, n_segments);
+        self.push(
+            y,
+            Op::SegmentSum {
+                x,
+                segments: segments.to_vec(),
+            },
+            &[x],
+        )
+    }
+
+    /// Averages rows by segment: `out[s] = mean_{i : segments[i] = s} x[i]`,
+    /// 0 for an empty segment.
+    ///
+    /// x: (n, …), segments: (n) → (n_segments, …).
+    ///
+    /// **Panics** if a segment id is ≥ n_segments or there is not one per row.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![[1.0], [2.0], [4.0]].into_dyn());
+    /// let m = t.segment_mean(x, &[1, 0, 1], 3);
+    /// assert_eq!(t.value(m), array![[2.0], [2.5], [0.0]].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn segment_mean(&mut self, x: Var, segments: &[usize], n_segments: usize) -> Var {
+        let mut y = segment_sum_forward(self.value(x), segments, n_segments);
+        let counts = segment_counts(segments, n_segments);
+        for (mut row, &c) in y.axis_iter_mut(Axis(0)).zip(&counts) {
+            let c = T::from_f64(c.max(1) as f64);
+            row.mapv_inplace(|v| v / c);
+        }
+        self.push(
+            y,
+            Op::SegmentMean {
+                x,
+                segments: segments.to_vec(),
+                counts,
+            },
+            &[x],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn hand_case_mean() {
+        // mean[1] = (x0 + x2)/2, mean[0] = x1: with ∂mean = [[1], [1]],
+        // ∂x = [1/2, 1, 1/2].
+        let mut t = Tape::<f64>::new();
+        let x = t.input(array![[1.0], [2.0], [4.0]].into_dyn());
+        let m = t.segment_mean(x, &[1, 0, 1], 2);
+        let loss = t.sum(m);
+        let g = t.backward(loss);
+        assert_eq!(g.input(x).unwrap(), &array![[0.5], [1.0], [0.5]].into_dyn());
+    }
+}

@@ -1,0 +1,111 @@
+//! Select by a row mask (`where`): `out[i] = mask[i] ? a[i] : b[i]`.
+//!
+//! Backward routes the gradient to the side that was chosen:
+//! `∂a[i] += mask[i]·∂out[i]`, `∂b[i] += (1 − mask[i])·∂out[i]`.
+//! Derivation: `docs/gradients.md#select`.
+
+use ndarray::{ArrayD, ArrayViewD, Axis};
+
+use crate::tape::{Op, Tape, Var};
+use crate::Real;
+
+/// `out[i] = if mask[i] { a[i] } else { b[i] }`. a, b: (n, …), mask: (n).
+///
+/// **Panics** if a and b differ in shape or the mask is not one per row.
+#[track_caller]
+pub fn select_forward<T: Real>(
+    mask: &[bool],
+    a: ArrayViewD<'_, T>,
+    b: ArrayViewD<'_, T>,
+) -> ArrayD<T> {
+    assert_eq!(
+        a.shape(),
+        b.shape(),
+        "select: shapes {:?} and {:?} differ",
+        a.shape(),
+        b.shape()
+    );
+    assert!(
+        a.ndim() >= 1 && a.shape()[0] == mask.len(),
+        "select: mask of length {} for rows of {:?}",
+        mask.len(),
+        a.shape()
+    );
+    let mut out = b.to_owned();
+    for (i, mut row) in out.axis_iter_mut(Axis(0)).enumerate() {
+        if mask[i] {
+            row.assign(&a.index_axis(Axis(0), i));
+        }
+    }
+    out
+}
+
+/// `g[i] += gy[i]` for the rows where `mask[i] == side`.
+pub fn select_backward<T: Real>(
+    mask: &[bool],
+    side: bool,
+    gy: ArrayViewD<'_, T>,
+    g: &mut ArrayD<T>,
+) {
+    for (i, mut row) in g.axis_iter_mut(Axis(0)).enumerate() {
+        if mask[i] == side {
+            row += &gy.index_axis(Axis(0), i);
+        }
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// Row-wise choice: `out[i] = mask[i] ? a[i] : b[i]`.
+    ///
+    /// a, b: (n, …), mask: (n) → (n, …).
+    ///
+    /// **Panics** if a and b differ in shape or the mask length is not n.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::Tape;
+    /// let mut t = Tape::<f64>::new();
+    /// let a = t.input(array![[1.0], [2.0]].into_dyn());
+    /// let b = t.input(array![[10.0], [20.0]].into_dyn());
+    /// let y = t.select(&[true, false], a, b);
+    /// assert_eq!(t.value(y), array![[1.0], [20.0]].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn select(&mut self, mask: &[bool], a: Var, b: Var) -> Var {
+        let y = select_forward(mask, self.value(a), self.value(b));
+        self.push(
+            y,
+            Op::Select {
+                mask: mask.to_vec(),
+                a,
+                b,
+            },
+            &[a, b],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn hand_case() {
+        // Row 0 from a, row 1 from b: ∂a = [1, 0], ∂b = [0, 1] (per row).
+        let mut t = Tape::<f64>::new();
+        let a = t.input(array![[1.0, 1.0], [2.0, 2.0]].into_dyn());
+        let b = t.input(array![[10.0, 10.0], [20.0, 20.0]].into_dyn());
+        let y = t.select(&[true, false], a, b);
+        let loss = t.sum(y);
+        let g = t.backward(loss);
+        assert_eq!(
+            g.input(a).unwrap(),
+            &array![[1.0, 1.0], [0.0, 0.0]].into_dyn()
+        );
+        assert_eq!(
+            g.input(b).unwrap(),
+            &array![[0.0, 0.0], [1.0, 1.0]].into_dyn()
+        );
+    }
+}

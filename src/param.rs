@@ -1,0 +1,212 @@
+//! Parameters and their gradients.
+//!
+//! A [`Parameter`] owns its array. The tape borrows it during a forward pass
+//! and never copies it; [`crate::Tape::backward`] returns [`Gradients`] keyed
+//! by [`ParamId`]. A gradient is dense or row-sparse ([`Grad`]): a table
+//! that was only read through a gather gets the sorted unique rows that
+//! occurred and one gradient row each.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ndarray::{Array2, ArrayD, ArrayView2, IxDyn};
+
+use crate::Real;
+
+/// The identity of a [`Parameter`], unique in the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ParamId(u64);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+impl ParamId {
+    fn fresh() -> Self {
+        ParamId(NEXT_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A named, trainable (or frozen) array.
+///
+/// Cloning gives a parameter with a fresh [`ParamId`], so gradients of the
+/// copy are never confused with those of the original.
+///
+/// ```
+/// use ndarray::Array2;
+/// use splitgrad::Parameter;
+/// let mut p = Parameter::new("token_embedding.prompt.weight", Array2::<f32>::zeros((16, 8)).into_dyn());
+/// assert!(p.is_trainable());
+/// p.set_trainable(false);
+/// assert_eq!(p.value().shape(), &[16, 8]);
+/// ```
+#[derive(Debug)]
+pub struct Parameter<T> {
+    id: ParamId,
+    name: String,
+    value: ArrayD<T>,
+    trainable: bool,
+}
+
+impl<T: Clone> Clone for Parameter<T> {
+    fn clone(&self) -> Self {
+        Parameter {
+            id: ParamId::fresh(),
+            name: self.name.clone(),
+            value: self.value.clone(),
+            trainable: self.trainable,
+        }
+    }
+}
+
+impl<T> Parameter<T> {
+    /// A trainable parameter with this name and value.
+    pub fn new(name: impl Into<String>, value: ArrayD<T>) -> Self {
+        Parameter {
+            id: ParamId::fresh(),
+            name: name.into(),
+            value,
+            trainable: true,
+        }
+    }
+    /// Its identity.
+    pub fn id(&self) -> ParamId {
+        self.id
+    }
+    /// Its checkpoint name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Its value.
+    pub fn value(&self) -> &ArrayD<T> {
+        &self.value
+    }
+    /// Its value, to change in place (an optimiser step, a load).
+    pub fn value_mut(&mut self) -> &mut ArrayD<T> {
+        &mut self.value
+    }
+    /// Whether the tape records gradients for it.
+    pub fn is_trainable(&self) -> bool {
+        self.trainable
+    }
+    /// Freezes (`false`) or unfreezes (`true`) it: a frozen parameter
+    /// receives no gradient and an optimiser never moves it.
+    pub fn set_trainable(&mut self, trainable: bool) {
+        self.trainable = trainable;
+    }
+}
+
+/// A row-sparse gradient of a table of shape `(n_rows, width)`.
+///
+/// `rows` is sorted and unique; `values[i]` is the gradient of row
+/// `rows[i]`; every other row's gradient is zero.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSparse<T> {
+    /// Rows of the table.
+    pub n_rows: usize,
+    /// The sorted unique rows that carry gradient.
+    pub rows: Vec<usize>,
+    /// One gradient row per entry of `rows`: (rows.len(), width).
+    pub values: Array2<T>,
+}
+
+impl<T: Real> RowSparse<T> {
+    /// The dense `(n_rows, width)` gradient.
+    pub fn to_dense(&self) -> Array2<T> {
+        let mut out = Array2::zeros((self.n_rows, self.values.ncols()));
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            out.row_mut(r).assign(&v);
+        }
+        out
+    }
+
+    /// The gradient row of table row `r`, if it carries one.
+    pub fn row(&self, r: usize) -> Option<ndarray::ArrayView1<'_, T>> {
+        self.rows.binary_search(&r).ok().map(|i| self.values.row(i))
+    }
+
+    /// Adds this gradient into a dense `(n_rows, width)` buffer.
+    ///
+    /// **Panics** if `dense` has another shape.
+    #[track_caller]
+    pub fn add_to(&self, mut dense: ndarray::ArrayViewMut2<'_, T>) {
+        assert_eq!(
+            dense.dim(),
+            (self.n_rows, self.values.ncols()),
+            "RowSparse::add_to: shape mismatch"
+        );
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            let mut d = dense.row_mut(r);
+            d += &v;
+        }
+    }
+}
+
+/// The gradient of one parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grad<T> {
+    /// Same shape as the parameter.
+    Dense(ArrayD<T>),
+    /// Only the rows that were read carry gradient.
+    RowSparse(RowSparse<T>),
+}
+
+impl<T: Real> Grad<T> {
+    /// The gradient as a dense array of the parameter's shape.
+    pub fn to_dense(&self) -> ArrayD<T> {
+        match self {
+            Grad::Dense(d) => d.clone(),
+            Grad::RowSparse(s) => s.to_dense().into_dyn(),
+        }
+    }
+}
+
+/// Coalesces `(row, gradient row)` contributions into a [`RowSparse`]:
+/// rows sorted and unique, repeated rows summed **in the order given**, so
+/// the result is the same bit for bit however it is computed.
+///
+/// ids: (n), values: (n, width); every id < n_rows.
+pub(crate) fn coalesce<T: Real>(
+    n_rows: usize,
+    ids: &[usize],
+    values: ArrayView2<'_, T>,
+) -> RowSparse<T> {
+    crate::ops::scatter::coalesce_rows(n_rows, ids, values)
+}
+
+/// Gradients returned by [`crate::Tape::backward`].
+#[derive(Debug)]
+pub struct Gradients<T> {
+    pub(crate) params: HashMap<ParamId, Grad<T>>,
+    pub(crate) inputs: HashMap<usize, ArrayD<T>>,
+}
+
+impl<T: Real> Gradients<T> {
+    /// The gradient of a parameter, or `None` when it is frozen or did not
+    /// contribute to the loss.
+    pub fn param(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+        self.params.get(&p.id())
+    }
+    /// The gradient of a parameter by id.
+    pub fn by_id(&self, id: ParamId) -> Option<&Grad<T>> {
+        self.params.get(&id)
+    }
+    /// Removes and returns a parameter's gradient.
+    pub fn take(&mut self, id: ParamId) -> Option<Grad<T>> {
+        self.params.remove(&id)
+    }
+    /// The gradient of a differentiable input made by [`crate::Tape::input`].
+    pub fn input(&self, v: crate::Var) -> Option<&ArrayD<T>> {
+        self.inputs.get(&v.index())
+    }
+    /// The gradient of a parameter as a dense array of its shape (zeros when
+    /// it received none).
+    pub fn dense(&self, p: &Parameter<T>) -> ArrayD<T> {
+        match self.param(p) {
+            Some(g) => g.to_dense(),
+            None => ArrayD::zeros(IxDyn(p.value().shape())),
+        }
+    }
+    /// Iterates over (parameter id, gradient).
+    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Grad<T>)> {
+        self.params.iter().map(|(k, v)| (*k, v))
+    }
+}

@@ -1,0 +1,527 @@
+//! The tape: an append-only record of a forward pass, replayed backwards.
+//!
+//! Every op appends one node — its value and, when gradients are recorded,
+//! what its backward step needs — and returns the node's [`Var`], an index.
+//! Since a node's inputs always come before it, walking the tape from the
+//! end is a topological order, and [`Tape::backward`] needs no graph search.
+//!
+//! Parameters are borrowed, not copied: [`Tape::param`] stores a view of the
+//! parameter's array, so using a 151936 × 1024 table costs nothing but the
+//! rows actually gathered from it.
+//!
+//! A node whose inputs need no gradient (constants, frozen parameters, or
+//! everything in a [`Tape::no_grad`] tape) is recorded as a constant: its
+//! backward information is never stored and backward never visits it.
+
+use std::collections::HashMap;
+
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
+
+use crate::param::{coalesce, Grad, Gradients, ParamId, Parameter};
+use crate::Real;
+
+/// A node of a [`Tape`]: an index, valid only for the tape that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Var(pub(crate) usize);
+
+impl Var {
+    /// Its position on the tape.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// A node's value: owned, or borrowed from a parameter or the caller.
+pub(crate) enum Value<'p, T> {
+    Owned(ArrayD<T>),
+    Borrowed(ArrayViewD<'p, T>),
+}
+
+impl<T> Value<'_, T> {
+    pub(crate) fn view(&self) -> ArrayViewD<'_, T> {
+        match self {
+            Value::Owned(a) => a.view(),
+            Value::Borrowed(v) => v.view(),
+        }
+    }
+}
+
+/// What made a node, with what its backward step needs.
+///
+/// The closed set of primitive ops: each arm of [`Tape::backward`] calls
+/// the documented `*_backward` function of its op's module.
+pub(crate) enum Op<'p, T> {
+    /// No gradient flows here.
+    Constant,
+    /// A differentiable input; its gradient is returned by [`Gradients::input`].
+    Input,
+    /// A trainable parameter.
+    Param(ParamId),
+    Gather {
+        table: Var,
+        ids: Vec<usize>,
+    },
+    Add(Var, Var),
+    Sub(Var, Var),
+    Mul(Var, Var),
+    Scale(Var, T),
+    RowScale {
+        x: Var,
+        s: Var,
+    },
+    Sigmoid(Var),
+    Select {
+        mask: Vec<bool>,
+        a: Var,
+        b: Var,
+    },
+    SegmentSum {
+        x: Var,
+        segments: Vec<usize>,
+    },
+    SegmentMean {
+        x: Var,
+        segments: Vec<usize>,
+        counts: Vec<usize>,
+    },
+    RowNorm(Var),
+    Sum(Var),
+    Mean(Var),
+    DotConst {
+        x: Var,
+        r: Value<'p, T>,
+    },
+    MatMul(Var, Var),
+    Transpose(Var),
+    Reshape(Var),
+    ConcatRows(Vec<Var>),
+    LogSumExp(Var),
+    CrossEntropy {
+        logits: Var,
+        labels: Vec<i64>,
+    },
+}
+
+struct Node<'p, T> {
+    value: Value<'p, T>,
+    op: Op<'p, T>,
+    requires_grad: bool,
+}
+
+/// The record of one forward pass.
+///
+/// `'p` is the lifetime of the parameters it borrows; `T` is `f32` or `f64`.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::{Parameter, Tape};
+/// let w = Parameter::new("w", array![[1.0f64, 2.0], [3.0, 4.0]].into_dyn());
+/// let mut tape = Tape::new();
+/// let table = tape.param(&w);
+/// let rows = tape.gather(table, &[1, 1, 0]); // (3, 2)
+/// let loss = tape.sum(rows);
+/// assert_eq!(tape.scalar(loss), 3.0 + 4.0 + 3.0 + 4.0 + 1.0 + 2.0);
+/// let grads = tape.backward(loss);
+/// // Row 1 was read twice, row 0 once: the gradient is row-sparse.
+/// let g = grads.dense(&w);
+/// assert_eq!(g, array![[1.0, 1.0], [2.0, 2.0]].into_dyn());
+/// ```
+pub struct Tape<'p, T> {
+    nodes: Vec<Node<'p, T>>,
+    record: bool,
+}
+
+impl<T: Real> Default for Tape<'_, T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// An empty tape that records gradients.
+    pub fn new() -> Self {
+        Tape {
+            nodes: Vec::new(),
+            record: true,
+        }
+    }
+
+    /// An empty tape that records nothing: every node is a constant, so a
+    /// forward pass stores only values, and [`Tape::backward`] returns no
+    /// gradients.
+    pub fn no_grad() -> Self {
+        Tape {
+            nodes: Vec::new(),
+            record: false,
+        }
+    }
+
+    /// Whether this tape records gradients.
+    pub fn is_recording(&self) -> bool {
+        self.record
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tape has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Borrows a parameter. A frozen parameter (or any parameter on a
+    /// no-grad tape) is a constant.
+    pub fn param(&mut self, p: &'p Parameter<T>) -> Var {
+        let op = if self.record && p.is_trainable() {
+            Op::Param(p.id())
+        } else {
+            Op::Constant
+        };
+        self.push_leaf(Value::Borrowed(p.value().view()), op)
+    }
+
+    /// An owned constant (no gradient).
+    pub fn constant(&mut self, value: ArrayD<T>) -> Var {
+        self.push_leaf(Value::Owned(value), Op::Constant)
+    }
+
+    /// A borrowed constant (no gradient, no copy).
+    pub fn constant_view(&mut self, value: ArrayViewD<'p, T>) -> Var {
+        self.push_leaf(Value::Borrowed(value), Op::Constant)
+    }
+
+    /// A differentiable input (an activation from outside the tape, such as
+    /// the `shared` rows of a split vocabulary or the hidden states of the
+    /// head): its gradient is returned by [`Gradients::input`].
+    pub fn input(&mut self, value: ArrayD<T>) -> Var {
+        let op = if self.record { Op::Input } else { Op::Constant };
+        self.push_leaf(Value::Owned(value), op)
+    }
+
+    /// A borrowed differentiable input.
+    pub fn input_view(&mut self, value: ArrayViewD<'p, T>) -> Var {
+        let op = if self.record { Op::Input } else { Op::Constant };
+        self.push_leaf(Value::Borrowed(value), op)
+    }
+
+    fn push_leaf(&mut self, value: Value<'p, T>, op: Op<'p, T>) -> Var {
+        let requires_grad = !matches!(op, Op::Constant);
+        self.nodes.push(Node {
+            value,
+            op,
+            requires_grad,
+        });
+        Var(self.nodes.len() - 1)
+    }
+
+    /// Appends an op's node. `inputs` are the nodes it reads; when none of
+    /// them needs a gradient (or the tape does not record), the op's
+    /// backward information is dropped and the node is a constant.
+    pub(crate) fn push(&mut self, value: ArrayD<T>, op: Op<'p, T>, inputs: &[Var]) -> Var {
+        let requires_grad = self.record && inputs.iter().any(|v| self.nodes[v.0].requires_grad);
+        let op = if requires_grad { op } else { Op::Constant };
+        self.nodes.push(Node {
+            value: Value::Owned(value),
+            op,
+            requires_grad,
+        });
+        Var(self.nodes.len() - 1)
+    }
+
+    /// Whether gradient flows into this node.
+    pub fn requires_grad(&self, v: Var) -> bool {
+        self.nodes[v.0].requires_grad
+    }
+
+    /// The value of a node.
+    ///
+    /// **Panics** if `v` is not a node of this tape.
+    #[track_caller]
+    pub fn value(&self, v: Var) -> ArrayViewD<'_, T> {
+        self.nodes[v.0].value.view()
+    }
+
+    /// The value of a 2-D node.
+    ///
+    /// **Panics** if it is not 2-D.
+    #[track_caller]
+    pub(crate) fn value2(&self, v: Var) -> ArrayView2<'_, T> {
+        self.value(v)
+            .into_dimensionality::<Ix2>()
+            .expect("expected a 2-D value")
+    }
+
+    /// The value of a node with a single element (a loss).
+    ///
+    /// **Panics** if the node has more or fewer than one element.
+    #[track_caller]
+    pub fn scalar(&self, v: Var) -> T {
+        let a = self.value(v);
+        assert_eq!(a.len(), 1, "scalar: node {} has shape {:?}", v.0, a.shape());
+        *a.iter().next().unwrap()
+    }
+
+    /// Reverse-mode gradients of `loss` (a single-element node) with respect
+    /// to every trainable parameter and differentiable input it depends on.
+    ///
+    /// Gradients accumulate where a value is used more than once. A table
+    /// that was only read through [`Tape::gather`] gets a row-sparse
+    /// gradient; anything else a dense one.
+    ///
+    /// **Panics** if `loss` does not have exactly one element.
+    #[track_caller]
+    pub fn backward(&self, loss: Var) -> Gradients<T> {
+        let n = self.nodes.len();
+        assert!(loss.0 < n, "backward: {loss:?} is not a node of this tape");
+        let shape = self.nodes[loss.0].value.view().shape().to_vec();
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            1,
+            "backward: the loss must have one element, it has shape {shape:?}"
+        );
+
+        let mut out = Gradients {
+            params: HashMap::new(),
+            inputs: HashMap::new(),
+        };
+        if !self.nodes[loss.0].requires_grad {
+            return out;
+        }
+        let mut grads: Vec<Option<ArrayD<T>>> = (0..n).map(|_| None).collect();
+        grads[loss.0] = Some(ArrayD::from_elem(IxDyn(&shape), T::one()));
+        // Row-sparse contributions to 2-D parameter tables, by node.
+        let mut sparse: HashMap<usize, Vec<(Vec<usize>, ArrayD<T>)>> = HashMap::new();
+
+        for i in (0..=loss.0).rev() {
+            let Some(gy) = grads[i].take() else { continue };
+            let node = &self.nodes[i];
+            let y = node.value.view();
+            let nodes = &self.nodes;
+            let val = |v: Var| nodes[v.0].value.view();
+            use crate::ops::*;
+            match &node.op {
+                Op::Constant => {}
+                Op::Input => {
+                    out.inputs.insert(i, gy);
+                }
+                Op::Param(id) => {
+                    accumulate_dense(&mut out.params, *id, gy);
+                }
+                Op::Gather { table, ids } => {
+                    let t = &nodes[table.0];
+                    if matches!(t.op, Op::Param(_)) && t.value.view().ndim() == 2 {
+                        sparse.entry(table.0).or_default().push((ids.clone(), gy));
+                    } else if let Some(g) = grad_buf(&mut grads, nodes, *table) {
+                        gather::gather_backward(ids, gy.view(), g);
+                    }
+                }
+                Op::Add(a, b) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        elementwise::add_backward(gy.view(), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *b) {
+                        elementwise::add_backward(gy.view(), g);
+                    }
+                }
+                Op::Sub(a, b) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        elementwise::add_backward(gy.view(), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *b) {
+                        elementwise::sub_backward_rhs(gy.view(), g);
+                    }
+                }
+                Op::Mul(a, b) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        elementwise::mul_backward(gy.view(), val(*b), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *b) {
+                        elementwise::mul_backward(gy.view(), val(*a), g);
+                    }
+                }
+                Op::Scale(a, c) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        elementwise::scale_backward(gy.view(), *c, g);
+                    }
+                }
+                Op::RowScale { x, s } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        row_scale::row_scale_backward_x(gy.view(), val(*s), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *s) {
+                        row_scale::row_scale_backward_s(gy.view(), val(*x), g);
+                    }
+                }
+                Op::Sigmoid(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        sigmoid::sigmoid_backward(y.view(), gy.view(), g);
+                    }
+                }
+                Op::Select { mask, a, b } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        select::select_backward(mask, true, gy.view(), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *b) {
+                        select::select_backward(mask, false, gy.view(), g);
+                    }
+                }
+                Op::SegmentSum { x, segments } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        segment::segment_sum_backward(segments, gy.view(), g);
+                    }
+                }
+                Op::SegmentMean {
+                    x,
+                    segments,
+                    counts,
+                } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        segment::segment_mean_backward(segments, counts, gy.view(), g);
+                    }
+                }
+                Op::RowNorm(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        row_norm::row_norm_backward(val(*x), y.view(), gy.view(), g);
+                    }
+                }
+                Op::Sum(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        reduce::sum_backward(gy.view(), g);
+                    }
+                }
+                Op::Mean(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        reduce::mean_backward(gy.view(), g);
+                    }
+                }
+                Op::DotConst { x, r } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        reduce::dot_const_backward(gy.view(), r.view(), g);
+                    }
+                }
+                Op::MatMul(a, b) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *a) {
+                        matmul::matmul_backward_lhs(gy.view(), val(*b), g);
+                    }
+                    if let Some(g) = grad_buf(&mut grads, nodes, *b) {
+                        matmul::matmul_backward_rhs(gy.view(), val(*a), g);
+                    }
+                }
+                Op::Transpose(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        shape::transpose_backward(gy.view(), g);
+                    }
+                }
+                Op::Reshape(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        shape::reshape_backward(gy.view(), g);
+                    }
+                }
+                Op::ConcatRows(parts) => {
+                    let mut start = 0;
+                    for p in parts {
+                        let rows = nodes[p.0].value.view().shape()[0];
+                        if let Some(g) = grad_buf(&mut grads, nodes, *p) {
+                            shape::concat_rows_backward(start, gy.view(), g);
+                        }
+                        start += rows;
+                    }
+                }
+                Op::LogSumExp(x) => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        cross_entropy::logsumexp_backward(val(*x), y.view(), gy.view(), g);
+                    }
+                }
+                Op::CrossEntropy { logits, labels } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *logits) {
+                        cross_entropy::cross_entropy_backward(val(*logits), labels, gy.view(), g);
+                    }
+                }
+            }
+        }
+
+        // Row-sparse table gradients: coalesced in tape order, merged into a
+        // dense gradient where the same table was also used densely.
+        let mut sparse: Vec<(usize, Vec<(Vec<usize>, ArrayD<T>)>)> = sparse.into_iter().collect();
+        sparse.sort_by_key(|(node, _)| *node);
+        let mut by_param: Vec<(ParamId, usize, Vec<usize>, Vec<ArrayD<T>>)> = Vec::new();
+        for (node, parts) in sparse {
+            let Op::Param(id) = self.nodes[node].op else {
+                unreachable!()
+            };
+            let n_rows = self.nodes[node].value.view().shape()[0];
+            let entry = match by_param.iter_mut().position(|e| e.0 == id) {
+                Some(k) => &mut by_param[k],
+                None => {
+                    by_param.push((id, n_rows, Vec::new(), Vec::new()));
+                    by_param.last_mut().unwrap()
+                }
+            };
+            // `parts` were pushed in reverse tape order; restore tape order.
+            for (ids, g) in parts.into_iter().rev() {
+                entry.2.extend_from_slice(&ids);
+                entry.3.push(g);
+            }
+        }
+        for (id, n_rows, ids, parts) in by_param {
+            let width = parts[0].len() / parts[0].shape()[0].max(1);
+            let views: Vec<ArrayView2<'_, T>> = parts
+                .iter()
+                .map(|p| {
+                    p.view()
+                        .into_shape_with_order((p.shape()[0], width))
+                        .expect("gather gradient is contiguous")
+                })
+                .collect();
+            let stacked: Array2<T> = if views.len() == 1 {
+                views[0].to_owned()
+            } else {
+                ndarray::concatenate(ndarray::Axis(0), &views).expect("same width")
+            };
+            let rs = coalesce(n_rows, &ids, stacked.view());
+            match out.params.get_mut(&id) {
+                Some(Grad::Dense(d)) => {
+                    let d2 = d
+                        .view_mut()
+                        .into_dimensionality::<Ix2>()
+                        .expect("2-D table");
+                    rs.add_to(d2);
+                }
+                Some(Grad::RowSparse(_)) => unreachable!("one entry per parameter"),
+                None => {
+                    out.params.insert(id, Grad::RowSparse(rs));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The gradient buffer of node `v`, zero-initialised on first use; `None`
+/// when no gradient flows into it.
+fn grad_buf<'g, T: Real>(
+    grads: &'g mut [Option<ArrayD<T>>],
+    nodes: &[Node<'_, T>],
+    v: Var,
+) -> Option<&'g mut ArrayD<T>> {
+    if !nodes[v.0].requires_grad {
+        return None;
+    }
+    let slot = &mut grads[v.0];
+    if slot.is_none() {
+        *slot = Some(ArrayD::zeros(nodes[v.0].value.view().raw_dim()));
+    }
+    slot.as_mut()
+}
+
+fn accumulate_dense<T: Real>(params: &mut HashMap<ParamId, Grad<T>>, id: ParamId, g: ArrayD<T>) {
+    match params.get_mut(&id) {
+        Some(Grad::Dense(d)) => *d += &g,
+        Some(Grad::RowSparse(_)) => unreachable!("sparse gradients are merged after the walk"),
+        None => {
+            params.insert(id, Grad::Dense(g));
+        }
+    }
+}
