@@ -207,25 +207,48 @@ impl fmt::Display for Error {
         }
         match &self.kind {
             ErrorKind::Config { message } => write!(f, "{message}"),
-            ErrorKind::OutOfRange { what, position, value, low, high } => write!(
+            ErrorKind::OutOfRange {
+                what,
+                position,
+                value,
+                low,
+                high,
+            } => write!(
                 f,
                 "{what} {value} at position {} is out of range {low}..{high}",
                 fmt_position(position)
             ),
-            ErrorKind::Shape { what, expected, found } => {
+            ErrorKind::Shape {
+                what,
+                expected,
+                found,
+            } => {
                 write!(f, "{what} has shape {found:?}, expected {expected}")
             }
-            ErrorKind::Dtype { expected, found } => write!(f, "has dtype {found}, expected {expected}"),
+            ErrorKind::Dtype { expected, found } => {
+                write!(f, "has dtype {found}, expected {expected}")
+            }
             ErrorKind::Missing => write!(f, "is missing"),
             ErrorKind::Empty => write!(f, "is empty"),
-            ErrorKind::DuplicatePair { position, first, language, token } => write!(
+            ErrorKind::DuplicatePair {
+                position,
+                first,
+                language,
+                token,
+            } => write!(
                 f,
                 "pair (language {language}, token {token}) at position [{position}] repeats position [{first}]"
             ),
             ErrorKind::NonFinite { position, value } => {
-                write!(f, "non-finite value {value} at position {}", fmt_position(position))
+                write!(
+                    f,
+                    "non-finite value {value} at position {}",
+                    fmt_position(position)
+                )
             }
-            ErrorKind::Diverged { step, message } => write!(f, "training diverged at step {step}: {message}"),
+            ErrorKind::Diverged { step, message } => {
+                write!(f, "training diverged at step {step}: {message}")
+            }
             ErrorKind::Format { message } => write!(f, "{message}"),
             ErrorKind::Io(e) => write!(f, "{e}"),
         }

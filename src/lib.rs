@@ -19,6 +19,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use param::{Grad, Gradients, ParamId, Parameter, RowSparse};
 pub use real::Real;
 pub use rng::Rng;
+pub mod layers;
 pub mod ops;
 pub mod tape;
 pub use tape::{Tape, Var};

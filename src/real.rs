@@ -128,7 +128,7 @@ impl_real!(f64, "f64", safetensors::Dtype::F64, matrixmultiply::dgemm);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::{array, Array2};
+    use ndarray::{Array2, array};
 
     #[test]
     fn gemm_matches_hand_product() {

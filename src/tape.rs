@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
 
-use crate::param::{coalesce, Grad, Gradients, ParamId, Parameter};
 use crate::Real;
+use crate::param::{Grad, Gradients, ParamId, Parameter, coalesce};
 
 /// A node of a [`Tape`]: an index, valid only for the tape that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -100,6 +100,12 @@ pub(crate) enum Op<'p, T> {
         logits: Var,
         labels: Vec<i64>,
     },
+    SplitGather {
+        tables: Vec<Var>,
+        routed: crate::ops::routing::Routed,
+    },
+    GatedMix(Box<crate::layers::split_vocabulary::GatedMixSaved>),
+    FusedCrossEntropy(Box<crate::layers::lm_head::FusedCeSaved<T>>),
 }
 
 struct Node<'p, T> {
@@ -243,16 +249,6 @@ impl<'p, T: Real> Tape<'p, T> {
         self.nodes[v.0].value.view()
     }
 
-    /// The value of a 2-D node.
-    ///
-    /// **Panics** if it is not 2-D.
-    #[track_caller]
-    pub(crate) fn value2(&self, v: Var) -> ArrayView2<'_, T> {
-        self.value(v)
-            .into_dimensionality::<Ix2>()
-            .expect("expected a 2-D value")
-    }
-
     /// The value of a node with a single element (a loss).
     ///
     /// **Panics** if the node has more or fewer than one element.
@@ -292,7 +288,7 @@ impl<'p, T: Real> Tape<'p, T> {
         let mut grads: Vec<Option<ArrayD<T>>> = (0..n).map(|_| None).collect();
         grads[loss.0] = Some(ArrayD::from_elem(IxDyn(&shape), T::one()));
         // Row-sparse contributions to 2-D parameter tables, by node.
-        let mut sparse: HashMap<usize, Vec<(Vec<usize>, ArrayD<T>)>> = HashMap::new();
+        let mut sparse: SparseParts<T> = HashMap::new();
 
         for i in (0..=loss.0).rev() {
             let Some(gy) = grads[i].take() else { continue };
@@ -310,11 +306,77 @@ impl<'p, T: Real> Tape<'p, T> {
                     accumulate_dense(&mut out.params, *id, gy);
                 }
                 Op::Gather { table, ids } => {
-                    let t = &nodes[table.0];
-                    if matches!(t.op, Op::Param(_)) && t.value.view().ndim() == 2 {
-                        sparse.entry(table.0).or_default().push((ids.clone(), gy));
-                    } else if let Some(g) = grad_buf(&mut grads, nodes, *table) {
-                        gather::gather_backward(ids, gy.view(), g);
+                    send_rows(nodes, &mut grads, &mut sparse, *table, ids.clone(), gy);
+                }
+                Op::SplitGather { tables, routed } => {
+                    let width = gy.len() / routed.n_ids().max(1);
+                    let gy2 = gy
+                        .view()
+                        .into_shape_with_order((routed.n_ids(), width))
+                        .expect("contiguous gradient");
+                    for (k, &t) in tables.iter().enumerate() {
+                        if nodes[t.0].requires_grad && !routed.positions[k].is_empty() {
+                            let rows = gy2
+                                .select(ndarray::Axis(0), &routed.positions[k])
+                                .into_dyn();
+                            send_rows(
+                                nodes,
+                                &mut grads,
+                                &mut sparse,
+                                t,
+                                routed.local[k].clone(),
+                                rows,
+                            );
+                        }
+                    }
+                }
+                Op::GatedMix(saved) => {
+                    let (shared, rows) = (saved.shared, saved.rows);
+                    let want = |v: Var| nodes[v.0].requires_grad;
+                    let want_gate = saved.gate.is_some_and(want);
+                    let (gs, row_contrib, gg) = saved.backward(
+                        val(shared),
+                        val(rows),
+                        saved.gate.map(val),
+                        gy.view(),
+                        want(shared),
+                        want(rows),
+                        want_gate,
+                    );
+                    if let (Some(g), Some(d)) = (grad_buf(&mut grads, nodes, shared), gs) {
+                        *g += &d;
+                    }
+                    if let (Some(gate), Some(d)) = (saved.gate, gg) {
+                        if let Some(g) = grad_buf(&mut grads, nodes, gate) {
+                            *g += &d;
+                        }
+                    }
+                    if let Some((ids, vals)) = row_contrib {
+                        send_rows(nodes, &mut grads, &mut sparse, rows, ids, vals);
+                    }
+                }
+                Op::FusedCrossEntropy(saved) => {
+                    // Take the buffers out so that all can be written at once.
+                    let mut take = |v: Var| grad_buf(&mut grads, nodes, v).map(std::mem::take);
+                    let mut gh = take(saved.hidden);
+                    let mut gws: Vec<Option<ArrayD<T>>> =
+                        saved.weights.iter().map(|&w| take(w)).collect();
+                    let ws: Vec<ArrayViewD<'_, T>> =
+                        saved.weights.iter().map(|&w| val(w)).collect();
+                    saved.backward(
+                        val(saved.hidden),
+                        &ws,
+                        gy.view(),
+                        gh.as_mut(),
+                        gws.iter_mut().map(Option::as_mut).collect(),
+                    );
+                    if let Some(g) = gh {
+                        grads[saved.hidden.0] = Some(g);
+                    }
+                    for (w, g) in saved.weights.iter().zip(gws) {
+                        if let Some(g) = g {
+                            grads[w.0] = Some(g);
+                        }
                     }
                 }
                 Op::Add(a, b) => {
@@ -496,6 +558,26 @@ impl<'p, T: Real> Tape<'p, T> {
             }
         }
         out
+    }
+}
+
+type SparseParts<T> = HashMap<usize, Vec<(Vec<usize>, ArrayD<T>)>>;
+
+/// Sends `values[i]` to row `ids[i]` of `table`: row-sparse when the table
+/// is a 2-D parameter, a dense scatter-add otherwise.
+fn send_rows<T: Real>(
+    nodes: &[Node<'_, T>],
+    grads: &mut [Option<ArrayD<T>>],
+    sparse: &mut SparseParts<T>,
+    table: Var,
+    ids: Vec<usize>,
+    values: ArrayD<T>,
+) {
+    let t = &nodes[table.0];
+    if matches!(t.op, Op::Param(_)) && t.value.view().ndim() == 2 {
+        sparse.entry(table.0).or_default().push((ids, values));
+    } else if let Some(g) = grad_buf(grads, nodes, table) {
+        crate::ops::gather::gather_backward(&ids, values.view(), g);
     }
 }
 

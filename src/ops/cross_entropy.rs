@@ -11,8 +11,8 @@
 
 use ndarray::{Array1, ArrayD, ArrayView1, ArrayViewD, Ix2, Zip};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// The label whose token is ignored: loss 0, no gradient (PyTorch's
 /// `ignore_index` default).
@@ -208,7 +208,10 @@ mod tests {
         let loss = t.sum(ce);
         let g = t.backward(loss);
         let gx = g.input(x).unwrap();
-        assert!((gx[[0, 0]] - 0.5).abs() < 1e-15 && (gx[[0, 1]] + 0.5).abs() < 1e-15, "{gx}");
+        assert!(
+            (gx[[0, 0]] - 0.5).abs() < 1e-15 && (gx[[0, 1]] + 0.5).abs() < 1e-15,
+            "{gx}"
+        );
     }
 
     #[test]

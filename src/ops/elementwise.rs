@@ -11,8 +11,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 #[track_caller]
 fn same_shape(op: &str, a: &[usize], b: &[usize]) {

@@ -9,8 +9,9 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use rayon::prelude::*;
 
-use crate::tape::{Op, Tape, Var};
+use super::routing::Routed;
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// `out[i, …] = table[ids[i], …]`.
 ///
@@ -92,6 +93,118 @@ impl<'p, T: Real> Tape<'p, T> {
                 ids: ids.to_vec(),
             },
             &[table],
+        )
+    }
+}
+
+/// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
+/// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
+/// `(*ids_shape, H)`.
+///
+/// **Panics** if the tables are not 2-D of one width, a local row is out of
+/// range, or `ids_shape` does not hold N ids.
+#[track_caller]
+pub fn split_gather_forward<T: Real>(
+    tables: &[ArrayViewD<'_, T>],
+    routed: &Routed,
+    ids_shape: &[usize],
+) -> ArrayD<T> {
+    let n = routed.n_ids();
+    assert_eq!(
+        ids_shape.iter().product::<usize>(),
+        n,
+        "split_gather: shape {ids_shape:?} does not hold {n} ids"
+    );
+    assert_eq!(
+        tables.len(),
+        routed.positions.len(),
+        "split_gather: {} tables for {} splits",
+        tables.len(),
+        routed.positions.len()
+    );
+    let width = tables
+        .first()
+        .map_or(0, |t| t.shape().get(1).copied().unwrap_or(0));
+    let flat: Vec<ndarray::ArrayView2<'_, T>> = tables
+        .iter()
+        .map(|t| {
+            t.view()
+                .into_dimensionality::<ndarray::Ix2>()
+                .expect("split_gather: tables must be 2-D")
+        })
+        .collect();
+    for (k, t) in flat.iter().enumerate() {
+        assert_eq!(
+            t.ncols(),
+            width,
+            "split_gather: table {k} has width {}, expected {width}",
+            t.ncols()
+        );
+        if let Some(&bad) = routed.local[k].iter().find(|&&l| l >= t.nrows()) {
+            panic!(
+                "split_gather: row {bad} is out of range 0..{} of table {k}",
+                t.nrows()
+            );
+        }
+    }
+    let mut shape = ids_shape.to_vec();
+    shape.push(width);
+    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
+    if width == 0 || n == 0 {
+        return out;
+    }
+    let owners = routed.owners();
+    let dst = out.as_slice_mut().expect("fresh array is contiguous");
+    let copy = |(o, &(k, l)): (&mut [T], &(usize, usize))| {
+        let src = flat[k].row(l);
+        match src.as_slice() {
+            Some(s) => o.copy_from_slice(s),
+            None => o.iter_mut().zip(src.iter()).for_each(|(d, &s)| *d = s),
+        }
+    };
+    if dst.len() >= super::PAR_MIN_ELEMS {
+        dst.par_chunks_mut(width)
+            .zip(owners.par_iter())
+            .for_each(copy);
+    } else {
+        dst.chunks_mut(width).zip(owners.iter()).for_each(copy);
+    }
+    out
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// Gathers each id's row from the split that owns it (the routed form of
+    /// [`Tape::gather`]): `out[n] = tables[k(n)][local(n)]`.
+    ///
+    /// tables: (size_k, H) each; `routed` from
+    /// [`SplitRouting::route_all`](super::routing::SplitRouting::route_all)
+    /// → `(*ids_shape, H)`. A token routed to split k sends gradient to split
+    /// k only; a 2-D parameter table gets a row-sparse gradient.
+    ///
+    /// **Panics** if the tables disagree with the routing (a caller bug).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{ops::routing::SplitRouting, Tape};
+    /// let mut t = Tape::<f64>::new();
+    /// let a = t.input(array![[1.0], [2.0]].into_dyn());
+    /// let b = t.input(array![[30.0]].into_dyn());
+    /// let routed = SplitRouting::new(&[2, 1]).route_all(&[2, 0, 1, 2])?;
+    /// let y = t.split_gather(&[a, b], &routed, &[2, 2]);
+    /// assert_eq!(t.value(y), array![[[30.0], [1.0]], [[2.0], [30.0]]].into_dyn());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn split_gather(&mut self, tables: &[Var], routed: &Routed, ids_shape: &[usize]) -> Var {
+        let views: Vec<ArrayViewD<'_, T>> = tables.iter().map(|&t| self.value(t)).collect();
+        let out = split_gather_forward(&views, routed, ids_shape);
+        self.push(
+            out,
+            Op::SplitGather {
+                tables: tables.to_vec(),
+                routed: routed.clone(),
+            },
+            tables,
         )
     }
 }

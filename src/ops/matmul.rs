@@ -6,8 +6,8 @@
 
 use ndarray::{Array2, ArrayD, ArrayViewD, Ix2};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 #[track_caller]
 fn two_d<'a, T>(what: &str, x: ArrayViewD<'a, T>) -> ndarray::ArrayView2<'a, T> {

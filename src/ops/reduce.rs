@@ -9,10 +9,10 @@
 //!
 //! Derivation: `docs/gradients.md#reductions`.
 
-use ndarray::{arr0, ArrayD, ArrayViewD, Zip};
+use ndarray::{ArrayD, ArrayViewD, Zip, arr0};
 
-use crate::tape::{Op, Tape, Value, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Value, Var};
 
 fn scalar_of<T: Real>(gy: &ArrayViewD<'_, T>) -> T {
     *gy.iter().next().expect("a scalar gradient")

@@ -38,6 +38,24 @@ pub struct Routed {
     pub local: Vec<Vec<usize>>,
 }
 
+impl Routed {
+    /// Number of ids routed.
+    pub fn n_ids(&self) -> usize {
+        self.positions.iter().map(Vec::len).sum()
+    }
+
+    /// `(split, local row)` of each id, in input order.
+    pub fn owners(&self) -> Vec<(usize, usize)> {
+        let mut out = vec![(0, 0); self.n_ids()];
+        for (k, (pos, loc)) in self.positions.iter().zip(&self.local).enumerate() {
+            for (&p, &l) in pos.iter().zip(loc) {
+                out[p] = (k, l);
+            }
+        }
+        out
+    }
+}
+
 impl SplitRouting {
     /// Routing for splits of these sizes, in order.
     pub fn new(sizes: &[usize]) -> Self {
@@ -107,7 +125,7 @@ impl SplitRouting {
                         id,
                         0,
                         self.total as i64,
-                    ))
+                    ));
                 }
             }
         }

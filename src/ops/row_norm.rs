@@ -6,8 +6,8 @@
 
 use ndarray::{Array1, ArrayD, ArrayViewD, Axis, Zip};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// `y[i] = ‖x[i]‖₂`. x: (n, …) → (n).
 ///

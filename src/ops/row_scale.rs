@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, Zip};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// `out[i, …] = s[i]·x[i, …]`. x: (n, …), s: (n).
 ///

@@ -10,8 +10,8 @@
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use crate::param::RowSparse;
 use crate::Real;
+use crate::param::RowSparse;
 
 /// Sorted unique rows and their summed gradients (the fast kernel).
 ///

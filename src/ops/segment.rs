@@ -2,15 +2,19 @@
 //! centroid of a split vocabulary's fusion penalty).
 //!
 //! `sum[s] = Σ_{i : seg[i] = s} x[i]`, backward `∂x[i] += ∂sum[seg[i]]`;
-//! `mean[s] = sum[s] / max(count[s], 1)`, backward
+//! `mean[s] = sum[s] / max(count[s], 1)` — computed as
+//! `x[f] + Σ_{i ∈ s} (x[i] − x[f]) / count[s]` with f the first member, the
+//! same function, so that a segment of identical rows has exactly that row
+//! as its mean (the fusion penalty's deviations are then exactly 0 after
+//! `seed_from`) — backward
 //! `∂x[i] += ∂mean[seg[i]] / count[seg[i]]`. An empty segment's mean is 0
 //! (as the seed's `count.clamp(min=1)`).
 //! Derivation: `docs/gradients.md#segment-sum-and-mean`.
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 #[track_caller]
 fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
@@ -43,6 +47,46 @@ pub fn segment_sum_forward<T: Real>(
         o += &row;
     }
     out
+}
+
+/// `out[s] = x[f_s] + Σ_{i : seg[i] = s} (x[i] − x[f_s]) / count[s]`, with
+/// f_s the first member of segment s: the mean, exact when every member is
+/// equal; 0 for an empty segment. x: (n, …), segments: (n) → (n_segments, …).
+///
+/// **Panics** if a segment id is ≥ n_segments or the lengths differ.
+#[track_caller]
+pub fn segment_mean_forward<T: Real>(
+    x: ArrayViewD<'_, T>,
+    segments: &[usize],
+    n_segments: usize,
+) -> ArrayD<T> {
+    check(x.shape(), segments, n_segments);
+    let mut first = vec![usize::MAX; n_segments];
+    for (i, &s) in segments.iter().enumerate() {
+        if first[s] == usize::MAX {
+            first[s] = i;
+        }
+    }
+    let mut shape = x.shape().to_vec();
+    shape[0] = n_segments;
+    let mut dev = ArrayD::<T>::zeros(IxDyn(&shape));
+    for (row, &s) in x.axis_iter(Axis(0)).zip(segments) {
+        let base = x.index_axis(Axis(0), first[s]);
+        let mut o = dev.index_axis_mut(Axis(0), s);
+        ndarray::Zip::from(&mut o)
+            .and(&row)
+            .and(&base)
+            .for_each(|o, &v, &b| *o += v - b);
+    }
+    let counts = segment_counts(segments, n_segments);
+    for (s, mut o) in dev.axis_iter_mut(Axis(0)).enumerate() {
+        if counts[s] > 0 {
+            let c = T::from_f64(counts[s] as f64);
+            let base = x.index_axis(Axis(0), first[s]);
+            o.zip_mut_with(&base, |o, &b| *o = b + *o / c);
+        }
+    }
+    dev
 }
 
 /// Members of each segment.
@@ -119,12 +163,8 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn segment_mean(&mut self, x: Var, segments: &[usize], n_segments: usize) -> Var {
-        let mut y = segment_sum_forward(self.value(x), segments, n_segments);
+        let y = segment_mean_forward(self.value(x), segments, n_segments);
         let counts = segment_counts(segments, n_segments);
-        for (mut row, &c) in y.axis_iter_mut(Axis(0)).zip(&counts) {
-            let c = T::from_f64(c.max(1) as f64);
-            row.mapv_inplace(|v| v / c);
-        }
         self.push(
             y,
             Op::SegmentMean {

@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// `out[i] = if mask[i] { a[i] } else { b[i] }`. a, b: (n, …), mask: (n).
 ///

@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// `g += gyᵀ`. gy: (n, m), g: (m, n).
 pub fn transpose_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {

@@ -5,8 +5,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
-use crate::tape::{Op, Tape, Var};
 use crate::Real;
+use crate::tape::{Op, Tape, Var};
 
 /// σ(x) without overflow: `1 / (1 + e^{−x})` for x ≥ 0, `e^x / (1 + e^x)`
 /// for x < 0.

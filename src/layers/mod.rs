@@ -1,0 +1,13 @@
+//! The three layers: [`SplitTokenEmbeddings`], [`SplitVocabulary`] and
+//! [`SplitLanguageModellingHead`], each recording its forward pass on a
+//! [`Tape`](crate::Tape).
+
+pub mod lm_head;
+pub mod split_embeddings;
+pub mod split_vocabulary;
+mod splits;
+
+pub use lm_head::SplitLanguageModellingHead;
+pub use split_embeddings::SplitTokenEmbeddings;
+pub use split_vocabulary::SplitVocabulary;
+pub use splits::SplitTables;

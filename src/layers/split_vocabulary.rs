@@ -1,0 +1,435 @@
+//! `SplitVocabulary`: chosen (language, token) pairs get a private row,
+//! mixed with the shared row by a learned sigmoid gate (parity with the
+//! seed `split-vocabulary.py`).
+//!
+//! ```text
+//! out_n = shared_n + g_r·(rows_r − shared_n)   with a row r for (language_n, token_n), g = σ(gate_logit)
+//! out_n = rows_r                               in fusion mode (no gate)
+//! out_n = shared_n                             without a row
+//! ```
+//!
+//! `shared + g·(row − shared)` is `(1 − g)·shared + g·row` written so that a
+//! row equal to its shared row gives `shared` exactly, whatever the gate.
+//! Penalties: `penalty = mean(σ(gate_logit))` (an L1 on the gates) and
+//! `fusion_penalty = (1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` with `c(t)` the
+//! mean of the rows of token t. Derivations:
+//! `docs/gradients.md#the-gated-mix` and `docs/gradients.md#the-fusion-penalty`.
+
+use std::path::Path;
+
+use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2};
+
+use crate::io::{PairLookup, SplitIndex, load_index};
+use crate::ops::sigmoid::sigmoid;
+use crate::tape::{Op, Tape, Var};
+use crate::{Error, Parameter, Real, Result};
+
+const NO_ROW: u32 = u32::MAX;
+
+/// What the backward of the gated mix needs.
+pub(crate) struct GatedMixSaved {
+    pub(crate) shared: Var,
+    pub(crate) rows: Var,
+    /// The gate probabilities σ(gate_logit), (n_rows); unused in fusion mode.
+    pub(crate) gate: Option<Var>,
+    /// The row of each token, `NO_ROW` for none.
+    row_of: Vec<u32>,
+}
+
+/// The gated mix (the fast kernel): shared (N, D), rows (n_rows, D), gate
+/// (n_rows) or `None` for fusion mode, row_of (N) → out (N, D).
+pub fn gated_mix_forward<T: Real>(
+    shared: ArrayView2<'_, T>,
+    rows: ArrayView2<'_, T>,
+    gate: Option<&[T]>,
+    row_of: &[u32],
+) -> Array2<T> {
+    let mut out = shared.to_owned();
+    for (n, mut o) in out.outer_iter_mut().enumerate() {
+        let r = row_of[n];
+        if r == NO_ROW {
+            continue;
+        }
+        let row = rows.row(r as usize);
+        match gate {
+            Some(g) => {
+                let g = g[r as usize];
+                o.zip_mut_with(&row, |s, &x| *s = *s + g * (x - *s));
+            }
+            None => o.assign(&row),
+        }
+    }
+    out
+}
+
+/// Gradients of the gated mix: (∂shared, row contributions (rows, values),
+/// ∂gate), each computed only when wanted.
+type MixGrads<T> = (
+    Option<ArrayD<T>>,
+    Option<(Vec<usize>, ArrayD<T>)>,
+    Option<ArrayD<T>>,
+);
+
+impl GatedMixSaved {
+    /// `∂shared_n = (1 − g_r)·∂out_n` (or ∂out_n without a row, 0 in fusion
+    /// mode with one); `∂rows_r += g_r·∂out_n` (∂out_n in fusion mode);
+    /// `∂g_r += Σ_d ∂out_nd·(rows_rd − shared_nd)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward<T: Real>(
+        &self,
+        shared: ArrayViewD<'_, T>,
+        rows: ArrayViewD<'_, T>,
+        gate: Option<ArrayViewD<'_, T>>,
+        gy: ArrayViewD<'_, T>,
+        want_shared: bool,
+        want_rows: bool,
+        want_gate: bool,
+    ) -> MixGrads<T> {
+        let shared = shared.into_dimensionality::<Ix2>().expect("2-D shared");
+        let rows = rows.into_dimensionality::<Ix2>().expect("2-D rows");
+        let gy = gy.into_dimensionality::<Ix2>().expect("2-D gradient");
+        let gate: Option<Vec<T>> = gate.map(|g| g.iter().copied().collect());
+        let mut gs = want_shared.then(|| gy.to_owned());
+        let mut ggate = (want_gate && gate.is_some()).then(|| Array1::<T>::zeros(rows.nrows()));
+        let with_row: Vec<usize> = (0..self.row_of.len())
+            .filter(|&n| self.row_of[n] != NO_ROW)
+            .collect();
+        let mut contrib = want_rows.then(|| Array2::<T>::zeros((with_row.len(), rows.ncols())));
+        for (j, &n) in with_row.iter().enumerate() {
+            let r = self.row_of[n] as usize;
+            let gyn = gy.row(n);
+            match &gate {
+                Some(g) => {
+                    let g = g[r];
+                    if let Some(gs) = gs.as_mut() {
+                        gs.row_mut(n).mapv_inplace(|v| v * (T::one() - g));
+                    }
+                    if let Some(c) = contrib.as_mut() {
+                        c.row_mut(j).zip_mut_with(&gyn, |c, &d| *c = g * d);
+                    }
+                    if let Some(gg) = ggate.as_mut() {
+                        let mut acc = T::zero();
+                        for ((&d, &x), &s) in gyn.iter().zip(rows.row(r)).zip(shared.row(n)) {
+                            acc += d * (x - s);
+                        }
+                        gg[r] += acc;
+                    }
+                }
+                None => {
+                    if let Some(gs) = gs.as_mut() {
+                        gs.row_mut(n).fill(T::zero());
+                    }
+                    if let Some(c) = contrib.as_mut() {
+                        c.row_mut(j).assign(&gyn);
+                    }
+                }
+            }
+        }
+        let ids: Vec<usize> = with_row.iter().map(|&n| self.row_of[n] as usize).collect();
+        (
+            gs.map(|a| a.into_dyn()),
+            contrib.map(|c| (ids, c.into_dyn())),
+            ggate.map(|a| a.into_dyn()),
+        )
+    }
+}
+
+/// Private rows for chosen (language, token) pairs, gated against the
+/// shared embedding.
+///
+/// ```
+/// use ndarray::Array2;
+/// use splitgrad::{io::SplitIndex, layers::SplitVocabulary, Tape};
+/// // Pairs (language 1, token 2) and (language 0, token 2).
+/// let index = SplitIndex::new(vec![1, 0], vec![2, 2]);
+/// let mut sv = SplitVocabulary::<f64>::new(index, 4, 3, 2, 0.0)?;
+/// let table = Array2::from_shape_fn((4, 3), |(i, j)| (i * 3 + j) as f64);
+/// sv.seed_from(table.view())?;
+/// let tokens = [2i64, 2, 1];
+/// let langs = [1i64, 0, 1];
+/// let shared = table.select(ndarray::Axis(0), &[2, 2, 1]);
+/// let mut tape = Tape::new();
+/// let s = tape.input(shared.clone().into_dyn());
+/// let out = sv.forward(&mut tape, &tokens, &langs, s, true)?;
+/// assert_eq!(tape.value(out), shared.into_dyn()); // exactly, after seed_from
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct SplitVocabulary<T> {
+    rows: Parameter<T>,
+    gate_logit: Parameter<T>,
+    index: SplitIndex,
+    lookup: PairLookup,
+    vocab_size: usize,
+    n_languages: usize,
+    dim: usize,
+    /// The group (unique token, in increasing token order) of each row.
+    group: Vec<usize>,
+    n_groups: usize,
+}
+
+impl<T: Real> SplitVocabulary<T> {
+    /// Builds the layer from an index of pairs; `rows` start at zero,
+    /// `gate_logit` at `gate_init`. Errors: an index that SPEC 1.3 rejects
+    /// (empty, a language ≥ L, a token ≥ V, a duplicate pair), `dim` 0, or a
+    /// non-finite `gate_init`.
+    ///
+    /// ```
+    /// use splitgrad::{io::SplitIndex, layers::SplitVocabulary};
+    /// let bad = SplitIndex::new(vec![0, 0], vec![1, 1]);
+    /// assert!(SplitVocabulary::<f32>::new(bad, 4, 2, 1, 0.0).is_err());
+    /// ```
+    pub fn new(
+        index: SplitIndex,
+        vocab_size: usize,
+        dim: usize,
+        n_languages: usize,
+        gate_init: f64,
+    ) -> Result<Self> {
+        if dim == 0 {
+            return Err(Error::config("dim must be positive, got 0"));
+        }
+        if !gate_init.is_finite() {
+            return Err(Error::config(format!(
+                "gate_init must be finite, got {gate_init}"
+            )));
+        }
+        index.validate(n_languages, vocab_size)?;
+        let n_rows = index.token_index.len();
+        let lookup = index.lookup(n_languages, vocab_size);
+        let mut uniq: Vec<usize> = index.token_index.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let group = index
+            .token_index
+            .iter()
+            .map(|t| uniq.binary_search(t).expect("present"))
+            .collect();
+        Ok(SplitVocabulary {
+            rows: Parameter::new(
+                "split_vocabulary.rows",
+                Array2::<T>::zeros((n_rows, dim)).into_dyn(),
+            ),
+            gate_logit: Parameter::new(
+                "split_vocabulary.gate_logit",
+                ArrayD::from_elem(ndarray::IxDyn(&[n_rows]), T::from_f64(gate_init)),
+            ),
+            index,
+            lookup,
+            vocab_size,
+            n_languages,
+            dim,
+            group,
+            n_groups: uniq.len(),
+        })
+    }
+
+    /// Loads the index from an `.npz` file (arrays `language_index` and
+    /// `token_index`), then [`Self::new`]. Errors name the file, the array,
+    /// the position and the value.
+    pub fn from_npz(
+        path: impl AsRef<Path>,
+        vocab_size: usize,
+        dim: usize,
+        n_languages: usize,
+        gate_init: f64,
+    ) -> Result<Self> {
+        let index = load_index(path.as_ref(), n_languages, vocab_size)?;
+        Self::new(index, vocab_size, dim, n_languages, gate_init)
+            .map_err(|e| e.in_file(path.as_ref()))
+    }
+
+    /// Copies each row from the shared row it specialises:
+    /// `rows[i] = table[token_index[i]]`. After it the layer's output equals
+    /// `shared` exactly, whatever the gates. table: (V, D).
+    pub fn seed_from(&mut self, table: ArrayView2<'_, T>) -> Result<()> {
+        if table.dim() != (self.vocab_size, self.dim) {
+            return Err(Error::shape(
+                "seed table",
+                format!("({}, {})", self.vocab_size, self.dim),
+                table.shape(),
+            ));
+        }
+        let rows = table.select(Axis(0), &self.index.token_index);
+        *self.rows.value_mut() = rows.into_dyn();
+        Ok(())
+    }
+
+    /// σ(gate_logit), (n_rows).
+    pub fn gate(&self) -> Array1<T> {
+        self.gate_logit
+            .value()
+            .iter()
+            .map(|&x| sigmoid(x))
+            .collect()
+    }
+
+    /// mean(σ(gate_logit)): the L1 penalty's value.
+    pub fn penalty(&self) -> T {
+        let g = self.gate();
+        g.sum() / T::from_f64(g.len().max(1) as f64)
+    }
+
+    /// σ(gate_logit) on the tape, (n_rows).
+    pub fn gate_var<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
+        let logit = tape.param(&self.gate_logit);
+        tape.sigmoid(logit)
+    }
+
+    /// mean(σ(gate_logit)) on the tape (a scalar).
+    pub fn penalty_var<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
+        let g = self.gate_var(tape);
+        tape.mean(g)
+    }
+
+    /// `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` on the tape (a scalar), the
+    /// gradient flowing through the centroid too; 0 gradient where a
+    /// deviation is exactly zero (as at `seed_from`).
+    pub fn fusion_penalty_var<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
+        let rows = tape.param(&self.rows);
+        let centroid = tape.segment_mean(rows, &self.group, self.n_groups);
+        let own = tape.gather(centroid, &self.group);
+        let dev = tape.sub(rows, own);
+        let norms = tape.row_norm(dev);
+        tape.mean(norms)
+    }
+
+    /// The fusion penalty's value.
+    pub fn fusion_penalty(&self) -> T {
+        let mut tape = Tape::no_grad();
+        let p = self.fusion_penalty_var(&mut tape);
+        tape.scalar(p)
+    }
+
+    /// The row of each token, checking lengths and ranges.
+    fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
+        if token_ids.len() != language_ids.len() {
+            return Err(Error::new(crate::ErrorKind::Shape {
+                what: "language_ids".into(),
+                expected: format!("({},) like token_ids", token_ids.len()),
+                found: vec![language_ids.len()],
+            }));
+        }
+        let mut out = Vec::with_capacity(token_ids.len());
+        for (n, (&t, &l)) in token_ids.iter().zip(language_ids).enumerate() {
+            if t < 0 || t as u64 >= self.vocab_size as u64 {
+                return Err(Error::out_of_range(
+                    "token id",
+                    vec![n],
+                    t,
+                    0,
+                    self.vocab_size as i64,
+                ));
+            }
+            if l < 0 || l as u64 >= self.n_languages as u64 {
+                return Err(Error::out_of_range(
+                    "language id",
+                    vec![n],
+                    l,
+                    0,
+                    self.n_languages as i64,
+                ));
+            }
+            out.push(
+                self.lookup
+                    .get(l as usize, t as usize)
+                    .map_or(NO_ROW, |r| r as u32),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Mixes each token's shared row with its private row, if any.
+    ///
+    /// token_ids, language_ids: (N); shared: (N, D) on the tape. With the
+    /// gate: `out_n = shared_n + g_r·(rows_r − shared_n)`; without it
+    /// (fusion mode): `out_n = rows_r`; `out_n = shared_n` without a row.
+    /// Gradient flows to `shared`, `rows` and `gate_logit`. Errors: lengths
+    /// differ, an id out of range, `shared` of the wrong shape.
+    pub fn forward<'p>(
+        &'p self,
+        tape: &mut Tape<'p, T>,
+        token_ids: &[i64],
+        language_ids: &[i64],
+        shared: Var,
+        use_gate: bool,
+    ) -> Result<Var> {
+        let row_of = self.rows_of(token_ids, language_ids)?;
+        let shape = tape.value(shared).shape().to_vec();
+        if shape != [token_ids.len(), self.dim] {
+            return Err(Error::shape(
+                "shared",
+                format!("({}, {})", token_ids.len(), self.dim),
+                &shape,
+            ));
+        }
+        let rows = tape.param(&self.rows);
+        let gate = use_gate.then(|| self.gate_var(tape));
+        let out = {
+            let g: Option<Vec<T>> = gate.map(|g| tape.value(g).iter().copied().collect());
+            let s = tape
+                .value(shared)
+                .into_dimensionality::<Ix2>()
+                .expect("checked 2-D");
+            let r = tape
+                .value(rows)
+                .into_dimensionality::<Ix2>()
+                .expect("2-D rows");
+            gated_mix_forward(s, r, g.as_deref(), &row_of)
+        };
+        let mut inputs = vec![shared, rows];
+        inputs.extend(gate);
+        let saved = GatedMixSaved {
+            shared,
+            rows,
+            gate,
+            row_of,
+        };
+        Ok(tape.push(out.into_dyn(), Op::GatedMix(Box::new(saved)), &inputs))
+    }
+
+    /// `split_vocabulary.rows`, (n_rows, D).
+    pub fn rows(&self) -> &Parameter<T> {
+        &self.rows
+    }
+
+    /// `split_vocabulary.gate_logit`, (n_rows).
+    pub fn gate_logit(&self) -> &Parameter<T> {
+        &self.gate_logit
+    }
+
+    /// Both parameters, to change in place: (rows, gate_logit).
+    pub fn parameters_mut(&mut self) -> (&mut Parameter<T>, &mut Parameter<T>) {
+        (&mut self.rows, &mut self.gate_logit)
+    }
+
+    /// The index of pairs.
+    pub fn index(&self) -> &SplitIndex {
+        &self.index
+    }
+
+    /// The row of a (language, token) pair.
+    pub fn row_of(&self, language: usize, token: usize) -> Option<usize> {
+        self.lookup.get(language, token)
+    }
+
+    /// n_rows.
+    pub fn n_rows(&self) -> usize {
+        self.index.token_index.len()
+    }
+
+    /// D.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// V.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// L.
+    pub fn n_languages(&self) -> usize {
+        self.n_languages
+    }
+}
