@@ -56,3 +56,10 @@ impl PairLookup {
 pub fn load_index(_p: &Path, _l: usize, _v: usize) -> Result<SplitIndex> {
     todo!()
 }
+/// stub
+#[derive(Clone, Debug)]
+pub struct Corpus {
+    pub token_ids: Vec<u32>,
+    pub language_ids: Vec<u32>,
+    pub sequence_starts: Vec<usize>,
+}

@@ -23,3 +23,4 @@ pub mod layers;
 pub mod ops;
 pub mod tape;
 pub use tape::{Tape, Var};
+pub mod synthetic;

@@ -13,215 +13,22 @@
 //! `G = ∂loss ⊙ (softmax − onehot)`. Derivation:
 //! `docs/gradients.md#fused-cross-entropy`.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, s};
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2};
 
 use super::SplitTables;
-use crate::ops::cross_entropy::{IGNORE_INDEX, first_bad_label};
+use super::fused_ce::{ChunkSizes, Targets, fused_ce_backward, fused_ce_forward};
+use crate::ops::cross_entropy::first_bad_label;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result, Rng};
 
-/// Chunk sizes of the fused cross-entropy: the workspace holds
-/// `tokens × vocab` logits plus two `tokens × H` blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkSizes {
-    /// Tokens per chunk.
-    pub tokens: usize,
-    /// Vocabulary rows per chunk.
-    pub vocab: usize,
-}
-
-impl Default for ChunkSizes {
-    fn default() -> Self {
-        ChunkSizes {
-            tokens: 256,
-            vocab: 4096,
-        }
-    }
-}
-
-impl ChunkSizes {
-    /// Bytes of workspace the kernel allocates for hidden size `h` and
-    /// element type `T`: independent of N and V.
-    pub fn workspace_bytes<T: Real>(&self, h: usize) -> usize {
-        (self.tokens * self.vocab + 2 * self.tokens * h) * std::mem::size_of::<T>()
-    }
-}
-
-/// What the backward of the fused op needs: the inputs' nodes, the labels
-/// and each token's log-sum-exp.
+/// What the backward of the fused op needs: the inputs' nodes, the
+/// targets and each hidden row's log-sum-exp.
 pub(crate) struct FusedCeSaved<T> {
     pub(crate) hidden: Var,
     pub(crate) weights: Vec<Var>,
-    labels: Vec<i64>,
+    targets: Targets,
     lse: Vec<T>,
     chunks: ChunkSizes,
-}
-
-/// Positions of the tokens whose label is not ignored.
-fn active_positions(labels: &[i64]) -> Vec<usize> {
-    labels
-        .iter()
-        .enumerate()
-        .filter(|&(_, &l)| l != IGNORE_INDEX)
-        .map(|(i, _)| i)
-        .collect()
-}
-
-/// Copies rows `idx` of `h` into the first `idx.len()` rows of `buf`.
-fn gather_rows<T: Real>(h: ArrayView2<'_, T>, idx: &[usize], buf: &mut Array2<T>) {
-    for (i, &p) in idx.iter().enumerate() {
-        buf.row_mut(i).assign(&h.row(p));
-    }
-}
-
-/// Per-token loss and log-sum-exp, chunked (the fast kernel).
-///
-/// h: (N, H), weights: (size_k, H) each, labels: (N) in `[0, V)` or −100
-/// → (loss (N), lse (N)); an ignored token has loss 0 and lse 0.
-pub fn fused_ce_forward<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    labels: &[i64],
-    chunks: ChunkSizes,
-) -> (Vec<T>, Vec<T>) {
-    let n = h.nrows();
-    let mut loss = vec![T::zero(); n];
-    let mut lse = vec![T::zero(); n];
-    let active = active_positions(labels);
-    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
-    let mut hc = Array2::<T>::zeros((tc.min(active.len()), h.ncols()));
-    let mut work = Array2::<T>::zeros((tc.min(active.len()), vc));
-    for idx in active.chunks(tc) {
-        let rows = idx.len();
-        gather_rows(h, idx, &mut hc);
-        let hc = hc.slice(s![..rows, ..]);
-        let mut m = vec![T::neg_infinity(); rows];
-        let mut sum = vec![T::zero(); rows];
-        let mut label_logit = vec![T::zero(); rows];
-        let mut start = 0usize;
-        for w in weights {
-            for v0 in (0..w.nrows()).step_by(vc) {
-                let v1 = (v0 + vc).min(w.nrows());
-                let mut sblk = work.slice_mut(s![..rows, ..v1 - v0]);
-                T::gemm(
-                    T::one(),
-                    hc,
-                    w.slice(s![v0..v1, ..]).t(),
-                    T::zero(),
-                    sblk.view_mut(),
-                );
-                for (i, row) in sblk.outer_iter().enumerate() {
-                    let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-                    if bm > m[i] {
-                        sum[i] = sum[i] * (m[i] - bm).exp();
-                        m[i] = bm;
-                    }
-                    let mi = m[i];
-                    if mi > T::neg_infinity() {
-                        sum[i] += row.iter().map(|&z| (z - mi).exp()).sum::<T>();
-                    }
-                    let l = labels[idx[i]] as usize;
-                    if l >= start + v0 && l < start + v1 {
-                        label_logit[i] = row[l - start - v0];
-                    }
-                }
-            }
-            start += w.nrows();
-        }
-        for (i, &p) in idx.iter().enumerate() {
-            lse[p] = m[i] + sum[i].ln();
-            loss[p] = lse[p] - label_logit[i];
-        }
-    }
-    (loss, lse)
-}
-
-/// Adds the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
-///
-/// h: (N, H), weights: (size_k, H), labels, lse: (N) from
-/// [`fused_ce_forward`], gy: (N); gh: (N, H), gws[k]: (size_k, H), each
-/// `None` when not wanted.
-#[allow(clippy::too_many_arguments)]
-pub fn fused_ce_backward<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    labels: &[i64],
-    lse: &[T],
-    gy: &[T],
-    chunks: ChunkSizes,
-    mut gh: Option<ArrayViewMut2<'_, T>>,
-    gws: &mut [Option<ArrayViewMut2<'_, T>>],
-) {
-    let active = active_positions(labels);
-    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
-    let width = h.ncols();
-    let mut hc = Array2::<T>::zeros((tc.min(active.len()), width));
-    let mut ghc = Array2::<T>::zeros((tc.min(active.len()), width));
-    let mut work = Array2::<T>::zeros((tc.min(active.len()), vc));
-    for idx in active.chunks(tc) {
-        let rows = idx.len();
-        gather_rows(h, idx, &mut hc);
-        let hcv = hc.slice(s![..rows, ..]);
-        ghc.fill(T::zero());
-        let mut start = 0usize;
-        for (k, w) in weights.iter().enumerate() {
-            for v0 in (0..w.nrows()).step_by(vc) {
-                let v1 = (v0 + vc).min(w.nrows());
-                let wblk = w.slice(s![v0..v1, ..]);
-                let mut g = work.slice_mut(s![..rows, ..v1 - v0]);
-                T::gemm(T::one(), hcv, wblk.t(), T::zero(), g.view_mut());
-                for (i, mut row) in g.outer_iter_mut().enumerate() {
-                    let p = idx[i];
-                    let (l, u) = (lse[p], gy[p]);
-                    row.mapv_inplace(|z| u * (z - l).exp());
-                    let lab = labels[p] as usize;
-                    if lab >= start + v0 && lab < start + v1 {
-                        row[lab - start - v0] -= u;
-                    }
-                }
-                if gh.is_some() {
-                    T::gemm(
-                        T::one(),
-                        g.view(),
-                        wblk,
-                        T::one(),
-                        ghc.slice_mut(s![..rows, ..]),
-                    );
-                }
-                if let Some(gw) = gws[k].as_mut() {
-                    T::gemm(T::one(), g.t(), hcv, T::one(), gw.slice_mut(s![v0..v1, ..]));
-                }
-            }
-            start += w.nrows();
-        }
-        if let Some(gh) = gh.as_mut() {
-            for (i, &p) in idx.iter().enumerate() {
-                let mut dst = gh.row_mut(p);
-                dst += &ghc.row(i);
-            }
-        }
-    }
-}
-
-/// The naive twin: the full (N, V) logits, then a stable cross-entropy per
-/// row. Returns (loss (N), lse (N)).
-pub fn naive_ce_forward<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    labels: &[i64],
-) -> (Vec<T>, Vec<T>) {
-    let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
-    let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
-    T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
-    let mut loss = vec![T::zero(); h.nrows()];
-    let mut lse = vec![T::zero(); h.nrows()];
-    for (i, row) in logits.outer_iter().enumerate() {
-        if labels[i] != IGNORE_INDEX {
-            lse[i] = crate::ops::cross_entropy::logsumexp_row(row);
-            loss[i] = lse[i] - row[labels[i] as usize];
-        }
-    }
-    (loss, lse)
 }
 
 impl<T: Real> FusedCeSaved<T> {
@@ -240,10 +47,9 @@ impl<T: Real> FusedCeSaved<T> {
             .map(|w| w.view().into_dimensionality::<Ix2>().expect("2-D weight"))
             .collect();
         let gy: Vec<T> = gy.iter().copied().collect();
-        let width = h2.ncols();
         let gh = gh.map(|g| {
             g.view_mut()
-                .into_shape_with_order((gy.len(), width))
+                .into_shape_with_order(h2.dim())
                 .expect("contiguous gradient")
         });
         let mut gws: Vec<Option<ArrayViewMut2<'_, T>>> = gws
@@ -259,7 +65,7 @@ impl<T: Real> FusedCeSaved<T> {
         fused_ce_backward(
             h2.view(),
             &ws2,
-            &self.labels,
+            &self.targets,
             &self.lse,
             &gy,
             self.chunks,
@@ -403,6 +209,72 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         labels: ArrayViewD<'_, i64>,
     ) -> Result<Var> {
         let flat = self.check(tape, hidden, labels.view())?;
+        let loss = self.fused(tape, hidden, Targets::per_token(flat));
+        Ok(tape.reshape(loss, labels.shape()))
+    }
+
+    /// Cross-entropy for tokens that share hidden rows: hidden (m, H),
+    /// token n reads row `row_of[n]` and has label `labels[n]` → loss (N).
+    /// Equal to [`Self::forward`] on the hidden rows repeated per token, at
+    /// the cost of m rows instead of N (a bigram model's batch has far fewer
+    /// distinct contexts than tokens).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{layers::SplitLanguageModellingHead, Rng, Tape};
+    /// let mut head = SplitLanguageModellingHead::<f64>::new(&[("v", 4)], &["v"], 2)?;
+    /// head.reset_parameters(&mut Rng::new(0));
+    /// let mut tape = Tape::new();
+    /// let h = tape.input(array![[0.5, -1.0]].into_dyn());
+    /// let loss = head.forward_grouped(&mut tape, h, &[0, 0], &[1, 3])?;
+    /// assert_eq!(tape.value(loss).shape(), &[2]);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_grouped<'p>(
+        &'p self,
+        tape: &mut Tape<'p, T>,
+        hidden: Var,
+        row_of: &[usize],
+        labels: &[i64],
+    ) -> Result<Var> {
+        let hs = tape.value(hidden).shape().to_vec();
+        let h = self.splits.hidden_size();
+        if hs.len() != 2 || hs[1] != h {
+            return Err(Error::shape("hidden", format!("(m, {h})"), &hs));
+        }
+        if row_of.len() != labels.len() {
+            return Err(Error::shape(
+                "row_of",
+                format!("({},) like labels", labels.len()),
+                &[row_of.len()],
+            ));
+        }
+        if let Some((p, &r)) = row_of.iter().enumerate().find(|&(_, &r)| r >= hs[0]) {
+            return Err(Error::out_of_range(
+                "hidden row",
+                vec![p],
+                r as i64,
+                0,
+                hs[0] as i64,
+            ));
+        }
+        if let Some((p, l)) = first_bad_label(labels, self.vocab_size()) {
+            return Err(Error::out_of_range(
+                "label",
+                vec![p],
+                l,
+                0,
+                self.vocab_size() as i64,
+            ));
+        }
+        Ok(self.fused(
+            tape,
+            hidden,
+            Targets::grouped(labels.to_vec(), row_of.to_vec(), hs[0]),
+        ))
+    }
+
+    fn fused<'p>(&'p self, tape: &mut Tape<'p, T>, hidden: Var, targets: Targets) -> Var {
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         let (loss, lse) = {
             let h = as_rows(tape.value(hidden));
@@ -412,19 +284,19 @@ impl<T: Real> SplitLanguageModellingHead<T> {
                 .iter()
                 .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
                 .collect();
-            fused_ce_forward(h.view(), &wv, &flat, self.chunks)
+            fused_ce_forward(h.view(), &wv, &targets, self.chunks)
         };
-        let out = ArrayD::from_shape_vec(labels.shape(), loss).expect("one loss per label");
+        let out = ArrayD::from_shape_vec(vec![loss.len()], loss).expect("one loss per token");
         let saved = FusedCeSaved {
             hidden,
             weights: ws.clone(),
-            labels: flat,
+            targets,
             lse,
             chunks: self.chunks,
         };
         let mut inputs = ws;
         inputs.push(hidden);
-        Ok(tape.push(out, Op::FusedCrossEntropy(Box::new(saved)), &inputs))
+        tape.push(out, Op::FusedCrossEntropy(Box::new(saved)), &inputs)
     }
 
     /// The reference: the same loss from the full logits with the tape's
@@ -485,58 +357,5 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     /// H.
     pub fn hidden_size(&self) -> usize {
         self.splits.hidden_size()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fused_equals_naive_across_chunk_boundaries() {
-        let mut rng = Rng::new(4);
-        let (n, h) = (13, 5);
-        let sizes = [7usize, 0, 10];
-        let hid = Array2::from_shape_fn((n, h), |_| rng.normal() * 30.0);
-        let ws: Vec<Array2<f64>> = sizes
-            .iter()
-            .map(|&s| Array2::from_shape_fn((s, h), |_| rng.normal() * 30.0))
-            .collect();
-        let wv: Vec<ArrayView2<'_, f64>> = ws.iter().map(|w| w.view()).collect();
-        let labels: Vec<i64> = (0..n)
-            .map(|i| {
-                if i % 4 == 3 {
-                    -100
-                } else {
-                    (i * 5 % 17) as i64
-                }
-            })
-            .collect();
-        let (l0, s0) = naive_ce_forward(hid.view(), &wv, &labels);
-        for chunks in [
-            ChunkSizes {
-                tokens: 1,
-                vocab: 1,
-            },
-            ChunkSizes {
-                tokens: 4,
-                vocab: 3,
-            },
-            ChunkSizes {
-                tokens: 100,
-                vocab: 100,
-            },
-        ] {
-            let (l1, s1) = fused_ce_forward(hid.view(), &wv, &labels, chunks);
-            for i in 0..n {
-                assert!(
-                    (l0[i] - l1[i]).abs() <= 1e-9 * l0[i].abs().max(1.0),
-                    "{chunks:?} token {i}: {} vs {}",
-                    l0[i],
-                    l1[i]
-                );
-                assert!((s0[i] - s1[i]).abs() <= 1e-9 * s0[i].abs().max(1.0));
-            }
-        }
     }
 }

@@ -2,6 +2,7 @@
 //! [`SplitLanguageModellingHead`], each recording its forward pass on a
 //! [`Tape`](crate::Tape).
 
+pub mod fused_ce;
 pub mod lm_head;
 pub mod split_embeddings;
 pub mod split_vocabulary;

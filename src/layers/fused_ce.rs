@@ -1,0 +1,414 @@
+//! The fused cross-entropy kernel of the LM head: per-token loss over split
+//! weights without the N × V logits.
+//!
+//! Hidden rows may be shared by several tokens (a bigram model's tokens with
+//! one context share one hidden row): [`Targets`] maps each token to its
+//! hidden row and label. For hidden row i with tokens `T_i`:
+//!
+//! ```text
+//! lse_i   = log Σ_v exp(h_i·W_v)                      (online, chunk by chunk)
+//! loss_n  = lse_i − h_i·W_{label_n}                   for n ∈ T_i, 0 if label_n = −100
+//! ∂z_iv   = (Σ_{n∈T_i} ∂loss_n)·softmax_iv − Σ_{n∈T_i} ∂loss_n·[v = label_n]
+//! ∂h_i   += Σ_v ∂z_iv·W_v          ∂W_v += Σ_i ∂z_iv·h_i
+//! ```
+//!
+//! Work: chunks of `tokens` hidden rows × chunks of `vocab` rows of one
+//! split; each block of logits is one gemm into the workspace. Derivation:
+//! `docs/gradients.md#fused-cross-entropy`.
+
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
+
+use crate::Real;
+use crate::ops::cross_entropy::{IGNORE_INDEX, logsumexp_row};
+
+/// Chunk sizes of the fused cross-entropy: the workspace holds
+/// `tokens × vocab` logits plus two `tokens × H` blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSizes {
+    /// Hidden rows per chunk.
+    pub tokens: usize,
+    /// Vocabulary rows per chunk.
+    pub vocab: usize,
+}
+
+impl Default for ChunkSizes {
+    fn default() -> Self {
+        ChunkSizes {
+            tokens: 256,
+            vocab: 4096,
+        }
+    }
+}
+
+impl ChunkSizes {
+    /// Bytes of workspace the kernel allocates for hidden size `h` and
+    /// element type `T`: independent of N and V.
+    ///
+    /// ```
+    /// use splitgrad::layers::fused_ce::ChunkSizes;
+    /// let c = ChunkSizes { tokens: 256, vocab: 4096 };
+    /// assert_eq!(c.workspace_bytes::<f32>(512), (256 * 4096 + 2 * 256 * 512) * 4);
+    /// ```
+    pub fn workspace_bytes<T: Real>(&self, h: usize) -> usize {
+        (self.tokens * self.vocab + 2 * self.tokens * h) * std::mem::size_of::<T>()
+    }
+}
+
+/// Which hidden row and which label each token has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Targets {
+    /// Label of each token (N), in `[0, V)` or −100.
+    pub labels: Vec<i64>,
+    /// Hidden row of each token (N).
+    pub row_of: Vec<usize>,
+    /// The tokens of each hidden row with a label that is not ignored
+    /// (CSR: `tokens[starts[i]..starts[i + 1]]`).
+    starts: Vec<usize>,
+    tokens: Vec<usize>,
+    /// Hidden rows with at least one such token, increasing.
+    active: Vec<usize>,
+}
+
+impl Targets {
+    /// One hidden row per token: row n for token n.
+    pub fn per_token(labels: Vec<i64>) -> Self {
+        let n = labels.len();
+        Self::grouped(labels, (0..n).collect(), n)
+    }
+
+    /// Tokens that share hidden rows: token n reads row `row_of[n]` < m.
+    ///
+    /// **Panics** if the lengths differ or a row is ≥ m.
+    #[track_caller]
+    pub fn grouped(labels: Vec<i64>, row_of: Vec<usize>, m: usize) -> Self {
+        assert_eq!(
+            labels.len(),
+            row_of.len(),
+            "Targets: {} labels for {} rows",
+            labels.len(),
+            row_of.len()
+        );
+        let mut counts = vec![0usize; m + 1];
+        for (&r, &l) in row_of.iter().zip(&labels) {
+            assert!(r < m, "Targets: row {r} is out of range 0..{m}");
+            if l != IGNORE_INDEX {
+                counts[r + 1] += 1;
+            }
+        }
+        for i in 0..m {
+            counts[i + 1] += counts[i];
+        }
+        let starts = counts;
+        let mut fill = starts.clone();
+        let mut tokens = vec![0; starts[m]];
+        for (n, (&r, &l)) in row_of.iter().zip(&labels).enumerate() {
+            if l != IGNORE_INDEX {
+                tokens[fill[r]] = n;
+                fill[r] += 1;
+            }
+        }
+        let active = (0..m).filter(|&i| starts[i + 1] > starts[i]).collect();
+        Targets {
+            labels,
+            row_of,
+            starts,
+            tokens,
+            active,
+        }
+    }
+
+    /// Number of hidden rows.
+    pub fn n_rows(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    fn tokens_of(&self, row: usize) -> &[usize] {
+        &self.tokens[self.starts[row]..self.starts[row + 1]]
+    }
+}
+
+/// Copies rows `idx` of `h` into the first `idx.len()` rows of `buf`.
+fn gather_rows<T: Real>(h: ArrayView2<'_, T>, idx: &[usize], buf: &mut Array2<T>) {
+    for (i, &p) in idx.iter().enumerate() {
+        buf.row_mut(i).assign(&h.row(p));
+    }
+}
+
+/// Per-token loss (N) and per-row log-sum-exp (m), chunked (the fast
+/// kernel). h: (m, H), weights: (size_k, H) each. A row with no active
+/// token has lse 0; an ignored token has loss 0.
+pub fn fused_ce_forward<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    chunks: ChunkSizes,
+) -> (Vec<T>, Vec<T>) {
+    let mut loss = vec![T::zero(); targets.labels.len()];
+    let mut lse = vec![T::zero(); h.nrows()];
+    let mut label_logit = vec![T::zero(); targets.labels.len()];
+    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
+    let rows_max = tc.min(targets.active.len());
+    let mut hc = Array2::<T>::zeros((rows_max, h.ncols()));
+    let mut work = Array2::<T>::zeros((rows_max, vc));
+    for idx in targets.active.chunks(tc) {
+        let rows = idx.len();
+        gather_rows(h, idx, &mut hc);
+        let hc = hc.slice(s![..rows, ..]);
+        let mut m = vec![T::neg_infinity(); rows];
+        let mut sum = vec![T::zero(); rows];
+        let mut start = 0usize;
+        for w in weights {
+            for v0 in (0..w.nrows()).step_by(vc) {
+                let v1 = (v0 + vc).min(w.nrows());
+                let mut blk = work.slice_mut(s![..rows, ..v1 - v0]);
+                T::gemm(
+                    T::one(),
+                    hc,
+                    w.slice(s![v0..v1, ..]).t(),
+                    T::zero(),
+                    blk.view_mut(),
+                );
+                let (lo, hi) = (start + v0, start + v1);
+                for (i, row) in blk.outer_iter().enumerate() {
+                    let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                    if bm > m[i] {
+                        sum[i] = sum[i] * (m[i] - bm).exp();
+                        m[i] = bm;
+                    }
+                    let mi = m[i];
+                    if mi > T::neg_infinity() {
+                        sum[i] += row.iter().map(|&z| (z - mi).exp()).sum::<T>();
+                    }
+                    for &n in targets.tokens_of(idx[i]) {
+                        let l = targets.labels[n] as usize;
+                        if (lo..hi).contains(&l) {
+                            label_logit[n] = row[l - lo];
+                        }
+                    }
+                }
+            }
+            start += w.nrows();
+        }
+        for (i, &r) in idx.iter().enumerate() {
+            lse[r] = m[i] + sum[i].ln();
+            for &n in targets.tokens_of(r) {
+                loss[n] = lse[r] - label_logit[n];
+            }
+        }
+    }
+    (loss, lse)
+}
+
+/// Adds the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
+///
+/// h: (m, H), weights: (size_k, H), lse: (m) from [`fused_ce_forward`],
+/// gy: (N); gh: (m, H) and gws[k]: (size_k, H), each `None` when not wanted.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_ce_backward<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    lse: &[T],
+    gy: &[T],
+    chunks: ChunkSizes,
+    mut gh: Option<ArrayViewMut2<'_, T>>,
+    gws: &mut [Option<ArrayViewMut2<'_, T>>],
+) {
+    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
+    let rows_max = tc.min(targets.active.len());
+    let width = h.ncols();
+    let mut hc = Array2::<T>::zeros((rows_max, width));
+    let mut ghc = Array2::<T>::zeros((rows_max, width));
+    let mut work = Array2::<T>::zeros((rows_max, vc));
+    for idx in targets.active.chunks(tc) {
+        let rows = idx.len();
+        gather_rows(h, idx, &mut hc);
+        let hcv = hc.slice(s![..rows, ..]);
+        // Σ_{n ∈ T_i} ∂loss_n: the weight of row i's softmax.
+        let wsum: Vec<T> = idx
+            .iter()
+            .map(|&r| targets.tokens_of(r).iter().map(|&n| gy[n]).sum())
+            .collect();
+        ghc.fill(T::zero());
+        let mut start = 0usize;
+        for (k, w) in weights.iter().enumerate() {
+            for v0 in (0..w.nrows()).step_by(vc) {
+                let v1 = (v0 + vc).min(w.nrows());
+                let (lo, hi) = (start + v0, start + v1);
+                let wblk = w.slice(s![v0..v1, ..]);
+                let mut g = work.slice_mut(s![..rows, ..v1 - v0]);
+                T::gemm(T::one(), hcv, wblk.t(), T::zero(), g.view_mut());
+                for (i, mut row) in g.outer_iter_mut().enumerate() {
+                    let (l, u) = (lse[idx[i]], wsum[i]);
+                    row.mapv_inplace(|z| u * (z - l).exp());
+                    for &n in targets.tokens_of(idx[i]) {
+                        let lab = targets.labels[n] as usize;
+                        if (lo..hi).contains(&lab) {
+                            row[lab - lo] -= gy[n];
+                        }
+                    }
+                }
+                if gh.is_some() {
+                    T::gemm(
+                        T::one(),
+                        g.view(),
+                        wblk,
+                        T::one(),
+                        ghc.slice_mut(s![..rows, ..]),
+                    );
+                }
+                if let Some(gw) = gws[k].as_mut() {
+                    T::gemm(T::one(), g.t(), hcv, T::one(), gw.slice_mut(s![v0..v1, ..]));
+                }
+            }
+            start += w.nrows();
+        }
+        if let Some(gh) = gh.as_mut() {
+            for (i, &r) in idx.iter().enumerate() {
+                let mut dst = gh.row_mut(r);
+                dst += &ghc.row(i);
+            }
+        }
+    }
+}
+
+/// The naive twin of [`fused_ce_forward`]: the full (m, V) logits, then a
+/// stable log-sum-exp per row. Same outputs to rounding.
+pub fn naive_ce_forward<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+) -> (Vec<T>, Vec<T>) {
+    let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
+    let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
+    T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
+    let mut loss = vec![T::zero(); targets.labels.len()];
+    let mut lse = vec![T::zero(); h.nrows()];
+    for &r in &targets.active {
+        lse[r] = logsumexp_row(logits.row(r));
+        for &n in targets.tokens_of(r) {
+            loss[n] = lse[r] - logits[[r, targets.labels[n] as usize]];
+        }
+    }
+    (loss, lse)
+}
+
+/// The naive twin of [`fused_ce_backward`], from the full logits.
+pub fn naive_ce_backward<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    gy: &[T],
+) -> (Array2<T>, Vec<Array2<T>>) {
+    let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
+    let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
+    T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
+    let mut g = Array2::<T>::zeros(logits.dim());
+    for (n, (&r, &l)) in targets.row_of.iter().zip(&targets.labels).enumerate() {
+        if l == IGNORE_INDEX {
+            continue;
+        }
+        let lse = logsumexp_row(logits.row(r));
+        for v in 0..w.nrows() {
+            g[[r, v]] += gy[n] * (logits[[r, v]] - lse).exp();
+        }
+        g[[r, l as usize]] -= gy[n];
+    }
+    let mut gh = Array2::<T>::zeros(h.dim());
+    T::gemm(T::one(), g.view(), w.view(), T::zero(), gh.view_mut());
+    let mut gw = Array2::<T>::zeros(w.dim());
+    T::gemm(T::one(), g.t(), h, T::zero(), gw.view_mut());
+    let mut out = Vec::new();
+    let mut start = 0;
+    for wk in weights {
+        out.push(gw.slice(s![start..start + wk.nrows(), ..]).to_owned());
+        start += wk.nrows();
+    }
+    (gh, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+
+    fn case(
+        rng: &mut Rng,
+        m: usize,
+        n: usize,
+        h: usize,
+        sizes: &[usize],
+        scale: f64,
+    ) -> (Array2<f64>, Vec<Array2<f64>>, Targets) {
+        let hid = Array2::from_shape_fn((m, h), |_| rng.normal() * scale);
+        let ws = sizes
+            .iter()
+            .map(|&s| Array2::from_shape_fn((s, h), |_| rng.normal() * scale))
+            .collect();
+        let v: usize = sizes.iter().sum();
+        let labels = (0..n)
+            .map(|i| {
+                if i % 4 == 3 {
+                    -100
+                } else {
+                    rng.below(v as u64) as i64
+                }
+            })
+            .collect();
+        let row_of = (0..n).map(|_| rng.below(m as u64) as usize).collect();
+        (hid, ws, Targets::grouped(labels, row_of, m))
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn fused_equals_naive_across_chunk_boundaries() {
+        let mut rng = Rng::new(4);
+        let (hid, ws, t) = case(&mut rng, 9, 13, 5, &[7, 0, 10], 30.0);
+        let wv: Vec<ArrayView2<'_, f64>> = ws.iter().map(|w| w.view()).collect();
+        let (l0, s0) = naive_ce_forward(hid.view(), &wv, &t);
+        let gy: Vec<f64> = (0..13).map(|_| rng.normal()).collect();
+        let (gh0, gw0) = naive_ce_backward(hid.view(), &wv, &t, &gy);
+        for chunks in [
+            ChunkSizes {
+                tokens: 1,
+                vocab: 1,
+            },
+            ChunkSizes {
+                tokens: 4,
+                vocab: 3,
+            },
+            ChunkSizes {
+                tokens: 100,
+                vocab: 100,
+            },
+        ] {
+            let (l1, s1) = fused_ce_forward(hid.view(), &wv, &t, chunks);
+            assert!(
+                l0.iter().zip(&l1).all(|(a, b)| close(*a, *b)),
+                "{chunks:?}: {l0:?} vs {l1:?}"
+            );
+            assert!(s0.iter().zip(&s1).all(|(a, b)| close(*a, *b)));
+            let mut gh = Array2::zeros(hid.dim());
+            let mut gws: Vec<Array2<f64>> = ws.iter().map(|w| Array2::zeros(w.dim())).collect();
+            let mut views: Vec<Option<ArrayViewMut2<'_, f64>>> =
+                gws.iter_mut().map(|g| Some(g.view_mut())).collect();
+            fused_ce_backward(
+                hid.view(),
+                &wv,
+                &t,
+                &s1,
+                &gy,
+                chunks,
+                Some(gh.view_mut()),
+                &mut views,
+            );
+            assert!(gh.iter().zip(gh0.iter()).all(|(a, b)| close(*a, *b)));
+            for (a, b) in gws.iter().zip(&gw0) {
+                assert!(a.iter().zip(b.iter()).all(|(a, b)| close(*a, *b)));
+            }
+        }
+    }
+}
