@@ -506,51 +506,42 @@ impl<'p, T: Real> Tape<'p, T> {
 
         // Row-sparse table gradients: coalesced in tape order, merged into a
         // dense gradient where the same table was also used densely.
-        let mut sparse: Vec<(usize, Vec<(Vec<usize>, ArrayD<T>)>)> = sparse.into_iter().collect();
-        sparse.sort_by_key(|(node, _)| *node);
-        let mut by_param: Vec<(ParamId, usize, Vec<usize>, Vec<ArrayD<T>>)> = Vec::new();
-        for (node, parts) in sparse {
+        let mut nodes_with_rows: Vec<usize> = sparse.keys().copied().collect();
+        nodes_with_rows.sort_unstable();
+        let mut per_param: Vec<(ParamId, RowParts<T>)> = Vec::new();
+        for node in nodes_with_rows {
             let Op::Param(id) = self.nodes[node].op else {
-                unreachable!()
+                unreachable!("only parameters collect rows")
             };
-            let n_rows = self.nodes[node].value.view().shape()[0];
-            let entry = match by_param.iter_mut().position(|e| e.0 == id) {
-                Some(k) => &mut by_param[k],
+            let k = match per_param.iter().position(|(p, _)| *p == id) {
+                Some(k) => k,
                 None => {
-                    by_param.push((id, n_rows, Vec::new(), Vec::new()));
-                    by_param.last_mut().unwrap()
+                    let n_rows = self.nodes[node].value.view().shape()[0];
+                    per_param.push((
+                        id,
+                        RowParts {
+                            n_rows,
+                            ids: Vec::new(),
+                            values: Vec::new(),
+                        },
+                    ));
+                    per_param.len() - 1
                 }
             };
-            // `parts` were pushed in reverse tape order; restore tape order.
-            for (ids, g) in parts.into_iter().rev() {
-                entry.2.extend_from_slice(&ids);
-                entry.3.push(g);
+            // Contributions were pushed in reverse tape order; restore tape order.
+            for (ids, g) in sparse.remove(&node).unwrap_or_default().into_iter().rev() {
+                per_param[k].1.ids.extend_from_slice(&ids);
+                per_param[k].1.values.push(g);
             }
         }
-        for (id, n_rows, ids, parts) in by_param {
-            let width = parts[0].len() / parts[0].shape()[0].max(1);
-            let views: Vec<ArrayView2<'_, T>> = parts
-                .iter()
-                .map(|p| {
-                    p.view()
-                        .into_shape_with_order((p.shape()[0], width))
-                        .expect("gather gradient is contiguous")
-                })
-                .collect();
-            let stacked: Array2<T> = if views.len() == 1 {
-                views[0].to_owned()
-            } else {
-                ndarray::concatenate(ndarray::Axis(0), &views).expect("same width")
-            };
-            let rs = coalesce(n_rows, &ids, stacked.view());
+        for (id, parts) in per_param {
+            let rs = parts.coalesce();
             match out.params.get_mut(&id) {
-                Some(Grad::Dense(d)) => {
-                    let d2 = d
-                        .view_mut()
+                Some(Grad::Dense(d)) => rs.add_to(
+                    d.view_mut()
                         .into_dimensionality::<Ix2>()
-                        .expect("2-D table");
-                    rs.add_to(d2);
-                }
+                        .expect("2-D table"),
+                ),
                 Some(Grad::RowSparse(_)) => unreachable!("one entry per parameter"),
                 None => {
                     out.params.insert(id, Grad::RowSparse(rs));
@@ -558,6 +549,33 @@ impl<'p, T: Real> Tape<'p, T> {
             }
         }
         out
+    }
+}
+
+/// The row contributions to one 2-D parameter, in tape order.
+struct RowParts<T> {
+    n_rows: usize,
+    ids: Vec<usize>,
+    values: Vec<ArrayD<T>>,
+}
+
+impl<T: Real> RowParts<T> {
+    fn coalesce(self) -> crate::RowSparse<T> {
+        let width = self
+            .values
+            .first()
+            .map_or(0, |v| v.len() / v.shape()[0].max(1));
+        let views: Vec<ArrayView2<'_, T>> = self
+            .values
+            .iter()
+            .map(|v| {
+                v.view()
+                    .into_shape_with_order((v.shape()[0], width))
+                    .expect("row contributions are contiguous")
+            })
+            .collect();
+        let stacked: Array2<T> = ndarray::concatenate(ndarray::Axis(0), &views).expect("one width");
+        coalesce(self.n_rows, &self.ids, stacked.view())
     }
 }
 

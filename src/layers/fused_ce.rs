@@ -172,7 +172,7 @@ pub fn fused_ce_forward<T: Real>(
                 for (i, row) in blk.outer_iter().enumerate() {
                     let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
                     if bm > m[i] {
-                        sum[i] = sum[i] * (m[i] - bm).exp();
+                        sum[i] *= (m[i] - bm).exp();
                         m[i] = bm;
                     }
                     let mi = m[i];
