@@ -23,4 +23,5 @@ pub mod layers;
 pub mod ops;
 pub mod tape;
 pub use tape::{Tape, Var};
+pub mod model;
 pub mod synthetic;

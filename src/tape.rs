@@ -555,6 +555,7 @@ impl<'p, T: Real> Tape<'p, T> {
 /// The row contributions to one 2-D parameter, in tape order.
 struct RowParts<T> {
     n_rows: usize,
+    width: usize,
     ids: Vec<usize>,
     values: Vec<ArrayD<T>>,
 }
@@ -623,5 +624,44 @@ fn accumulate_dense<T: Real>(params: &mut HashMap<ParamId, Grad<T>>, id: ParamId
         None => {
             params.insert(id, Grad::Dense(g));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn empty_gather_keeps_the_table_width() {
+        // An empty gather then a gather of row 1: ∂w = [[0, 0], [1, 1]].
+        let w = Parameter::new("w", array![[1.0f64, 2.0], [3.0, 4.0]].into_dyn());
+        let mut t = Tape::new();
+        let table = t.param(&w);
+        let none = t.gather(table, &[]);
+        let one = t.gather(table, &[1]);
+        let a = t.sum(none);
+        let b = t.sum(one);
+        let loss = t.add(a, b);
+        let g = t.backward(loss);
+        assert_eq!(g.dense(&w), array![[0.0, 0.0], [1.0, 1.0]].into_dyn());
+
+        let mut t = Tape::new();
+        let table = t.param(&w);
+        let none = t.gather(table, &[]);
+        let loss = t.sum(none);
+        let g = t.backward(loss);
+        assert_eq!(g.dense(&w).shape(), &[2, 2]);
+    }
+
+    #[test]
+    fn no_grad_tape_records_no_gradient() {
+        let w = Parameter::new("w", array![[1.0f64, 2.0]].into_dyn());
+        let mut t = Tape::no_grad();
+        let table = t.param(&w);
+        let y = t.gather(table, &[0, 0]);
+        let loss = t.sum(y);
+        assert_eq!(t.scalar(loss), 6.0);
+        assert!(t.backward(loss).param(&w).is_none());
     }
 }

@@ -36,7 +36,7 @@ pub fn matmul_forward<T: Real>(a: ArrayViewD<'_, T>, b: ArrayViewD<'_, T>) -> Ar
     c.into_dyn()
 }
 
-/// `∂A += ∂C·Bᵀ`. gy: (m, n), b: (k, n)ᵀ… i.e. b: (k, n), g: (m, k).
+/// `∂A += ∂C·Bᵀ`. gy: (m, n), b: (k, n), g: (m, k).
 pub fn matmul_backward_lhs<T: Real>(
     gy: ArrayViewD<'_, T>,
     b: ArrayViewD<'_, T>,

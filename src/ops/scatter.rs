@@ -34,6 +34,10 @@ pub fn coalesce_rows<T: Real>(
     if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
         panic!("coalesce_rows: id {bad} is out of range 0..{n_rows}");
     }
+    assert!(
+        ids.len() <= u32::MAX as usize,
+        "coalesce_rows: more than 2^32 contributions"
+    );
     let width = values.ncols();
     let mut order: Vec<u32> = (0..ids.len() as u32).collect();
     if ids.len() >= 1 << 12 {
