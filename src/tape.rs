@@ -516,11 +516,12 @@ impl<'p, T: Real> Tape<'p, T> {
             let k = match per_param.iter().position(|(p, _)| *p == id) {
                 Some(k) => k,
                 None => {
-                    let n_rows = self.nodes[node].value.view().shape()[0];
+                    let shape = self.nodes[node].value.view().shape().to_vec();
                     per_param.push((
                         id,
                         RowParts {
-                            n_rows,
+                            n_rows: shape[0],
+                            width: shape[1],
                             ids: Vec::new(),
                             values: Vec::new(),
                         },
