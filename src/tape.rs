@@ -563,10 +563,7 @@ struct RowParts<T> {
 
 impl<T: Real> RowParts<T> {
     fn coalesce(self) -> crate::RowSparse<T> {
-        let width = self
-            .values
-            .first()
-            .map_or(0, |v| v.len() / v.shape()[0].max(1));
+        let width = self.width;
         let views: Vec<ArrayView2<'_, T>> = self
             .values
             .iter()
