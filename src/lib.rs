@@ -25,3 +25,5 @@ pub mod tape;
 pub use tape::{Tape, Var};
 pub mod model;
 pub mod synthetic;
+pub mod train;
+pub mod report;

@@ -1,0 +1,316 @@
+//! Training the bigram model: batches, optimiser steps, checkpoints that
+//! resume exactly.
+//!
+//! A step draws `batch` bigrams uniformly (with replacement) from the
+//! corpus with a generator that depends only on the seed and the step, so a
+//! run resumed from a checkpoint draws the same batches as one that never
+//! stopped. The shared table and the split rows (the tables) use
+//! [`LazyAdam`]; the gate logits and the head use [`Adam`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ndarray::{Array2, ArrayD};
+
+use crate::checkpoint::{self, Checkpoint, TensorRef};
+use crate::io::Corpus;
+use crate::model::{Batch, BigramModel};
+use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
+use crate::{Error, ErrorKind, Real, Result, Rng, Tape};
+
+/// What a training run does each step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Steps to run in all (a resumed run stops at the same step).
+    pub steps: u64,
+    /// Bigrams per step.
+    pub batch: usize,
+    /// Learning rate of both optimisers.
+    pub lr: f64,
+    /// λ_g, the weight of `penalty()` (mean gate).
+    pub gate_penalty: f64,
+    /// λ_f, the weight of `fusion_penalty()`.
+    pub fusion_penalty: f64,
+    /// `false` for fusion mode (no gate).
+    pub use_gate: bool,
+    /// Seed of the batches.
+    pub seed: u64,
+}
+
+/// The loss terms of one step (before the update).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// The step (0-based).
+    pub step: u64,
+    /// ce + λ_g·penalty + λ_f·fusion.
+    pub total: f64,
+    /// Mean cross-entropy.
+    pub ce: f64,
+    /// mean(σ(gate_logit)), 0 in fusion mode.
+    pub penalty: f64,
+    /// The fusion penalty (computed even when its weight is 0).
+    pub fusion: f64,
+}
+
+/// A model, its optimisers and where it is in its run.
+pub struct Trainer<T: Real> {
+    model: BigramModel<T>,
+    corpus: Corpus,
+    contexts: Vec<u32>,
+    config: TrainConfig,
+    tables: LazyAdam<T>,
+    dense: Adam<T>,
+    step: u64,
+    history: Vec<StepStats>,
+}
+
+/// A fingerprint of a corpus (FNV-1a over its arrays), kept in checkpoints
+/// so that a run is never resumed on other data.
+pub fn corpus_fingerprint(c: &Corpus) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(c.token_ids.len() as u64);
+    c.token_ids.iter().for_each(|&t| eat(t as u64));
+    c.language_ids.iter().for_each(|&l| eat(l as u64));
+    c.sequence_starts.iter().for_each(|&s| eat(s as u64));
+    h
+}
+
+const OPT_TABLES: &str = "optimizer.tables.";
+const OPT_DENSE: &str = "optimizer.dense.";
+const HISTORY: &str = "train.history";
+
+impl<T: Real> Trainer<T> {
+    /// A trainer at step 0. The corpus must fit the model (ids below V and
+    /// L) and hold at least one bigram.
+    pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
+        let mc = model.config();
+        corpus.validate(mc.vocab_size, mc.n_languages)?;
+        let contexts: Vec<u32> = corpus.bigrams().map(|(i, _)| i as u32).collect();
+        if contexts.is_empty() {
+            return Err(Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)"));
+        }
+        if config.batch == 0 {
+            return Err(Error::config("batch must be positive"));
+        }
+        let tables = LazyAdam::new(LazyAdamConfig { lr: config.lr, ..LazyAdamConfig::default() })?;
+        let dense = Adam::new(AdamConfig { lr: config.lr, ..AdamConfig::default() })?;
+        Ok(Trainer { model, corpus, contexts, config, tables, dense, step: 0, history: Vec::new() })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &BigramModel<T> {
+        &self.model
+    }
+
+    /// The next step to run.
+    pub fn step_index(&self) -> u64 {
+        self.step
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Loss terms of every step run so far (also across a resume).
+    pub fn history(&self) -> &[StepStats] {
+        &self.history
+    }
+
+    /// Whether every step has run.
+    pub fn is_done(&self) -> bool {
+        self.step >= self.config.steps
+    }
+
+    /// The batch of step `step`: a function of the seed and the step only.
+    pub fn batch_at(&self, step: u64) -> Batch {
+        let mut rng = Rng::new(self.config.seed ^ 0x6261_7463_6865_7321).fork(step);
+        let n = self.contexts.len() as u64;
+        let mut b = Batch::default();
+        for _ in 0..self.config.batch {
+            let i = self.contexts[rng.below(n) as usize] as usize;
+            b.tokens.push(self.corpus.token_ids[i] as i64);
+            b.languages.push(self.corpus.language_ids[i] as i64);
+            b.targets.push(self.corpus.token_ids[i + 1] as i64);
+        }
+        b
+    }
+
+    /// Runs one step: forward, backward, update. A non-finite loss stops
+    /// with [`ErrorKind::Diverged`] naming the step, before any update.
+    pub fn step(&mut self) -> Result<StepStats> {
+        let batch = self.batch_at(self.step);
+        let c = self.config;
+        let (stats, grads) = {
+            let mut tape = Tape::new();
+            let terms = self.model.loss(&mut tape, &batch, c.use_gate, c.gate_penalty, c.fusion_penalty)?;
+            let fusion = match terms.fusion {
+                Some(f) => tape.scalar(f).to_f64(),
+                None => self.model.split.fusion_penalty().to_f64(),
+            };
+            let stats = StepStats {
+                step: self.step,
+                total: tape.scalar(terms.total).to_f64(),
+                ce: tape.scalar(terms.ce).to_f64(),
+                penalty: match terms.penalty {
+                    Some(p) => tape.scalar(p).to_f64(),
+                    None if c.use_gate => self.model.split.penalty().to_f64(),
+                    None => 0.0,
+                },
+                fusion,
+            };
+            if !stats.total.is_finite() {
+                return Err(Error::new(ErrorKind::Diverged { step: self.step, message: format!("the loss is {}", stats.total) }));
+            }
+            (stats, tape.backward(terms.total))
+        };
+        let n_tables = 2; // the shared table and the split rows
+        for (k, p) in self.model.parameters_mut().into_iter().enumerate() {
+            let Some(g) = grads.by_id(p.id()) else { continue };
+            if k < n_tables {
+                self.tables.update(p, g)?;
+            } else {
+                self.dense.update(p, g)?;
+            }
+        }
+        self.history.push(stats);
+        self.step += 1;
+        Ok(stats)
+    }
+
+    /// Checks that every parameter is finite (before a checkpoint is
+    /// written over the last good one).
+    pub fn check_finite(&self) -> Result<()> {
+        for p in self.model.parameters() {
+            if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                let msg = format!("parameter `{}` has {} at flat position {i}", p.name(), v.to_f64());
+                return Err(Error::new(ErrorKind::Diverged { step: self.step.saturating_sub(1), message: msg }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint: the model under the names of SPEC section 1,
+    /// the optimisers' state, the step and the loss history, atomically.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.check_finite()?;
+        let model = &self.model;
+        let lang: ArrayD<i64> = model.split.index().language_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>().into_dyn();
+        let tok: ArrayD<i64> = model.split.index().token_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>().into_dyn();
+        let mut entries: Vec<(String, TensorRef<'_>)> = Vec::new();
+        for p in model.parameters() {
+            entries.push((p.name().to_string(), T::tensor_ref(p.value().view())));
+        }
+        entries.push(("split_vocabulary.language_index".into(), TensorRef::from(&lang)));
+        entries.push(("split_vocabulary.token_index".into(), TensorRef::from(&tok)));
+        let tables = self.tables.state();
+        let dense = self.dense.state();
+        let mut steps: Vec<(String, ndarray::Array0<u64>)> = Vec::new();
+        for (prefix, state) in [(OPT_TABLES, &tables), (OPT_DENSE, &dense)] {
+            for (name, v) in state {
+                match v {
+                    StateValue::Array(a) => entries.push((format!("{prefix}{name}"), T::tensor_ref(a.view()))),
+                    StateValue::Step(s) => steps.push((format!("{prefix}{name}"), ndarray::arr0(*s))),
+                }
+            }
+        }
+        for (name, s) in &steps {
+            entries.push((name.clone(), TensorRef::from(s)));
+        }
+        let hist = Array2::from_shape_fn((self.history.len(), 4), |(i, j)| {
+            let s = &self.history[i];
+            [s.total, s.ce, s.penalty, s.fusion][j]
+        });
+        entries.push((HISTORY.into(), TensorRef::from(&hist)));
+        let mc = model.config();
+        let c = self.config;
+        let meta: BTreeMap<String, String> = [
+            ("format", "splitgrad-bigram-1".to_string()),
+            ("dtype", T::NAME.to_string()),
+            ("step", self.step.to_string()),
+            ("vocab_size", mc.vocab_size.to_string()),
+            ("n_languages", mc.n_languages.to_string()),
+            ("dim", mc.dim.to_string()),
+            ("gate_init", mc.gate_init.to_string()),
+            ("steps", c.steps.to_string()),
+            ("batch", c.batch.to_string()),
+            ("lr", c.lr.to_string()),
+            ("gate_penalty", c.gate_penalty.to_string()),
+            ("fusion_penalty", c.fusion_penalty.to_string()),
+            ("use_gate", c.use_gate.to_string()),
+            ("seed", c.seed.to_string()),
+            ("corpus_fingerprint", format!("{:016x}", corpus_fingerprint(&self.corpus))),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        checkpoint::save(path, &entries, &meta)
+    }
+
+    /// Restores the weights, the optimisers, the step and the history from
+    /// a checkpoint written by [`Self::save`] for this model and corpus.
+    /// Every tensor is checked by name, dtype and shape.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let ck = Checkpoint::open(path)?;
+        let meta = ck.metadata();
+        let get = |k: &str| meta.get(k).cloned().ok_or_else(|| Error::new(ErrorKind::Missing).in_file(path).in_array(format!("metadata `{k}`")));
+        let fp = format!("{:016x}", corpus_fingerprint(&self.corpus));
+        if get("corpus_fingerprint")? != fp {
+            return Err(Error::config("the checkpoint was written for another corpus").in_file(path));
+        }
+        let step: u64 = get("step")?.parse().map_err(|_| Error::format("metadata `step` is not an integer").in_file(path))?;
+        let mut values = Vec::new();
+        for p in self.model.parameters() {
+            let v = ck.get_real::<T>(p.name(), p.value().shape())?;
+            crate::io::check_finite(v.view(), p.name()).map_err(|e| e.in_file(path))?;
+            values.push(v);
+        }
+        let n = self.model.split.n_rows();
+        let idx = self.model.split.index();
+        let lang = ck.get_i64("split_vocabulary.language_index", &[n])?;
+        let tok = ck.get_i64("split_vocabulary.token_index", &[n])?;
+        if lang.iter().zip(&idx.language_index).any(|(&a, &b)| a != b as i64) || tok.iter().zip(&idx.token_index).any(|(&a, &b)| a != b as i64) {
+            return Err(Error::config("the checkpoint's split_vocabulary index differs from this run's index").in_file(path));
+        }
+        let mut tables = LazyAdam::new(LazyAdamConfig { lr: self.config.lr, ..LazyAdamConfig::default() })?;
+        let mut dense = Adam::new(AdamConfig { lr: self.config.lr, ..AdamConfig::default() })?;
+        for (prefix, opt) in [(OPT_TABLES, &mut tables as &mut dyn Optimizer<T>), (OPT_DENSE, &mut dense as &mut dyn Optimizer<T>)] {
+            let mut entries = Vec::new();
+            for name in ck.names() {
+                let Some(rest) = name.strip_prefix(prefix) else { continue };
+                let value = if rest.ends_with(".step") {
+                    StateValue::Step(*ck.get_u64(name, &[])?.first().expect("0-d"))
+                } else {
+                    let shape = ck.shape(name)?.to_vec();
+                    StateValue::Array(ck.get_real::<T>(name, &shape)?)
+                };
+                entries.push((rest.to_string(), value));
+            }
+            opt.load_state(entries).map_err(|e| e.in_file(path))?;
+            opt.check_state(&self.model.parameters()).map_err(|e| e.in_file(path))?;
+        }
+        let hist_shape = ck.shape(HISTORY)?.to_vec();
+        if hist_shape.len() != 2 || hist_shape[1] != 4 || hist_shape[0] as u64 != step {
+            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &hist_shape).in_file(path).in_array(HISTORY));
+        }
+        let hist = ck.get_real::<f64>(HISTORY, &hist_shape)?;
+        let history = (0..hist_shape[0])
+            .map(|i| StepStats { step: i as u64, total: hist[[i, 0]], ce: hist[[i, 1]], penalty: hist[[i, 2]], fusion: hist[[i, 3]] })
+            .collect();
+        for (p, v) in self.model.parameters_mut().into_iter().zip(values) {
+            *p.value_mut() = v;
+        }
+        self.tables = tables;
+        self.dense = dense;
+        self.step = step;
+        self.history = history;
+        Ok(())
+    }
+}
