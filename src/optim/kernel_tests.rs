@@ -1,0 +1,150 @@
+//! One harness for every update kernel: the parallel [`Optimizer::update`]
+//! of [`Adam`] and [`LazyAdam`], on dense and row-sparse gradients, under
+//! 1, 2 and 4 threads, against the serial `update_naive`, bit for bit.
+
+use ndarray::{Array2, ArrayD, IxDyn};
+
+use super::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
+use crate::{Grad, Parameter, RowSparse};
+
+/// Which path to run: the naive reference, or the parallel update in a
+/// pool of this many threads.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    Naive,
+    Threads(usize),
+}
+
+type Outcome = (ArrayD<u32>, Vec<(String, StateValue<f32>)>);
+
+/// A `(n, w)` table (n·w above the parallel threshold; w does not divide
+/// the chunk size) and gradients: every third row, no row, and dense.
+fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<Grad<f32>>) {
+    let init = ArrayD::from_shape_fn(IxDyn(&[n, w]), |i| {
+        ((i[0] * 31 + i[1] * 17) % 101) as f32 * 0.01 - 0.5
+    });
+    let rows: Vec<usize> = (0..n).filter(|r| r % 3 == 1).collect();
+    let values = Array2::from_shape_fn((rows.len(), w), |(i, j)| {
+        ((i * 13 + j * 7) % 29) as f32 * 0.1 - 1.4
+    });
+    let third = Grad::RowSparse(RowSparse {
+        n_rows: n,
+        rows,
+        values,
+    });
+    let none = Grad::RowSparse(RowSparse {
+        n_rows: n,
+        rows: vec![],
+        values: Array2::zeros((0, w)),
+    });
+    let dense = Grad::Dense(third.to_dense().mapv(|g| g * 0.5 + 0.25));
+    (init, vec![third, none, dense])
+}
+
+/// Runs every gradient of the case, in order, twice.
+fn run<F>(path: Path, init: &ArrayD<f32>, grads: &[Grad<f32>], mut step: F) -> ArrayD<u32>
+where
+    F: FnMut(bool, &mut Parameter<f32>, &Grad<f32>) + Send,
+{
+    let mut p = Parameter::new("t", init.clone());
+    let mut all = || {
+        for g in grads.iter().chain(grads) {
+            step(matches!(path, Path::Naive), &mut p, g);
+        }
+    };
+    match path {
+        Path::Naive => all(),
+        Path::Threads(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap();
+            pool.install(all);
+        }
+    }
+    p.value().mapv(f32::to_bits)
+}
+
+fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[Grad<f32>]) -> Outcome {
+    let mut opt = Adam::new(config).unwrap();
+    let p = run(path, init, grads, |naive, p, g| {
+        if naive {
+            opt.update_naive(p, g).unwrap()
+        } else {
+            opt.update(p, g).unwrap()
+        }
+    });
+    (p, opt.state())
+}
+
+fn lazy(path: Path, init: &ArrayD<f32>, grads: &[Grad<f32>]) -> Outcome {
+    let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+    let p = run(path, init, grads, |naive, p, g| {
+        if naive {
+            opt.update_naive(p, g).unwrap()
+        } else {
+            opt.update(p, g).unwrap()
+        }
+    });
+    (p, opt.state())
+}
+
+#[test]
+fn every_kernel_equals_the_naive_one_for_any_thread_count() {
+    let configs = [
+        AdamConfig::default(),
+        AdamConfig {
+            weight_decay: 0.01,
+            ..AdamConfig::default()
+        },
+        AdamConfig::adamw(),
+    ];
+    for (n, w) in [(4099, 37), (7, 5)] {
+        let (init, grads) = case(n, w);
+        for g in 0..grads.len() {
+            let grads = &grads[g..=g];
+            for config in configs {
+                let naive = adam(Path::Naive, config, &init, grads);
+                for t in [1, 2, 4] {
+                    let fast = adam(Path::Threads(t), config, &init, grads);
+                    assert!(
+                        fast == naive,
+                        "Adam {config:?}, ({n}, {w}), gradient {g}, {t} threads"
+                    );
+                }
+            }
+            let naive = lazy(Path::Naive, &init, grads);
+            for t in [1, 2, 4] {
+                assert!(
+                    lazy(Path::Threads(t), &init, grads) == naive,
+                    "LazyAdam ({n}, {w}), gradient {g}, {t} threads"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_transposed_parameter_is_updated_like_its_standard_copy() {
+    let (init, grads) = case(64, 3);
+    // The same values, stored column-major.
+    let column_major = init.t().as_standard_layout().t().to_owned();
+    assert!(!column_major.is_standard_layout() && column_major == init);
+    let config = AdamConfig::default();
+    let mut naive = (
+        Parameter::new("t", init.clone()),
+        Adam::new(config).unwrap(),
+    );
+    let mut fast = (
+        Parameter::new("t", column_major),
+        Adam::new(config).unwrap(),
+    );
+    for g in &grads {
+        naive.1.update_naive(&mut naive.0, g).unwrap();
+        fast.1.update(&mut fast.0, g).unwrap();
+    }
+    assert_eq!(
+        naive.0.value().mapv(f32::to_bits),
+        fast.0.value().mapv(f32::to_bits)
+    );
+}

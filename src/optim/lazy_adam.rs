@@ -1,0 +1,350 @@
+//! Lazy Adam: `torch.optim.SparseAdam` for row-sparse gradients.
+
+use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
+use rayon::prelude::*;
+
+use super::moments::MomentTable;
+use super::{check_beta, check_grad, check_lr, flat_mut, Optimizer, StateValue};
+use crate::ops::PAR_MIN_ELEMS;
+use crate::{Error, Grad, Parameter, Real, Result};
+
+/// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
+///
+/// ```
+/// use splitgrad::optim::LazyAdamConfig;
+/// let c = LazyAdamConfig::default();
+/// assert_eq!((c.lr, c.beta1, c.beta2, c.eps), (1e-3, 0.9, 0.999, 1e-8));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LazyAdamConfig {
+    /// Learning rate γ, > 0.
+    pub lr: f64,
+    /// β1, the first moment's decay, in `[0, 1)`.
+    pub beta1: f64,
+    /// β2, the second moment's decay, in `[0, 1)`.
+    pub beta2: f64,
+    /// ε, added to the denominator, > 0.
+    pub eps: f64,
+}
+
+impl Default for LazyAdamConfig {
+    /// `torch.optim.SparseAdam`'s defaults: lr 1e-3, betas (0.9, 0.999),
+    /// eps 1e-8.
+    fn default() -> Self {
+        LazyAdamConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
+    }
+}
+
+/// Lazy Adam, with the semantics and update of `torch.optim.SparseAdam`:
+/// only the rows present in a row-sparse gradient move, and only their
+/// moments change.
+///
+/// For each row `r` in the gradient, element-wise, with `t` the
+/// parameter's step count after the increment:
+///
+/// ```text
+/// m_r ← m_r + (g_r − m_r)·(1 − β1)
+/// v_r ← v_r + (g_r·g_r − v_r)·(1 − β2)
+/// step_size = γ·√(1 − β2ᵗ) / (1 − β1ᵗ)
+/// p_r ← p_r − step_size · m_r / (√v_r + ε)
+/// ```
+///
+/// The step count is per parameter and goes up by one on every update the
+/// parameter receives, even one whose gradient has no rows (as PyTorch's).
+/// A dense gradient counts as one with every row present. No weight decay:
+/// `SparseAdam` has none.
+///
+/// # How lazy Adam differs from dense Adam
+///
+/// - Rows absent from a batch keep their moments as they were (stale) and
+///   do not move. Dense [`super::Adam`] decays every row's moments every
+///   step and keeps moving rows that got no gradient through their
+///   momentum `m`.
+/// - The bias correction uses the parameter's step count (every update the
+///   table received), not the number of updates a row received.
+/// - ε is added to `√v` before the bias correction (PyTorch's sparse
+///   formula), where dense Adam adds it after: dense Adam divides `m` by
+///   `√v / √(1 − β2ᵗ) + ε`, lazy Adam by `(√v + ε) / √(1 − β2ᵗ)`, so lazy
+///   Adam's ε acts as ε / √(1 − β2ᵗ), larger in the first steps.
+///
+/// The update runs in parallel over the gradient's rows; each row is
+/// independent, so the result is the same for any number of threads and
+/// equals [`LazyAdam::update_naive`]'s bit for bit.
+///
+/// ```
+/// use ndarray::{array, Array2};
+/// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+/// use splitgrad::{Grad, Parameter, RowSparse};
+/// # fn main() -> splitgrad::Result<()> {
+/// let mut table = Parameter::new("emb", Array2::<f64>::ones((3, 2)).into_dyn());
+/// let mut opt = LazyAdam::new(LazyAdamConfig { lr: 0.1, ..LazyAdamConfig::default() })?;
+/// let g = RowSparse { n_rows: 3, rows: vec![1], values: array![[1.0, -1.0]] };
+/// opt.update(&mut table, &Grad::RowSparse(g))?;
+/// // Only row 1 moved, by about lr.
+/// assert_eq!((table.value()[[0, 0]], table.value()[[0, 1]]), (1.0, 1.0));
+/// assert!((table.value()[[1, 0]] - 0.9).abs() < 1e-6 && (table.value()[[1, 1]] - 1.1).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LazyAdam<T> {
+    config: LazyAdamConfig,
+    moments: MomentTable<T>,
+}
+
+/// The per-step coefficients, rounded to `T` once.
+#[derive(Clone, Copy)]
+struct Coeffs<T> {
+    one_minus_beta1: T,
+    one_minus_beta2: T,
+    eps: T,
+    /// `−γ·√(1 − β2ᵗ) / (1 − β1ᵗ)`.
+    neg_step_size: T,
+}
+
+impl<T: Real> Coeffs<T> {
+    fn new(c: &LazyAdamConfig, step: u64) -> Self {
+        let t = step as f64;
+        let bias_correction1 = 1.0 - c.beta1.powf(t);
+        let bias_correction2 = 1.0 - c.beta2.powf(t);
+        let step_size = c.lr * bias_correction2.sqrt() / bias_correction1;
+        Coeffs {
+            one_minus_beta1: T::from_f64(1.0 - c.beta1),
+            one_minus_beta2: T::from_f64(1.0 - c.beta2),
+            eps: T::from_f64(c.eps),
+            neg_step_size: T::from_f64(-step_size),
+        }
+    }
+
+    /// One element's update, in the order of PyTorch's `_functional.sparse_adam`.
+    #[inline(always)]
+    fn apply(&self, p: &mut T, m: &mut T, v: &mut T, g: T) {
+        *m = *m + (g - *m) * self.one_minus_beta1;
+        *v = *v + (g * g - *v) * self.one_minus_beta2;
+        *p += self.neg_step_size * (*m / (v.sqrt() + self.eps));
+    }
+
+    /// The update of a run of elements.
+    #[inline]
+    fn apply_run(&self, p: &mut [T], m: &mut [T], v: &mut [T], g: &[T]) {
+        let pmvg = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g);
+        pmvg.for_each(|(((p, m), v), &g)| self.apply(p, m, v, g));
+    }
+}
+
+/// One touched row: the parameter's, its two moments', its gradient's.
+struct RowJob<'a, T> {
+    p: &'a mut [T],
+    m: &'a mut [T],
+    v: &'a mut [T],
+    g: &'a [T],
+}
+
+/// The disjoint rows `rows` (sorted, unique, in range) of a row-major
+/// table of row length `width`.
+fn pick_rows<'a, T>(mut table: &'a mut [T], width: usize, rows: &[usize]) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut next = 0;
+    for &r in rows {
+        let rest = std::mem::take(&mut table);
+        let (row, rest) = rest[(r - next) * width..].split_at_mut(width);
+        out.push(row);
+        table = rest;
+        next = r + 1;
+    }
+    out
+}
+
+impl<T: Real> LazyAdam<T> {
+    /// A lazy Adam optimiser with no state yet.
+    ///
+    /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)), as
+    /// PyTorch's: lr ≤ 0, eps ≤ 0, a β outside `[0, 1)`, or any of them not
+    /// finite.
+    pub fn new(config: LazyAdamConfig) -> Result<Self> {
+        check_lr(config.lr, true)?;
+        check_beta("beta1", config.beta1)?;
+        check_beta("beta2", config.beta2)?;
+        if !(config.eps.is_finite() && config.eps > 0.0) {
+            let eps = config.eps;
+            return Err(Error::config(format!(
+                "invalid eps {eps}: expected a finite value > 0"
+            )));
+        }
+        Ok(LazyAdam {
+            config,
+            moments: MomentTable::default(),
+        })
+    }
+
+    /// Its hyper-parameters.
+    pub fn config(&self) -> &LazyAdamConfig {
+        &self.config
+    }
+
+    /// [`Optimizer::update`] computed serially, row by row through
+    /// `ndarray` views: the reference the parallel update is tested
+    /// against (bit for bit).
+    pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        check_grad(param, grad)?;
+        let slot = self.moments.slot(param)?;
+        slot.step += 1;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        let apply = |p: ArrayViewMutD<'_, T>,
+                     m: ArrayViewMutD<'_, T>,
+                     v: ArrayViewMutD<'_, T>,
+                     g: ArrayViewD<'_, T>| {
+            Zip::from(p)
+                .and(m)
+                .and(v)
+                .and(g)
+                .for_each(|p, m, v, &g| c.apply(p, m, v, g));
+        };
+        match grad {
+            Grad::Dense(g) => apply(
+                param.value_mut().view_mut(),
+                slot.exp_avg.view_mut(),
+                slot.exp_avg_sq.view_mut(),
+                g.view(),
+            ),
+            Grad::RowSparse(s) => {
+                for (&r, g) in s.rows.iter().zip(s.values.outer_iter()) {
+                    apply(
+                        param.value_mut().index_axis_mut(Axis(0), r),
+                        slot.exp_avg.index_axis_mut(Axis(0), r),
+                        slot.exp_avg_sq.index_axis_mut(Axis(0), r),
+                        g.into_dyn(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Real> Optimizer<T> for LazyAdam<T> {
+    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        check_grad(param, grad)?;
+        let slot = self.moments.slot(param)?;
+        slot.step += 1;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        let p = flat_mut(param);
+        let m = slot
+            .exp_avg
+            .as_slice_mut()
+            .expect("state is standard layout");
+        let v = slot
+            .exp_avg_sq
+            .as_slice_mut()
+            .expect("state is standard layout");
+        match grad {
+            Grad::Dense(g) => {
+                let g = g.as_standard_layout();
+                let g = g.as_slice().expect("standard layout is contiguous");
+                if p.len() < PAR_MIN_ELEMS {
+                    c.apply_run(p, m, v, g);
+                } else {
+                    const CHUNK: usize = 1 << 14;
+                    p.par_chunks_mut(CHUNK)
+                        .zip(m.par_chunks_mut(CHUNK))
+                        .zip(v.par_chunks_mut(CHUNK))
+                        .zip(g.par_chunks(CHUNK))
+                        .for_each(|(((p, m), v), g)| c.apply_run(p, m, v, g));
+                }
+            }
+            Grad::RowSparse(s) => {
+                let width = s.values.ncols();
+                if width == 0 || s.rows.is_empty() {
+                    return Ok(());
+                }
+                let values = s.values.as_standard_layout();
+                let values = values.as_slice().expect("standard layout is contiguous");
+                let rows = pick_rows(p, width, &s.rows)
+                    .into_iter()
+                    .zip(pick_rows(m, width, &s.rows))
+                    .zip(pick_rows(v, width, &s.rows))
+                    .zip(values.chunks(width))
+                    .map(|(((p, m), v), g)| RowJob { p, m, v, g });
+                let run = |r: RowJob<'_, T>| c.apply_run(r.p, r.m, r.v, r.g);
+                if values.len() < PAR_MIN_ELEMS {
+                    rows.for_each(run);
+                } else {
+                    rows.collect::<Vec<_>>().into_par_iter().for_each(run);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, StateValue<T>)> {
+        self.moments.state()
+    }
+
+    fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
+        self.moments.load(entries)
+    }
+
+    fn check_state(&self, params: &[&Parameter<T>]) -> Result<()> {
+        self.moments.check(params)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.config.lr
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_lr(lr, true)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pick_rows_returns_exactly_the_asked_rows() {
+        let mut t: Vec<u32> = (0..12).collect();
+        let rows = pick_rows(&mut t, 3, &[0, 2, 3]);
+        let got: Vec<Vec<u32>> = rows.into_iter().map(|r| r.to_vec()).collect();
+        assert_eq!(got, vec![vec![0, 1, 2], vec![6, 7, 8], vec![9, 10, 11]]);
+        assert!(pick_rows(&mut t, 3, &[]).is_empty());
+    }
+
+    #[test]
+    fn invalid_hyper_parameters_are_config_errors() {
+        for c in [
+            LazyAdamConfig {
+                lr: 0.0,
+                ..LazyAdamConfig::default()
+            },
+            LazyAdamConfig {
+                eps: 0.0,
+                ..LazyAdamConfig::default()
+            },
+            LazyAdamConfig {
+                beta2: 1.0,
+                ..LazyAdamConfig::default()
+            },
+        ] {
+            assert!(LazyAdam::<f64>::new(c).is_err(), "{c:?}");
+        }
+        let mut opt = LazyAdam::<f64>::new(LazyAdamConfig::default()).unwrap();
+        assert_eq!(
+            opt.set_learning_rate(0.0).unwrap_err().to_string(),
+            "invalid learning rate 0: expected a finite value > 0"
+        );
+        assert_eq!(opt.learning_rate(), 1e-3);
+    }
+}

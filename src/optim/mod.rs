@@ -1,0 +1,377 @@
+//! Optimisers with PyTorch's update formulas: [`Sgd`], [`Adam`] (and AdamW)
+//! and [`LazyAdam`] (`torch.optim.SparseAdam`).
+//!
+//! | optimiser | PyTorch | gradient | moves |
+//! |---|---|---|---|
+//! | [`Sgd`] | `torch.optim.SGD` | dense or row-sparse | every element (a row-sparse gradient counts as its dense equivalent) |
+//! | [`Adam`] | `torch.optim.Adam`, `torch.optim.AdamW` | dense or row-sparse | every element (ditto) |
+//! | [`LazyAdam`] | `torch.optim.SparseAdam` | row-sparse (or dense: every row present) | only the rows in the gradient |
+//!
+//! Each one implements [`Optimizer`]: [`Optimizer::update`] applies one step
+//! to one parameter from its gradient, so a training loop calls it once per
+//! parameter per step (the step count is kept per parameter, as PyTorch
+//! keeps `state[p]["step"]`). A frozen parameter
+//! ([`Parameter::is_trainable`] is `false`) is never moved and gets no
+//! state.
+//!
+//! # Arithmetic
+//!
+//! Hyper-parameters and bias corrections are computed in `f64` (as Python
+//! floats are) and rounded once to `T`; the element-wise updates are then
+//! computed in `T` in the order of PyTorch's CPU kernels (`lerp_`,
+//! `addcmul_`, `addcdiv_`, …), never with a fused multiply-add. PyTorch's
+//! vectorised kernels may fuse, so results agree with PyTorch to rounding,
+//! and with themselves bit for bit whatever the number of threads.
+//!
+//! # State and checkpoints
+//!
+//! State is keyed by the parameter's **name** ([`Parameter::name`]), not its
+//! [`ParamId`](crate::ParamId): ids differ between processes, names are
+//! stable across a checkpoint. Two parameters given to one optimiser must
+//! therefore have different names. [`Optimizer::state`] lists the state as
+//! `("<parameter name>.<field>", value)` with PyTorch's field names
+//! (`exp_avg`, `exp_avg_sq`, `step`, `momentum_buffer`); step counts are
+//! [`StateValue::Step`] (`u64`, exact: an `f32` array would lose counts past
+//! 2²⁴). [`Optimizer::load_state`] takes the same list back, and training
+//! resumes bit for bit. The hyper-parameters are not state: build the
+//! resumed optimiser with the same configuration.
+//!
+//! # Errors
+//!
+//! A gradient whose shape does not match its parameter, and state (loaded
+//! or kept) whose shape does not, are [`ErrorKind::Shape`](crate::ErrorKind::Shape)
+//! errors naming the parameter or the state entry; an invalid
+//! hyper-parameter is an [`ErrorKind::Config`](crate::ErrorKind::Config)
+//! error.
+//!
+//! ```
+//! use ndarray::array;
+//! use splitgrad::optim::{Adam, AdamConfig, Optimizer};
+//! use splitgrad::{Grad, Parameter};
+//! # fn main() -> splitgrad::Result<()> {
+//! let mut w = Parameter::new("w", array![1.0f64, -2.0].into_dyn());
+//! let mut adam = Adam::new(AdamConfig { lr: 0.1, ..AdamConfig::default() })?;
+//! adam.update(&mut w, &Grad::Dense(array![0.5, -0.5].into_dyn()))?;
+//! // The first Adam step moves every element by about lr against its gradient's sign.
+//! assert!((w.value()[0] - 0.9).abs() < 1e-6 && (w.value()[1] + 1.9).abs() < 1e-6);
+//! # Ok(()) }
+//! ```
+
+mod adam;
+#[cfg(test)]
+mod kernel_tests;
+mod lazy_adam;
+mod moments;
+mod sgd;
+
+pub use adam::{Adam, AdamConfig};
+pub use lazy_adam::{LazyAdam, LazyAdamConfig};
+pub use sgd::{Sgd, SgdConfig};
+
+use ndarray::ArrayD;
+
+use crate::{Error, Grad, Parameter, Real, Result};
+
+/// An optimiser: updates parameters from their gradients and keeps its
+/// per-parameter state by parameter name.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::optim::{Optimizer, Sgd, SgdConfig};
+/// use splitgrad::{Grad, Parameter};
+/// # fn main() -> splitgrad::Result<()> {
+/// // Any optimiser behind a trait object.
+/// let mut opt: Box<dyn Optimizer<f64>> = Box::new(Sgd::new(SgdConfig { lr: 0.5, ..SgdConfig::default() })?);
+/// let mut p = Parameter::new("p", array![1.0, 2.0].into_dyn());
+/// opt.update(&mut p, &Grad::Dense(array![1.0, -1.0].into_dyn()))?;
+/// assert_eq!(p.value(), &array![0.5, 2.5].into_dyn());
+/// opt.set_learning_rate(0.25)?;
+/// assert_eq!(opt.learning_rate(), 0.25);
+/// # Ok(()) }
+/// ```
+pub trait Optimizer<T: Real> {
+    /// Applies one update to `param` from its gradient. Frozen parameters
+    /// (`!is_trainable()`) are never moved and get no state.
+    ///
+    /// A gradient of another shape than the parameter's (a row-sparse one
+    /// must be `(n_rows, width)` = the parameter's shape, its rows in
+    /// range), or kept state of another shape, is an
+    /// [`ErrorKind::Shape`](crate::ErrorKind::Shape) /
+    /// [`ErrorKind::OutOfRange`](crate::ErrorKind::OutOfRange) error naming
+    /// the parameter (or the state entry); nothing is changed then.
+    ///
+    /// **Panics** if a row-sparse gradient's rows are not sorted and unique
+    /// (the [`RowSparse`](crate::RowSparse) invariant).
+    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()>;
+
+    /// Named state entries for a checkpoint: `("<param name>.exp_avg",
+    /// array)`, `("<param name>.step", count)`, … sorted by name.
+    fn state(&self) -> Vec<(String, StateValue<T>)>;
+
+    /// Replaces the state with entries saved by [`Optimizer::state`].
+    ///
+    /// Errors (each naming the entry): a name that is not
+    /// `<param name>.<field>` with a field this optimiser keeps, an entry
+    /// given twice, an array where a step count belongs or the reverse, a
+    /// parameter with some of its fields missing, arrays of one parameter
+    /// with different shapes. On an error the state is left as it was.
+    fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()>;
+
+    /// Checks the state against the parameters it will update: every
+    /// parameter with state is among `params` and its state has the
+    /// parameter's shape. Call it after [`Optimizer::load_state`] to catch
+    /// a checkpoint of another model before the first step.
+    fn check_state(&self, params: &[&Parameter<T>]) -> Result<()>;
+
+    /// The learning rate.
+    fn learning_rate(&self) -> f64;
+
+    /// Changes the learning rate (a schedule); the same validation as at
+    /// construction.
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()>;
+}
+
+/// One entry of an optimiser's state.
+///
+/// ```
+/// use ndarray::ArrayD;
+/// use splitgrad::optim::StateValue;
+/// let s: StateValue<f32> = StateValue::Step(1 << 30);
+/// assert_eq!(s.as_step(), Some(1 << 30));
+/// assert!(StateValue::Array(ArrayD::<f32>::zeros(vec![2])).as_array().is_some());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum StateValue<T> {
+    /// A real array of the parameter's shape (a moment, a momentum buffer).
+    Array(ArrayD<T>),
+    /// A step count, exact.
+    Step(u64),
+}
+
+impl<T> StateValue<T> {
+    /// The array, if this is one.
+    pub fn as_array(&self) -> Option<&ArrayD<T>> {
+        match self {
+            StateValue::Array(a) => Some(a),
+            StateValue::Step(_) => None,
+        }
+    }
+
+    /// The step count, if this is one.
+    pub fn as_step(&self) -> Option<u64> {
+        match self {
+            StateValue::Array(_) => None,
+            StateValue::Step(s) => Some(*s),
+        }
+    }
+
+    fn kind_name(&self) -> &'static str {
+        match self {
+            StateValue::Array(_) => "real array",
+            StateValue::Step(_) => "u64 step count",
+        }
+    }
+}
+
+/// Splits `"<param name>.<field>"` at its last dot (parameter names contain
+/// dots themselves).
+fn split_entry(name: &str) -> Result<(&str, &str)> {
+    name.rsplit_once('.')
+        .filter(|(p, f)| !p.is_empty() && !f.is_empty())
+        .ok_or_else(|| {
+            Error::format("optimiser state entry name is not `<parameter name>.<field>`")
+                .in_array(name)
+        })
+}
+
+/// The error for a state entry that names a field the optimiser does not keep.
+fn unknown_field(entry: &str, known: &[&str]) -> Error {
+    Error::format(format!(
+        "unknown optimiser state field (this optimiser keeps {})",
+        known.join(", ")
+    ))
+    .in_array(entry)
+}
+
+/// The error for a state entry of the wrong kind.
+fn wrong_kind<T>(entry: &str, expected: &str, found: &StateValue<T>) -> Error {
+    Error::new(crate::ErrorKind::Dtype {
+        expected: expected.to_string(),
+        found: found.kind_name().to_string(),
+    })
+    .in_array(entry)
+}
+
+/// Checks a gradient against its parameter: same shape, or a row-sparse
+/// gradient of the `(n_rows, width)` parameter with rows in range.
+///
+/// **Panics** if a row-sparse gradient's rows are not sorted and unique.
+#[track_caller]
+fn check_grad<T: Real>(param: &Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    let shape = param.value().shape();
+    match grad {
+        Grad::Dense(g) if g.shape() != shape => Err(Error::shape(
+            "gradient",
+            format!("{shape:?} (the parameter's)"),
+            g.shape(),
+        )
+        .in_array(param.name())),
+        Grad::Dense(_) => Ok(()),
+        Grad::RowSparse(s) => {
+            let width = s.values.ncols();
+            if shape != [s.n_rows, width] {
+                return Err(Error::shape(
+                    "row-sparse gradient",
+                    format!("{shape:?} (the parameter's)"),
+                    &[s.n_rows, width],
+                )
+                .in_array(param.name()));
+            }
+            if s.values.nrows() != s.rows.len() {
+                return Err(Error::shape(
+                    "row-sparse gradient values",
+                    format!("({}, {width}), one row per gradient row", s.rows.len()),
+                    s.values.shape(),
+                )
+                .in_array(param.name()));
+            }
+            assert!(
+                s.rows.windows(2).all(|w| w[0] < w[1]),
+                "row-sparse gradient of `{}`: rows are not sorted and unique",
+                param.name()
+            );
+            match s.rows.last() {
+                Some(&last) if last >= s.n_rows => Err(Error::out_of_range(
+                    "gradient row",
+                    vec![s.rows.len() - 1],
+                    last as i64,
+                    0,
+                    s.n_rows as i64,
+                )
+                .in_array(param.name())),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// The parameter's value as one row-major slice, making it standard layout
+/// first if it is not (its values are unchanged).
+fn flat_mut<T: Real>(param: &mut Parameter<T>) -> &mut [T] {
+    if !param.value().is_standard_layout() {
+        let v = param.value().as_standard_layout().into_owned();
+        *param.value_mut() = v;
+    }
+    param
+        .value_mut()
+        .as_slice_mut()
+        .expect("standard layout is contiguous")
+}
+
+/// Checks that a learning rate is finite and at least `low` (exclusive
+/// when `strict`).
+fn check_lr(lr: f64, strict: bool) -> Result<()> {
+    if !lr.is_finite() || lr < 0.0 || (strict && lr == 0.0) {
+        let bound = if strict { "> 0" } else { ">= 0" };
+        return Err(Error::config(format!(
+            "invalid learning rate {lr}: expected a finite value {bound}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a β of Adam: `0 ≤ β < 1`.
+fn check_beta(which: &str, beta: f64) -> Result<()> {
+    if !(0.0..1.0).contains(&beta) {
+        return Err(Error::config(format!(
+            "invalid {which} {beta}: expected 0 <= {which} < 1"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a non-negative finite hyper-parameter (ε, weight decay,
+/// momentum, dampening).
+fn check_non_negative(which: &str, x: f64) -> Result<()> {
+    if !x.is_finite() || x < 0.0 {
+        return Err(Error::config(format!(
+            "invalid {which} {x}: expected a finite value >= 0"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RowSparse;
+    use ndarray::{array, Array2};
+
+    #[test]
+    fn entry_names_split_at_the_last_dot() {
+        assert_eq!(
+            split_entry("token_embedding.prompt.weight.exp_avg").unwrap(),
+            ("token_embedding.prompt.weight", "exp_avg")
+        );
+        for bad in ["step", ".step", "w."] {
+            let e = split_entry(bad).unwrap_err();
+            assert_eq!(e.array(), Some(bad));
+        }
+    }
+
+    #[test]
+    fn gradients_are_checked_against_the_parameter() {
+        let p = Parameter::new("t", Array2::<f64>::zeros((4, 2)).into_dyn());
+        let ok = RowSparse {
+            n_rows: 4,
+            rows: vec![0, 3],
+            values: Array2::ones((2, 2)),
+        };
+        assert!(check_grad(&p, &Grad::RowSparse(ok.clone())).is_ok());
+        let far = RowSparse {
+            rows: vec![0, 4],
+            ..ok.clone()
+        };
+        let e = check_grad(&p, &Grad::RowSparse(far)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "array `t`: gradient row 4 at position [1] is out of range 0..4"
+        );
+        let short = RowSparse {
+            rows: vec![1],
+            ..ok.clone()
+        };
+        let e = check_grad(&p, &Grad::RowSparse(short)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "array `t`: row-sparse gradient values has shape [2, 2], expected (1, 2), one row per gradient row"
+        );
+        let e = check_grad(&p, &Grad::Dense(array![1.0, 2.0].into_dyn())).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "array `t`: gradient has shape [2], expected [4, 2] (the parameter's)"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "rows are not sorted and unique")]
+    fn unsorted_rows_are_a_caller_bug() {
+        let p = Parameter::new("t", Array2::<f64>::zeros((4, 2)).into_dyn());
+        let g = RowSparse {
+            n_rows: 4,
+            rows: vec![2, 1],
+            values: Array2::ones((2, 2)),
+        };
+        let _ = check_grad(&p, &Grad::RowSparse(g));
+    }
+
+    #[test]
+    fn flat_mut_makes_a_transposed_value_standard() {
+        let mut p = Parameter::new(
+            "t",
+            array![[1.0f64, 2.0], [3.0, 4.0]].reversed_axes().into_dyn(),
+        );
+        assert_eq!(flat_mut(&mut p), &[1.0, 3.0, 2.0, 4.0]);
+        assert_eq!(p.value(), &array![[1.0, 3.0], [2.0, 4.0]].into_dyn());
+    }
+}
