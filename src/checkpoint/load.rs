@@ -1,0 +1,558 @@
+//! Reading a checkpoint: validating the file, then decoding tensors of
+//! the dtype and shape the caller expects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use ndarray::{ArrayD, IxDyn};
+use safetensors::{Dtype, SafeTensors};
+
+use super::{Element, TensorData};
+use crate::{Error, ErrorKind, Real, Result};
+
+/// The bytes of the length prefix that opens a safetensors file.
+const N_LEN: usize = 8;
+
+/// Where one tensor lies in a checkpoint file.
+#[derive(Debug)]
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// An opened safetensors checkpoint: its bytes, validated header and
+/// metadata. Tensors are decoded on request, checked against the dtype and
+/// shape the caller expects.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use ndarray::Array2;
+/// use splitgrad::checkpoint::{save, Checkpoint};
+/// # fn main() -> splitgrad::Result<()> {
+/// # let dir = std::env::temp_dir().join(format!("splitgrad-doc-ck-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("model.safetensors");
+/// let rows = Array2::<f64>::zeros((3, 4));
+/// save(&path, &[("split_vocabulary.rows", (&rows).into())], &BTreeMap::new())?;
+/// let ck = Checkpoint::open(&path)?;
+/// let err = ck.get_real::<f32>("split_vocabulary.rows", &[3, 4]).unwrap_err();
+/// assert!(err.to_string().ends_with("array `split_vocabulary.rows`: has dtype F64, expected F32"));
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    entries: BTreeMap<String, Entry>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Reads and validates the safetensors file at `path`.
+    ///
+    /// Errors (all naming `path`): [`ErrorKind::Io`] if it cannot be read;
+    /// [`ErrorKind::Format`] if it is not a complete, consistent safetensors
+    /// file (too short, a header that is not JSON, byte ranges that do not
+    /// tile the data or that claim more bytes than the file has).
+    ///
+    /// ```
+    /// use splitgrad::{checkpoint::Checkpoint, ErrorKind};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let dir = std::env::temp_dir().join(format!("splitgrad-doc-open-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let path = dir.join("notes.txt");
+    /// std::fs::write(&path, "not a checkpoint")?;
+    /// let err = Checkpoint::open(&path).unwrap_err();
+    /// assert!(matches!(err.kind(), ErrorKind::Format { .. }));
+    /// assert_eq!(err.file(), Some(path.as_path()));
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        let bytes = fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+        let bad = |message: String| Error::format(message).in_file(path);
+        if offsets_could_overflow(&bytes) {
+            return Err(bad(
+                "not a safetensors file: a byte offset in the header is too large".into(),
+            ));
+        }
+        let (n, header) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+        let base = N_LEN + n;
+        let entries = header
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| {
+                let (start, end) = info.data_offsets;
+                let entry = Entry {
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: base + start,
+                    end: base + end,
+                };
+                (name, entry)
+            })
+            .collect();
+        let metadata = header
+            .metadata()
+            .as_ref()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            bytes,
+            entries,
+            metadata,
+        })
+    }
+}
+
+/// Whether a number in the header of `bytes` is so large that
+/// `safetensors::SafeTensors::read_metadata` 0.8 would overflow adding it to
+/// the header length (it panics in debug builds: `buffer_end + N_LEN + n`).
+///
+/// A byte offset is a JSON integer, so it appears in the header as a run of
+/// digits; this rejects any run in the top `N_LEN + n` values of `usize`.
+/// A legitimate file never has one: its offsets are below its length.
+fn offsets_could_overflow(bytes: &[u8]) -> bool {
+    let Some(prefix) = bytes.get(..N_LEN) else {
+        return false;
+    };
+    let n = u64::from_le_bytes(prefix.try_into().expect("8 bytes"));
+    let Some(header) = usize::try_from(n)
+        .ok()
+        .and_then(|n| bytes.get(N_LEN..N_LEN.checked_add(n)?))
+    else {
+        return false; // read_metadata rejects it before any offset arithmetic
+    };
+    let limit = (usize::MAX as u128).saturating_sub((N_LEN + header.len()) as u128);
+    header
+        .split(|b| !b.is_ascii_digit())
+        .filter(|run| !run.is_empty())
+        .any(|run| {
+            let value = run.iter().fold(0u128, |v, &d| {
+                v.saturating_mul(10).saturating_add(u128::from(d - b'0'))
+            });
+            value > limit && value <= usize::MAX as u128
+        })
+}
+
+/// `(3, 4)`, `(5,)`, `()`: a shape as PyTorch prints it.
+fn fmt_shape(shape: &[usize]) -> String {
+    match shape {
+        [d] => format!("({d},)"),
+        _ => {
+            let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("({})", parts.join(", "))
+        }
+    }
+}
+
+impl Checkpoint {
+    /// The file this checkpoint was read from.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-path-{}.safetensors", std::process::id()));
+    /// save(&path, &[] as &[(&str, _)], &BTreeMap::new())?;
+    /// assert_eq!(Checkpoint::open(&path)?.path(), path.as_path());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensor names, sorted.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::arr0;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-names-{}.safetensors", std::process::id()));
+    /// let (b, a) = (arr0(1u64), arr0(2.0f32));
+    /// save(&path, &[("b", (&b).into()), ("a", (&a).into())], &BTreeMap::new())?;
+    /// assert_eq!(Checkpoint::open(&path)?.names(), ["a", "b"]);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn names(&self) -> Vec<&str> {
+        self.entries.keys().map(String::as_str).collect()
+    }
+
+    /// The string metadata stored with the tensors (empty if none).
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-meta-{}.safetensors", std::process::id()));
+    /// let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    /// save(&path, &[] as &[(&str, _)], &meta)?;
+    /// assert_eq!(Checkpoint::open(&path)?.metadata(), &meta);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries
+            .get(name)
+            .ok_or_else(|| self.err(name, ErrorKind::Missing))
+    }
+
+    fn err(&self, name: &str, kind: ErrorKind) -> Error {
+        Error::new(kind).in_file(&self.path).in_array(name)
+    }
+
+    /// The shape of tensor `name`, whatever its dtype; [`ErrorKind::Missing`]
+    /// if there is none.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::Array2;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-shape-{}.safetensors", std::process::id()));
+    /// let w = Array2::<f32>::zeros((0, 8));
+    /// save(&path, &[("token_embedding.prompt.weight", (&w).into())], &BTreeMap::new())?;
+    /// let ck = Checkpoint::open(&path)?;
+    /// assert_eq!(ck.shape("token_embedding.prompt.weight")?, &[0, 8]);
+    /// assert!(ck.shape("lm_head.prompt.weight").is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn shape(&self, name: &str) -> Result<&[usize]> {
+        Ok(&self.entry(name)?.shape)
+    }
+
+    /// Checks that every name in `expected` is present and, if `strict`, that
+    /// no other tensor is.
+    ///
+    /// Errors: the first absent name is [`ErrorKind::Missing`]; with
+    /// `strict`, the first extra name (in sorted order) is
+    /// [`ErrorKind::Format`]; both name the file and the tensor.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::arr0;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-expect-{}.safetensors", std::process::id()));
+    /// let (x, step) = (arr0(0.5f64), arr0(7u64));
+    /// save(&path, &[("x", (&x).into()), ("optim.step", (&step).into())], &BTreeMap::new())?;
+    /// let ck = Checkpoint::open(&path)?;
+    /// ck.expect_names(&["x"], false)?;
+    /// let err = ck.expect_names(&["x"], true).unwrap_err();
+    /// assert_eq!(err.array(), Some("optim.step"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn expect_names<S: AsRef<str>>(&self, expected: &[S], strict: bool) -> Result<()> {
+        for name in expected {
+            self.entry(name.as_ref())?;
+        }
+        if strict {
+            let wanted: BTreeSet<&str> = expected.iter().map(AsRef::as_ref).collect();
+            if let Some(extra) = self.entries.keys().find(|k| !wanted.contains(k.as_str())) {
+                let kind = ErrorKind::Format {
+                    message: "is not expected in this checkpoint".into(),
+                };
+                return Err(self.err(extra, kind));
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw bytes of `name` if its dtype is `dtype` and its shape is
+    /// `expected_shape`.
+    fn checked(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<&[u8]> {
+        let e = self.entry(name)?;
+        if e.dtype != dtype {
+            let kind = ErrorKind::Dtype {
+                expected: dtype.to_string(),
+                found: e.dtype.to_string(),
+            };
+            return Err(self.err(name, kind));
+        }
+        if e.shape != expected_shape {
+            let err = Error::shape("tensor", fmt_shape(expected_shape), &e.shape);
+            return Err(err.in_file(&self.path).in_array(name));
+        }
+        Ok(&self.bytes[e.start..e.end])
+    }
+
+    fn decode<A: Element>(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+        read: fn(&[u8]) -> A,
+    ) -> Result<ArrayD<A>> {
+        let bytes = self.checked(name, A::DTYPE, expected_shape)?;
+        let values: Vec<A> = bytes.chunks_exact(A::SIZE).map(read).collect();
+        ArrayD::from_shape_vec(IxDyn(expected_shape), values).map_err(|e| {
+            self.err(
+                name,
+                ErrorKind::Format {
+                    message: e.to_string(),
+                },
+            )
+        })
+    }
+
+    /// Tensor `name` as an array of `T` (`f32` or `f64`), bit for bit as
+    /// saved.
+    ///
+    /// Errors, naming the file and the tensor: [`ErrorKind::Missing`];
+    /// [`ErrorKind::Dtype`] if it is not stored as `T` (no conversion,
+    /// not even `F32` → `f64`); [`ErrorKind::Shape`] if its shape is not
+    /// `expected_shape`. Non-finite values are returned as they are: see
+    /// [`Checkpoint::check_finite`].
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::Array2;
+    /// # use splitgrad::{checkpoint::{save, Checkpoint}, ErrorKind};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-real-{}.safetensors", std::process::id()));
+    /// let w = Array2::from_shape_fn((3, 2), |(i, j)| (i * 2 + j) as f32 / 7.0);
+    /// save(&path, &[("w", (&w).into())], &BTreeMap::new())?;
+    /// let ck = Checkpoint::open(&path)?;
+    /// assert_eq!(ck.get_real::<f32>("w", &[3, 2])?, w.into_dyn());
+    /// let err = ck.get_real::<f32>("w", &[2, 3]).unwrap_err();
+    /// assert!(matches!(err.kind(), ErrorKind::Shape { .. }));
+    /// assert!(err.to_string().ends_with("array `w`: tensor has shape [3, 2], expected (2, 3)"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_real<T: Real>(&self, name: &str, expected_shape: &[usize]) -> Result<ArrayD<T>> {
+        let bytes = self.checked(name, T::SAFETENSORS_DTYPE, expected_shape)?;
+        let size = std::mem::size_of::<T>();
+        let values: Vec<T> = bytes.chunks_exact(size).map(T::read_le).collect();
+        ArrayD::from_shape_vec(IxDyn(expected_shape), values).map_err(|e| {
+            self.err(
+                name,
+                ErrorKind::Format {
+                    message: e.to_string(),
+                },
+            )
+        })
+    }
+
+    /// Tensor `name` as an `i64` array; errors as [`Checkpoint::get_real`].
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::Array1;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-i64-{}.safetensors", std::process::id()));
+    /// let idx = Array1::from(vec![-1i64, i64::MAX]);
+    /// save(&path, &[("split_vocabulary.token_index", (&idx).into())], &BTreeMap::new())?;
+    /// let ck = Checkpoint::open(&path)?;
+    /// assert_eq!(ck.get_i64("split_vocabulary.token_index", &[2])?, idx.into_dyn());
+    /// assert!(ck.get_u64("split_vocabulary.token_index", &[2]).is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_i64(&self, name: &str, expected_shape: &[usize]) -> Result<ArrayD<i64>> {
+        self.decode(name, expected_shape, i64::get_le)
+    }
+
+    /// Tensor `name` as a `u64` array; errors as [`Checkpoint::get_real`].
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::arr0;
+    /// # use splitgrad::checkpoint::{save, Checkpoint};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-u64-{}.safetensors", std::process::id()));
+    /// save(&path, &[("optim.step", (&arr0(u64::MAX)).into())], &BTreeMap::new())?;
+    /// let step = Checkpoint::open(&path)?.get_u64("optim.step", &[])?;
+    /// assert_eq!(step.first(), Some(&u64::MAX));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get_u64(&self, name: &str, expected_shape: &[usize]) -> Result<ArrayD<u64>> {
+        self.decode(name, expected_shape, u64::get_le)
+    }
+
+    /// Tensor `name` in whichever of the four stored dtypes it has, any
+    /// shape; [`ErrorKind::Dtype`] for another dtype (`BF16`, `I32`, …).
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::Array1;
+    /// # use splitgrad::checkpoint::{save, Checkpoint, TensorData};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-get-{}.safetensors", std::process::id()));
+    /// let lang = Array1::from(vec![0i64, 2, 1]);
+    /// save(&path, &[("split_vocabulary.language_index", (&lang).into())], &BTreeMap::new())?;
+    /// let t = Checkpoint::open(&path)?.get("split_vocabulary.language_index")?;
+    /// assert_eq!(t, TensorData::I64(lang.into_dyn()));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn get(&self, name: &str) -> Result<TensorData> {
+        let e = self.entry(name)?;
+        let shape = e.shape.as_slice();
+        Ok(match e.dtype {
+            Dtype::F32 => TensorData::F32(self.get_real(name, shape)?),
+            Dtype::F64 => TensorData::F64(self.get_real(name, shape)?),
+            Dtype::I64 => TensorData::I64(self.get_i64(name, shape)?),
+            Dtype::U64 => TensorData::U64(self.get_u64(name, shape)?),
+            other => {
+                let kind = ErrorKind::Dtype {
+                    expected: "F32, F64, I64 or U64".into(),
+                    found: other.to_string(),
+                };
+                return Err(self.err(name, kind));
+            }
+        })
+    }
+
+    /// Checks that the real tensor `name` (`F32` or `F64`) holds no NaN or
+    /// infinity, without decoding it into an array.
+    ///
+    /// Errors: [`ErrorKind::NonFinite`] with the multi-index of the first
+    /// non-finite element in row-major order; [`ErrorKind::Missing`];
+    /// [`ErrorKind::Dtype`] if the tensor is not real. All name the file and
+    /// the tensor.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # use ndarray::array;
+    /// # use splitgrad::{checkpoint::{save, Checkpoint}, ErrorKind};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// # let path = std::env::temp_dir().join(format!("splitgrad-doc-finite-{}.safetensors", std::process::id()));
+    /// let w = array![[0.0f32, 1.0], [f32::NAN, 2.0]];
+    /// save(&path, &[("w", (&w).into())], &BTreeMap::new())?;
+    /// let err = Checkpoint::open(&path)?.check_finite("w").unwrap_err();
+    /// assert!(matches!(err.kind(), ErrorKind::NonFinite { position, .. } if position == &[1, 0]));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        let e = self.entry(name)?;
+        let data = &self.bytes[e.start..e.end];
+        let first_bad = match e.dtype {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f64::from(f32::get_le(b)))
+                .enumerate()
+                .find(|(_, x)| !x.is_finite()),
+            Dtype::F64 => data
+                .chunks_exact(8)
+                .map(f64::get_le)
+                .enumerate()
+                .find(|(_, x)| !x.is_finite()),
+            other => {
+                let kind = ErrorKind::Dtype {
+                    expected: "F32 or F64".into(),
+                    found: other.to_string(),
+                };
+                return Err(self.err(name, kind));
+            }
+        };
+        match first_bad {
+            None => Ok(()),
+            Some((flat, value)) => {
+                let position = unravel(flat, &e.shape);
+                Err(self.err(name, ErrorKind::NonFinite { position, value }))
+            }
+        }
+    }
+}
+
+/// The row-major multi-index of flat index `flat` in `shape`.
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut position = vec![0; shape.len()];
+    for (p, &d) in position.iter_mut().zip(shape).rev() {
+        *p = flat % d;
+        flat /= d;
+    }
+    position
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("splitgrad-ckpt-unit-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Eight tensors of 2^61 − 1 bytes each end at 2^64 − 8: safetensors
+    /// 0.8 overflows `buffer_end + N_LEN + n` on this header (a panic in a
+    /// debug build) unless it is rejected first.
+    #[test]
+    fn offsets_near_usize_max_are_a_format_error_not_a_panic() {
+        let big: u64 = (1 << 61) - 1;
+        let parts: Vec<String> = (0..8u64)
+            .map(|i| {
+                format!(
+                    "\"t{i}\":{{\"dtype\":\"U8\",\"shape\":[{big}],\"data_offsets\":[{},{}]}}",
+                    i * big,
+                    (i + 1) * big
+                )
+            })
+            .collect();
+        let header = format!("{{{}}}", parts.join(","));
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        assert!(offsets_could_overflow(&bytes));
+
+        let dir = temp_dir("overflow");
+        let path = dir.join("evil.safetensors");
+        fs::write(&path, &bytes).unwrap();
+        let err = Checkpoint::open(&path).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Format { .. }));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: not a safetensors file: a byte offset in the header is too large",
+                path.display()
+            )
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ordinary_numbers_do_not_trip_the_overflow_guard() {
+        let header = br#"{"__metadata__":{"seed":"18446744073709551615000"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0; 8]);
+        assert!(!offsets_could_overflow(&bytes));
+        assert!(!offsets_could_overflow(&[1, 2, 3]));
+    }
+
+    #[test]
+    fn unravel_is_row_major() {
+        assert_eq!(unravel(0, &[]), Vec::<usize>::new());
+        assert_eq!(unravel(5, &[2, 3]), [1, 2]);
+        assert_eq!(unravel(23, &[2, 3, 4]), [1, 2, 3]);
+        assert_eq!(unravel(13, &[2, 3, 4]), [1, 0, 1]);
+    }
+
+    #[test]
+    fn shapes_print_as_pytorch_does() {
+        assert_eq!(fmt_shape(&[]), "()");
+        assert_eq!(fmt_shape(&[5]), "(5,)");
+        assert_eq!(fmt_shape(&[3, 0]), "(3, 0)");
+    }
+}
