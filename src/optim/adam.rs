@@ -58,6 +58,12 @@ impl Default for AdamConfig {
 impl AdamConfig {
     /// `torch.optim.AdamW`'s defaults: as Adam's, with decoupled weight
     /// decay 1e-2.
+    ///
+    /// ```
+    /// use splitgrad::optim::AdamConfig;
+    /// let c = AdamConfig { lr: 3e-4, ..AdamConfig::adamw() };
+    /// assert_eq!((c.weight_decay, c.decoupled_weight_decay), (1e-2, true));
+    /// ```
     pub fn adamw() -> Self {
         AdamConfig {
             weight_decay: 1e-2,
@@ -190,6 +196,13 @@ impl<T: Real> Adam<T> {
     /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)), as
     /// PyTorch's: lr < 0, eps < 0, a β outside `[0, 1)`, weight decay < 0,
     /// or any of them not finite.
+    ///
+    /// ```
+    /// use splitgrad::optim::{Adam, AdamConfig};
+    /// assert!(Adam::<f32>::new(AdamConfig { beta2: 1.0, ..AdamConfig::default() }).is_err());
+    /// let adam = Adam::<f32>::new(AdamConfig::default()).unwrap();
+    /// assert_eq!(adam.config().beta2, 0.999);
+    /// ```
     pub fn new(config: AdamConfig) -> Result<Self> {
         check_lr(config.lr, false)?;
         check_beta("beta1", config.beta1)?;
@@ -202,7 +215,7 @@ impl<T: Real> Adam<T> {
         })
     }
 
-    /// Its hyper-parameters.
+    /// Its hyper-parameters (example at [`Adam::new`]).
     pub fn config(&self) -> &AdamConfig {
         &self.config
     }
@@ -210,6 +223,23 @@ impl<T: Real> Adam<T> {
     /// [`Optimizer::update`] computed serially, element by element over a
     /// dense copy of the gradient: the reference the parallel update is
     /// tested against (bit for bit).
+    ///
+    /// **Panics** as [`Optimizer::update`] does.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::optim::{Adam, AdamConfig, Optimizer};
+    /// use splitgrad::{Grad, Parameter, RowSparse};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let g = Grad::RowSparse(RowSparse { n_rows: 2, rows: vec![1], values: array![[0.5f32, -1.0]] });
+    /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
+    /// let (mut fast, mut naive) = (Adam::new(AdamConfig::default())?, Adam::new(AdamConfig::default())?);
+    /// fast.update(&mut a, &g)?;
+    /// naive.update_naive(&mut b, &g)?;
+    /// assert_eq!(a.value(), b.value());
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
     pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
@@ -229,6 +259,7 @@ impl<T: Real> Adam<T> {
 }
 
 impl<T: Real> Optimizer<T> for Adam<T> {
+    #[track_caller]
     fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());

@@ -165,6 +165,13 @@ impl<T: Real> LazyAdam<T> {
     /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)), as
     /// PyTorch's: lr ≤ 0, eps ≤ 0, a β outside `[0, 1)`, or any of them not
     /// finite.
+    ///
+    /// ```
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig};
+    /// assert!(LazyAdam::<f32>::new(LazyAdamConfig { eps: 0.0, ..LazyAdamConfig::default() }).is_err());
+    /// let opt = LazyAdam::<f32>::new(LazyAdamConfig::default()).unwrap();
+    /// assert_eq!(opt.config().eps, 1e-8);
+    /// ```
     pub fn new(config: LazyAdamConfig) -> Result<Self> {
         check_lr(config.lr, true)?;
         check_beta("beta1", config.beta1)?;
@@ -181,7 +188,7 @@ impl<T: Real> LazyAdam<T> {
         })
     }
 
-    /// Its hyper-parameters.
+    /// Its hyper-parameters (example at [`LazyAdam::new`]).
     pub fn config(&self) -> &LazyAdamConfig {
         &self.config
     }
@@ -189,6 +196,23 @@ impl<T: Real> LazyAdam<T> {
     /// [`Optimizer::update`] computed serially, row by row through
     /// `ndarray` views: the reference the parallel update is tested
     /// against (bit for bit).
+    ///
+    /// **Panics** as [`Optimizer::update`] does.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+    /// use splitgrad::{Grad, Parameter, RowSparse};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let g = Grad::RowSparse(RowSparse { n_rows: 2, rows: vec![0], values: array![[0.5f32, -1.0]] });
+    /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
+    /// let (mut fast, mut naive) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
+    /// fast.update(&mut a, &g)?;
+    /// naive.update_naive(&mut b, &g)?;
+    /// assert_eq!(a.value(), b.value());
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
     pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
@@ -230,6 +254,7 @@ impl<T: Real> LazyAdam<T> {
 }
 
 impl<T: Real> Optimizer<T> for LazyAdam<T> {
+    #[track_caller]
     fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
@@ -279,7 +304,11 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
                 if values.len() < PAR_MIN_ELEMS {
                     rows.for_each(run);
                 } else {
-                    rows.collect::<Vec<_>>().into_par_iter().for_each(run);
+                    // Rows of a narrow table are batched so that a task has a few
+                    // thousand elements.
+                    let min_rows = (4096 / width).max(1);
+                    let rows: Vec<_> = rows.collect();
+                    rows.into_par_iter().with_min_len(min_rows).for_each(run);
                 }
             }
         }

@@ -106,6 +106,26 @@ pub trait Optimizer<T: Real> {
 
     /// Named state entries for a checkpoint: `("<param name>.exp_avg",
     /// array)`, `("<param name>.step", count)`, … sorted by name.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer, StateValue};
+    /// use splitgrad::{Grad, Parameter};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let mut p = Parameter::new("emb.weight", array![[1.0f32, 2.0]].into_dyn());
+    /// let mut opt = LazyAdam::new(LazyAdamConfig::default())?;
+    /// opt.update(&mut p, &Grad::Dense(array![[0.5f32, 0.5]].into_dyn()))?;
+    /// let saved = opt.state();
+    /// let names: Vec<&str> = saved.iter().map(|(n, _)| n.as_str()).collect();
+    /// assert_eq!(names, ["emb.weight.exp_avg", "emb.weight.exp_avg_sq", "emb.weight.step"]);
+    /// assert_eq!(saved[2].1, StateValue::Step(1));
+    /// // A new optimiser resumes from it.
+    /// let mut resumed = LazyAdam::new(LazyAdamConfig::default())?;
+    /// resumed.load_state(saved)?;
+    /// resumed.check_state(&[&p])?;
+    /// assert_eq!(resumed.state(), opt.state());
+    /// # Ok(()) }
+    /// ```
     fn state(&self) -> Vec<(String, StateValue<T>)>;
 
     /// Replaces the state with entries saved by [`Optimizer::state`].

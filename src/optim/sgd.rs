@@ -147,6 +147,13 @@ impl<T: Real> Sgd<T> {
     /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)), as
     /// PyTorch's: lr, momentum, dampening or weight decay negative or not
     /// finite; Nesterov momentum with μ = 0 or τ ≠ 0.
+    ///
+    /// ```
+    /// use splitgrad::optim::{Sgd, SgdConfig};
+    /// assert!(Sgd::<f64>::new(SgdConfig { nesterov: true, ..SgdConfig::default() }).is_err());
+    /// let sgd = Sgd::<f64>::new(SgdConfig { momentum: 0.9, nesterov: true, ..SgdConfig::default() }).unwrap();
+    /// assert!(sgd.config().nesterov);
+    /// ```
     pub fn new(config: SgdConfig) -> Result<Self> {
         check_lr(config.lr, false)?;
         check_non_negative("momentum", config.momentum)?;
@@ -163,13 +170,14 @@ impl<T: Real> Sgd<T> {
         })
     }
 
-    /// Its hyper-parameters.
+    /// Its hyper-parameters (example at [`Sgd::new`]).
     pub fn config(&self) -> &SgdConfig {
         &self.config
     }
 }
 
 impl<T: Real> Optimizer<T> for Sgd<T> {
+    #[track_caller]
     fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
