@@ -36,6 +36,9 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
     /// Reads one value from exactly `size_of::<Self>()` little-endian bytes.
     fn read_le(bytes: &[u8]) -> Self;
 
+    /// A checkpoint view of an array of this type.
+    fn tensor_ref(a: ndarray::ArrayViewD<'_, Self>) -> crate::checkpoint::TensorRef<'_>;
+
     /// `c ← α·a·b + β·c` through `matrixmultiply`.
     ///
     /// a: (m, k), b: (k, n), c: (m, n); any strides.
@@ -73,6 +76,9 @@ macro_rules! impl_real {
                 let mut b = [0u8; std::mem::size_of::<$t>()];
                 b.copy_from_slice(bytes);
                 <$t>::from_le_bytes(b)
+            }
+            fn tensor_ref(a: ndarray::ArrayViewD<'_, Self>) -> crate::checkpoint::TensorRef<'_> {
+                a.into()
             }
             #[track_caller]
             fn gemm(

@@ -111,7 +111,7 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
                         let g = gate[r].to_f64();
                         shared.iter().zip(row.iter()).map(|(&s, &x)| s.to_f64() + g * (x.to_f64() - s.to_f64())).collect()
                     } else {
-                        row.iter().map(|x| x.to_f64()).collect()
+                        row.iter().map(|&x| x.to_f64()).collect()
                     }
                 }
                 None => to_f64(shared),
@@ -158,7 +158,7 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
 }
 
 fn to_f64<T: Real>(v: ArrayView1<'_, T>) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
+    v.iter().map(|&x| x.to_f64()).collect()
 }
 
 #[cfg(test)]

@@ -189,7 +189,7 @@ impl<T: Real> Trainer<T> {
     pub fn check_finite(&self) -> Result<()> {
         for p in self.model.parameters() {
             if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                let msg = format!("parameter `{}` has {} at flat position {i}", p.name(), v.to_f64());
+                let msg = format!("parameter `{}` has {} at flat position {i}", p.name(), (*v).to_f64());
                 return Err(Error::new(ErrorKind::Diverged { step: self.step.saturating_sub(1), message: msg }));
             }
         }

@@ -138,8 +138,8 @@ pub fn run(cli: Cli) -> CliResult<ExitCode> {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Golden { command } => match command {
-            GoldenCommand::Gen { layer, cases, seed, out, dtype } => golden::gen(&layer, cases, seed, &out, &dtype),
-            GoldenCommand::Eval { inputs, out } => golden::eval(&inputs, &out),
+            GoldenCommand::Gen { layer, cases, seed, out, dtype } => golden::generate(&layer, cases, seed, &out, &dtype),
+            GoldenCommand::Eval { inputs, out } => golden::evaluate(&inputs, &out),
         },
     }
 }

@@ -220,7 +220,7 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
                 } else if width > 0 {
                     let mut rows_with_grad = rows_with_grad.peekable();
                     for (r, p) in p.chunks_mut(width).enumerate() {
-                        let g = rows_with_grad.next_if(|(_, &gr)| gr == r).map(|(g, _)| g);
+                        let g = rows_with_grad.next_if(|&(_, &gr)| gr == r).map(|(g, _)| g);
                         let b = b.as_deref_mut().map(|b| &mut b[r * width..(r + 1) * width]);
                         c.apply_run(p, b, first, g);
                     }
