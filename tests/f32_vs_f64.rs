@@ -1,15 +1,15 @@
 //! The same inputs through an f32 and an f64 tape, for every op: the
 //! values and the gradients must agree within f32 rounding.
 //!
-//! The inputs (and the upstream R) are rounded to f32 first and given to
-//! both tapes, so the two runs differ only in the arithmetic. Each case is
+//! The inputs (and the upstream R, see `common::upstream`) are rounded to
+//! f32 first and given to both tapes, so the two runs differ only in the arithmetic. Each case is
 //! drawn from the crate's seeded [`Rng`], 48 seeds per op.
 
 mod common;
 
 use common::Kind;
 use ndarray::{ArrayD, IxDyn};
-use splitgrad::{Parameter, Real, Rng, Tape, Var};
+use splitgrad::{Real, Rng, Tape, Var};
 
 /// An op with its non-differentiable arguments.
 enum Op {
@@ -71,40 +71,15 @@ fn build<T: Real>(op: &Op, t: &mut Tape<'_, T>, v: &[Var]) -> Var {
 /// The op's output and the gradient of `Σ y ⊙ R` for each leaf, computed
 /// in T and widened to f64.
 fn run<T: Real>(case: &Case) -> (ArrayD<f64>, Vec<ArrayD<f64>>) {
-    let params: Vec<Parameter<T>> = case
+    let kinds: Vec<Kind> = case.leaves.iter().map(|(k, _)| *k).collect();
+    let values: Vec<ArrayD<T>> = case
         .leaves
         .iter()
-        .filter(|(k, _)| *k == Kind::Param)
-        .map(|(_, a)| Parameter::new("p", a.mapv(T::from_f64)))
+        .map(|(_, a)| a.mapv(T::from_f64))
         .collect();
-    let mut t = Tape::<T>::new();
-    let mut next = params.iter();
-    let vars: Vec<Var> = case
-        .leaves
-        .iter()
-        .map(|(k, a)| match k {
-            Kind::Input => t.input(a.mapv(T::from_f64)),
-            Kind::Param => t.param(next.next().expect("one per param leaf")),
-        })
-        .collect();
-    let y = build(&case.op, &mut t, &vars);
-    let out = t.value(y).mapv(<T as Real>::to_f64);
-    let r = common::upstream(out.shape()).mapv(|x| T::from_f64(x as f32 as f64));
-    let loss = t.dot_const(y, r);
-    let grads = t.backward(loss);
-    let mut next = params.iter();
-    let g = vars
-        .iter()
-        .zip(&case.leaves)
-        .map(|(&v, (k, a))| match k {
-            Kind::Input => grads
-                .input(v)
-                .map(|g| g.mapv(<T as Real>::to_f64))
-                .unwrap_or_else(|| ArrayD::zeros(a.raw_dim())),
-            Kind::Param => grads.dense(next.next().unwrap()).mapv(<T as Real>::to_f64),
-        })
-        .collect();
-    (out, g)
+    let pass = common::evaluate(&kinds, &values, &|t, v, _| build(&case.op, t, v));
+    let widen = |a: &ArrayD<T>| a.mapv(<T as Real>::to_f64);
+    (widen(&pass.output), pass.grads.iter().map(widen).collect())
 }
 
 /// Largest `|a32 − a64| / max(1, |a64|)` over the output and the

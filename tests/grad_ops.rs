@@ -78,7 +78,7 @@ proptest! {
             (array(with_rows(r, &tr), -2.0, 2.0), ids(r, 1..=8), Just(k))
         })
     ) {
-        let leaf = common::Leaf { kind, value: table };
+        let leaf = Leaf { kind, value: table };
         run(&[leaf], |t, v, _| t.gather(v[0], &ids))?;
     }
 

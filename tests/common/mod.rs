@@ -14,7 +14,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
-use splitgrad::{Parameter, Rng, Tape, Var};
+use splitgrad::{Parameter, Real, Rng, Tape, Var};
 
 /// How a leaf enters the tape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,47 +84,57 @@ pub struct Report {
 }
 
 /// The upstream constant R for an output of this shape: standard normal
-/// draws from a fixed seed, so every evaluation of a check uses the same R.
+/// draws from a fixed seed, so every evaluation of a check uses the same
+/// R, rounded to f32 so that f32 and f64 tapes can share it exactly.
 pub fn upstream(shape: &[usize]) -> ArrayD<f64> {
     let mut rng = Rng::new(0x5EED_DA7A);
-    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal())
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal() as f32 as f64)
 }
 
-/// Builds the leaves on a fresh recording tape, then `L = Σ build(..) ⊙ R`.
-/// Returns L and the analytic gradient of each leaf (zeros for a leaf that
-/// received none).
-fn evaluate<F>(values: &[ArrayD<f64>], kinds: &[Kind], build: &F) -> (f64, Vec<ArrayD<f64>>)
+/// One forward and backward pass: the output y, `L = Σ y ⊙ R` and the
+/// gradient of L for each leaf (zeros for a leaf that received none).
+pub struct Pass<T> {
+    /// `build(..)`'s value.
+    pub output: ArrayD<T>,
+    /// L.
+    pub loss: T,
+    /// One gradient per leaf, in the leaves' order and shapes.
+    pub grads: Vec<ArrayD<T>>,
+}
+
+/// Builds the leaves on a fresh recording tape — `tape.input(..)` for a
+/// [`Kind::Input`], `tape.param(..)` of a new parameter for a
+/// [`Kind::Param`] — then `y = build(..)`, `L = Σ y ⊙ R` and its backward.
+pub fn evaluate<T, F>(kinds: &[Kind], values: &[ArrayD<T>], build: &F) -> Pass<T>
 where
-    F: for<'p> Fn(&mut Tape<'p, f64>, &[Var], &[&'p Parameter<f64>]) -> Var,
+    T: Real,
+    F: for<'p> Fn(&mut Tape<'p, T>, &[Var], &[&'p Parameter<T>]) -> Var,
 {
-    let params: Vec<Parameter<f64>> = values
+    let params: Vec<Parameter<T>> = values
         .iter()
         .zip(kinds)
         .filter(|(_, &k)| k == Kind::Param)
         .enumerate()
         .map(|(j, (v, _))| Parameter::new(format!("p{j}"), v.clone()))
         .collect();
-    let refs: Vec<&Parameter<f64>> = params.iter().collect();
+    let refs: Vec<&Parameter<T>> = params.iter().collect();
     let mut tape = Tape::new();
-    let mut next_param = 0;
+    let mut next = refs.iter();
     let vars: Vec<Var> = values
         .iter()
         .zip(kinds)
         .map(|(v, k)| match k {
             Kind::Input => tape.input(v.clone()),
-            Kind::Param => {
-                next_param += 1;
-                tape.param(refs[next_param - 1])
-            }
+            Kind::Param => tape.param(next.next().expect("one per param leaf")),
         })
         .collect();
     let y = build(&mut tape, &vars, &refs);
-    let r = upstream(tape.value(y).shape());
+    let output = tape.value(y).to_owned();
+    let r = upstream(output.shape()).mapv(T::from_f64);
     let loss = tape.dot_const(y, r);
-    let l = tape.scalar(loss);
     let grads = tape.backward(loss);
-    let mut next_param = 0;
-    let analytic = vars
+    let mut next = refs.iter();
+    let grads = vars
         .iter()
         .zip(values)
         .zip(kinds)
@@ -133,13 +143,14 @@ where
                 .input(v)
                 .cloned()
                 .unwrap_or_else(|| ArrayD::zeros(x.raw_dim())),
-            Kind::Param => {
-                next_param += 1;
-                grads.dense(refs[next_param - 1])
-            }
+            Kind::Param => grads.dense(next.next().expect("one per param leaf")),
         })
         .collect();
-    (l, analytic)
+    Pass {
+        output,
+        loss: tape.scalar(loss),
+        grads,
+    }
 }
 
 /// Checks the gradient of `Σ build(leaves) ⊙ R` with respect to every leaf
@@ -158,7 +169,7 @@ where
         .iter()
         .map(|l| l.value.as_standard_layout().into_owned())
         .collect();
-    let (_, analytic) = evaluate(&values, &kinds, &build);
+    let analytic = evaluate(&kinds, &values, &build).grads;
     let mut report = Report {
         checked: 0,
         max_abs_grad: 0.0,
@@ -171,9 +182,9 @@ where
             let h = REL_STEP * x.abs().max(1.0);
             let (xp, xm) = (x + h, x - h);
             values[i].as_slice_mut().expect("standard layout")[k] = xp;
-            let (fp, _) = evaluate(&values, &kinds, &build);
+            let fp = evaluate(&kinds, &values, &build).loss;
             values[i].as_slice_mut().expect("standard layout")[k] = xm;
-            let (fm, _) = evaluate(&values, &kinds, &build);
+            let fm = evaluate(&kinds, &values, &build).loss;
             values[i].as_slice_mut().expect("standard layout")[k] = x;
             // Divide by the step actually taken, not the one asked for.
             let n = (fp - fm) / (xp - xm);
