@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::Kind;
+use common::{input, Kind, Leaf};
 use ndarray::{ArrayD, IxDyn};
 use splitgrad::{Real, Rng, Tape, Var};
 
@@ -39,7 +39,7 @@ enum Op {
 /// One op on its leaves.
 struct Case {
     op: Op,
-    leaves: Vec<(Kind, ArrayD<f64>)>,
+    leaves: Vec<Leaf>,
 }
 
 fn build<T: Real>(op: &Op, t: &mut Tape<'_, T>, v: &[Var]) -> Var {
@@ -71,11 +71,11 @@ fn build<T: Real>(op: &Op, t: &mut Tape<'_, T>, v: &[Var]) -> Var {
 /// The op's output and the gradient of `Σ y ⊙ R` for each leaf, computed
 /// in T and widened to f64.
 fn run<T: Real>(case: &Case) -> (ArrayD<f64>, Vec<ArrayD<f64>>) {
-    let kinds: Vec<Kind> = case.leaves.iter().map(|(k, _)| *k).collect();
+    let kinds: Vec<Kind> = case.leaves.iter().map(|l| l.kind).collect();
     let values: Vec<ArrayD<T>> = case
         .leaves
         .iter()
-        .map(|(_, a)| a.mapv(T::from_f64))
+        .map(|l| l.value.mapv(T::from_f64))
         .collect();
     let pass = common::evaluate(&kinds, &values, &|t, v, _| build(&case.op, t, v));
     let widen = |a: &ArrayD<T>| a.mapv(<T as Real>::to_f64);
@@ -90,8 +90,8 @@ fn agree(rtol: f64, make: impl Fn(&mut Rng) -> Case) {
     let mut worst = 0f64;
     for seed in 0..48 {
         let mut case = make(&mut Rng::new(seed));
-        for (_, a) in &mut case.leaves {
-            a.mapv_inplace(|x| x as f32 as f64);
+        for leaf in &mut case.leaves {
+            leaf.value.mapv_inplace(|x| x as f32 as f64);
         }
         if let Op::Scale(c) = &mut case.op {
             *c = *c as f32 as f64;
@@ -139,10 +139,6 @@ fn ids(rng: &mut Rng, n: usize, below: usize) -> Vec<usize> {
     (0..n).map(|_| rng.below(below as u64) as usize).collect()
 }
 
-fn input(a: ArrayD<f64>) -> (Kind, ArrayD<f64>) {
-    (Kind::Input, a)
-}
-
 /// Ordinary cases: O(1) inputs, at most 8 terms per sum. f32 rounds each
 /// operation to u = 2⁻²⁴ ≈ 6e-8; a sum of k terms is off by about √k·u
 /// of Σ|terms| on average (k·u at worst), and Σ|terms| / max(1, |result|)
@@ -163,7 +159,10 @@ fn gather() {
         let n = dim(rng, 8);
         Case {
             op: Op::Gather(ids(rng, n, r)),
-            leaves: vec![(kind, arr(rng, &[r, w], -2.0, 2.0))],
+            leaves: vec![Leaf {
+                kind,
+                value: arr(rng, &[r, w], -2.0, 2.0),
+            }],
         }
     });
 }
