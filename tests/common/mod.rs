@@ -1,0 +1,249 @@
+//! The gradient-check harness shared by the test files: the tape's
+//! hand-derived backward against central finite differences, in f64, plus
+//! the proptest strategies that make small random inputs.
+//!
+//! A check builds a function `y = build(leaves)` of any shape on a fresh
+//! [`Tape<f64>`] and reduces it to the scalar `L = Σ y ⊙ R` with a fixed
+//! random constant `R` of y's shape ([`Tape::dot_const`]), so that every
+//! output element receives its own upstream gradient: a backward that
+//! sends element i's gradient to the place of element j, or sums where it
+//! should not, is caught even when the op itself is linear.
+
+// Each test crate that includes this module uses only part of it.
+#![allow(dead_code)]
+
+use ndarray::{ArrayD, IxDyn};
+use proptest::prelude::*;
+use splitgrad::{Parameter, Real, Rng, Tape, Var};
+
+/// How a leaf enters the tape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `tape.input(..)`: gradient from `Gradients::input`.
+    Input,
+    /// `tape.param(&p)`: gradient from `Gradients::dense(&p)`.
+    Param,
+}
+
+/// A value the loss is differentiated against.
+#[derive(Clone, Debug)]
+pub struct Leaf {
+    /// How it enters the tape.
+    pub kind: Kind,
+    /// Its value.
+    pub value: ArrayD<f64>,
+}
+
+/// A differentiable input leaf.
+pub fn input(value: ArrayD<f64>) -> Leaf {
+    Leaf {
+        kind: Kind::Input,
+        value,
+    }
+}
+
+/// A trainable parameter leaf.
+pub fn param(value: ArrayD<f64>) -> Leaf {
+    Leaf {
+        kind: Kind::Param,
+        value,
+    }
+}
+
+/// The step is `REL_STEP·max(1, |x|)`. Central differences have a
+/// truncation error of `h²·f'''/6` and a rounding error of about
+/// `ε·|L| / h` (ε = 2⁻⁵²): with h = 1e-6 both are ≈ 1e-10 for the O(1)
+/// values, losses of at most a few thousand, and third derivatives of
+/// O(1) the strategies produce, so the finite difference is good to about
+/// 1e-9. Scaling h with |x| keeps `x ± h` distinct from x in floating
+/// point when x is in the thousands (the large-logit cases).
+pub const REL_STEP: f64 = 1e-6;
+
+/// Agreement asked of analytic (a) and numeric (n) derivatives:
+/// `|a − n| ≤ TOL·max(1, |a|, |n|)` — relative for large derivatives,
+/// absolute for small ones (a derivative that should be 0 is computed by
+/// differences as ~1e-10, never exactly 0). 1e-6 is three orders above the
+/// finite difference's own error (see [`REL_STEP`]) and several orders
+/// below any real mistake in a backward (a wrong sign, a dropped term, a
+/// gradient sent to the wrong element are O(1) errors).
+pub const TOL: f64 = 1e-6;
+
+/// Whether an analytic and a numeric derivative agree within [`TOL`].
+pub fn close(a: f64, n: f64) -> bool {
+    (a - n).abs() <= TOL * 1f64.max(a.abs()).max(n.abs())
+}
+
+/// What a successful check saw.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Number of derivatives compared.
+    pub checked: usize,
+    /// The largest |numeric derivative|, to show a check was not vacuous.
+    pub max_abs_grad: f64,
+}
+
+/// The upstream constant R for an output of this shape: standard normal
+/// draws from a fixed seed, so every evaluation of a check uses the same
+/// R, rounded to f32 so that f32 and f64 tapes can share it exactly.
+pub fn upstream(shape: &[usize]) -> ArrayD<f64> {
+    let mut rng = Rng::new(0x5EED_DA7A);
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal() as f32 as f64)
+}
+
+/// One forward and backward pass: the output y, `L = Σ y ⊙ R` and the
+/// gradient of L for each leaf (zeros for a leaf that received none).
+pub struct Pass<T> {
+    /// `build(..)`'s value.
+    pub output: ArrayD<T>,
+    /// L.
+    pub loss: T,
+    /// One gradient per leaf, in the leaves' order and shapes.
+    pub grads: Vec<ArrayD<T>>,
+}
+
+/// Builds the leaves on a fresh recording tape — `tape.input(..)` for a
+/// [`Kind::Input`], `tape.param(..)` of a new parameter for a
+/// [`Kind::Param`] — then `y = build(..)`, `L = Σ y ⊙ R` and its backward.
+pub fn evaluate<T, F>(kinds: &[Kind], values: &[ArrayD<T>], build: &F) -> Pass<T>
+where
+    T: Real,
+    F: for<'p> Fn(&mut Tape<'p, T>, &[Var], &[&'p Parameter<T>]) -> Var,
+{
+    let params: Vec<Parameter<T>> = values
+        .iter()
+        .zip(kinds)
+        .filter(|(_, &k)| k == Kind::Param)
+        .enumerate()
+        .map(|(j, (v, _))| Parameter::new(format!("p{j}"), v.clone()))
+        .collect();
+    let refs: Vec<&Parameter<T>> = params.iter().collect();
+    let mut tape = Tape::new();
+    let mut next = refs.iter();
+    let vars: Vec<Var> = values
+        .iter()
+        .zip(kinds)
+        .map(|(v, k)| match k {
+            Kind::Input => tape.input(v.clone()),
+            Kind::Param => tape.param(next.next().expect("one per param leaf")),
+        })
+        .collect();
+    let y = build(&mut tape, &vars, &refs);
+    let output = tape.value(y).to_owned();
+    let r = upstream(output.shape()).mapv(T::from_f64);
+    let loss = tape.dot_const(y, r);
+    let grads = tape.backward(loss);
+    let mut next = refs.iter();
+    let grads = vars
+        .iter()
+        .zip(values)
+        .zip(kinds)
+        .map(|((&v, x), k)| match k {
+            Kind::Input => grads
+                .input(v)
+                .cloned()
+                .unwrap_or_else(|| ArrayD::zeros(x.raw_dim())),
+            Kind::Param => grads.dense(next.next().expect("one per param leaf")),
+        })
+        .collect();
+    Pass {
+        output,
+        loss: tape.scalar(loss),
+        grads,
+    }
+}
+
+/// Checks the gradient of `Σ build(leaves) ⊙ R` with respect to every leaf
+/// against central differences, element by element.
+///
+/// `build` gets the fresh tape, one node per leaf (in order) and the
+/// parameters behind the [`Kind::Param`] leaves (in order), so it may
+/// register a parameter a second time. The error lists the first
+/// disagreements: leaf, element, analytic and numeric derivative.
+pub fn check<F>(leaves: &[Leaf], build: F) -> Result<Report, String>
+where
+    F: for<'p> Fn(&mut Tape<'p, f64>, &[Var], &[&'p Parameter<f64>]) -> Var,
+{
+    let kinds: Vec<Kind> = leaves.iter().map(|l| l.kind).collect();
+    let mut values: Vec<ArrayD<f64>> = leaves
+        .iter()
+        .map(|l| l.value.as_standard_layout().into_owned())
+        .collect();
+    let analytic = evaluate(&kinds, &values, &build).grads;
+    let mut report = Report {
+        checked: 0,
+        max_abs_grad: 0.0,
+    };
+    let mut failures = Vec::new();
+    for i in 0..values.len() {
+        let shape = values[i].shape().to_vec();
+        for k in 0..values[i].len() {
+            let x = values[i].as_slice().expect("standard layout")[k];
+            let h = REL_STEP * x.abs().max(1.0);
+            let (xp, xm) = (x + h, x - h);
+            values[i].as_slice_mut().expect("standard layout")[k] = xp;
+            let fp = evaluate(&kinds, &values, &build).loss;
+            values[i].as_slice_mut().expect("standard layout")[k] = xm;
+            let fm = evaluate(&kinds, &values, &build).loss;
+            values[i].as_slice_mut().expect("standard layout")[k] = x;
+            // Divide by the step actually taken, not the one asked for.
+            let n = (fp - fm) / (xp - xm);
+            let a = analytic[i].as_slice().expect("standard layout")[k];
+            report.checked += 1;
+            report.max_abs_grad = report.max_abs_grad.max(n.abs());
+            if !close(a, n) && failures.len() < 8 {
+                failures.push(format!(
+                    "leaf {i} ({:?}, shape {shape:?}) flat element {k} (x = {x}): analytic {a}, numeric {n}",
+                    kinds[i]
+                ));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        Err(failures.join("\n"))
+    }
+}
+
+/// A proptest configuration of `cases` cases that saves failing seeds
+/// in `regressions` (a path from the package root, under
+/// `proptest-regressions/`), which is committed: every later run replays
+/// them first. (proptest's default location needs a `lib.rs` beside the
+/// test file, which integration tests do not have.)
+pub fn config(cases: u32, regressions: &'static str) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(regressions),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
+/// An array of this shape, elements uniform in `[low, high)`.
+pub fn array(shape: Vec<usize>, low: f64, high: f64) -> impl Strategy<Value = ArrayD<f64>> {
+    let n: usize = shape.iter().product();
+    prop::collection::vec(low..high, n)
+        .prop_map(move |v| ArrayD::from_shape_vec(IxDyn(&shape), v).expect("n elements"))
+}
+
+/// A matrix of `1..=max_rows` × `1..=max_cols`, elements in `[-2, 2)`.
+pub fn matrix(max_rows: usize, max_cols: usize) -> impl Strategy<Value = ArrayD<f64>> {
+    (1..=max_rows, 1..=max_cols).prop_flat_map(|(n, m)| array(vec![n, m], -2.0, 2.0))
+}
+
+/// `len` ids in `0..n_rows`; with few rows, repeats are the rule.
+pub fn ids(
+    n_rows: usize,
+    len: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(0..n_rows, len)
+}
+
+/// The rows of a row-sparse gradient should be: the ids, sorted, unique.
+pub fn sorted_unique(ids: &[usize]) -> Vec<usize> {
+    let mut rows = ids.to_vec();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
