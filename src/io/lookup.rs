@@ -39,7 +39,7 @@ const NONE: u32 = u32::MAX;
 enum Table {
     /// `cells[language · V + token]` = row, or [`NONE`]: 4 bytes a cell.
     Dense(Vec<u32>),
-    /// Only the pairs that have a row: about 24 bytes a row.
+    /// Only the pairs that have a row: a few dozen bytes a row.
     Sparse(PairMap<u32>),
 }
 
@@ -87,7 +87,7 @@ impl PairLookup {
     ) -> Self {
         let cells = n_languages.saturating_mul(vocab_size);
         let n_rows = language_index.len();
-        if cells > 1 << 22 && cells / 16 > n_rows {
+        if cells > 1 << 22 && cells > n_rows.saturating_mul(16) {
             Self::sparse(language_index, token_index, n_languages, vocab_size)
         } else {
             Self::dense(language_index, token_index, n_languages, vocab_size)
@@ -255,6 +255,19 @@ mod tests {
         // Huge L·V that would overflow a dense table still works sparse.
         let huge = PairLookup::new(&[1 << 40], &[1 << 40], usize::MAX, usize::MAX);
         assert_eq!(huge.get(1 << 40, 1 << 40), Some(0));
+    }
+
+    #[test]
+    fn threshold_is_sixteen_cells_per_row_above_four_million_cells() {
+        let n_rows = (1 << 18) + 1;
+        let languages = vec![0; n_rows];
+        let tokens: Vec<usize> = (0..n_rows).collect();
+        // L·V = 16·n_rows = 2²² + 16 cells: dense; one cell more: sparse.
+        assert!(PairLookup::new(&languages, &tokens, 1, 16 * n_rows).is_dense());
+        let sparse = PairLookup::new(&languages, &tokens, 1, 16 * n_rows + 1);
+        assert!(!sparse.is_dense());
+        assert_eq!(sparse.get(0, n_rows - 1), Some(n_rows - 1));
+        assert_eq!(sparse.get(0, n_rows), None);
     }
 
     #[test]
