@@ -1,0 +1,67 @@
+//! Data files: `.npz` arrays, the split-vocabulary index and the corpus.
+//!
+//! - [`NpzReader`] reads any `.npz` written by `numpy.savez` (or
+//!   `savez_compressed`): integer arrays of every width and byte order as
+//!   `i64`, `float32`/`float64` arrays as either [`Real`] type, 0-d arrays,
+//!   Fortran-order arrays.
+//! - [`NpzWriter`] writes one that `numpy.load` reads, atomically
+//!   ([`write_atomic`]).
+//! - [`SplitIndex`] and [`load_index`] / [`save_index`]: the
+//!   `(language, token)` pairs of a split vocabulary (SPEC 1.3), and
+//!   [`PairLookup`], their O(1) map to rows.
+//! - [`Corpus`] and [`load_corpus`] / [`save_corpus`]: token and language
+//!   ids with sequence boundaries (SPEC 4).
+//!
+//! Input from files never panics. Every error names the file, the array
+//! and, for a bad value, its position and the value:
+//!
+//! ```text
+//! index.npz: array `token_index`: token id 70000 at position [12] is out of range 0..32000
+//! ```
+
+mod atomic;
+mod corpus;
+mod index;
+mod lookup;
+mod npy;
+mod npz;
+mod pylit;
+mod writer;
+
+pub use atomic::write_atomic;
+pub use corpus::{load_corpus, save_corpus, Corpus};
+pub use index::{load_index, save_index, SplitIndex};
+pub use lookup::PairLookup;
+pub use npy::{Dtype, DtypeKind};
+pub use npz::{NpzReader, RealDtype};
+pub use writer::{NpyElement, NpzWriter};
+
+use ndarray::{ArrayView, Dimension};
+
+use crate::{Error, ErrorKind, Real, Result};
+
+/// Checks that every element of `array` is finite.
+///
+/// Errors: [`ErrorKind::NonFinite`] for the first NaN or infinity in
+/// row-major order, with its multi-index and value, naming array `name`.
+///
+/// ```
+/// use ndarray::arr2;
+/// use splitgrad::io::check_finite;
+/// let a = arr2(&[[1.0f32, 2.0], [3.0, f32::INFINITY]]);
+/// let e = check_finite(a.view(), "rows").unwrap_err();
+/// assert_eq!(e.to_string(), "array `rows`: non-finite value inf at position [1, 1]");
+/// assert!(check_finite(a.slice(ndarray::s![0, ..]), "rows").is_ok());
+/// ```
+pub fn check_finite<T: Real, D: Dimension>(array: ArrayView<'_, T, D>, name: &str) -> Result<()> {
+    if array.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    let array = array.into_dyn();
+    let (position, value) = array
+        .indexed_iter()
+        .find(|(_, x)| !x.is_finite())
+        .map(|(i, &x)| (i.slice().to_vec(), Real::to_f64(x)))
+        .unwrap_or_default();
+    Err(Error::new(ErrorKind::NonFinite { position, value }).in_array(name))
+}

@@ -1,0 +1,384 @@
+//! Reading `.npz` archives: [`NpzReader`].
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use ndarray::ArrayD;
+use npyz::zip::result::ZipError;
+use npyz::zip::{CompressionMethod, ZipArchive};
+
+use super::check_finite;
+use super::npy::{self, Dtype, DtypeKind, Header};
+use crate::{Error, ErrorKind, Real, Result};
+
+/// The real element type of an array: `f32` (`float32`) or `f64` (`float64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RealDtype {
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+}
+
+impl RealDtype {
+    /// `"f32"` or `"f64"`, as [`Real::NAME`].
+    ///
+    /// ```
+    /// use splitgrad::io::RealDtype;
+    /// assert_eq!(RealDtype::F64.name(), <f64 as splitgrad::Real>::NAME);
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            RealDtype::F32 => "f32",
+            RealDtype::F64 => "f64",
+        }
+    }
+}
+
+/// The bytes behind a reader: a file or a buffer.
+enum Source {
+    File(BufReader<File>),
+    Memory(Cursor<Vec<u8>>),
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::File(f) => f.read(buf),
+            Source::Memory(m) => m.read(buf),
+        }
+    }
+}
+
+impl Seek for Source {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        match self {
+            Source::File(f) => f.seek(pos),
+            Source::Memory(m) => m.seek(pos),
+        }
+    }
+}
+
+/// Where a member lives in the archive and how it is stored.
+struct Entry {
+    index: usize,
+    method: CompressionMethod,
+    size: u64,
+}
+
+/// An open `.npz` archive (a zip of `.npy` members, as `numpy.savez`
+/// writes), read one named array at a time.
+///
+/// Every error names the file and, where one is concerned, the array.
+/// Integer arrays of any width, signedness and byte order are read as
+/// `i64` ([`ints`](Self::ints)); `float32` and `float64` arrays as either
+/// real type ([`reals`](Self::reals)). Fortran-order arrays are read into
+/// the usual row-major layout.
+///
+/// ```
+/// # fn main() -> splitgrad::Result<()> {
+/// use ndarray::{arr0, arr2};
+/// use splitgrad::io::{NpzReader, NpzWriter};
+/// let path = std::env::temp_dir().join(format!("splitgrad-doc-reader-{}.npz", std::process::id()));
+/// let mut w = NpzWriter::new(&path);
+/// w.add("ids", &arr2(&[[1i64, 2], [3, 4]]));
+/// w.add("n", &arr0(7u8));
+/// w.finish()?;
+///
+/// let mut r = NpzReader::open(&path)?;
+/// assert_eq!(r.names(), ["ids", "n"]);
+/// assert_eq!(r.shape("ids")?, [2, 2]);
+/// assert_eq!(r.ints("ids")?, arr2(&[[1i64, 2], [3, 4]]).into_dyn());
+/// assert_eq!(r.ints("n")?.into_dimensionality::<ndarray::Ix0>().unwrap()[()], 7);
+/// let e = r.ints("missing").unwrap_err();
+/// assert!(e.to_string().ends_with("array `missing`: is missing"));
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+pub struct NpzReader {
+    path: PathBuf,
+    zip: ZipArchive<Source>,
+    names: Vec<String>,
+    entries: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for NpzReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NpzReader")
+            .field("path", &self.path)
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NpzReader {
+    /// Opens the `.npz` file at `path`.
+    ///
+    /// Errors: [`ErrorKind::Io`] if it cannot be read, [`ErrorKind::Format`]
+    /// if it is not a zip archive, or a zip holding no `.npy` member.
+    pub fn open(path: impl AsRef<Path>) -> Result<NpzReader> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::from(e).in_file(path))?;
+        Self::from_source(path, Source::File(BufReader::new(file)))
+    }
+
+    /// Reads an `.npz` archive held in memory; `label` names it in errors.
+    ///
+    /// ```
+    /// use splitgrad::io::NpzReader;
+    /// let e = NpzReader::from_bytes("upload.npz", b"not a zip".to_vec()).unwrap_err();
+    /// assert!(e.to_string().starts_with("upload.npz: not an npz file"));
+    /// ```
+    pub fn from_bytes(label: impl AsRef<Path>, bytes: Vec<u8>) -> Result<NpzReader> {
+        Self::from_source(label.as_ref(), Source::Memory(Cursor::new(bytes)))
+    }
+
+    fn from_source(path: &Path, source: Source) -> Result<NpzReader> {
+        let in_file = |e: Error| e.in_file(path);
+        let mut zip = ZipArchive::new(source)
+            .map_err(|e| zip_error(e, "not an npz file (no readable zip directory)"))
+            .map_err(in_file)?;
+        let mut names: Vec<String> = zip
+            .file_names()
+            .filter_map(npyz::npz::array_name_from_file_name)
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.is_empty() && !zip.is_empty() {
+            return Err(in_file(Error::format(
+                "not an npz file: a zip archive with no `.npy` member",
+            )));
+        }
+        // The raw view reads only the member's local header, never its
+        // data; a member whose local header is unreadable is left out here
+        // and reported when it is asked for.
+        let mut entries = HashMap::new();
+        for index in 0..zip.len() {
+            if let Ok(member) = zip.by_index_raw(index) {
+                if let Some(name) = npyz::npz::array_name_from_file_name(member.name()) {
+                    let entry = Entry {
+                        index,
+                        method: member.compression(),
+                        size: member.size(),
+                    };
+                    entries.insert(name.to_string(), entry);
+                }
+            }
+        }
+        Ok(NpzReader {
+            path: path.to_path_buf(),
+            zip,
+            names,
+            entries,
+        })
+    }
+
+    /// The file this reader reads (or the label given to [`from_bytes`](Self::from_bytes)).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The names of the arrays, sorted.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Whether the archive holds an array called `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names
+            .binary_search_by(|n| n.as_str().cmp(name))
+            .is_ok()
+    }
+
+    /// Opens member `name`, parses its header and hands the reader, left
+    /// at the first element, to `f`. Errors get the file and array named.
+    fn with_member<U>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut dyn Read, &Header) -> Result<U>,
+    ) -> Result<U> {
+        self.member(name, f)
+            .map_err(|e| e.in_file(&self.path).in_array(name))
+    }
+
+    fn member<U>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut dyn Read, &Header) -> Result<U>,
+    ) -> Result<U> {
+        let Some(entry) = self.entries.get(name) else {
+            return Err(if self.contains(name) {
+                Error::format("corrupt archive: the member's local header cannot be read")
+            } else {
+                Error::new(ErrorKind::Missing)
+            });
+        };
+        let supported = [
+            CompressionMethod::Stored,
+            CompressionMethod::Deflated,
+            CompressionMethod::Bzip2,
+        ];
+        if !supported.contains(&entry.method) {
+            return Err(Error::format(format!(
+                "member is compressed with {:?}; stored, deflated and bzip2 members are read",
+                entry.method
+            )));
+        }
+        let size = entry.size;
+        // An empty password is discarded for an unencrypted member; asking
+        // for it keeps the zip crate from unwrapping a password error.
+        let mut member = match self.zip.by_index_decrypt(entry.index, b"") {
+            Ok(Ok(member)) => member,
+            Ok(Err(_)) => return Err(Error::format("member is encrypted")),
+            Err(e) => return Err(zip_error(e, "corrupt archive")),
+        };
+        let header = npy::read_header(&mut member, size)?;
+        // Only for the dtypes that are ever decoded: the others are rejected
+        // by dtype, whatever their data.
+        let decoded = header.dtype.kind() != DtypeKind::Other;
+        if let Some(need) = header.data_bytes().filter(|_| decoded) {
+            let have = size - header.header_bytes;
+            if need != have {
+                return Err(Error::format(format!(
+                    "corrupt member: {have} bytes of data follow the header, \
+                     but shape {:?} of {} needs {need}",
+                    header.shape, header.dtype
+                )));
+            }
+        }
+        f(&mut member, &header)
+    }
+
+    /// The element type of array `name`.
+    pub fn dtype(&mut self, name: &str) -> Result<Dtype> {
+        self.with_member(name, |_, h| Ok(h.dtype.clone()))
+    }
+
+    /// The shape of array `name` (`[]` for a 0-d array).
+    pub fn shape(&mut self, name: &str) -> Result<Vec<usize>> {
+        self.with_member(name, |_, h| Ok(h.shape.clone()))
+    }
+
+    /// Whether array `name` holds `float32` or `float64` values.
+    ///
+    /// Errors: [`ErrorKind::Dtype`] for any other element type.
+    pub fn real_dtype(&mut self, name: &str) -> Result<RealDtype> {
+        self.with_member(name, |_, h| real_dtype_of(&h.dtype))
+    }
+
+    /// Array `name`, of any integer dtype (`int8` … `uint64`, either byte
+    /// order), as `i64`.
+    ///
+    /// Errors: [`ErrorKind::Dtype`] for `bool`, floats and anything else;
+    /// [`ErrorKind::Format`] for a `uint64` value above `i64::MAX` (naming
+    /// it and its position) and for a truncated or corrupt member.
+    pub fn ints(&mut self, name: &str) -> Result<ArrayD<i64>> {
+        self.with_member(name, |r, h| {
+            check_int_dtype(&h.dtype)?;
+            npy::into_array(h, npy::read_ints(r, h)?)
+        })
+    }
+
+    /// Array `name`, which must be 1-D and of an integer dtype, as a
+    /// `Vec<i64>`.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let path = std::env::temp_dir().join(format!("splitgrad-doc-ints1d-{}.npz", std::process::id()));
+    /// let mut w = NpzWriter::new(&path);
+    /// w.add("a", &ndarray::arr1(&[3u8, 1, 2]));
+    /// w.add("b", &ndarray::arr2(&[[1i64]]));
+    /// w.finish()?;
+    /// let mut r = NpzReader::open(&path)?;
+    /// assert_eq!(r.ints_1d("a")?, vec![3, 1, 2]);
+    /// assert!(r.ints_1d("b").unwrap_err().to_string().contains("expected 1-D"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ints_1d(&mut self, name: &str) -> Result<Vec<i64>> {
+        self.with_member(name, |r, h| {
+            check_int_dtype(&h.dtype)?;
+            if h.shape.len() != 1 {
+                return Err(Error::shape(name, "1-D", &h.shape));
+            }
+            npy::read_ints(r, h)
+        })
+    }
+
+    /// Array `name`, of dtype `float32` or `float64`, converted to `T`.
+    ///
+    /// Errors: [`ErrorKind::Dtype`] for any other element type;
+    /// [`ErrorKind::Format`] for a truncated or corrupt member. NaN and
+    /// infinities are returned as they are: see
+    /// [`finite_reals`](Self::finite_reals).
+    pub fn reals<T: Real>(&mut self, name: &str) -> Result<ArrayD<T>> {
+        self.with_member(name, |r, h| {
+            real_dtype_of(&h.dtype)?;
+            npy::into_array(h, npy::read_reals(r, h)?)
+        })
+    }
+
+    /// As [`reals`](Self::reals), and then [`ErrorKind::NonFinite`] for the
+    /// first NaN or infinity, with its position.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let path = std::env::temp_dir().join(format!("splitgrad-doc-finite-{}.npz", std::process::id()));
+    /// let mut w = NpzWriter::new(&path);
+    /// w.add("x", &ndarray::arr2(&[[0.5f64, 1.0], [f64::NAN, 2.0]]));
+    /// w.finish()?;
+    /// let mut r = NpzReader::open(&path)?;
+    /// assert_eq!(r.reals::<f32>("x")?[[0, 0]], 0.5);
+    /// let e = r.finite_reals::<f64>("x").unwrap_err();
+    /// assert!(e.to_string().ends_with("array `x`: non-finite value NaN at position [1, 0]"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn finite_reals<T: Real>(&mut self, name: &str) -> Result<ArrayD<T>> {
+        let array = self.reals(name)?;
+        check_finite(array.view(), name).map_err(|e| e.in_file(&self.path))?;
+        Ok(array)
+    }
+}
+
+fn check_int_dtype(dtype: &Dtype) -> Result<()> {
+    match dtype.kind() {
+        DtypeKind::Int | DtypeKind::UInt => Ok(()),
+        _ => Err(Error::new(ErrorKind::Dtype {
+            expected: "an integer dtype (int8 … int64, uint8 … uint64)".into(),
+            found: dtype.to_string(),
+        })),
+    }
+}
+
+fn real_dtype_of(dtype: &Dtype) -> Result<RealDtype> {
+    match (dtype.kind(), dtype.size()) {
+        (DtypeKind::Float, 4) => Ok(RealDtype::F32),
+        (DtypeKind::Float, 8) => Ok(RealDtype::F64),
+        _ => Err(Error::new(ErrorKind::Dtype {
+            expected: "float32 or float64".into(),
+            found: dtype.to_string(),
+        })),
+    }
+}
+
+/// A zip error as ours: a damaged archive is a format error, a failing
+/// disk an I/O error.
+pub(super) fn zip_error(e: ZipError, context: &str) -> Error {
+    use std::io::ErrorKind as Io;
+    match e {
+        ZipError::Io(e) if !matches!(e.kind(), Io::UnexpectedEof | Io::InvalidData) => {
+            Error::from(e)
+        }
+        ZipError::Io(e) => Error::format(format!("{context}: {e}")),
+        ZipError::InvalidArchive(m) | ZipError::UnsupportedArchive(m) => {
+            Error::format(format!("{context}: {m}"))
+        }
+        ZipError::FileNotFound => Error::new(ErrorKind::Missing),
+    }
+}

@@ -1,0 +1,229 @@
+//! Writing `.npz` archives: [`NpzWriter`].
+
+use std::io::{Seek, Write};
+use std::path::{Path, PathBuf};
+
+use ndarray::{arr0, ArrayBase, Data, Dimension};
+use npyz::zip::write::FileOptions;
+use npyz::zip::{CompressionMethod, DateTime, ZipWriter};
+
+use super::npz::zip_error;
+use super::write_atomic;
+use crate::Result;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i64 {}
+    impl Sealed for u8 {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// An element type [`NpzWriter`] stores: `i64`, `u8`, `f32` or `f64`.
+///
+/// ```
+/// use splitgrad::io::NpyElement;
+/// assert_eq!(<i64 as NpyElement>::DESCR, "<i8");
+/// assert_eq!(<u8 as NpyElement>::DESCR, "|u1");
+/// ```
+pub trait NpyElement: Copy + sealed::Sealed {
+    /// numpy's `descr` for the type, little-endian: `<i8`, `|u1`, `<f4`, `<f8`.
+    const DESCR: &'static str;
+    /// Appends the little-endian bytes of `self`.
+    fn put(self, out: &mut Vec<u8>);
+}
+
+macro_rules! impl_element {
+    ($t:ty, $descr:literal) => {
+        impl NpyElement for $t {
+            const DESCR: &'static str = $descr;
+            #[inline]
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+        }
+    };
+}
+
+impl_element!(i64, "<i8");
+impl_element!(u8, "|u1");
+impl_element!(f32, "<f4");
+impl_element!(f64, "<f8");
+
+/// An `.npy` v1.0 header exactly as numpy writes it: the dict literal,
+/// padded with spaces and a newline to a multiple of 64 bytes.
+fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic (6), version (2), length (2 for v1.0, 4 for v2.0), text, '\n'.
+    let (version, pre) = if dict.len() + 11 + 63 <= u16::MAX as usize {
+        (1u8, 10)
+    } else {
+        (2u8, 12)
+    };
+    let padded = (pre + dict.len() + 1).div_ceil(64) * 64;
+    let text_len = padded - pre;
+    let mut out = Vec::with_capacity(padded);
+    out.extend_from_slice(b"\x93NUMPY");
+    out.extend_from_slice(&[version, 0]);
+    if version == 1 {
+        out.extend_from_slice(&(text_len as u16).to_le_bytes());
+    } else {
+        out.extend_from_slice(&(text_len as u32).to_le_bytes());
+    }
+    out.extend_from_slice(dict.as_bytes());
+    out.resize(padded - 1, b' ');
+    out.push(b'\n');
+    out
+}
+
+/// Collects named arrays and writes them as one `.npz` file that
+/// `numpy.load` reads: uncompressed `.npy` v1.0 members, as `numpy.savez`
+/// writes them, with a fixed timestamp so the same arrays give the same
+/// bytes.
+///
+/// [`finish`](Self::finish) replaces the target file atomically (see
+/// [`write_atomic`]). Arrays are encoded when added, in logical (row-major)
+/// order whatever their memory layout; 0-d arrays become numpy scalars
+/// (shape `()`).
+///
+/// ```
+/// # fn main() -> splitgrad::Result<()> {
+/// use ndarray::{arr1, Array2};
+/// use splitgrad::io::{NpzReader, NpzWriter};
+/// let path = std::env::temp_dir().join(format!("splitgrad-doc-writer-{}.npz", std::process::id()));
+/// let mut w = NpzWriter::new(&path);
+/// w.add("weight", &Array2::<f32>::eye(2))
+///     .add("ids", &arr1(&[4i64, 5]))
+///     .add_scalar("vocab_size", 32000i64);
+/// w.finish()?;
+/// let mut r = NpzReader::open(&path)?;
+/// assert_eq!(r.names(), ["ids", "vocab_size", "weight"]);
+/// assert_eq!(r.shape("vocab_size")?, Vec::<usize>::new());
+/// assert_eq!(r.reals::<f64>("weight")?[[1, 1]], 1.0);
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct NpzWriter {
+    path: PathBuf,
+    members: Vec<(String, Vec<u8>)>,
+}
+
+impl NpzWriter {
+    /// A writer that [`finish`](Self::finish) will write to `path`. Nothing
+    /// is touched until then.
+    pub fn new(path: impl AsRef<Path>) -> Self {
+        NpzWriter {
+            path: path.as_ref().to_path_buf(),
+            members: Vec::new(),
+        }
+    }
+
+    /// Adds `array` as `name` (stored as `name.npy`).
+    ///
+    /// **Panics** if an array called `name` was already added.
+    #[track_caller]
+    pub fn add<A, S, D>(&mut self, name: &str, array: &ArrayBase<S, D>) -> &mut Self
+    where
+        A: NpyElement,
+        S: Data<Elem = A>,
+        D: Dimension,
+    {
+        assert!(
+            !self.members.iter().any(|(n, _)| n == name),
+            "NpzWriter::add: array `{name}` added twice"
+        );
+        let mut bytes = npy_header(A::DESCR, array.shape());
+        bytes.reserve(array.len() * std::mem::size_of::<A>());
+        for &x in array.iter() {
+            x.put(&mut bytes);
+        }
+        self.members.push((name.to_string(), bytes));
+        self
+    }
+
+    /// Adds `value` as the 0-d array `name`.
+    ///
+    /// **Panics** if an array called `name` was already added.
+    #[track_caller]
+    pub fn add_scalar<A: NpyElement>(&mut self, name: &str, value: A) -> &mut Self {
+        self.add(name, &arr0(value))
+    }
+
+    /// The names added so far, in order.
+    ///
+    /// ```
+    /// let mut w = splitgrad::io::NpzWriter::new("unused.npz");
+    /// w.add_scalar("b", 1u8).add_scalar("a", 2.0f64);
+    /// assert_eq!(w.names().collect::<Vec<_>>(), ["b", "a"]);
+    /// ```
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.members.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// Writes the archive to `out`, members in the order they were added.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let mut w = NpzWriter::new("unused.npz");
+    /// w.add_scalar("x", 3i64);
+    /// let mut bytes = std::io::Cursor::new(Vec::new());
+    /// w.write_to(&mut bytes)?;
+    /// let mut r = NpzReader::from_bytes("memory", bytes.into_inner())?;
+    /// assert_eq!(r.ints("x")?.sum(), 3);
+    /// # Ok(()) }
+    /// ```
+    pub fn write_to<W: Write + Seek>(&self, out: W) -> Result<()> {
+        let mut zip = ZipWriter::new(out);
+        for (name, bytes) in &self.members {
+            let options = FileOptions::default()
+                .compression_method(CompressionMethod::Stored)
+                .last_modified_time(DateTime::default())
+                .unix_permissions(0o644)
+                .large_file(bytes.len() as u64 >= u64::from(u32::MAX));
+            zip.start_file(npyz::npz::file_name_from_array_name(name), options)
+                .map_err(|e| zip_error(e, "cannot write the archive"))?;
+            zip.write_all(bytes)?;
+        }
+        zip.finish()
+            .map_err(|e| zip_error(e, "cannot write the archive"))?;
+        Ok(())
+    }
+
+    /// Writes the archive to the path given to [`new`](Self::new),
+    /// atomically: on any error an existing file there is left intact.
+    ///
+    /// Errors: [`crate::ErrorKind::Io`] naming the path.
+    pub fn finish(self) -> Result<()> {
+        write_atomic(&self.path, |file| self.write_to(file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_is_numpys_padded_v1() {
+        let h = npy_header("<i8", &[3]);
+        let text = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }";
+        // 10 + 57 + 1 bytes, padded to 128 (numpy 2.4 writes these bytes).
+        assert_eq!(text.len(), 57);
+        assert_eq!(h.len(), 128);
+        assert_eq!(&h[..8], b"\x93NUMPY\x01\x00");
+        assert_eq!(u16::from_le_bytes([h[8], h[9]]), 118);
+        assert_eq!(&h[10..10 + text.len()], text.as_bytes());
+        assert!(h[10 + text.len()..127].iter().all(|&b| b == b' '));
+        assert_eq!(h[127], b'\n');
+        let scalar = npy_header("<f8", &[]);
+        assert!(String::from_utf8_lossy(&scalar).contains("'shape': (), }"));
+        let matrix = npy_header("|u1", &[2, 30]);
+        assert!(String::from_utf8_lossy(&matrix).contains("'shape': (2, 30), }"));
+    }
+}
