@@ -24,6 +24,6 @@ pub mod ops;
 pub mod tape;
 pub use tape::{Tape, Var};
 pub mod model;
+pub mod report;
 pub mod synthetic;
 pub mod train;
-pub mod report;

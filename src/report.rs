@@ -4,8 +4,8 @@
 
 use ndarray::{Array2, ArrayView1};
 
-use crate::model::BigramModel;
 use crate::Real;
+use crate::model::BigramModel;
 
 /// A gate is open when σ(gate_logit) exceeds this (σ(0), where gates start).
 pub const OPEN_THRESHOLD: f64 = 0.5;
@@ -20,12 +20,20 @@ pub const OPEN_THRESHOLD: f64 = 0.5;
 /// assert_eq!((p, r, f), (0.5, 0.5, 0.5));
 /// ```
 pub fn precision_recall_f1(predicted: &[bool], truth: &[bool]) -> (f64, f64, f64) {
-    let tp = predicted.iter().zip(truth).filter(|&(&p, &t)| p && t).count() as f64;
+    let tp = predicted
+        .iter()
+        .zip(truth)
+        .filter(|&(&p, &t)| p && t)
+        .count() as f64;
     let np = predicted.iter().filter(|&&p| p).count() as f64;
     let nt = truth.iter().filter(|&&t| t).count() as f64;
     let p = if np == 0.0 { 1.0 } else { tp / np };
     let r = if nt == 0.0 { 1.0 } else { tp / nt };
-    let f = if p + r == 0.0 { 0.0 } else { 2.0 * p * r / (p + r) };
+    let f = if p + r == 0.0 {
+        0.0
+    } else {
+        2.0 * p * r / (p + r)
+    };
     (p, r, f)
 }
 
@@ -90,11 +98,25 @@ pub struct EffectiveVocabularies {
 /// where it has none. Two embeddings are the same when their distance is
 /// at most `rel_tol` times the token's mean embedding norm; the distinct
 /// ones are the connected components of that relation.
-pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, rel_tol: f64) -> EffectiveVocabularies {
+pub fn effective_vocabularies<T: Real>(
+    model: &BigramModel<T>,
+    use_gate: bool,
+    rel_tol: f64,
+) -> EffectiveVocabularies {
     let cfg = model.config();
     let l = cfg.n_languages;
-    let table = model.embeddings.parameters()[0].value().view().into_dimensionality::<ndarray::Ix2>().expect("2-D table");
-    let rows = model.split.rows().value().view().into_dimensionality::<ndarray::Ix2>().expect("2-D rows");
+    let table = model.embeddings.parameters()[0]
+        .value()
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .expect("2-D table");
+    let rows = model
+        .split
+        .rows()
+        .value()
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .expect("2-D rows");
     let gate = model.split.gate();
     let mut tokens: Vec<usize> = model.split.index().token_index.clone();
     tokens.sort_unstable();
@@ -109,7 +131,11 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
                     let row = rows.row(r);
                     if use_gate {
                         let g = gate[r].to_f64();
-                        shared.iter().zip(row.iter()).map(|(&s, &x)| s.to_f64() + g * (x.to_f64() - s.to_f64())).collect()
+                        shared
+                            .iter()
+                            .zip(row.iter())
+                            .map(|(&s, &x)| s.to_f64() + g * (x.to_f64() - s.to_f64()))
+                            .collect()
                     } else {
                         row.iter().map(|&x| x.to_f64()).collect()
                     }
@@ -117,7 +143,11 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
                 None => to_f64(shared),
             })
             .collect();
-        let scale = emb.iter().map(|e| e.iter().map(|x| x * x).sum::<f64>().sqrt()).sum::<f64>() / l as f64;
+        let scale = emb
+            .iter()
+            .map(|e| e.iter().map(|x| x * x).sum::<f64>().sqrt())
+            .sum::<f64>()
+            / l as f64;
         let tol = rel_tol * scale.max(f64::MIN_POSITIVE);
         // Union-find over languages.
         let mut parent: Vec<usize> = (0..l).collect();
@@ -130,7 +160,12 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
         }
         for a in 0..l {
             for b in a + 1..l {
-                let d = emb[a].iter().zip(&emb[b]).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+                let d = emb[a]
+                    .iter()
+                    .zip(&emb[b])
+                    .map(|(x, y)| (x - y) * (x - y))
+                    .sum::<f64>()
+                    .sqrt();
                 if d <= tol {
                     let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
                     parent[ra] = rb;
@@ -154,7 +189,11 @@ pub fn effective_vocabularies<T: Real>(model: &BigramModel<T>, use_gate: bool, r
     if n > 0 {
         apart /= n as f64;
     }
-    EffectiveVocabularies { mean: if n > 0 { total / n as f64 } else { 1.0 }, tokens: n, apart }
+    EffectiveVocabularies {
+        mean: if n > 0 { total / n as f64 } else { 1.0 },
+        tokens: n,
+        apart,
+    }
 }
 
 fn to_f64<T: Real>(v: ArrayView1<'_, T>) -> Vec<f64> {
@@ -179,7 +218,13 @@ mod tests {
 
     #[test]
     fn prf_edges() {
-        assert_eq!(precision_recall_f1(&[false, false], &[false, false]), (1.0, 1.0, 1.0));
-        assert_eq!(precision_recall_f1(&[false, false], &[true, false]), (1.0, 0.0, 0.0));
+        assert_eq!(
+            precision_recall_f1(&[false, false], &[false, false]),
+            (1.0, 1.0, 1.0)
+        );
+        assert_eq!(
+            precision_recall_f1(&[false, false], &[true, false]),
+            (1.0, 0.0, 0.0)
+        );
     }
 }

@@ -93,14 +93,31 @@ impl<T: Real> Trainer<T> {
         corpus.validate(mc.vocab_size, mc.n_languages)?;
         let contexts: Vec<u32> = corpus.bigrams().map(|(i, _)| i as u32).collect();
         if contexts.is_empty() {
-            return Err(Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)"));
+            return Err(
+                Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)")
+            );
         }
         if config.batch == 0 {
             return Err(Error::config("batch must be positive"));
         }
-        let tables = LazyAdam::new(LazyAdamConfig { lr: config.lr, ..LazyAdamConfig::default() })?;
-        let dense = Adam::new(AdamConfig { lr: config.lr, ..AdamConfig::default() })?;
-        Ok(Trainer { model, corpus, contexts, config, tables, dense, step: 0, history: Vec::new() })
+        let tables = LazyAdam::new(LazyAdamConfig {
+            lr: config.lr,
+            ..LazyAdamConfig::default()
+        })?;
+        let dense = Adam::new(AdamConfig {
+            lr: config.lr,
+            ..AdamConfig::default()
+        })?;
+        Ok(Trainer {
+            model,
+            corpus,
+            contexts,
+            config,
+            tables,
+            dense,
+            step: 0,
+            history: Vec::new(),
+        })
     }
 
     /// The model.
@@ -149,7 +166,13 @@ impl<T: Real> Trainer<T> {
         let c = self.config;
         let (stats, grads) = {
             let mut tape = Tape::new();
-            let terms = self.model.loss(&mut tape, &batch, c.use_gate, c.gate_penalty, c.fusion_penalty)?;
+            let terms = self.model.loss(
+                &mut tape,
+                &batch,
+                c.use_gate,
+                c.gate_penalty,
+                c.fusion_penalty,
+            )?;
             let fusion = match terms.fusion {
                 Some(f) => tape.scalar(f).to_f64(),
                 None => self.model.split.fusion_penalty().to_f64(),
@@ -166,13 +189,18 @@ impl<T: Real> Trainer<T> {
                 fusion,
             };
             if !stats.total.is_finite() {
-                return Err(Error::new(ErrorKind::Diverged { step: self.step, message: format!("the loss is {}", stats.total) }));
+                return Err(Error::new(ErrorKind::Diverged {
+                    step: self.step,
+                    message: format!("the loss is {}", stats.total),
+                }));
             }
             (stats, tape.backward(terms.total))
         };
         let n_tables = 2; // the shared table and the split rows
         for (k, p) in self.model.parameters_mut().into_iter().enumerate() {
-            let Some(g) = grads.by_id(p.id()) else { continue };
+            let Some(g) = grads.by_id(p.id()) else {
+                continue;
+            };
             if k < n_tables {
                 self.tables.update(p, g)?;
             } else {
@@ -189,8 +217,15 @@ impl<T: Real> Trainer<T> {
     pub fn check_finite(&self) -> Result<()> {
         for p in self.model.parameters() {
             if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                let msg = format!("parameter `{}` has {} at flat position {i}", p.name(), (*v).to_f64());
-                return Err(Error::new(ErrorKind::Diverged { step: self.step.saturating_sub(1), message: msg }));
+                let msg = format!(
+                    "parameter `{}` has {} at flat position {i}",
+                    p.name(),
+                    (*v).to_f64()
+                );
+                return Err(Error::new(ErrorKind::Diverged {
+                    step: self.step.saturating_sub(1),
+                    message: msg,
+                }));
             }
         }
         Ok(())
@@ -201,13 +236,30 @@ impl<T: Real> Trainer<T> {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         self.check_finite()?;
         let model = &self.model;
-        let lang: ArrayD<i64> = model.split.index().language_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>().into_dyn();
-        let tok: ArrayD<i64> = model.split.index().token_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>().into_dyn();
+        let lang: ArrayD<i64> = model
+            .split
+            .index()
+            .language_index
+            .iter()
+            .map(|&x| x as i64)
+            .collect::<ndarray::Array1<i64>>()
+            .into_dyn();
+        let tok: ArrayD<i64> = model
+            .split
+            .index()
+            .token_index
+            .iter()
+            .map(|&x| x as i64)
+            .collect::<ndarray::Array1<i64>>()
+            .into_dyn();
         let mut entries: Vec<(String, TensorRef<'_>)> = Vec::new();
         for p in model.parameters() {
             entries.push((p.name().to_string(), T::tensor_ref(p.value().view())));
         }
-        entries.push(("split_vocabulary.language_index".into(), TensorRef::from(&lang)));
+        entries.push((
+            "split_vocabulary.language_index".into(),
+            TensorRef::from(&lang),
+        ));
         entries.push(("split_vocabulary.token_index".into(), TensorRef::from(&tok)));
         let tables = self.tables.state();
         let dense = self.dense.state();
@@ -215,8 +267,12 @@ impl<T: Real> Trainer<T> {
         for (prefix, state) in [(OPT_TABLES, &tables), (OPT_DENSE, &dense)] {
             for (name, v) in state {
                 match v {
-                    StateValue::Array(a) => entries.push((format!("{prefix}{name}"), T::tensor_ref(a.view()))),
-                    StateValue::Step(s) => steps.push((format!("{prefix}{name}"), ndarray::arr0(*s))),
+                    StateValue::Array(a) => {
+                        entries.push((format!("{prefix}{name}"), T::tensor_ref(a.view())))
+                    }
+                    StateValue::Step(s) => {
+                        steps.push((format!("{prefix}{name}"), ndarray::arr0(*s)))
+                    }
                 }
             }
         }
@@ -245,7 +301,10 @@ impl<T: Real> Trainer<T> {
             ("fusion_penalty", c.fusion_penalty.to_string()),
             ("use_gate", c.use_gate.to_string()),
             ("seed", c.seed.to_string()),
-            ("corpus_fingerprint", format!("{:016x}", corpus_fingerprint(&self.corpus))),
+            (
+                "corpus_fingerprint",
+                format!("{:016x}", corpus_fingerprint(&self.corpus)),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -260,12 +319,22 @@ impl<T: Real> Trainer<T> {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
         let meta = ck.metadata();
-        let get = |k: &str| meta.get(k).cloned().ok_or_else(|| Error::new(ErrorKind::Missing).in_file(path).in_array(format!("metadata `{k}`")));
+        let get = |k: &str| {
+            meta.get(k).cloned().ok_or_else(|| {
+                Error::new(ErrorKind::Missing)
+                    .in_file(path)
+                    .in_array(format!("metadata `{k}`"))
+            })
+        };
         let fp = format!("{:016x}", corpus_fingerprint(&self.corpus));
         if get("corpus_fingerprint")? != fp {
-            return Err(Error::config("the checkpoint was written for another corpus").in_file(path));
+            return Err(
+                Error::config("the checkpoint was written for another corpus").in_file(path),
+            );
         }
-        let step: u64 = get("step")?.parse().map_err(|_| Error::format("metadata `step` is not an integer").in_file(path))?;
+        let step: u64 = get("step")?
+            .parse()
+            .map_err(|_| Error::format("metadata `step` is not an integer").in_file(path))?;
         let mut values = Vec::new();
         for p in self.model.parameters() {
             let v = ck.get_real::<T>(p.name(), p.value().shape())?;
@@ -276,15 +345,37 @@ impl<T: Real> Trainer<T> {
         let idx = self.model.split.index();
         let lang = ck.get_i64("split_vocabulary.language_index", &[n])?;
         let tok = ck.get_i64("split_vocabulary.token_index", &[n])?;
-        if lang.iter().zip(&idx.language_index).any(|(&a, &b)| a != b as i64) || tok.iter().zip(&idx.token_index).any(|(&a, &b)| a != b as i64) {
-            return Err(Error::config("the checkpoint's split_vocabulary index differs from this run's index").in_file(path));
+        if lang
+            .iter()
+            .zip(&idx.language_index)
+            .any(|(&a, &b)| a != b as i64)
+            || tok
+                .iter()
+                .zip(&idx.token_index)
+                .any(|(&a, &b)| a != b as i64)
+        {
+            return Err(Error::config(
+                "the checkpoint's split_vocabulary index differs from this run's index",
+            )
+            .in_file(path));
         }
-        let mut tables = LazyAdam::new(LazyAdamConfig { lr: self.config.lr, ..LazyAdamConfig::default() })?;
-        let mut dense = Adam::new(AdamConfig { lr: self.config.lr, ..AdamConfig::default() })?;
-        for (prefix, opt) in [(OPT_TABLES, &mut tables as &mut dyn Optimizer<T>), (OPT_DENSE, &mut dense as &mut dyn Optimizer<T>)] {
+        let mut tables = LazyAdam::new(LazyAdamConfig {
+            lr: self.config.lr,
+            ..LazyAdamConfig::default()
+        })?;
+        let mut dense = Adam::new(AdamConfig {
+            lr: self.config.lr,
+            ..AdamConfig::default()
+        })?;
+        for (prefix, opt) in [
+            (OPT_TABLES, &mut tables as &mut dyn Optimizer<T>),
+            (OPT_DENSE, &mut dense as &mut dyn Optimizer<T>),
+        ] {
             let mut entries = Vec::new();
             for name in ck.names() {
-                let Some(rest) = name.strip_prefix(prefix) else { continue };
+                let Some(rest) = name.strip_prefix(prefix) else {
+                    continue;
+                };
                 let value = if rest.ends_with(".step") {
                     StateValue::Step(*ck.get_u64(name, &[])?.first().expect("0-d"))
                 } else {
@@ -294,15 +385,24 @@ impl<T: Real> Trainer<T> {
                 entries.push((rest.to_string(), value));
             }
             opt.load_state(entries).map_err(|e| e.in_file(path))?;
-            opt.check_state(&self.model.parameters()).map_err(|e| e.in_file(path))?;
+            opt.check_state(&self.model.parameters())
+                .map_err(|e| e.in_file(path))?;
         }
         let hist_shape = ck.shape(HISTORY)?.to_vec();
         if hist_shape.len() != 2 || hist_shape[1] != 4 || hist_shape[0] as u64 != step {
-            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &hist_shape).in_file(path).in_array(HISTORY));
+            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &hist_shape)
+                .in_file(path)
+                .in_array(HISTORY));
         }
         let hist = ck.get_real::<f64>(HISTORY, &hist_shape)?;
         let history = (0..hist_shape[0])
-            .map(|i| StepStats { step: i as u64, total: hist[[i, 0]], ce: hist[[i, 1]], penalty: hist[[i, 2]], fusion: hist[[i, 3]] })
+            .map(|i| StepStats {
+                step: i as u64,
+                total: hist[[i, 0]],
+                ce: hist[[i, 1]],
+                penalty: hist[[i, 2]],
+                fusion: hist[[i, 3]],
+            })
             .collect();
         for (p, v) in self.model.parameters_mut().into_iter().zip(values) {
             *p.value_mut() = v;

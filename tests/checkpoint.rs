@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ndarray::{arr0, s, Array, Array1, Array2, ArrayD, IxDyn};
-use splitgrad::checkpoint::{save, Checkpoint, Tensor, TensorData, TensorRef};
+use ndarray::{Array, Array1, Array2, ArrayD, IxDyn, arr0, s};
+use splitgrad::checkpoint::{Checkpoint, Tensor, TensorData, TensorRef, save};
 use splitgrad::{ErrorKind, Rng};
 
 // One test binary; its modules live in `tests/checkpoint/`.

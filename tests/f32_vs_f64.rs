@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{input, Kind, Leaf};
+use common::{Kind, Leaf, input};
 use ndarray::{ArrayD, IxDyn};
 use splitgrad::{Real, Rng, Tape, Var};
 

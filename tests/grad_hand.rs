@@ -8,7 +8,7 @@
 
 mod common;
 
-use ndarray::{array, ArrayD, Axis};
+use ndarray::{ArrayD, Axis, array};
 use splitgrad::{Grad, Parameter, Tape};
 
 fn d(a: ndarray::Array2<f64>) -> ArrayD<f64> {
@@ -145,11 +145,12 @@ fn sigmoid() {
     let tiny = (-40f64).exp();
     let expect = array![0.25, 0.1875, 0.1875, tiny, tiny].into_dyn();
     assert_close(g.input(x).unwrap(), &expect, 1e-16);
-    assert!(g
-        .input(x)
-        .unwrap()
-        .iter()
-        .all(|v| v.is_finite() && *v >= 0.0));
+    assert!(
+        g.input(x)
+            .unwrap()
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0)
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{array, check, ids, input, matrix, param, sorted_unique, Kind, Leaf};
+use common::{Kind, Leaf, array, check, ids, input, matrix, param, sorted_unique};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::ops::routing::SplitRouting;

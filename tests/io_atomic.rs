@@ -8,7 +8,7 @@ use std::path::Path;
 
 use io_common::{message, scratch};
 use ndarray::arr1;
-use splitgrad::io::{write_atomic, NpzReader, NpzWriter};
+use splitgrad::io::{NpzReader, NpzWriter, write_atomic};
 use splitgrad::{Error, ErrorKind};
 
 /// The names in `dir`, sorted.

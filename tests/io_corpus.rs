@@ -6,8 +6,8 @@ mod io_common;
 use std::path::PathBuf;
 
 use io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
-use splitgrad::io::{load_corpus, save_corpus, Corpus};
 use splitgrad::ErrorKind;
+use splitgrad::io::{Corpus, load_corpus, save_corpus};
 
 fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
     let path = scratch(test).join("corpus.npz");
@@ -300,8 +300,14 @@ fn validate_checks_ids_against_the_model() {
         assert_eq!(corpus.validate(v, l).unwrap_err().to_string(), expected);
     }
     let bad_starts = [
-        (vec![1, 2], "array `sequence_starts`: the first sequence must start at 0"),
-        (vec![0, 3], "array `sequence_starts`: sequence start 3 at position [1] is out of range 0..3"),
+        (
+            vec![1, 2],
+            "array `sequence_starts`: the first sequence must start at 0",
+        ),
+        (
+            vec![0, 3],
+            "array `sequence_starts`: sequence start 3 at position [1] is out of range 0..3",
+        ),
         (
             vec![0, 2, 1],
             "array `sequence_starts`: sequence start 1 at position [2] does not exceed the one before it, 2",

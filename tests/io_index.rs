@@ -6,8 +6,8 @@ mod io_common;
 use std::path::PathBuf;
 
 use io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
-use splitgrad::io::{load_index, save_index, SplitIndex};
 use splitgrad::ErrorKind;
+use splitgrad::io::{SplitIndex, load_index, save_index};
 
 const L: usize = 3;
 const V: usize = 10;
@@ -342,7 +342,10 @@ fn validate_checks_an_index_built_in_code() {
             SplitIndex::new(vec![0, 1], vec![1]),
             "array `token_index`: token_index has shape [1], expected (2,), the length of language_index",
         ),
-        (SplitIndex::new(vec![], vec![]), "array `language_index`: is empty"),
+        (
+            SplitIndex::new(vec![], vec![]),
+            "array `language_index`: is empty",
+        ),
         (
             SplitIndex::new(vec![0, 5], vec![1, 1]),
             "array `language_index`: language id 5 at position [1] is out of range 0..3",
@@ -356,11 +359,17 @@ fn validate_checks_an_index_built_in_code() {
             "array `(language_index, token_index)`: pair (language 2, token 1) at position [2] repeats position [0]",
         ),
         (
-            SplitIndex { score: Some(vec![1.0]), ..SplitIndex::new(vec![0, 1], vec![1, 1]) },
+            SplitIndex {
+                score: Some(vec![1.0]),
+                ..SplitIndex::new(vec![0, 1], vec![1, 1])
+            },
             "array `score`: score has shape [1], expected (2,), the length of language_index",
         ),
         (
-            SplitIndex { score: Some(vec![1.0, f64::INFINITY]), ..SplitIndex::new(vec![0, 1], vec![1, 1]) },
+            SplitIndex {
+                score: Some(vec![1.0, f64::INFINITY]),
+                ..SplitIndex::new(vec![0, 1], vec![1, 1])
+            },
             "array `score`: non-finite value inf at position [1]",
         ),
     ];

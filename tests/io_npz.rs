@@ -5,7 +5,7 @@
 mod io_common;
 
 use io_common::{dict, i64_member, le_f64, le_i64, message, npy, scratch, write_npz, zip_bytes};
-use ndarray::{arr0, arr1, arr2, Array, ArrayD, IxDyn};
+use ndarray::{Array, ArrayD, IxDyn, arr0, arr1, arr2};
 use npyz::zip::CompressionMethod;
 use splitgrad::io::{DtypeKind, NpzReader, NpzWriter, RealDtype};
 use splitgrad::{ErrorKind, Rng};

@@ -2,7 +2,7 @@
 //! invariants: laziness, frozen parameters, sparse = dense, and
 //! checkpoint round trips. (Parallel = naive is `src/optim/kernel_tests.rs`.)
 
-use ndarray::{array, Array2, ArrayD, IxDyn};
+use ndarray::{Array2, ArrayD, IxDyn, array};
 use splitgrad::optim::{
     Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, Sgd, SgdConfig, StateValue,
 };

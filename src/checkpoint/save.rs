@@ -262,8 +262,8 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::Checkpoint;
     use crate::ErrorKind;
+    use crate::checkpoint::Checkpoint;
     use ndarray::array;
 
     fn temp_dir(tag: &str) -> PathBuf {

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use splitgrad::io::{load_corpus, load_index, Corpus, SplitIndex};
-use splitgrad::synthetic::{generate, SyntheticConfig};
+use splitgrad::io::{Corpus, SplitIndex, load_corpus, load_index};
+use splitgrad::synthetic::{SyntheticConfig, generate};
 
 use super::{CliResult, TrainArgs};
 
@@ -24,27 +24,64 @@ pub struct Data {
 pub fn index_from_counts(corpus: &Corpus, vocab_size: usize, min_count: usize) -> SplitIndex {
     let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     for (i, _) in corpus.bigrams() {
-        *counts.entry((corpus.language_ids[i] as usize, corpus.token_ids[i] as usize)).or_default() += 1;
+        *counts
+            .entry((
+                corpus.language_ids[i] as usize,
+                corpus.token_ids[i] as usize,
+            ))
+            .or_default() += 1;
     }
     let _ = vocab_size;
-    let pairs: Vec<(usize, usize)> = counts.into_iter().filter(|&(_, c)| c >= min_count.max(1)).map(|(p, _)| p).collect();
-    SplitIndex::new(pairs.iter().map(|p| p.0).collect(), pairs.iter().map(|p| p.1).collect())
+    let pairs: Vec<(usize, usize)> = counts
+        .into_iter()
+        .filter(|&(_, c)| c >= min_count.max(1))
+        .map(|(p, _)| p)
+        .collect();
+    SplitIndex::new(
+        pairs.iter().map(|p| p.0).collect(),
+        pairs.iter().map(|p| p.1).collect(),
+    )
 }
 
 /// Loads (or generates) the corpus and the index of a run.
 pub fn load(args: &TrainArgs) -> CliResult<Data> {
     match &args.corpus {
         None => {
-            if args.index.is_some() {
+            if let Some(index_path) = &args.index {
                 // An index for the synthetic corpus (e.g. from `select`).
-                let s = generate(&SyntheticConfig { seed: args.seed, ..SyntheticConfig::default() });
-                let (v, l) = (s.corpus.vocab_size().max(SyntheticConfig::default().vocab_size), SyntheticConfig::default().n_languages);
-                let index = load_index(args.index.as_ref().expect("checked"), l, v)?;
-                return Ok(Data { name: "synthetic".into(), corpus: s.corpus, index, vocab_size: v, n_languages: l, truth: Some(s.contested) });
+                let s = generate(&SyntheticConfig {
+                    seed: args.seed,
+                    ..SyntheticConfig::default()
+                });
+                let (v, l) = (
+                    s.corpus
+                        .vocab_size()
+                        .max(SyntheticConfig::default().vocab_size),
+                    SyntheticConfig::default().n_languages,
+                );
+                let index = load_index(index_path, l, v)?;
+                return Ok(Data {
+                    name: "synthetic".into(),
+                    corpus: s.corpus,
+                    index,
+                    vocab_size: v,
+                    n_languages: l,
+                    truth: Some(s.contested),
+                });
             }
-            let cfg = SyntheticConfig { seed: args.seed, ..SyntheticConfig::default() };
+            let cfg = SyntheticConfig {
+                seed: args.seed,
+                ..SyntheticConfig::default()
+            };
             let s = generate(&cfg);
-            Ok(Data { name: "synthetic".into(), corpus: s.corpus, index: s.index, vocab_size: cfg.vocab_size, n_languages: cfg.n_languages, truth: Some(s.contested) })
+            Ok(Data {
+                name: "synthetic".into(),
+                corpus: s.corpus,
+                index: s.index,
+                vocab_size: cfg.vocab_size,
+                n_languages: cfg.n_languages,
+                truth: Some(s.contested),
+            })
         }
         Some(path) => {
             let corpus = load_corpus(path)?;
@@ -60,13 +97,27 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
                 None => {
                     let idx = index_from_counts(&corpus, v, args.min_count);
                     if idx.token_index.is_empty() {
-                        return Err(format!("{}: no (language, token) pair occurs {} times; lower --min-count", path.display(), args.min_count).into());
+                        return Err(format!(
+                            "{}: no (language, token) pair occurs {} times; lower --min-count",
+                            path.display(),
+                            args.min_count
+                        )
+                        .into());
                     }
                     idx
                 }
             };
-            let name = path.file_stem().map_or("corpus".into(), |s| s.to_string_lossy().into_owned());
-            Ok(Data { name, corpus, index, vocab_size: v, n_languages: l, truth: None })
+            let name = path
+                .file_stem()
+                .map_or("corpus".into(), |s| s.to_string_lossy().into_owned());
+            Ok(Data {
+                name,
+                corpus,
+                index,
+                vocab_size: v,
+                n_languages: l,
+                truth: None,
+            })
         }
     }
 }

@@ -5,7 +5,13 @@ use std::process::ExitCode;
 
 use super::CliResult;
 
-pub fn generate(_layer: &str, _cases: usize, _seed: u64, _out: &Path, _dtype: &str) -> CliResult<ExitCode> {
+pub fn generate(
+    _layer: &str,
+    _cases: usize,
+    _seed: u64,
+    _out: &Path,
+    _dtype: &str,
+) -> CliResult<ExitCode> {
     Err("golden gen: not built yet".into())
 }
 

@@ -129,7 +129,10 @@ pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
     // SAFETY: called once at start-up, before any other thread exists, so
     // nothing reads the environment concurrently.
     unsafe { std::env::set_var("MATMUL_NUM_THREADS", n.to_string()) };
-    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| format!("cannot start {n} threads: {e}"))?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| format!("cannot start {n} threads: {e}"))?;
     Ok(n)
 }
 
@@ -138,7 +141,13 @@ pub fn run(cli: Cli) -> CliResult<ExitCode> {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Golden { command } => match command {
-            GoldenCommand::Gen { layer, cases, seed, out, dtype } => golden::generate(&layer, cases, seed, &out, &dtype),
+            GoldenCommand::Gen {
+                layer,
+                cases,
+                seed,
+                out,
+                dtype,
+            } => golden::generate(&layer, cases, seed, &out, &dtype),
             GoldenCommand::Eval { inputs, out } => golden::evaluate(&inputs, &out),
         },
     }

@@ -6,20 +6,22 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::{json, Value};
-use splitgrad::model::{BigramModel, ModelConfig};
-use splitgrad::report::{effective_vocabularies, precision_recall_f1, spearman, OPEN_THRESHOLD};
-use splitgrad::train::{TrainConfig, Trainer};
+use serde_json::{Value, json};
 use splitgrad::Rng;
+use splitgrad::model::{BigramModel, ModelConfig};
+use splitgrad::report::{OPEN_THRESHOLD, effective_vocabularies, precision_recall_f1, spearman};
+use splitgrad::train::{TrainConfig, Trainer};
 
 use super::data::{self, Data};
-use super::{plots, set_threads, CliResult, TrainArgs};
+use super::{CliResult, TrainArgs, plots, set_threads};
 
 /// The checkpoint file inside a run's folder.
 pub const CHECKPOINT: &str = "model.safetensors";
 
 fn validate(args: &TrainArgs) -> CliResult<()> {
-    let bad = |flag: &str, v: f64| -> CliResult<()> { Err(format!("{flag} must be a finite number ≥ 0, got {v}").into()) };
+    let bad = |flag: &str, v: f64| -> CliResult<()> {
+        Err(format!("{flag} must be a finite number ≥ 0, got {v}").into())
+    };
     if args.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
@@ -29,7 +31,10 @@ fn validate(args: &TrainArgs) -> CliResult<()> {
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(format!("--lr must be a finite number > 0, got {}", args.lr).into());
     }
-    for (flag, v) in [("--gate-penalty", args.gate_penalty), ("--fusion-penalty", args.fusion_penalty)] {
+    for (flag, v) in [
+        ("--gate-penalty", args.gate_penalty),
+        ("--fusion-penalty", args.fusion_penalty),
+    ] {
         if !(v.is_finite() && v >= 0.0) {
             bad(flag, v)?;
         }
@@ -45,11 +50,20 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     validate(&args)?;
     let threads = set_threads(args.threads)?;
     let data = data::load(&args)?;
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(&data.name));
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&data.name));
+    std::fs::create_dir_all(&out)
+        .map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
     let ckpt = out.join(CHECKPOINT);
 
-    let mcfg = ModelConfig { vocab_size: data.vocab_size, n_languages: data.n_languages, dim: args.dim, gate_init: 0.0 };
+    let mcfg = ModelConfig {
+        vocab_size: data.vocab_size,
+        n_languages: data.n_languages,
+        dim: args.dim,
+        gate_init: 0.0,
+    };
     let mut model = BigramModel::<f32>::new(mcfg, data.index.clone())?;
     model.reset_parameters(&mut Rng::new(args.seed))?;
     let tcfg = TrainConfig {
@@ -66,7 +80,11 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         if ckpt.exists() {
             trainer.load(&ckpt)?;
         } else {
-            return Err(format!("{}: --resume, but there is no checkpoint to resume from", ckpt.display()).into());
+            return Err(format!(
+                "{}: --resume, but there is no checkpoint to resume from",
+                ckpt.display()
+            )
+            .into());
         }
     }
 
@@ -87,14 +105,37 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let elapsed = started.elapsed().as_secs_f64();
     trainer.save(&ckpt)?;
     let steps_run = trainer.step_index() - first;
-    let tokens_per_second = if steps_run > 0 { steps_run as f64 * args.batch as f64 / elapsed } else { 0.0 };
+    let tokens_per_second = if steps_run > 0 {
+        steps_run as f64 * args.batch as f64 / elapsed
+    } else {
+        0.0
+    };
 
-    let report = build_report(&trainer, &data, !args.no_gate, tokens_per_second, threads, &ckpt);
-    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&report)? + "\n")
-        .map_err(|e| format!("{}: {e}", out.join("report.json").display()))?;
+    let report = build_report(
+        &trainer,
+        &data,
+        !args.no_gate,
+        tokens_per_second,
+        threads,
+        &ckpt,
+    );
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )
+    .map_err(|e| format!("{}: {e}", out.join("report.json").display()))?;
     let losses: Vec<f64> = trainer.history().iter().map(|s| s.total).collect();
     plots::loss_curve(&out.join("loss.svg"), &losses)?;
-    plots::gate_histogram(&out.join("gates.svg"), &trainer.model().split.gate().iter().map(|&g| g as f64).collect::<Vec<_>>())?;
+    plots::gate_histogram(
+        &out.join("gates.svg"),
+        &trainer
+            .model()
+            .split
+            .gate()
+            .iter()
+            .map(|&g| g as f64)
+            .collect::<Vec<_>>(),
+    )?;
     print_report(&report, &out);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -107,13 +148,23 @@ fn progress_bar(total: u64, at: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
-    bar.set_style(ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  [{elapsed_precise}]").expect("valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  [{elapsed_precise}]")
+            .expect("valid template"),
+    );
     bar.set_position(at);
     bar
 }
 
 /// The report of a trained model, as JSON.
-pub fn build_report(trainer: &Trainer<f32>, data: &Data, use_gate: bool, tokens_per_second: f64, threads: usize, ckpt: &Path) -> Value {
+pub fn build_report(
+    trainer: &Trainer<f32>,
+    data: &Data,
+    use_gate: bool,
+    tokens_per_second: f64,
+    threads: usize,
+    ckpt: &Path,
+) -> Value {
     let model = trainer.model();
     let index = model.split.index();
     let gates: Vec<f64> = model.split.gate().iter().map(|&g| g as f64).collect();
@@ -154,9 +205,19 @@ pub fn build_report(trainer: &Trainer<f32>, data: &Data, use_gate: bool, tokens_
         "checkpoint": ckpt.display().to_string(),
     });
     if let Some(truth) = &data.truth {
-        let planted: Vec<bool> = (0..gates.len()).map(|i| truth.binary_search(&(index.language_index[i], index.token_index[i])).is_ok()).collect();
+        let planted: Vec<bool> = (0..gates.len())
+            .map(|i| {
+                truth
+                    .binary_search(&(index.language_index[i], index.token_index[i]))
+                    .is_ok()
+            })
+            .collect();
         let (p, r, f1) = precision_recall_f1(&open, &planted);
-        let decoys_open = open.iter().zip(&planted).filter(|&(&o, &p)| o && !p).count();
+        let decoys_open = open
+            .iter()
+            .zip(&planted)
+            .filter(|&(&o, &p)| o && !p)
+            .count();
         report["planted"] = json!({"precision": p, "recall": r, "f1": f1, "n_planted": truth.len(), "decoys_open": decoys_open});
     }
     if let Some(score) = &index.score {
@@ -166,9 +227,21 @@ pub fn build_report(trainer: &Trainer<f32>, data: &Data, use_gate: bool, tokens_
 }
 
 fn print_report(r: &Value, out: &Path) {
-    println!("splitgrad train: {} steps on {} ({} split rows)", r["steps"], r["corpus"].as_str().unwrap_or("?"), r["n_rows"]);
-    println!("  final loss {:.4} (cross-entropy {:.4})", r["final_loss"].as_f64().unwrap_or(f64::NAN), r["final_ce"].as_f64().unwrap_or(f64::NAN));
-    println!("  open gates (σ > {}): {} of {}", r["open_threshold"], r["n_open"], r["n_rows"]);
+    println!(
+        "splitgrad train: {} steps on {} ({} split rows)",
+        r["steps"],
+        r["corpus"].as_str().unwrap_or("?"),
+        r["n_rows"]
+    );
+    println!(
+        "  final loss {:.4} (cross-entropy {:.4})",
+        r["final_loss"].as_f64().unwrap_or(f64::NAN),
+        r["final_ce"].as_f64().unwrap_or(f64::NAN)
+    );
+    println!(
+        "  open gates (σ > {}): {} of {}",
+        r["open_threshold"], r["n_open"], r["n_rows"]
+    );
     if let Some(p) = r.get("planted") {
         println!(
             "  against the planted pairs: precision {:.3}, recall {:.3}, F1 {:.3}; decoys open: {}",
@@ -181,7 +254,10 @@ fn print_report(r: &Value, out: &Path) {
     if let Some(s) = r.get("gate_score_spearman") {
         println!("  rank correlation of gates with the index's score: {s}");
     }
-    println!("  effective number of vocabularies: {:.3}", r["effective_vocabularies"].as_f64().unwrap_or(0.0));
+    println!(
+        "  effective number of vocabularies: {:.3}",
+        r["effective_vocabularies"].as_f64().unwrap_or(0.0)
+    );
     let show = |title: &str, list: &Value| {
         println!("  {title}:");
         for e in list.as_array().into_iter().flatten().take(5) {
@@ -190,11 +266,24 @@ fn print_report(r: &Value, out: &Path) {
                 Some(false) => "  decoy",
                 None => "",
             };
-            println!("    language {:>3}  token {:>6}  gate {:.3}{planted}", e["language"], e["token"], e["gate"].as_f64().unwrap_or(0.0));
+            println!(
+                "    language {:>3}  token {:>6}  gate {:.3}{planted}",
+                e["language"],
+                e["token"],
+                e["gate"].as_f64().unwrap_or(0.0)
+            );
         }
     };
     show("most open", &r["most_open"]);
     show("most closed", &r["most_closed"]);
-    println!("  {:.0} tokens/s on {} threads", r["tokens_per_second"].as_f64().unwrap_or(0.0), r["threads"]);
-    println!("  wrote {}, report.json, loss.svg, gates.svg in {}", CHECKPOINT, out.display());
+    println!(
+        "  {:.0} tokens/s on {} threads",
+        r["tokens_per_second"].as_f64().unwrap_or(0.0),
+        r["threads"]
+    );
+    println!(
+        "  wrote {}, report.json, loss.svg, gates.svg in {}",
+        CHECKPOINT,
+        out.display()
+    );
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use ndarray::Array1;
 
 use super::lookup::PairMap;
-use super::{check_finite, NpzReader, NpzWriter, PairLookup};
+use super::{NpzReader, NpzWriter, PairLookup, check_finite};
 use crate::{Error, ErrorKind, Result};
 
 /// Names the array a duplicate pair is found in: both.

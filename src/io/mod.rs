@@ -29,8 +29,8 @@ mod pylit;
 mod writer;
 
 pub use atomic::write_atomic;
-pub use corpus::{load_corpus, save_corpus, Corpus};
-pub use index::{load_index, save_index, SplitIndex};
+pub use corpus::{Corpus, load_corpus, save_corpus};
+pub use index::{SplitIndex, load_index, save_index};
 pub use lookup::PairLookup;
 pub use npy::{Dtype, DtypeKind};
 pub use npz::{NpzReader, RealDtype};

@@ -192,7 +192,7 @@ pub(crate) fn read_header(r: &mut impl Read, member_size: u64) -> Result<Header>
         (major, minor) => {
             return Err(Error::format(format!(
                 "unsupported npy format version {major}.{minor} (1.0, 2.0 and 3.0 are read)"
-            )))
+            )));
         }
     };
     if len > MAX_HEADER_LEN as u64 || len + pre_len > member_size {
@@ -232,7 +232,7 @@ fn interpret(lit: Lit, header_bytes: u64) -> Result<Header> {
         _ => {
             return Err(Error::format(
                 "malformed npy header: `descr` is not a string",
-            ))
+            ));
         }
     };
     let fortran_order = match get("fortran_order")? {
@@ -240,7 +240,7 @@ fn interpret(lit: Lit, header_bytes: u64) -> Result<Header> {
         _ => {
             return Err(Error::format(
                 "malformed npy header: `fortran_order` is not a bool",
-            ))
+            ));
         }
     };
     let shape_lit = get("shape")?;
@@ -432,13 +432,34 @@ mod tests {
         assert_eq!((h.dtype.descr(), h.len), ("structured", 5));
         for (text, message) in [
             ("[1, 2]", "malformed npy header: not a dict"),
-            ("{'descr': '<i8' 'x'}", "malformed npy header: expected `,` or a closing bracket at byte 16 of the header text"),
-            ("{'descr': '<i8', 'fortran_order': 0, 'shape': ()}", "malformed npy header: `fortran_order` is not a bool"),
-            ("{'descr': '<i8', 'fortran_order': False, 'shape': 3}", "malformed npy header: shape 3 is not a tuple"),
-            ("{'descr': '<i8', 'fortran_order': False, 'shape': ('a',)}", "malformed npy header: shape (\"a\",) is not a tuple of non-negative integers"),
-            ("{'descr': 'abc", "malformed npy header: unterminated string at byte 14 of the header text"),
-            ("{'descr': nan}", "malformed npy header: unknown name at byte 10 of the header text"),
-            ("{'n': 99999999999999999999999999999999999999999}", "malformed npy header: integer too large at byte 44 of the header text"),
+            (
+                "{'descr': '<i8' 'x'}",
+                "malformed npy header: expected `,` or a closing bracket at byte 16 of the header text",
+            ),
+            (
+                "{'descr': '<i8', 'fortran_order': 0, 'shape': ()}",
+                "malformed npy header: `fortran_order` is not a bool",
+            ),
+            (
+                "{'descr': '<i8', 'fortran_order': False, 'shape': 3}",
+                "malformed npy header: shape 3 is not a tuple",
+            ),
+            (
+                "{'descr': '<i8', 'fortran_order': False, 'shape': ('a',)}",
+                "malformed npy header: shape (\"a\",) is not a tuple of non-negative integers",
+            ),
+            (
+                "{'descr': 'abc",
+                "malformed npy header: unterminated string at byte 14 of the header text",
+            ),
+            (
+                "{'descr': nan}",
+                "malformed npy header: unknown name at byte 10 of the header text",
+            ),
+            (
+                "{'n': 99999999999999999999999999999999999999999}",
+                "malformed npy header: integer too large at byte 44 of the header text",
+            ),
         ] {
             assert_eq!(parse(text).unwrap_err().to_string(), message, "{text}");
         }

@@ -3,7 +3,7 @@
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
-use ndarray::{arr0, ArrayBase, Data, Dimension};
+use ndarray::{ArrayBase, Data, Dimension, arr0};
 use npyz::zip::write::FileOptions;
 use npyz::zip::{CompressionMethod, DateTime, ZipWriter};
 

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::moments::MomentTable;
 use super::{
-    check_beta, check_grad, check_lr, check_non_negative, flat_mut, Optimizer, StateValue,
+    Optimizer, StateValue, check_beta, check_grad, check_lr, check_non_negative, flat_mut,
 };
 use crate::ops::PAR_MIN_ELEMS;
 use crate::{Grad, Parameter, Real, Result};

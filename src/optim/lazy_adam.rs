@@ -4,7 +4,7 @@ use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
 use rayon::prelude::*;
 
 use super::moments::MomentTable;
-use super::{check_beta, check_grad, check_lr, flat_mut, Optimizer, StateValue};
+use super::{Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut};
 use crate::ops::PAR_MIN_ELEMS;
 use crate::{Error, Grad, Parameter, Real, Result};
 

@@ -325,7 +325,7 @@ fn check_non_negative(which: &str, x: f64) -> Result<()> {
 mod tests {
     use super::*;
     use crate::RowSparse;
-    use ndarray::{array, Array2};
+    use ndarray::{Array2, array};
 
     #[test]
     fn entry_names_split_at_the_last_dot() {

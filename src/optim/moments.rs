@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::{split_entry, unknown_field, wrong_kind, StateValue};
+use super::{StateValue, split_entry, unknown_field, wrong_kind};
 use crate::{Error, Parameter, Real, Result};
 
 const FIELDS: [&str; 3] = ["exp_avg", "exp_avg_sq", "step"];
@@ -131,10 +131,10 @@ impl<T: Real> MomentTable<T> {
                     return Err(Error::format(
                         "optimiser state for a parameter that is not being trained",
                     )
-                    .in_array(format!("{name}.exp_avg")))
+                    .in_array(format!("{name}.exp_avg")));
                 }
                 Some(p) if p.value().shape() != m.exp_avg.shape() => {
-                    return Err(state_shape_error(p, "exp_avg", m.exp_avg.shape()))
+                    return Err(state_shape_error(p, "exp_avg", m.exp_avg.shape()));
                 }
                 Some(_) => {}
             }
@@ -197,7 +197,10 @@ mod tests {
                 "array `a.b.exp_avg_sqr`: unknown optimiser state field (this optimiser keeps exp_avg, exp_avg_sq, step)",
             ),
             (
-                vec![("a.b.step".into(), StateValue::Array(array![1.0f32].into_dyn()))],
+                vec![(
+                    "a.b.step".into(),
+                    StateValue::Array(array![1.0f32].into_dyn()),
+                )],
                 "array `a.b.step`: has dtype real array, expected u64 step count",
             ),
             (entries()[..2].to_vec(), "array `a.b.step`: is missing"),
@@ -208,7 +211,10 @@ mod tests {
             (
                 vec![
                     entries()[0].clone(),
-                    ("a.b.exp_avg_sq".into(), StateValue::Array(array![3.0f32].into_dyn())),
+                    (
+                        "a.b.exp_avg_sq".into(),
+                        StateValue::Array(array![3.0f32].into_dyn()),
+                    ),
                     entries()[2].clone(),
                 ],
                 "array `a.b.exp_avg_sq`: optimiser state has shape [1], expected [2] (the shape of `a.b.exp_avg`)",

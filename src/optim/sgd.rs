@@ -6,8 +6,8 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::moments::state_shape_error;
 use super::{
-    check_grad, check_lr, check_non_negative, flat_mut, split_entry, unknown_field, wrong_kind,
-    Optimizer, StateValue,
+    Optimizer, StateValue, check_grad, check_lr, check_non_negative, flat_mut, split_entry,
+    unknown_field, wrong_kind,
 };
 use crate::{Error, Grad, Parameter, Real, Result};
 
@@ -268,10 +268,10 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
                     return Err(Error::format(
                         "optimiser state for a parameter that is not being trained",
                     )
-                    .in_array(format!("{name}.momentum_buffer")))
+                    .in_array(format!("{name}.momentum_buffer")));
                 }
                 Some(p) if p.value().shape() != b.shape() => {
-                    return Err(state_shape_error(p, "momentum_buffer", b.shape()))
+                    return Err(state_shape_error(p, "momentum_buffer", b.shape()));
                 }
                 Some(_) => {}
             }

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use ndarray::{Array, Array1, Array2};
-use splitgrad::checkpoint::{save, Checkpoint, TensorRef};
+use splitgrad::checkpoint::{Checkpoint, TensorRef, save};
 use splitgrad::{ErrorKind, Rng};
 
 use super::{no_meta, small_checkpoint, temp_dir};
@@ -88,9 +88,10 @@ fn unreadable_paths_are_io_errors() {
     let missing = dir.join("nope.safetensors");
     let err = Checkpoint::open(&missing).unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::Io(e) if e.kind() == std::io::ErrorKind::NotFound));
-    assert!(err
-        .to_string()
-        .starts_with(&format!("{}: ", missing.display())));
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}: ", missing.display()))
+    );
     let err = Checkpoint::open(&dir).unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::Io(_)));
     assert_eq!(err.file(), Some(dir.as_path()));

@@ -3,9 +3,9 @@
 
 use std::fs;
 
-use ndarray::{arr0, Array1};
-use splitgrad::checkpoint::{save, Checkpoint};
+use ndarray::{Array1, arr0};
 use splitgrad::ErrorKind;
+use splitgrad::checkpoint::{Checkpoint, save};
 
 use super::{files_in, no_meta, small_checkpoint, temp_dir};
 
@@ -31,9 +31,10 @@ fn saving_into_a_missing_folder_is_an_io_error_naming_the_path() {
     let x = arr0(1.0f32);
     let err = save(&path, &[("x", (&x).into())], &no_meta()).unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::Io(e) if e.kind() == std::io::ErrorKind::NotFound));
-    assert!(err
-        .to_string()
-        .starts_with(&format!("{}: ", path.display())));
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}: ", path.display()))
+    );
     assert!(files_in(&dir).is_empty());
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -112,7 +112,7 @@ where
     let params: Vec<Parameter<T>> = values
         .iter()
         .zip(kinds)
-        .filter(|(_, &k)| k == Kind::Param)
+        .filter(|&(_, &k)| k == Kind::Param)
         .enumerate()
         .map(|(j, (v, _))| Parameter::new(format!("p{j}"), v.clone()))
         .collect();
