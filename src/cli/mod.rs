@@ -51,7 +51,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Training steps.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 1000)]
     pub steps: u64,
     /// Bigrams per step.
     #[arg(long, default_value_t = 4096)]
@@ -63,7 +63,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1e-2)]
     pub lr: f64,
     /// Weight of the gate penalty mean(σ(gate_logit)).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.005)]
     pub gate_penalty: f64,
     /// Weight of the fusion penalty.
     #[arg(long, default_value_t = 0.0)]

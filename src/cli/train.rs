@@ -218,7 +218,23 @@ pub fn build_report(
             .zip(&planted)
             .filter(|&(&o, &p)| o && !p)
             .count();
-        report["planted"] = json!({"precision": p, "recall": r, "f1": f1, "n_planted": truth.len(), "decoys_open": decoys_open});
+        let lowest_planted = (0..gates.len())
+            .filter(|&i| planted[i])
+            .map(|i| gates[i])
+            .fold(f64::INFINITY, f64::min);
+        let highest_other = (0..gates.len())
+            .filter(|&i| !planted[i])
+            .map(|i| gates[i])
+            .fold(f64::NEG_INFINITY, f64::max);
+        report["planted"] = json!({
+            "precision": p,
+            "recall": r,
+            "f1": f1,
+            "n_planted": truth.len(),
+            "decoys_open": decoys_open,
+            "lowest_planted_gate": lowest_planted.is_finite().then_some(lowest_planted),
+            "highest_decoy_gate": highest_other.is_finite().then_some(highest_other),
+        });
     }
     if let Some(score) = &index.score {
         report["gate_score_spearman"] = json!(spearman(&gates, score));
