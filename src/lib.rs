@@ -25,5 +25,6 @@ pub mod tape;
 pub use tape::{Tape, Var};
 pub mod model;
 pub mod report;
+pub mod select;
 pub mod synthetic;
 pub mod train;

@@ -10,7 +10,25 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+#[cfg(unix)]
+unsafe extern "C" {
+    fn signal(signum: i32, handler: usize) -> usize;
+}
+
+/// Restores the default action of SIGPIPE, so that `splitgrad … | head`
+/// ends quietly instead of failing on a closed standard output.
+fn quiet_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal(SIGPIPE = 13, SIG_DFL = 0)` is async-signal-safe and
+    // runs first in `main`, before any other thread exists; 13 is SIGPIPE on
+    // every Unix Rust supports.
+    unsafe {
+        signal(13, 0);
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_broken_pipe();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,

@@ -95,6 +95,31 @@ impl<T: Real> BigramModel<T> {
         })
     }
 
+    /// The shared-only model: the same tables and head with no split rows,
+    /// so every language uses the shared row (the model `splitgrad select`
+    /// measures interference on).
+    ///
+    /// ```
+    /// use splitgrad::model::{BigramModel, ModelConfig};
+    /// let cfg = ModelConfig { vocab_size: 10, n_languages: 2, dim: 4, gate_init: 0.0 };
+    /// let m = BigramModel::<f32>::shared_only(cfg)?;
+    /// assert_eq!(m.split.n_rows(), 0);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn shared_only(config: ModelConfig) -> Result<Self> {
+        let splits = [("vocab", config.vocab_size)];
+        Ok(BigramModel {
+            embeddings: SplitTokenEmbeddings::new(&splits, &["vocab"], config.dim)?,
+            split: SplitVocabulary::without_rows(
+                config.vocab_size,
+                config.dim,
+                config.n_languages,
+            )?,
+            head: SplitLanguageModellingHead::new(&splits, &["vocab"], config.dim)?,
+            config,
+        })
+    }
+
     /// The sizes.
     pub fn config(&self) -> ModelConfig {
         self.config
@@ -165,12 +190,15 @@ impl<T: Real> BigramModel<T> {
             .forward_grouped(tape, hidden, &row_of, &batch.targets)?;
         let ce = tape.mean(per_token);
         let mut total = ce;
-        let penalty = (use_gate && gate_weight != 0.0).then(|| self.split.penalty_var(tape));
+        let has_rows = self.split.n_rows() > 0;
+        let penalty =
+            (has_rows && use_gate && gate_weight != 0.0).then(|| self.split.penalty_var(tape));
         if let Some(p) = penalty {
             let w = tape.scale(p, T::from_f64(gate_weight));
             total = tape.add(total, w);
         }
-        let fusion = (fusion_weight != 0.0).then(|| self.split.fusion_penalty_var(tape));
+        let fusion =
+            (has_rows && fusion_weight != 0.0).then(|| self.split.fusion_penalty_var(tape));
         if let Some(f) = fusion {
             let w = tape.scale(f, T::from_f64(fusion_weight));
             total = tape.add(total, w);

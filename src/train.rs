@@ -13,8 +13,8 @@ use std::path::Path;
 use ndarray::{Array2, ArrayD};
 
 use crate::checkpoint::{self, Checkpoint, TensorRef};
-use crate::io::Corpus;
-use crate::model::{Batch, BigramModel};
+use crate::io::{Corpus, SplitIndex};
+use crate::model::{Batch, BigramModel, ModelConfig};
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
 use crate::{Error, ErrorKind, Real, Result, Rng, Tape};
 
@@ -84,6 +84,95 @@ pub fn corpus_fingerprint(c: &Corpus) -> u64 {
 const OPT_TABLES: &str = "optimizer.tables.";
 const OPT_DENSE: &str = "optimizer.dense.";
 const HISTORY: &str = "train.history";
+/// The index's `score` (interference), saved when the index has one.
+const SCORE: &str = "split_vocabulary.score";
+
+/// A model read back from a checkpoint of [`Trainer::save`], for reports.
+#[derive(Clone, Debug)]
+pub struct SavedModel<T> {
+    /// The model, its index (with `score` when saved) and weights.
+    pub model: BigramModel<T>,
+    /// The checkpoint's metadata (sizes, settings, step, corpus fingerprint).
+    pub metadata: BTreeMap<String, String>,
+    /// The loss terms of every step run.
+    pub history: Vec<StepStats>,
+}
+
+fn meta_parse<V: std::str::FromStr>(
+    meta: &BTreeMap<String, String>,
+    key: &str,
+    path: &Path,
+) -> Result<V> {
+    let raw = meta.get(key).ok_or_else(|| {
+        Error::new(ErrorKind::Missing)
+            .in_file(path)
+            .in_array(format!("metadata `{key}`"))
+    })?;
+    raw.parse().map_err(|_| {
+        Error::format(format!("metadata `{key}` = {raw:?} does not parse")).in_file(path)
+    })
+}
+
+/// Reads the model of a checkpoint written by [`Trainer::save`] (no corpus
+/// needed): sizes from the metadata, the index and every weight checked.
+pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
+    let path = path.as_ref();
+    let ck = Checkpoint::open(path)?;
+    let meta = ck.metadata().clone();
+    let config = ModelConfig {
+        vocab_size: meta_parse(&meta, "vocab_size", path)?,
+        n_languages: meta_parse(&meta, "n_languages", path)?,
+        dim: meta_parse(&meta, "dim", path)?,
+        gate_init: meta_parse(&meta, "gate_init", path)?,
+    };
+    let n = ck
+        .shape("split_vocabulary.token_index")?
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let ids = |name: &str| -> Result<Vec<usize>> {
+        ck.get_i64(name, &[n])?
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                usize::try_from(x).map_err(|_| {
+                    Error::out_of_range("index entry", vec![i], x, 0, i64::MAX)
+                        .in_file(path)
+                        .in_array(name)
+                })
+            })
+            .collect()
+    };
+    let mut index = SplitIndex::new(
+        ids("split_vocabulary.language_index")?,
+        ids("split_vocabulary.token_index")?,
+    );
+    if ck.names().contains(&SCORE) {
+        index.score = Some(ck.get_real::<f64>(SCORE, &[n])?.iter().copied().collect());
+    }
+    let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
+    for p in model.parameters_mut() {
+        let v = ck.get_real::<T>(p.name(), p.value().shape())?;
+        crate::io::check_finite(v.view(), p.name()).map_err(|e| e.in_file(path))?;
+        *p.value_mut() = v;
+    }
+    let step: usize = meta_parse(&meta, "step", path)?;
+    let hist = ck.get_real::<f64>(HISTORY, &[step, 4])?;
+    let history = (0..step)
+        .map(|i| StepStats {
+            step: i as u64,
+            total: hist[[i, 0]],
+            ce: hist[[i, 1]],
+            penalty: hist[[i, 2]],
+            fusion: hist[[i, 3]],
+        })
+        .collect();
+    Ok(SavedModel {
+        model,
+        metadata: meta,
+        history,
+    })
+}
 
 impl<T: Real> Trainer<T> {
     /// A trainer at step 0. The corpus must fit the model (ids below V and
@@ -261,6 +350,15 @@ impl<T: Real> Trainer<T> {
             TensorRef::from(&lang),
         ));
         entries.push(("split_vocabulary.token_index".into(), TensorRef::from(&tok)));
+        let score: Option<ArrayD<f64>> = model
+            .split
+            .index()
+            .score
+            .as_ref()
+            .map(|s| ndarray::Array1::from(s.clone()).into_dyn());
+        if let Some(score) = &score {
+            entries.push((SCORE.into(), TensorRef::from(score)));
+        }
         let tables = self.tables.state();
         let dense = self.dense.state();
         let mut steps: Vec<(String, ndarray::Array0<u64>)> = Vec::new();
@@ -331,6 +429,30 @@ impl<T: Real> Trainer<T> {
             return Err(
                 Error::config("the checkpoint was written for another corpus").in_file(path),
             );
+        }
+        // Resuming is exact only with the same settings; `steps` may grow.
+        let mc = self.model.config();
+        let c = self.config;
+        for (key, ours) in [
+            ("dtype", T::NAME.to_string()),
+            ("vocab_size", mc.vocab_size.to_string()),
+            ("n_languages", mc.n_languages.to_string()),
+            ("dim", mc.dim.to_string()),
+            ("gate_init", mc.gate_init.to_string()),
+            ("batch", c.batch.to_string()),
+            ("lr", c.lr.to_string()),
+            ("gate_penalty", c.gate_penalty.to_string()),
+            ("fusion_penalty", c.fusion_penalty.to_string()),
+            ("use_gate", c.use_gate.to_string()),
+            ("seed", c.seed.to_string()),
+        ] {
+            let theirs = get(key)?;
+            if theirs != ours {
+                return Err(Error::config(format!(
+                    "the checkpoint was written with {key} = {theirs}, this run has {ours}"
+                ))
+                .in_file(path));
+            }
         }
         let step: u64 = get("step")?
             .parse()

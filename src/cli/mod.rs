@@ -3,6 +3,9 @@
 mod data;
 mod golden;
 mod plots;
+mod report;
+mod select;
+mod sweep;
 mod train;
 
 use std::path::PathBuf;
@@ -26,6 +29,14 @@ pub struct Cli {
 enum Command {
     /// Train a bigram model with a split vocabulary and report its gates.
     Train(TrainArgs),
+    /// Score each (language, token) pair's interference on the shared-only
+    /// model and write the index of the pairs that need a row.
+    Select(select::SelectArgs),
+    /// Print the report of a checkpoint written by `train`.
+    Report(report::ReportArgs),
+    /// Train in fusion mode over several fusion weights and tabulate the
+    /// effective number of vocabularies.
+    Sweep(sweep::SweepArgs),
     /// Write or evaluate golden conformance vectors.
     Golden {
         #[command(subcommand)]
@@ -88,6 +99,20 @@ pub struct TrainArgs {
     pub json: bool,
 }
 
+impl TrainArgs {
+    /// The arguments `data::load` reads, for the commands that share them.
+    pub fn for_data(corpus: Option<PathBuf>, min_count: usize, seed: u64) -> Self {
+        let mut args = Cli::parse_from(["splitgrad", "train"]);
+        let Command::Train(ref mut t) = args.command else {
+            unreachable!("parsed `train`")
+        };
+        t.corpus = corpus;
+        t.min_count = min_count;
+        t.seed = seed;
+        t.clone()
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum GoldenCommand {
     /// Write random cases with their results.
@@ -140,6 +165,9 @@ pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
 pub fn run(cli: Cli) -> CliResult<ExitCode> {
     match cli.command {
         Command::Train(args) => train::run(args),
+        Command::Select(args) => select::run(args),
+        Command::Report(args) => report::run(args),
+        Command::Sweep(args) => sweep::run(args),
         Command::Golden { command } => match command {
             GoldenCommand::Gen {
                 layer,

@@ -1,5 +1,6 @@
 //! SVG plots of a run: the loss curve and the histogram of gates.
 
+use std::io::Write;
 use std::path::Path;
 
 use plotters::prelude::*;
@@ -8,7 +9,21 @@ use super::CliResult;
 
 /// Draws the total loss per step.
 pub fn loss_curve(path: &Path, losses: &[f64]) -> CliResult<()> {
-    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    let mut svg = String::new();
+    {
+        draw_loss(&mut svg, losses)?;
+    }
+    save(path, &svg)
+}
+
+/// Writes an SVG atomically (a failed write leaves the old plot).
+fn save(path: &Path, svg: &str) -> CliResult<()> {
+    splitgrad::io::write_atomic(path, |w| Ok(w.write_all(svg.as_bytes())?))?;
+    Ok(())
+}
+
+fn draw_loss(svg: &mut String, losses: &[f64]) -> CliResult<()> {
+    let root = SVGBackend::with_string(svg, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let finite: Vec<f64> = losses.iter().copied().filter(|x| x.is_finite()).collect();
     let lo = finite
@@ -42,6 +57,14 @@ pub fn loss_curve(path: &Path, losses: &[f64]) -> CliResult<()> {
 
 /// Draws the histogram of gate values in 20 bins over [0, 1].
 pub fn gate_histogram(path: &Path, gates: &[f64]) -> CliResult<()> {
+    let mut svg = String::new();
+    {
+        draw_gates(&mut svg, gates)?;
+    }
+    save(path, &svg)
+}
+
+fn draw_gates(svg: &mut String, gates: &[f64]) -> CliResult<()> {
     let bins = 20usize;
     let mut counts = vec![0u32; bins];
     for &g in gates {
@@ -49,7 +72,7 @@ pub fn gate_histogram(path: &Path, gates: &[f64]) -> CliResult<()> {
         counts[b] += 1;
     }
     let top = counts.iter().copied().max().unwrap_or(1).max(1);
-    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    let root = SVGBackend::with_string(svg, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption("gates σ(gate_logit)", ("sans-serif", 20))

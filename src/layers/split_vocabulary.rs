@@ -224,6 +224,33 @@ impl<T: Real> SplitVocabulary<T> {
         })
     }
 
+    /// A layer with no split rows: its output is `shared`, its penalties 0.
+    /// The shared-only model of `splitgrad select` is built on it; an index
+    /// file must still hold at least one pair (SPEC 1.3).
+    pub(crate) fn without_rows(vocab_size: usize, dim: usize, n_languages: usize) -> Result<Self> {
+        if dim == 0 {
+            return Err(Error::config("dim must be positive, got 0"));
+        }
+        let index = SplitIndex::new(Vec::new(), Vec::new());
+        Ok(SplitVocabulary {
+            rows: Parameter::new(
+                "split_vocabulary.rows",
+                Array2::<T>::zeros((0, dim)).into_dyn(),
+            ),
+            gate_logit: Parameter::new(
+                "split_vocabulary.gate_logit",
+                ArrayD::zeros(ndarray::IxDyn(&[0])),
+            ),
+            lookup: index.lookup(n_languages, vocab_size),
+            index,
+            vocab_size,
+            n_languages,
+            dim,
+            group: Vec::new(),
+            n_groups: 0,
+        })
+    }
+
     /// Loads the index from an `.npz` file (arrays `language_index` and
     /// `token_index`), then [`Self::new`]. Errors name the file, the array,
     /// the position and the value.
@@ -296,6 +323,9 @@ impl<T: Real> SplitVocabulary<T> {
 
     /// The fusion penalty's value.
     pub fn fusion_penalty(&self) -> T {
+        if self.n_rows() == 0 {
+            return T::zero();
+        }
         let mut tape = Tape::no_grad();
         let p = self.fusion_penalty_var(&mut tape);
         tape.scalar(p)
