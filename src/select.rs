@@ -47,9 +47,12 @@ pub struct PairScore {
     pub score: f64,
 }
 
+/// A context (language, token) and its (next token, count) pairs, sorted.
+type ContextCounts = ((usize, usize), Vec<(usize, usize)>);
+
 /// Next-token counts of every context (language, token) seen at least
 /// `min_count` times, in (language, token) order.
-fn context_counts(corpus: &Corpus, min_count: usize) -> Vec<((usize, usize), Vec<(usize, usize)>)> {
+fn context_counts(corpus: &Corpus, min_count: usize) -> Vec<ContextCounts> {
     let mut map: HashMap<(usize, usize), HashMap<usize, usize>> = HashMap::new();
     for (i, j) in corpus.bigrams() {
         let key = (
@@ -61,7 +64,7 @@ fn context_counts(corpus: &Corpus, min_count: usize) -> Vec<((usize, usize), Vec
             .entry(corpus.token_ids[j] as usize)
             .or_default() += 1;
     }
-    let mut out: Vec<((usize, usize), Vec<(usize, usize)>)> = map
+    let mut out: Vec<ContextCounts> = map
         .into_iter()
         .map(|(k, next)| {
             let mut next: Vec<(usize, usize)> = next.into_iter().collect();
