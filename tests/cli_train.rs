@@ -1,0 +1,224 @@
+//! The main job end to end through the binary: kill-and-resume is exact,
+//! thread counts do not change the weights, and select → train → report
+//! runs on the synthetic corpus.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use splitgrad::checkpoint::Checkpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("splitgrad-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A small, quick training run.
+const SMALL: &[&str] = &["--batch", "256", "--dim", "8", "--checkpoint-every", "5"];
+
+fn train(out: &Path, steps: u64, extra: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(["train", "--steps", &steps.to_string(), "--out"])
+        .arg(out)
+        .args(SMALL)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "train failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn step_of(ckpt: &Path) -> Option<u64> {
+    let ck = Checkpoint::open(ckpt).ok()?;
+    ck.metadata().get("step")?.parse().ok()
+}
+
+/// Every tensor of two checkpoints, byte for byte.
+fn assert_same_tensors(a: &Path, b: &Path) {
+    let (ca, cb) = (Checkpoint::open(a).unwrap(), Checkpoint::open(b).unwrap());
+    let mut na = ca.names();
+    let mut nb = cb.names();
+    na.sort_unstable();
+    nb.sort_unstable();
+    assert_eq!(na, nb);
+    for name in na {
+        assert_eq!(
+            ca.get(name).unwrap(),
+            cb.get(name).unwrap(),
+            "tensor {name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+#[test]
+fn a_killed_and_resumed_run_ends_with_the_same_weights() {
+    let dir = scratch("resume");
+    let steps = 400;
+    let whole = dir.join("whole");
+    train(&whole, steps, &[]);
+
+    // Kill a second run (SIGKILL) once it has written a checkpoint but has
+    // not finished, then resume it; repeat until a kill lands mid-run.
+    let cut = dir.join("cut");
+    let mut interrupted_at = None;
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(&cut);
+        let mut child = Command::new(BIN)
+            .args(["train", "--steps", &steps.to_string(), "--out"])
+            .arg(&cut)
+            .args(SMALL)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let ckpt = cut.join("model.safetensors");
+        let started = Instant::now();
+        while !ckpt.exists() && started.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        match step_of(&ckpt) {
+            Some(s) if s < steps => {
+                interrupted_at = Some(s);
+                break;
+            }
+            _ => continue,
+        }
+    }
+    let at = interrupted_at.expect("no kill landed before the end of the run");
+    assert!(at > 0 && at % 5 == 0, "checkpoint at step {at}");
+    train(&cut, steps, &["--resume"]);
+    assert_eq!(step_of(&cut.join("model.safetensors")), Some(steps));
+    assert_same_tensors(
+        &whole.join("model.safetensors"),
+        &cut.join("model.safetensors"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn thread_counts_give_the_same_weights() {
+    let dir = scratch("threads");
+    let runs: Vec<PathBuf> = [1, 2, 4]
+        .iter()
+        .map(|t| {
+            let out = dir.join(format!("t{t}"));
+            train(&out, 20, &["--threads", &t.to_string()]);
+            out.join("model.safetensors")
+        })
+        .collect();
+    assert_same_tensors(&runs[0], &runs[1]);
+    assert_same_tensors(&runs[0], &runs[2]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn resume_refuses_other_settings_and_a_missing_checkpoint() {
+    let dir = scratch("refuse");
+    let out = dir.join("run");
+    let missing = Command::new(BIN)
+        .args(["train", "--steps", "5", "--resume", "--out"])
+        .arg(&out)
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no checkpoint"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+
+    train(&out, 5, &[]);
+    let before = std::fs::read(out.join("model.safetensors")).unwrap();
+    let other = Command::new(BIN)
+        .args(["train", "--steps", "10", "--resume", "--lr", "0.5", "--out"])
+        .arg(&out)
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("lr"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        before
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn select_then_train_then_report() {
+    let dir = scratch("select");
+    let index = dir.join("index.npz");
+    let out = Command::new(BIN)
+        .args(["select", "--steps", "30", "--batch", "512", "--dim", "8"])
+        .args(["--top", "12", "--json", "--out"])
+        .arg(&index)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["selected"], 12);
+    assert!(dir.join("shared.safetensors").exists());
+
+    let run = dir.join("run");
+    train(&run, 10, &["--index", index.to_str().unwrap()]);
+    let rep = Command::new(BIN)
+        .arg("report")
+        .arg(run.join("model.safetensors"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        rep.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rep.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&rep.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["n_rows"], 12);
+    assert_eq!(report["corpus"], "synthetic");
+    assert!(report["planted"]["f1"].is_number());
+    assert!(report["gate_score_spearman"].is_number());
+    assert_eq!(report["gates"].as_array().unwrap().len(), 12);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sweep_tabulates_every_weight() {
+    let out = Command::new(BIN)
+        .args(["sweep", "--steps", "5", "--batch", "256", "--dim", "4"])
+        .args(["--weights", "0,1", "--min-count", "400", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let table: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let rows = table["sweep"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let ev = r["effective_vocabularies"].as_f64().unwrap();
+        assert!((1.0..=4.0).contains(&ev), "{ev}");
+    }
+}
