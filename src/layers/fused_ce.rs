@@ -17,6 +17,7 @@
 //! `docs/gradients.md#fused-cross-entropy`.
 
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
+use rayon::prelude::*;
 
 use crate::Real;
 use crate::ops::cross_entropy::{IGNORE_INDEX, logsumexp_row};
@@ -137,6 +138,10 @@ fn gather_rows<T: Real>(h: ArrayView2<'_, T>, idx: &[usize], buf: &mut Array2<T>
 /// Per-token loss (N) and per-row log-sum-exp (m), chunked (the fast
 /// kernel). h: (m, H), weights: (size_k, H) each. A row with no active
 /// token has lse 0; an ignored token has loss 0.
+///
+/// Chunks of hidden rows run in parallel; each row's log-sum-exp is
+/// computed by one thread in a fixed order, so the result does not depend
+/// on the thread count.
 pub fn fused_ce_forward<T: Real>(
     h: ArrayView2<'_, T>,
     weights: &[ArrayView2<'_, T>],
@@ -145,64 +150,96 @@ pub fn fused_ce_forward<T: Real>(
 ) -> (Vec<T>, Vec<T>) {
     let mut loss = vec![T::zero(); targets.labels.len()];
     let mut lse = vec![T::zero(); h.nrows()];
-    let mut label_logit = vec![T::zero(); targets.labels.len()];
-    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
-    let rows_max = tc.min(targets.active.len());
-    let mut hc = Array2::<T>::zeros((rows_max, h.ncols()));
-    let mut work = Array2::<T>::zeros((rows_max, vc));
-    for idx in targets.active.chunks(tc) {
-        let rows = idx.len();
-        gather_rows(h, idx, &mut hc);
-        let hc = hc.slice(s![..rows, ..]);
-        let mut m = vec![T::neg_infinity(); rows];
-        let mut sum = vec![T::zero(); rows];
-        let mut start = 0usize;
-        for w in weights {
-            for v0 in (0..w.nrows()).step_by(vc) {
-                let v1 = (v0 + vc).min(w.nrows());
-                let mut blk = work.slice_mut(s![..rows, ..v1 - v0]);
-                T::gemm(
-                    T::one(),
-                    hc,
-                    w.slice(s![v0..v1, ..]).t(),
-                    T::zero(),
-                    blk.view_mut(),
-                );
-                let (lo, hi) = (start + v0, start + v1);
-                for (i, row) in blk.outer_iter().enumerate() {
-                    let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-                    if bm > m[i] {
-                        sum[i] *= (m[i] - bm).exp();
-                        m[i] = bm;
-                    }
-                    let mi = m[i];
-                    if mi > T::neg_infinity() {
-                        sum[i] += row.iter().map(|&z| (z - mi).exp()).sum::<T>();
-                    }
-                    for &n in targets.tokens_of(idx[i]) {
-                        let l = targets.labels[n] as usize;
-                        if (lo..hi).contains(&l) {
-                            label_logit[n] = row[l - lo];
-                        }
-                    }
-                }
-            }
-            start += w.nrows();
+    let tc = chunks.tokens.max(1);
+    let parts: Vec<(Vec<T>, Vec<(usize, T)>)> = targets
+        .active
+        .par_chunks(tc)
+        .map(|idx| forward_chunk(h, weights, targets, idx, chunks))
+        .collect();
+    for (idx, (chunk_lse, chunk_loss)) in targets.active.chunks(tc).zip(parts) {
+        for (&r, l) in idx.iter().zip(chunk_lse) {
+            lse[r] = l;
         }
-        for (i, &r) in idx.iter().enumerate() {
-            lse[r] = m[i] + sum[i].ln();
-            for &n in targets.tokens_of(r) {
-                loss[n] = lse[r] - label_logit[n];
-            }
+        for (n, l) in chunk_loss {
+            loss[n] = l;
         }
     }
     (loss, lse)
+}
+
+/// One chunk of hidden rows `idx`: their log-sum-exp, and (token, loss)
+/// for each of their tokens.
+fn forward_chunk<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    idx: &[usize],
+    chunks: ChunkSizes,
+) -> (Vec<T>, Vec<(usize, T)>) {
+    let vc = chunks.vocab.max(1);
+    let rows = idx.len();
+    let mut hc = Array2::<T>::zeros((rows, h.ncols()));
+    let mut work = Array2::<T>::zeros((rows, vc));
+    gather_rows(h, idx, &mut hc);
+    let mut label_logit: Vec<(usize, T)> = Vec::new();
+    let mut m = vec![T::neg_infinity(); rows];
+    let mut sum = vec![T::zero(); rows];
+    let mut start = 0usize;
+    for w in weights {
+        for v0 in (0..w.nrows()).step_by(vc) {
+            let v1 = (v0 + vc).min(w.nrows());
+            let mut blk = work.slice_mut(s![.., ..v1 - v0]);
+            T::gemm(
+                T::one(),
+                hc.view(),
+                w.slice(s![v0..v1, ..]).t(),
+                T::zero(),
+                blk.view_mut(),
+            );
+            let (lo, hi) = (start + v0, start + v1);
+            for (i, row) in blk.outer_iter().enumerate() {
+                let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                if bm > m[i] {
+                    sum[i] *= (m[i] - bm).exp();
+                    m[i] = bm;
+                }
+                let mi = m[i];
+                if mi > T::neg_infinity() {
+                    sum[i] += row.iter().map(|&z| (z - mi).exp()).sum::<T>();
+                }
+                for &n in targets.tokens_of(idx[i]) {
+                    let l = targets.labels[n] as usize;
+                    if (lo..hi).contains(&l) {
+                        label_logit.push((n, row[l - lo]));
+                    }
+                }
+            }
+        }
+        start += w.nrows();
+    }
+    let lse: Vec<T> = m.iter().zip(&sum).map(|(&mi, &si)| mi + si.ln()).collect();
+    let mut out = Vec::with_capacity(label_logit.len());
+    for (n, z) in label_logit {
+        let i = idx
+            .binary_search(&targets.row_of[n])
+            .expect("the token's row is in its chunk");
+        out.push((n, lse[i] - z));
+    }
+    (lse, out)
 }
 
 /// Adds the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
 ///
 /// h: (m, H), weights: (size_k, H), lse: (m) from [`fused_ce_forward`],
 /// gy: (N); gh: (m, H) and gws[k]: (size_k, H), each `None` when not wanted.
+///
+/// Chunks of hidden rows run in parallel when every chunk's weight
+/// gradient fits a small partial buffer (chunks × V × H ≤
+/// [`PARTIAL_LIMIT`] elements); the partials are then added in chunk order.
+/// Otherwise the chunks run one after another, each adding into the weight
+/// gradient, and only the matrix products use several threads. The choice
+/// depends on the sizes alone, so the result never depends on the thread
+/// count.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_ce_backward<T: Real>(
     h: ArrayView2<'_, T>,
@@ -214,61 +251,128 @@ pub fn fused_ce_backward<T: Real>(
     mut gh: Option<ArrayViewMut2<'_, T>>,
     gws: &mut [Option<ArrayViewMut2<'_, T>>],
 ) {
-    let (tc, vc) = (chunks.tokens.max(1), chunks.vocab.max(1));
-    let rows_max = tc.min(targets.active.len());
+    let tc = chunks.tokens.max(1);
     let width = h.ncols();
-    let mut hc = Array2::<T>::zeros((rows_max, width));
-    let mut ghc = Array2::<T>::zeros((rows_max, width));
-    let mut work = Array2::<T>::zeros((rows_max, vc));
-    for idx in targets.active.chunks(tc) {
-        let rows = idx.len();
-        gather_rows(h, idx, &mut hc);
-        let hcv = hc.slice(s![..rows, ..]);
-        // Σ_{n ∈ T_i} ∂loss_n: the weight of row i's softmax.
-        let wsum: Vec<T> = idx
-            .iter()
-            .map(|&r| targets.tokens_of(r).iter().map(|&n| gy[n]).sum())
+    let n_chunks = targets.active.len().div_ceil(tc);
+    let wanted_v: usize = weights
+        .iter()
+        .zip(gws.iter())
+        .filter(|(_, g)| g.is_some())
+        .map(|(w, _)| w.nrows())
+        .sum();
+    let want_gh = gh.is_some();
+    if n_chunks > 1 && n_chunks * wanted_v * width <= PARTIAL_LIMIT {
+        let parts: Vec<(Array2<T>, Vec<Option<Array2<T>>>)> = targets
+            .active
+            .par_chunks(tc)
+            .map(|idx| {
+                let mut ghc = Array2::<T>::zeros((idx.len(), width));
+                let mut partial: Vec<Option<Array2<T>>> = weights
+                    .iter()
+                    .zip(gws.iter())
+                    .map(|(w, g)| g.as_ref().map(|_| Array2::<T>::zeros(w.dim())))
+                    .collect();
+                let mut views: Vec<Option<ArrayViewMut2<'_, T>>> = partial
+                    .iter_mut()
+                    .map(|p| p.as_mut().map(|p| p.view_mut()))
+                    .collect();
+                backward_chunk(
+                    h, weights, targets, idx, lse, gy, chunks, want_gh, &mut ghc, &mut views,
+                );
+                drop(views);
+                (ghc, partial)
+            })
             .collect();
-        ghc.fill(T::zero());
-        let mut start = 0usize;
-        for (k, w) in weights.iter().enumerate() {
-            for v0 in (0..w.nrows()).step_by(vc) {
-                let v1 = (v0 + vc).min(w.nrows());
-                let (lo, hi) = (start + v0, start + v1);
-                let wblk = w.slice(s![v0..v1, ..]);
-                let mut g = work.slice_mut(s![..rows, ..v1 - v0]);
-                T::gemm(T::one(), hcv, wblk.t(), T::zero(), g.view_mut());
-                for (i, mut row) in g.outer_iter_mut().enumerate() {
-                    let (l, u) = (lse[idx[i]], wsum[i]);
-                    row.mapv_inplace(|z| u * (z - l).exp());
-                    for &n in targets.tokens_of(idx[i]) {
-                        let lab = targets.labels[n] as usize;
-                        if (lo..hi).contains(&lab) {
-                            row[lab - lo] -= gy[n];
-                        }
-                    }
-                }
-                if gh.is_some() {
-                    T::gemm(
-                        T::one(),
-                        g.view(),
-                        wblk,
-                        T::one(),
-                        ghc.slice_mut(s![..rows, ..]),
-                    );
-                }
-                if let Some(gw) = gws[k].as_mut() {
-                    T::gemm(T::one(), g.t(), hcv, T::one(), gw.slice_mut(s![v0..v1, ..]));
+        for (idx, (ghc, partial)) in targets.active.chunks(tc).zip(parts) {
+            if let Some(gh) = gh.as_mut() {
+                for (i, &r) in idx.iter().enumerate() {
+                    let mut dst = gh.row_mut(r);
+                    dst += &ghc.row(i);
                 }
             }
-            start += w.nrows();
+            for (g, p) in gws.iter_mut().zip(partial) {
+                if let (Some(g), Some(p)) = (g.as_mut(), p) {
+                    *g += &p;
+                }
+            }
         }
+        return;
+    }
+    for idx in targets.active.chunks(tc) {
+        let mut ghc = Array2::<T>::zeros((idx.len(), width));
+        backward_chunk(
+            h, weights, targets, idx, lse, gy, chunks, want_gh, &mut ghc, gws,
+        );
         if let Some(gh) = gh.as_mut() {
             for (i, &r) in idx.iter().enumerate() {
                 let mut dst = gh.row_mut(r);
                 dst += &ghc.row(i);
             }
         }
+    }
+}
+
+/// Elements of weight-gradient partials (chunks × V × H) below which the
+/// backward runs its chunks in parallel: 4 Mi elements, 16 MiB in f32.
+pub const PARTIAL_LIMIT: usize = 4 << 20;
+
+/// One chunk of hidden rows `idx`: their hidden gradient into `ghc`
+/// (rows, H) when `want_gh`, and `Σ_i ∂z_iv·h_i` added into `gws`.
+#[allow(clippy::too_many_arguments)]
+fn backward_chunk<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    idx: &[usize],
+    lse: &[T],
+    gy: &[T],
+    chunks: ChunkSizes,
+    want_gh: bool,
+    ghc: &mut Array2<T>,
+    gws: &mut [Option<ArrayViewMut2<'_, T>>],
+) {
+    let vc = chunks.vocab.max(1);
+    let rows = idx.len();
+    let mut hc = Array2::<T>::zeros((rows, h.ncols()));
+    let mut work = Array2::<T>::zeros((rows, vc));
+    gather_rows(h, idx, &mut hc);
+    // Σ_{n ∈ T_i} ∂loss_n: the weight of row i's softmax.
+    let wsum: Vec<T> = idx
+        .iter()
+        .map(|&r| targets.tokens_of(r).iter().map(|&n| gy[n]).sum())
+        .collect();
+    let mut start = 0usize;
+    for (k, w) in weights.iter().enumerate() {
+        for v0 in (0..w.nrows()).step_by(vc) {
+            let v1 = (v0 + vc).min(w.nrows());
+            let (lo, hi) = (start + v0, start + v1);
+            let wblk = w.slice(s![v0..v1, ..]);
+            let mut g = work.slice_mut(s![.., ..v1 - v0]);
+            T::gemm(T::one(), hc.view(), wblk.t(), T::zero(), g.view_mut());
+            for (i, mut row) in g.outer_iter_mut().enumerate() {
+                let (l, u) = (lse[idx[i]], wsum[i]);
+                row.mapv_inplace(|z| u * (z - l).exp());
+                for &n in targets.tokens_of(idx[i]) {
+                    let lab = targets.labels[n] as usize;
+                    if (lo..hi).contains(&lab) {
+                        row[lab - lo] -= gy[n];
+                    }
+                }
+            }
+            if want_gh {
+                T::gemm(T::one(), g.view(), wblk, T::one(), ghc.view_mut());
+            }
+            if let Some(gw) = gws[k].as_mut() {
+                T::gemm(
+                    T::one(),
+                    g.t(),
+                    hc.view(),
+                    T::one(),
+                    gw.slice_mut(s![v0..v1, ..]),
+                );
+            }
+        }
+        start += w.nrows();
     }
 }
 
