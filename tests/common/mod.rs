@@ -247,3 +247,60 @@ pub fn sorted_unique(ids: &[usize]) -> Vec<usize> {
     rows.dedup();
     rows
 }
+
+/// [`check`] for a loss that is not built from leaves on one tape (a
+/// layer that owns its parameters): `analytic` holds the hand-derived
+/// gradient of `loss` for each of `values` (same shapes), and every element
+/// is compared with the central difference of `loss`, with the step and
+/// the tolerance of [`check`] ([`REL_STEP`], [`close`]).
+pub fn check_grads<F>(
+    values: &[ArrayD<f64>],
+    analytic: &[ArrayD<f64>],
+    loss: F,
+) -> Result<Report, String>
+where
+    F: Fn(&[ArrayD<f64>]) -> f64,
+{
+    assert_eq!(values.len(), analytic.len(), "one gradient per value");
+    let mut values: Vec<ArrayD<f64>> = values
+        .iter()
+        .map(|v| v.as_standard_layout().into_owned())
+        .collect();
+    let mut report = Report {
+        checked: 0,
+        max_abs_grad: 0.0,
+    };
+    let mut failures = Vec::new();
+    for i in 0..values.len() {
+        assert_eq!(
+            values[i].shape(),
+            analytic[i].shape(),
+            "gradient {i} has the shape of its value"
+        );
+        let a_flat: Vec<f64> = analytic[i].iter().copied().collect();
+        for (k, &a) in a_flat.iter().enumerate() {
+            let x = values[i].as_slice().expect("standard layout")[k];
+            let h = REL_STEP * x.abs().max(1.0);
+            let (xp, xm) = (x + h, x - h);
+            values[i].as_slice_mut().expect("standard layout")[k] = xp;
+            let fp = loss(&values);
+            values[i].as_slice_mut().expect("standard layout")[k] = xm;
+            let fm = loss(&values);
+            values[i].as_slice_mut().expect("standard layout")[k] = x;
+            let n = (fp - fm) / (xp - xm);
+            report.checked += 1;
+            report.max_abs_grad = report.max_abs_grad.max(n.abs());
+            if !close(a, n) && failures.len() < 8 {
+                failures.push(format!(
+                    "value {i} (shape {:?}) flat element {k} (x = {x}): analytic {a}, numeric {n}",
+                    values[i].shape()
+                ));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        Err(failures.join("\n"))
+    }
+}
