@@ -28,3 +28,8 @@ pub mod report;
 pub mod select;
 pub mod synthetic;
 pub mod train;
+
+/// The README's Rust examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
