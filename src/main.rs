@@ -10,6 +10,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// SAFETY: this is POSIX `sighandler_t signal(int, sighandler_t)`, with the
+// handler passed as a pointer-sized integer (SIG_DFL is 0).
 #[cfg(unix)]
 unsafe extern "C" {
     fn signal(signum: i32, handler: usize) -> usize;
