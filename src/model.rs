@@ -8,16 +8,19 @@
 //! loss     = mean_n CE(h_n·Wᵀ, t_{n+1}) + λ_g·penalty() + λ_f·fusion_penalty()
 //! ```
 //!
-//! Tokens of a batch that share a context (l, t) share every activation, so
-//! the model computes each distinct context once and lets the head's
-//! grouped cross-entropy give every token its own loss: the same numbers as
-//! the token-by-token computation, at a fraction of the cost.
+//! Tokens of a batch with the same hidden row share every activation: a
+//! context (l, t) with a split row has its own, and every context of token
+//! t without one reads the shared row `E[t]`. The model computes each
+//! distinct hidden row once (at most V + n_rows of them, whatever the batch)
+//! and lets the head's grouped cross-entropy give every token its own loss:
+//! the same numbers as the token-by-token computation, at a fraction of the
+//! cost.
 
 use ndarray::Array1;
 
 use crate::io::SplitIndex;
 use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
-use crate::{Parameter, Real, Result, Rng, Tape, Var};
+use crate::{Error, Parameter, Real, Result, Rng, Tape, Var};
 
 /// Sizes of the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -176,10 +179,7 @@ impl<T: Real> BigramModel<T> {
         gate_weight: f64,
         fusion_weight: f64,
     ) -> Result<LossTerms> {
-        let v = self.config.vocab_size as i64;
-        let (uniq, row_of) = unique_contexts(&batch.tokens, &batch.languages, v);
-        let tokens: Vec<i64> = uniq.iter().map(|k| k % v).collect();
-        let langs: Vec<i64> = uniq.iter().map(|k| k / v).collect();
+        let (tokens, langs, row_of) = unique_hidden(&self.split, &batch.tokens, &batch.languages)?;
         let ids = Array1::from(tokens.clone()).into_dyn();
         let shared = self.embeddings.forward(tape, ids.view())?;
         let hidden = self
@@ -212,29 +212,57 @@ impl<T: Real> BigramModel<T> {
     }
 }
 
-/// Distinct contexts `language·V + token`, increasing, and the position of
-/// each token's context among them. Ids out of range pass through; the
-/// layers reject them.
-fn unique_contexts(tokens: &[i64], languages: &[i64], v: i64) -> (Vec<i64>, Vec<usize>) {
-    let keys: Vec<i64> = tokens
+/// The distinct hidden rows of a batch. A context (l, t) with a split row
+/// has a hidden row of its own; every other context of token t reads the
+/// shared row `E[t]` unchanged, so all of them share one hidden row. Returns
+/// a representative (token, language) per hidden row, in increasing key
+/// order (key t for a shared row, `V·(1 + l) + t` for a split row), and the
+/// hidden row of each token of the batch. Errors name the batch position
+/// of an id out of range.
+fn unique_hidden<T: Real>(
+    split: &SplitVocabulary<T>,
+    tokens: &[i64],
+    languages: &[i64],
+) -> Result<(Vec<i64>, Vec<i64>, Vec<usize>)> {
+    let (v, l) = (split.vocab_size(), split.n_languages());
+    if tokens.len() != languages.len() {
+        return Err(Error::shape(
+            "language_ids",
+            format!("({},) like token_ids", tokens.len()),
+            &[languages.len()],
+        ));
+    }
+    let mut keyed: Vec<(u64, usize)> = Vec::with_capacity(tokens.len());
+    for (n, (&t, &g)) in tokens.iter().zip(languages).enumerate() {
+        if t < 0 || t as u64 >= v as u64 {
+            return Err(Error::out_of_range("token id", vec![n], t, 0, v as i64));
+        }
+        if g < 0 || g as u64 >= l as u64 {
+            return Err(Error::out_of_range("language id", vec![n], g, 0, l as i64));
+        }
+        let (t, g) = (t as usize, g as usize);
+        let key = match split.row_of(g, t) {
+            Some(_) => (v * (1 + g) + t) as u64,
+            None => t as u64,
+        };
+        keyed.push((key, n));
+    }
+    let mut order = keyed.clone();
+    order.sort_unstable();
+    let mut keys: Vec<u64> = Vec::new();
+    let (mut rep_t, mut rep_l) = (Vec::new(), Vec::new());
+    for &(key, n) in &order {
+        if keys.last() != Some(&key) {
+            keys.push(key);
+            rep_t.push(tokens[n]);
+            rep_l.push(languages[n]);
+        }
+    }
+    let row_of = keyed
         .iter()
-        .zip(languages)
-        .map(|(&t, &l)| {
-            if (0..v).contains(&t) && l >= 0 {
-                l.saturating_mul(v).saturating_add(t)
-            } else {
-                -1 - t.abs().min(i64::MAX - 1)
-            }
-        })
+        .map(|(k, _)| keys.binary_search(k).expect("present"))
         .collect();
-    let mut uniq = keys.clone();
-    uniq.sort_unstable();
-    uniq.dedup();
-    let row_of = keys
-        .iter()
-        .map(|k| uniq.binary_search(k).expect("present"))
-        .collect();
-    (uniq, row_of)
+    Ok((rep_t, rep_l, row_of))
 }
 
 #[cfg(test)]
@@ -264,9 +292,12 @@ mod tests {
     fn grouped_loss_equals_token_by_token() {
         let m = model();
         let batch = Batch {
-            tokens: vec![1, 1, 5, 1, 6, 0, 5],
-            languages: vec![0, 0, 1, 2, 0, 1, 1],
-            targets: vec![2, 3, 2, 2, 0, 6, 4],
+            // (1, 1), (0, 0) and (2, 0) have no row: token 1 in language 1
+            // shares the shared row with nobody else, token 0 shares it
+            // across languages 0, 1 and 2.
+            tokens: vec![1, 1, 5, 1, 6, 0, 5, 1, 0, 0],
+            languages: vec![0, 0, 1, 2, 0, 1, 1, 1, 0, 2],
+            targets: vec![2, 3, 2, 2, 0, 6, 4, 4, 5, 1],
         };
         let mut tape = Tape::new();
         let terms = m.loss(&mut tape, &batch, true, 0.1, 0.2).unwrap();
@@ -307,5 +338,31 @@ mod tests {
             grads.param(m.parameters()[0]),
             Some(Grad::RowSparse(_))
         ));
+        // Token 0 in three languages without a row is one hidden row.
+        let (t, _, row_of) = unique_hidden(&m.split, &batch.tokens, &batch.languages).unwrap();
+        assert_eq!(t.len(), 6);
+        assert_eq!(row_of[5], row_of[8]);
+        assert_eq!(row_of[5], row_of[9]);
+        assert_ne!(row_of[1], row_of[7]);
+    }
+
+    #[test]
+    fn ids_out_of_range_name_the_batch_position() {
+        let m = model();
+        let batch = Batch {
+            tokens: vec![1, 7],
+            languages: vec![0, 0],
+            targets: vec![2, 3],
+        };
+        let err = m
+            .loss(&mut Tape::new(), &batch, true, 0.0, 0.0)
+            .unwrap_err();
+        assert!(err.to_string().contains("7"), "{err}");
+        let batch = Batch {
+            tokens: vec![1, 2],
+            languages: vec![0, 3],
+            targets: vec![2, 3],
+        };
+        assert!(m.loss(&mut Tape::new(), &batch, true, 0.0, 0.0).is_err());
     }
 }
