@@ -56,7 +56,9 @@ pub struct StepStats {
 pub struct Trainer<T: Real> {
     model: BigramModel<T>,
     corpus: Corpus,
-    contexts: Vec<u32>,
+    /// Every bigram as (context token, language, next token), packed so
+    /// that drawing one touches one cache line.
+    bigrams: Vec<[u32; 3]>,
     config: TrainConfig,
     tables: LazyAdam<T>,
     dense: Adam<T>,
@@ -180,8 +182,17 @@ impl<T: Real> Trainer<T> {
     pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
         let mc = model.config();
         corpus.validate(mc.vocab_size, mc.n_languages)?;
-        let contexts: Vec<u32> = corpus.bigrams().map(|(i, _)| i as u32).collect();
-        if contexts.is_empty() {
+        let bigrams: Vec<[u32; 3]> = corpus
+            .bigrams()
+            .map(|(i, j)| {
+                [
+                    corpus.token_ids[i],
+                    corpus.language_ids[i],
+                    corpus.token_ids[j],
+                ]
+            })
+            .collect();
+        if bigrams.is_empty() {
             return Err(
                 Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)")
             );
@@ -200,7 +211,7 @@ impl<T: Real> Trainer<T> {
         Ok(Trainer {
             model,
             corpus,
-            contexts,
+            bigrams,
             config,
             tables,
             dense,
@@ -237,13 +248,13 @@ impl<T: Real> Trainer<T> {
     /// The batch of step `step`: a function of the seed and the step only.
     pub fn batch_at(&self, step: u64) -> Batch {
         let mut rng = Rng::new(self.config.seed ^ 0x6261_7463_6865_7321).fork(step);
-        let n = self.contexts.len() as u64;
+        let n = self.bigrams.len() as u64;
         let mut b = Batch::default();
         for _ in 0..self.config.batch {
-            let i = self.contexts[rng.below(n) as usize] as usize;
-            b.tokens.push(self.corpus.token_ids[i] as i64);
-            b.languages.push(self.corpus.language_ids[i] as i64);
-            b.targets.push(self.corpus.token_ids[i + 1] as i64);
+            let [token, language, next] = self.bigrams[rng.below(n) as usize];
+            b.tokens.push(token as i64);
+            b.languages.push(language as i64);
+            b.targets.push(next as i64);
         }
         b
     }

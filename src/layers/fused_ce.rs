@@ -128,6 +128,13 @@ impl Targets {
     }
 }
 
+/// Columns of the logits block: the vocabulary chunk, or the largest split
+/// when every split is smaller (no need to zero a wider block).
+fn block_width<T: Real>(weights: &[ArrayView2<'_, T>], chunks: ChunkSizes) -> usize {
+    let widest = weights.iter().map(|w| w.nrows()).max().unwrap_or(0);
+    chunks.vocab.max(1).min(widest.max(1))
+}
+
 /// Copies rows `idx` of `h` into the first `idx.len()` rows of `buf`.
 fn gather_rows<T: Real>(h: ArrayView2<'_, T>, idx: &[usize], buf: &mut Array2<T>) {
     for (i, &p) in idx.iter().enumerate() {
@@ -176,7 +183,7 @@ fn forward_chunk<T: Real>(
     idx: &[usize],
     chunks: ChunkSizes,
 ) -> (Vec<T>, Vec<(usize, T)>) {
-    let vc = chunks.vocab.max(1);
+    let vc = block_width(weights, chunks);
     let rows = idx.len();
     let mut hc = Array2::<T>::zeros((rows, h.ncols()));
     let mut work = Array2::<T>::zeros((rows, vc));
@@ -331,7 +338,7 @@ fn backward_chunk<T: Real>(
     ghc: &mut Array2<T>,
     gws: &mut [Option<ArrayViewMut2<'_, T>>],
 ) {
-    let vc = chunks.vocab.max(1);
+    let vc = block_width(weights, chunks);
     let rows = idx.len();
     let mut hc = Array2::<T>::zeros((rows, h.ncols()));
     let mut work = Array2::<T>::zeros((rows, vc));
