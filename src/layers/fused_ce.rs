@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::Real;
 use crate::ops::cross_entropy::{IGNORE_INDEX, logsumexp_row};
+use crate::ops::exp;
 
 /// Chunk sizes of the fused cross-entropy: the workspace holds
 /// `tokens × vocab` logits plus two `tokens × H` blocks.
@@ -205,14 +206,15 @@ fn forward_chunk<T: Real>(
             );
             let (lo, hi) = (start + v0, start + v1);
             for (i, row) in blk.outer_iter().enumerate() {
-                let bm = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                let zs = row.as_slice().expect("rows of the block are contiguous");
+                let bm = exp::max(zs);
                 if bm > m[i] {
                     sum[i] *= (m[i] - bm).exp();
                     m[i] = bm;
                 }
                 let mi = m[i];
                 if mi > T::neg_infinity() {
-                    sum[i] += row.iter().map(|&z| (z - mi).exp()).sum::<T>();
+                    sum[i] += exp::sum_exp(zs, mi);
                 }
                 for &n in targets.tokens_of(idx[i]) {
                     let l = targets.labels[n] as usize;
@@ -358,7 +360,12 @@ fn backward_chunk<T: Real>(
             T::gemm(T::one(), hc.view(), wblk.t(), T::zero(), g.view_mut());
             for (i, mut row) in g.outer_iter_mut().enumerate() {
                 let (l, u) = (lse[idx[i]], wsum[i]);
-                row.mapv_inplace(|z| u * (z - l).exp());
+                exp::scaled_exp(
+                    row.as_slice_mut()
+                        .expect("rows of the block are contiguous"),
+                    l,
+                    u,
+                );
                 for &n in targets.tokens_of(idx[i]) {
                     let lab = targets.labels[n] as usize;
                     if (lo..hi).contains(&lab) {

@@ -8,6 +8,7 @@
 
 pub mod cross_entropy;
 pub mod elementwise;
+pub mod exp;
 pub mod gather;
 pub mod matmul;
 pub mod reduce;
