@@ -159,7 +159,7 @@ pub fn fused_ce_forward<T: Real>(
     let mut loss = vec![T::zero(); targets.labels.len()];
     let mut lse = vec![T::zero(); h.nrows()];
     let tc = chunks.tokens.max(1);
-    let parts: Vec<(Vec<T>, Vec<(usize, T)>)> = targets
+    let parts: Vec<ForwardPart<T>> = targets
         .active
         .par_chunks(tc)
         .map(|idx| forward_chunk(h, weights, targets, idx, chunks))
@@ -174,6 +174,11 @@ pub fn fused_ce_forward<T: Real>(
     }
     (loss, lse)
 }
+
+/// A chunk's log-sum-exp per row and (token, loss) per token.
+type ForwardPart<T> = (Vec<T>, Vec<(usize, T)>);
+/// A chunk's hidden gradient (rows, H) and weight-gradient partials.
+type BackwardPart<T> = (Array2<T>, Vec<Option<Array2<T>>>);
 
 /// One chunk of hidden rows `idx`: their log-sum-exp, and (token, loss)
 /// for each of their tokens.
@@ -271,7 +276,7 @@ pub fn fused_ce_backward<T: Real>(
         .sum();
     let want_gh = gh.is_some();
     if n_chunks > 1 && n_chunks * wanted_v * width <= PARTIAL_LIMIT {
-        let parts: Vec<(Array2<T>, Vec<Option<Array2<T>>>)> = targets
+        let parts: Vec<BackwardPart<T>> = targets
             .active
             .par_chunks(tc)
             .map(|idx| {
