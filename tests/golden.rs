@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::io::{Cursor, Read};
 use std::path::PathBuf;
 
-use ndarray::{Array, ArrayD, Dimension, IxDyn, arr0, arr1, arr2};
+use ndarray::{Array, Array2, ArrayD, Dimension, IxDyn, arr0, arr1, arr2};
 use npyz::zip::ZipArchive;
-use splitgrad::golden::{Layer, evaluate_bytes, evaluate_dir, generate, generate_case};
+use splitgrad::golden::{self, Layer, evaluate_bytes, evaluate_dir, generate, generate_case};
 use splitgrad::io::{NpyElement, NpzReader, NpzWriter, RealDtype};
 use splitgrad::{ErrorKind, Rng};
 
@@ -214,43 +214,104 @@ fn generated_cases_cover_the_interesting_shapes() {
     );
 }
 
-/// The forward values of generated f64 cases against a direct computation
-/// written here, independent of the layers and the tape.
+/// An array of shape (…, W) as rows (n, W).
+fn as_rows(a: ArrayD<f64>) -> Array2<f64> {
+    let w = *a.shape().last().unwrap();
+    let n = a.len() / w.max(1);
+    a.as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((n, w))
+        .unwrap()
+}
+
+/// The arrays `<prefix>_0`, `<prefix>_1`, … of a case stacked by rows; the
+/// missing ones (frozen splits) as rows of NaN of the sizes given.
+fn stacked(c: &[u8], prefix: &str, sizes: &[usize], width: usize) -> Array2<f64> {
+    let parts: Vec<Array2<f64>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &size)| {
+            let name = format!("{prefix}_{k}");
+            match NpzReader::from_bytes("c", c.to_vec())
+                .unwrap()
+                .contains(&name)
+            {
+                true => as_rows(reals(c, &name)),
+                false => Array2::from_elem((size, width), f64::NAN),
+            }
+        })
+        .collect();
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    ndarray::concatenate(ndarray::Axis(0), &views).unwrap()
+}
+
+#[track_caller]
+fn assert_near(got: f64, expect: f64, tol: f64) {
+    assert!(
+        (got - expect).abs() <= tol * (1.0 + expect.abs()),
+        "{got} vs {expect}"
+    );
+}
+
+/// The results of generated f64 embedding cases against a direct
+/// computation written here, independent of the layers and the tape.
 #[test]
-fn generated_forward_values_match_a_direct_computation() {
+fn generated_embeddings_match_a_direct_computation() {
     for i in 0..12 {
         let c = generate_case(
             Layer::SplitEmbeddings,
             &mut Rng::new(4).fork(i),
             RealDtype::F64,
         );
-        let sizes = ints(&c, "split_sizes");
-        let table: Vec<Vec<f64>> = (0..sizes.len())
-            .flat_map(|k| {
-                let w = reals(&c, &format!("weight_{k}"));
-                w.outer_iter()
-                    .map(|r| r.iter().copied().collect())
-                    .collect::<Vec<Vec<f64>>>()
-            })
+        let sizes: Vec<usize> = ints(&c, "split_sizes")
+            .iter()
+            .map(|&s| s as usize)
             .collect();
-        let out = reals(&c, "out");
-        let h = *out.shape().last().unwrap();
-        let flat = out
-            .as_standard_layout()
-            .into_shape_with_order((out.len() / h, h))
-            .unwrap()
-            .to_owned();
-        for (row, &id) in flat.outer_iter().zip(ints(&c, "input_ids").iter()) {
-            assert_eq!(row.to_vec(), table[id as usize]);
+        let trainable = ints(&c, "split_trainable");
+        let up = as_rows(reals(&c, "upstream"));
+        let h = up.ncols();
+        let table = stacked(&c, "weight", &sizes, h);
+        let out = as_rows(reals(&c, "out"));
+        let ids = ints(&c, "input_ids");
+        // ∂table[id] += upstream row, over every position.
+        let mut grad = Array2::<f64>::zeros(table.dim());
+        for ((row, u), &id) in out.outer_iter().zip(up.outer_iter()).zip(ids.iter()) {
+            assert_eq!(row, table.row(id as usize));
+            let mut g = grad.row_mut(id as usize);
+            g += &u;
         }
+        let got = stacked(&c, "grad_weight", &sizes, h);
+        let mut start = 0;
+        for (k, &size) in sizes.iter().enumerate() {
+            let name = format!("grad_weight_{k}");
+            let present = NpzReader::from_bytes("c", c.clone())
+                .unwrap()
+                .contains(&name);
+            assert_eq!(present, trainable[[k]] == 1, "{name}");
+            for r in start..start + size {
+                for d in 0..h {
+                    if present {
+                        assert_near(got[[r, d]], grad[[r, d]], 1e-12);
+                    }
+                }
+            }
+            start += size;
+        }
+    }
+}
 
+#[test]
+fn generated_vocabulary_matches_a_direct_computation() {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    for i in 0..12 {
         let c = generate_case(
             Layer::SplitVocabulary,
             &mut Rng::new(4).fork(i),
             RealDtype::F64,
         );
         let (rows, gate_logit) = (reals(&c, "rows"), reals(&c, "gate_logit"));
-        let (shared, out) = (reals(&c, "shared"), reals(&c, "out"));
+        let (shared, out, up) = (reals(&c, "shared"), reals(&c, "out"), reals(&c, "upstream"));
+        let grad_shared = reals(&c, "grad_shared");
         let (li, ti) = (ints(&c, "language_index"), ints(&c, "token_index"));
         let (lang, tok) = (ints(&c, "language_ids"), ints(&c, "token_ids"));
         let use_gate = ints(&c, "use_gate")[[]] == 1;
@@ -258,58 +319,69 @@ fn generated_forward_values_match_a_direct_computation() {
             let r = (0..li.len()).find(|&r| li[[r]] == lang[[n]] && ti[[r]] == tok[[n]]);
             for d in 0..shared.shape()[1] {
                 let s = shared[[n, d]];
-                let expect = match r {
-                    None => s,
+                let (expect, ds) = match r {
+                    None => (s, up[[n, d]]),
                     Some(r) if use_gate => {
-                        let g = 1.0 / (1.0 + (-gate_logit[[r]]).exp());
-                        s + g * (rows[[r, d]] - s)
+                        let g = sigmoid(gate_logit[[r]]);
+                        (s + g * (rows[[r, d]] - s), (1.0 - g) * up[[n, d]])
                     }
-                    Some(r) => rows[[r, d]],
+                    Some(r) => (rows[[r, d]], 0.0),
                 };
-                assert!((out[[n, d]] - expect).abs() <= 1e-12 * (1.0 + expect.abs()));
+                assert_near(out[[n, d]], expect, 1e-12);
+                assert_near(grad_shared[[n, d]], ds, 1e-12);
             }
         }
-        let penalty = gate_logit
-            .iter()
-            .map(|&x| 1.0 / (1.0 + (-x).exp()))
-            .sum::<f64>()
-            / gate_logit.len() as f64;
-        assert!((reals(&c, "penalty")[[]] - penalty).abs() < 1e-12);
+        let penalty = gate_logit.iter().map(|&x| sigmoid(x)).sum::<f64>() / gate_logit.len() as f64;
+        assert_near(reals(&c, "penalty")[[]], penalty, 1e-12);
+    }
+}
 
+#[test]
+fn generated_lm_head_matches_a_direct_computation() {
+    for i in 0..12 {
         let c = generate_case(Layer::LmHead, &mut Rng::new(4).fork(i), RealDtype::F64);
-        let sizes = ints(&c, "split_sizes");
-        let w: Vec<Vec<f64>> = (0..sizes.len())
-            .flat_map(|k| {
-                let w = reals(&c, &format!("weight_{k}"));
-                w.outer_iter()
-                    .map(|r| r.iter().copied().collect())
-                    .collect::<Vec<Vec<f64>>>()
-            })
+        let sizes: Vec<usize> = ints(&c, "split_sizes")
+            .iter()
+            .map(|&s| s as usize)
             .collect();
-        let hidden = reals(&c, "hidden");
-        let h = *hidden.shape().last().unwrap();
-        let hidden = hidden
-            .as_standard_layout()
-            .into_shape_with_order((hidden.len() / h, h))
-            .unwrap()
-            .to_owned();
-        let (labels, loss) = (ints(&c, "labels"), reals(&c, "loss"));
-        for ((hn, &label), &got) in hidden.outer_iter().zip(labels.iter()).zip(loss.iter()) {
+        let hidden = as_rows(reals(&c, "hidden"));
+        let h = hidden.ncols();
+        let w = stacked(&c, "weight", &sizes, h);
+        let (labels, loss, up) = (ints(&c, "labels"), reals(&c, "loss"), reals(&c, "upstream"));
+        let grad_hidden = as_rows(reals(&c, "grad_hidden"));
+        let mut grad_w = Array2::<f64>::zeros(w.dim());
+        let tokens = hidden
+            .outer_iter()
+            .zip(labels.iter())
+            .zip(loss.iter())
+            .zip(up.iter());
+        for (n, (((hn, &label), &got), &u)) in tokens.enumerate() {
             if label == -100 {
                 assert_eq!(got, 0.0);
+                assert!(grad_hidden.row(n).iter().all(|&g| g == 0.0));
                 continue;
             }
-            let z: Vec<f64> = w
-                .iter()
-                .map(|wv| wv.iter().zip(hn).map(|(a, b)| a * b).sum())
-                .collect();
-            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-            let expect = lse - z[label as usize];
-            assert!(
-                (got - expect).abs() <= 1e-9 * (1.0 + expect.abs()),
-                "{got} vs {expect}"
-            );
+            // z = W·h, loss = lse(z) − z[label], ∂z = u·(softmax(z) − onehot).
+            let z = w.dot(&hn);
+            let m = z.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = m + z.mapv(|v| (v - m).exp()).sum().ln();
+            assert_near(got, lse - z[label as usize], 1e-9);
+            let mut dz = z.mapv(|v| u * (v - lse).exp());
+            dz[label as usize] -= u;
+            let dh = w.t().dot(&dz);
+            let scale = 1.0 + hn.iter().map(|x| x.abs()).sum::<f64>();
+            for d in 0..h {
+                assert_near(grad_hidden[[n, d]], dh[d], 1e-9 * scale);
+            }
+            for v in 0..w.nrows() {
+                let mut g = grad_w.row_mut(v);
+                g.scaled_add(dz[v], &hn);
+            }
+        }
+        let got = stacked(&c, "grad_weight", &sizes, h);
+        let scale = 1.0 + hidden.iter().map(|x| x.abs()).sum::<f64>();
+        for (g, e) in got.iter().zip(&grad_w) {
+            assert_near(*g, *e, 1e-9 * scale);
         }
     }
 }
@@ -596,6 +668,20 @@ fn hand_case_lm_head() {
         &result(&r, "grad_weight_2"),
         &arr2(&[[-2.75, -4.5]]).into_dyn(),
     );
+
+    // H = 1, W = [1; −1], h = 0: uniform logits again, loss ln 2, and
+    // ∂h = upstream·Σ_v (½ − [v = 0])·W_v = 3·(−½·1 + ½·(−1)) = −3.
+    let mut w = NpzWriter::new("hand2.npz");
+    w.add("split_sizes", &arr1(&[1i64, 1]))
+        .add("weight_0", &arr2(&[[1.0f64]]))
+        .add("weight_1", &arr2(&[[-1.0f64]]))
+        .add("hidden", &arr1(&[0.0f64]))
+        .add("labels", &arr0(0i64))
+        .add("upstream", &arr0(3.0f64));
+    let r = evaluate_bytes(Layer::LmHead, "hand2.npz", bytes_of(&w)).unwrap();
+    assert_close(&result(&r, "loss"), &arr0(2f64.ln()).into_dyn());
+    assert_close(&result(&r, "grad_hidden"), &arr1(&[-3.0]).into_dyn());
+    assert_close(&result(&r, "grad_weight_0"), &arr2(&[[0.0]]).into_dyn());
 }
 
 #[test]
@@ -625,6 +711,19 @@ fn hostile_sizes_are_errors_not_allocations() {
     let e = evaluate_bytes(Layer::LmHead, "wide.npz", archive(&m)).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{e}");
     assert!(e.to_string().contains("wide.npz: array `weight_0`"), "{e}");
+
+    // 2^24 + 4096 one-byte ids (16 MiB on disk, 128 MiB as i64): rejected
+    // from the header, before the data is read.
+    let mut m = good(Layer::SplitEmbeddings, 1);
+    let many = Array::from_elem((4097, 4096), 0u8);
+    m.insert("input_ids".into(), encode(&many));
+    let e = evaluate_bytes(Layer::SplitEmbeddings, "many.npz", archive(&m)).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{e}");
+    let limit = format!("at most {} elements", golden::MAX_CASE_ELEMENTS);
+    assert!(
+        e.to_string().contains("array `input_ids`") && e.to_string().contains(&limit),
+        "{e}"
+    );
 
     // A vocabulary of 2^40 tokens in two languages.
     let mut m = good(Layer::SplitVocabulary, 1);
