@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod error;
+pub mod golden;
 pub mod io;
 pub mod optim;
 pub mod param;
