@@ -20,7 +20,7 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
 use rayon::prelude::*;
 
 use crate::Real;
-use crate::ops::cross_entropy::{IGNORE_INDEX, logsumexp_row};
+use crate::ops::cross_entropy::{IGNORE_INDEX, max_and_log_sum};
 use crate::ops::exp;
 
 /// Chunk sizes of the fused cross-entropy: the workspace holds
@@ -155,28 +155,56 @@ pub fn fused_ce_forward<T: Real>(
     weights: &[ArrayView2<'_, T>],
     targets: &Targets,
     chunks: ChunkSizes,
-) -> (Vec<T>, Vec<T>) {
+) -> (Vec<T>, RowStats<T>) {
     let mut loss = vec![T::zero(); targets.labels.len()];
-    let mut lse = vec![T::zero(); h.nrows()];
+    let mut stats = RowStats {
+        max: vec![T::zero(); h.nrows()],
+        log_sum: vec![T::zero(); h.nrows()],
+    };
     let tc = chunks.tokens.max(1);
     let parts: Vec<ForwardPart<T>> = targets
         .active
         .par_chunks(tc)
         .map(|idx| forward_chunk(h, weights, targets, idx, chunks))
         .collect();
-    for (idx, (chunk_lse, chunk_loss)) in targets.active.chunks(tc).zip(parts) {
-        for (&r, l) in idx.iter().zip(chunk_lse) {
-            lse[r] = l;
+    for (idx, ((max, log_sum), chunk_loss)) in targets.active.chunks(tc).zip(parts) {
+        for ((&r, m), s) in idx.iter().zip(max).zip(log_sum) {
+            stats.max[r] = m;
+            stats.log_sum[r] = s;
         }
         for (n, l) in chunk_loss {
             loss[n] = l;
         }
     }
-    (loss, lse)
+    (loss, stats)
 }
 
-/// A chunk's log-sum-exp per row and (token, loss) per token.
-type ForwardPart<T> = (Vec<T>, Vec<(usize, T)>);
+/// A chunk's (max, ln Σ) per row and (token, loss) per token.
+type ForwardPart<T> = ((Vec<T>, Vec<T>), Vec<(usize, T)>);
+
+/// Each hidden row's log-sum-exp, as its maximum logit `max` and
+/// `log_sum = ln Σ_v e^{z_v − max}` kept apart (their sum rounds away the
+/// loss of a confident token when logits are in the thousands; see
+/// [`crate::ops::cross_entropy::max_and_log_sum`]). A row with no active
+/// token has both 0.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowStats<T> {
+    /// `m_i = max_v z_iv` (m).
+    pub max: Vec<T>,
+    /// `ln Σ_v e^{z_iv − m_i}` (m).
+    pub log_sum: Vec<T>,
+}
+
+impl<T: Real> RowStats<T> {
+    /// `lse_i = m_i + ln Σ_v e^{z_iv − m_i}` (m), rounded.
+    pub fn lse(&self) -> Vec<T> {
+        self.max
+            .iter()
+            .zip(&self.log_sum)
+            .map(|(&m, &s)| m + s)
+            .collect()
+    }
+}
 /// A chunk's hidden gradient (rows, H) and weight-gradient partials.
 type BackwardPart<T> = (Array2<T>, Vec<Option<Array2<T>>>);
 
@@ -188,7 +216,7 @@ fn forward_chunk<T: Real>(
     targets: &Targets,
     idx: &[usize],
     chunks: ChunkSizes,
-) -> (Vec<T>, Vec<(usize, T)>) {
+) -> ForwardPart<T> {
     let vc = block_width(weights, chunks);
     let rows = idx.len();
     let mut hc = Array2::<T>::zeros((rows, h.ncols()));
@@ -231,21 +259,21 @@ fn forward_chunk<T: Real>(
         }
         start += w.nrows();
     }
-    let lse: Vec<T> = m.iter().zip(&sum).map(|(&mi, &si)| mi + si.ln()).collect();
+    let log_sum: Vec<T> = sum.iter().map(|&si| si.ln()).collect();
     let mut out = Vec::with_capacity(label_logit.len());
     for (n, z) in label_logit {
         let i = idx
             .binary_search(&targets.row_of[n])
             .expect("the token's row is in its chunk");
-        out.push((n, lse[i] - z));
+        out.push((n, (m[i] - z) + log_sum[i]));
     }
-    (lse, out)
+    ((m, log_sum), out)
 }
 
 /// Adds the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
 ///
-/// h: (m, H), weights: (size_k, H), lse: (m) from [`fused_ce_forward`],
-/// gy: (N); gh: (m, H) and gws[k]: (size_k, H), each `None` when not wanted.
+/// h: (m, H), weights: (size_k, H), stats: (m) from [`fused_ce_forward`],
+/// gy: (N); gh: (m, H) and `gws[k]`: (size_k, H), each `None` when not wanted.
 ///
 /// Chunks of hidden rows run in parallel when every chunk's weight
 /// gradient fits a small partial buffer (chunks × V × H ≤
@@ -259,7 +287,7 @@ pub fn fused_ce_backward<T: Real>(
     h: ArrayView2<'_, T>,
     weights: &[ArrayView2<'_, T>],
     targets: &Targets,
-    lse: &[T],
+    stats: &RowStats<T>,
     gy: &[T],
     chunks: ChunkSizes,
     mut gh: Option<ArrayViewMut2<'_, T>>,
@@ -291,7 +319,7 @@ pub fn fused_ce_backward<T: Real>(
                     .map(|p| p.as_mut().map(|p| p.view_mut()))
                     .collect();
                 backward_chunk(
-                    h, weights, targets, idx, lse, gy, chunks, want_gh, &mut ghc, &mut views,
+                    h, weights, targets, idx, stats, gy, chunks, want_gh, &mut ghc, &mut views,
                 );
                 drop(views);
                 (ghc, partial)
@@ -315,7 +343,7 @@ pub fn fused_ce_backward<T: Real>(
     for idx in targets.active.chunks(tc) {
         let mut ghc = Array2::<T>::zeros((idx.len(), width));
         backward_chunk(
-            h, weights, targets, idx, lse, gy, chunks, want_gh, &mut ghc, gws,
+            h, weights, targets, idx, stats, gy, chunks, want_gh, &mut ghc, gws,
         );
         if let Some(gh) = gh.as_mut() {
             for (i, &r) in idx.iter().enumerate() {
@@ -338,7 +366,7 @@ fn backward_chunk<T: Real>(
     weights: &[ArrayView2<'_, T>],
     targets: &Targets,
     idx: &[usize],
-    lse: &[T],
+    stats: &RowStats<T>,
     gy: &[T],
     chunks: ChunkSizes,
     want_gh: bool,
@@ -364,13 +392,17 @@ fn backward_chunk<T: Real>(
             let mut g = work.slice_mut(s![.., ..v1 - v0]);
             T::gemm(T::one(), hc.view(), wblk.t(), T::zero(), g.view_mut());
             for (i, mut row) in g.outer_iter_mut().enumerate() {
-                let (l, u) = (lse[idx[i]], wsum[i]);
-                exp::scaled_exp(
-                    row.as_slice_mut()
-                        .expect("rows of the block are contiguous"),
-                    l,
-                    u,
-                );
+                let r = idx[i];
+                let zs = row
+                    .as_slice_mut()
+                    .expect("rows of the block are contiguous");
+                // e^{(z − m) − ln Σ}: the shift is applied in two steps so
+                // that neither rounds at the scale of m.
+                let m = stats.max[r];
+                for z in zs.iter_mut() {
+                    *z = *z - m;
+                }
+                exp::scaled_exp(zs, stats.log_sum[r], wsum[i]);
                 for &n in targets.tokens_of(idx[i]) {
                     let lab = targets.labels[n] as usize;
                     if (lo..hi).contains(&lab) {
@@ -401,19 +433,24 @@ pub fn naive_ce_forward<T: Real>(
     h: ArrayView2<'_, T>,
     weights: &[ArrayView2<'_, T>],
     targets: &Targets,
-) -> (Vec<T>, Vec<T>) {
+) -> (Vec<T>, RowStats<T>) {
     let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
     let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
     T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
     let mut loss = vec![T::zero(); targets.labels.len()];
-    let mut lse = vec![T::zero(); h.nrows()];
+    let mut stats = RowStats {
+        max: vec![T::zero(); h.nrows()],
+        log_sum: vec![T::zero(); h.nrows()],
+    };
     for &r in &targets.active {
-        lse[r] = logsumexp_row(logits.row(r));
+        let (m, log_sum) = max_and_log_sum(logits.row(r));
+        stats.max[r] = m;
+        stats.log_sum[r] = log_sum;
         for &n in targets.tokens_of(r) {
-            loss[n] = lse[r] - logits[[r, targets.labels[n] as usize]];
+            loss[n] = (m - logits[[r, targets.labels[n] as usize]]) + log_sum;
         }
     }
-    (loss, lse)
+    (loss, stats)
 }
 
 /// The naive twin of [`fused_ce_backward`], from the full logits.
@@ -431,9 +468,9 @@ pub fn naive_ce_backward<T: Real>(
         if l == IGNORE_INDEX {
             continue;
         }
-        let lse = logsumexp_row(logits.row(r));
+        let (m, log_sum) = max_and_log_sum(logits.row(r));
         for v in 0..w.nrows() {
-            g[[r, v]] += gy[n] * (logits[[r, v]] - lse).exp();
+            g[[r, v]] += gy[n] * ((logits[[r, v]] - m) - log_sum).exp();
         }
         g[[r, l as usize]] -= gy[n];
     }
@@ -513,7 +550,7 @@ mod tests {
                 l0.iter().zip(&l1).all(|(a, b)| close(*a, *b)),
                 "{chunks:?}: {l0:?} vs {l1:?}"
             );
-            assert!(s0.iter().zip(&s1).all(|(a, b)| close(*a, *b)));
+            assert!(s0.lse().iter().zip(&s1.lse()).all(|(a, b)| close(*a, *b)));
             let mut gh = Array2::zeros(hid.dim());
             let mut gws: Vec<Array2<f64>> = ws.iter().map(|w| Array2::zeros(w.dim())).collect();
             let mut views: Vec<Option<ArrayViewMut2<'_, f64>>> =
@@ -532,6 +569,50 @@ mod tests {
             for (a, b) in gws.iter().zip(&gw0) {
                 assert!(a.iter().zip(b.iter()).all(|(a, b)| close(*a, *b)));
             }
+        }
+    }
+
+    /// A confident token with logits near 3000: in f32, `lse − z_label`
+    /// would round to a step of 2.4·10⁻⁴ and lose the loss (≈ 0.05) and the
+    /// `1 − p` of the gradient; kept apart, f32 agrees with f64 to f32
+    /// rounding.
+    #[test]
+    fn confident_tokens_with_huge_logits_keep_f32_precision() {
+        fn run<T: Real>() -> (f64, Vec<f64>) {
+            let h = Array2::from_shape_vec((1, 2), vec![T::from_f64(3000.0), T::zero()]).unwrap();
+            let w = Array2::from_shape_vec(
+                (3, 2),
+                [1.0, 0.0, 0.999, 0.3, 0.998, -0.2]
+                    .iter()
+                    .map(|&x| T::from_f64(x))
+                    .collect(),
+            )
+            .unwrap();
+            let t = Targets::per_token(vec![0]);
+            let c = ChunkSizes::default();
+            let (loss, stats) = fused_ce_forward(h.view(), &[w.view()], &t, c);
+            let mut gh = Array2::<T>::zeros((1, 2));
+            fused_ce_backward(
+                h.view(),
+                &[w.view()],
+                &t,
+                &stats,
+                &[T::one()],
+                c,
+                Some(gh.view_mut()),
+                &mut [None],
+            );
+            (
+                Real::to_f64(loss[0]),
+                gh.iter().map(|&x| Real::to_f64(x)).collect(),
+            )
+        }
+        let (l32, g32) = run::<f32>();
+        let (l64, g64) = run::<f64>();
+        assert!(l64 > 0.04 && l64 < 0.06, "{l64}");
+        assert!((l32 - l64).abs() <= 1e-5 * l64, "{l32} vs {l64}");
+        for (a, b) in g32.iter().zip(&g64) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-3), "{a} vs {b}");
         }
     }
 }

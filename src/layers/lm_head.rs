@@ -16,7 +16,7 @@
 use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2};
 
 use super::SplitTables;
-use super::fused_ce::{ChunkSizes, Targets, fused_ce_backward, fused_ce_forward};
+use super::fused_ce::{ChunkSizes, RowStats, Targets, fused_ce_backward, fused_ce_forward};
 use crate::ops::cross_entropy::first_bad_label;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result, Rng};
@@ -27,7 +27,7 @@ pub(crate) struct FusedCeSaved<T> {
     pub(crate) hidden: Var,
     pub(crate) weights: Vec<Var>,
     targets: Targets,
-    lse: Vec<T>,
+    stats: RowStats<T>,
     chunks: ChunkSizes,
 }
 
@@ -66,7 +66,7 @@ impl<T: Real> FusedCeSaved<T> {
             h2.view(),
             &ws2,
             &self.targets,
-            &self.lse,
+            &self.stats,
             &gy,
             self.chunks,
             gh,
@@ -276,7 +276,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
 
     fn fused<'p>(&'p self, tape: &mut Tape<'p, T>, hidden: Var, targets: Targets) -> Var {
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
-        let (loss, lse) = {
+        let (loss, stats) = {
             let h = as_rows(tape.value(hidden));
             let wv: Vec<ArrayView2<'_, T>> = self
                 .splits
@@ -291,7 +291,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
             hidden,
             weights: ws.clone(),
             targets,
-            lse,
+            stats,
             chunks: self.chunks,
         };
         let mut inputs = ws;

@@ -20,12 +20,26 @@ pub const IGNORE_INDEX: i64 = -100;
 
 /// `max_j x[j] + ln Σ_j e^{x[j] − max}`: −∞ for an empty row or a row of −∞.
 pub fn logsumexp_row<T: Real>(x: ArrayView1<'_, T>) -> T {
-    let m = x.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+    let (m, log_sum) = max_and_log_sum(x);
     if m == T::neg_infinity() || !m.is_finite() {
         return m;
     }
+    m + log_sum
+}
+
+/// `(m, ln Σ_j e^{x[j] − m})` with `m = max_j x[j]`, kept apart: with
+/// logits in the thousands, `m + ln Σ` rounds to a step of `ulp(m)`
+/// (2.4·10⁻⁴ in f32 near 3000), so the loss is computed as
+/// `(m − x[label]) + ln Σ` and the softmax as `e^{(x[j] − m) − ln Σ}`,
+/// which keep full precision (PyTorch does the same). For an empty row or
+/// a row of −∞, m = −∞ and ln Σ = 0.
+pub fn max_and_log_sum<T: Real>(x: ArrayView1<'_, T>) -> (T, T) {
+    let m = x.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+    if m == T::neg_infinity() || !m.is_finite() {
+        return (m, T::zero());
+    }
     let s: T = x.iter().map(|&v| (v - m).exp()).sum();
-    m + s.ln()
+    (m, s.ln())
 }
 
 #[track_caller]
@@ -82,7 +96,8 @@ pub fn first_bad_label(labels: &[i64], v: usize) -> Option<(usize, i64)> {
         .map(|(i, &l)| (i, l))
 }
 
-/// `ce[i] = lse[i] − x[i, label[i]]`, 0 for an ignored row.
+/// `ce[i] = lse[i] − x[i, label[i]]`, computed as `(m − x[label]) + ln Σ`
+/// (see [`max_and_log_sum`]), 0 for an ignored row.
 /// x: (n, V), labels: (n) → (n).
 ///
 /// **Panics** if x is not 2-D, the lengths differ, or a label is outside
@@ -110,7 +125,8 @@ pub fn cross_entropy_forward<T: Real>(x: ArrayViewD<'_, T>, labels: &[i64]) -> A
             if l == IGNORE_INDEX {
                 T::zero()
             } else {
-                logsumexp_row(r) - r[l as usize]
+                let (m, log_sum) = max_and_log_sum(r);
+                (m - r[l as usize]) + log_sum
             }
         })
         .collect();
@@ -136,10 +152,10 @@ pub fn cross_entropy_backward<T: Real>(
             continue;
         }
         let gyi = gy[i];
-        let lse = logsumexp_row(xr);
+        let (m, log_sum) = max_and_log_sum(xr);
         Zip::from(&mut gr)
             .and(&xr)
-            .for_each(|g, &x| *g += gyi * (x - lse).exp());
+            .for_each(|g, &x| *g += gyi * ((x - m) - log_sum).exp());
         gr[l as usize] -= gyi;
     }
 }
