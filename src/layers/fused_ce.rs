@@ -400,7 +400,7 @@ fn backward_chunk<T: Real>(
                 // that neither rounds at the scale of m.
                 let m = stats.max[r];
                 for z in zs.iter_mut() {
-                    *z = *z - m;
+                    *z -= m;
                 }
                 exp::scaled_exp(zs, stats.log_sum[r], wsum[i]);
                 for &n in targets.tokens_of(idx[i]) {
