@@ -1,5 +1,6 @@
 //! The command line: argument definitions and dispatch.
 
+mod bench;
 mod data;
 mod golden;
 mod plots;
@@ -31,6 +32,8 @@ enum Command {
         #[command(subcommand)]
         command: GoldenCommand,
     },
+    /// Time one of the four benchmark workloads of SPEC section 3.
+    Bench(bench::BenchArgs),
 }
 
 /// Options of `splitgrad train`.
@@ -140,6 +143,7 @@ pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
 pub fn run(cli: Cli) -> CliResult<ExitCode> {
     match cli.command {
         Command::Train(args) => train::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Golden { command } => match command {
             GoldenCommand::Gen {
                 layer,

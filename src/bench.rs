@@ -1,0 +1,824 @@
+//! The four benchmark workloads of SPEC section 3, timed step by step.
+//!
+//! One step is a forward pass on a [`Tape`], the backward pass and the
+//! optimiser update, in `f32`, with the real layers and optimisers:
+//!
+//! | workload | layer | sizes | trainable (optimiser) | loss |
+//! |---|---|---|---|---|
+//! | `embed_prompt` | [`SplitTokenEmbeddings`] | orig 151936, prompt 16; H 1024; 8192 ids, every 8th a prompt id | prompt ([`LazyAdam`]) | Σ out ⊙ R |
+//! | `embed_full` | [`SplitTokenEmbeddings`] | orig 32000, special 256, prompt 64; H 1024; 8192 ids | all ([`LazyAdam`]) | Σ out ⊙ R |
+//! | `splitvocab` | a shared table gathered, then [`SplitVocabulary`] | 32000 × 512; 8 languages; 20000 rows; 8192 tokens | shared table, rows ([`LazyAdam`]); gate logits ([`Adam`]) | Σ out ⊙ R + 0.01·penalty + 0.01·fusion |
+//! | `lmhead` | [`SplitLanguageModellingHead`] | 32000 + 256; H 512; 2048 tokens, 10 % labels −100 | weights ([`Adam`]), hidden's gradient | Σ per-token loss |
+//!
+//! Ids are drawn with [`Zipf`] (exponent 1.2) over the vocabulary, in
+//! `embed_prompt` from the original split except at every 8th position
+//! (`i mod 8 = 7`), which holds a prompt id (Zipf over the 16). The split
+//! rows of `splitvocab` are 20000 distinct (language, token) pairs drawn
+//! uniformly from the 8 × 32000 cells; token languages are uniform. R, the
+//! hidden states and every weight are drawn once from a fixed seed; lr is
+//! 1e-3 throughout.
+//!
+//! The head's weights get dense [`Adam`]: their gradient is dense (every
+//! vocabulary row takes softmax mass from every token), so they are the
+//! "dense parameters" of SPEC section 3, as `nn.Linear` weights are in
+//! PyTorch. Lazy Adam would update the same rows, every one of them, with
+//! `SparseAdam`'s ε. The split rows of `splitvocab` use [`LazyAdam`] as a
+//! table, but the fusion penalty reads every row, so their gradient is
+//! dense and every row moves each step.
+//!
+//! [`run`] times one warm-up step and then `steps` steps, reads the peak
+//! resident memory, measures a large memory copy (and, for `lmhead`, an
+//! sgemm) in the same process and on the same threads, and relates the
+//! step to them. The bytes a step must move are counted term by term in
+//! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use ndarray::{Array2, ArrayD, IxDyn};
+use rayon::prelude::*;
+
+use crate::io::SplitIndex;
+use crate::layers::fused_ce::ChunkSizes;
+use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
+use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
+use crate::rng::Zipf;
+use crate::{Error, Grad, Parameter, Real, Result, Rng, Tape};
+
+/// The learning rate of every workload.
+const LR: f64 = 1e-3;
+/// The Zipf exponent of the ids.
+const ZIPF_S: f64 = 1.2;
+/// Bytes of one `f32`.
+const F32: u64 = 4;
+
+/// One of the four workloads of SPEC section 3.
+///
+/// ```
+/// use splitgrad::bench::Workload;
+/// let w: Workload = "embed_full".parse()?;
+/// assert_eq!(w, Workload::EmbedFull);
+/// assert_eq!(w.to_string(), "embed_full");
+/// assert!("embed".parse::<Workload>().is_err());
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Workload {
+    /// Prompt tuning: a frozen 151936-row table, 16 trained prompt rows.
+    EmbedPrompt,
+    /// Three trained splits of 32000, 256 and 64 rows.
+    EmbedFull,
+    /// A shared table and a gated split vocabulary with both penalties.
+    SplitVocab,
+    /// The fused split LM head with per-token cross-entropy.
+    LmHead,
+}
+
+impl Workload {
+    /// All four, in the order of SPEC section 3.
+    pub const ALL: [Workload; 4] = [
+        Workload::EmbedPrompt,
+        Workload::EmbedFull,
+        Workload::SplitVocab,
+        Workload::LmHead,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::EmbedPrompt => "embed_prompt",
+            Workload::EmbedFull => "embed_full",
+            Workload::SplitVocab => "splitvocab",
+            Workload::LmHead => "lmhead",
+        }
+    }
+
+    /// PyTorch 2.15's seconds per step on the reference 2-core machine
+    /// (MKL, 2 threads, best of dense Adam and SparseAdam), as issue 6
+    /// quotes them: the figure the speed targets are ratios of.
+    ///
+    /// ```
+    /// use splitgrad::bench::Workload;
+    /// assert_eq!(Workload::LmHead.pytorch_s(), 1.18);
+    /// ```
+    pub fn pytorch_s(self) -> f64 {
+        match self {
+            Workload::EmbedPrompt => 0.085,
+            Workload::EmbedFull => 0.179,
+            Workload::SplitVocab => 0.277,
+            Workload::LmHead => 1.18,
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "unknown workload `{s}` (expected embed_prompt, embed_full, splitvocab or lmhead)"
+                ))
+            })
+    }
+}
+
+/// What [`run`] does.
+///
+/// ```
+/// use splitgrad::bench::{BenchConfig, Workload};
+/// let c = BenchConfig::new(Workload::LmHead);
+/// assert_eq!((c.steps, c.threads, c.scale), (10, None, 1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BenchConfig {
+    /// The workload.
+    pub workload: Workload,
+    /// Timed steps after the warm-up step, at least 1.
+    pub steps: usize,
+    /// Rayon threads (a pool of its own); `None` runs in the current pool.
+    /// The matrix products use `MATMUL_NUM_THREADS` threads, which
+    /// `matrixmultiply` reads once per process.
+    pub threads: Option<usize>,
+    /// Every size divided by this (at least 1 each): 1 is the workload of
+    /// SPEC section 3, larger values make a quick smoke run.
+    pub scale: usize,
+}
+
+impl BenchConfig {
+    /// The workload as specified: 10 steps, the current pool, full size.
+    pub fn new(workload: Workload) -> Self {
+        BenchConfig {
+            workload,
+            steps: 10,
+            threads: None,
+            scale: 1,
+        }
+    }
+}
+
+/// What [`run`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchReport {
+    /// The workload.
+    pub workload: Workload,
+    /// Timed steps.
+    pub steps: usize,
+    /// Rayon threads the steps ran on.
+    pub threads: usize,
+    /// The size divisor (1: as specified).
+    pub scale: usize,
+    /// Seconds of each timed step, in order.
+    pub step_s: Vec<f64>,
+    /// Median of `step_s` (the mean of the middle two for an even count).
+    pub median_s: f64,
+    /// Minimum of `step_s`.
+    pub min_s: f64,
+    /// Peak resident memory of the process after the steps (`VmHWM`), MiB;
+    /// `None` where `/proc/self/status` does not exist.
+    pub peak_rss_mib: Option<f64>,
+    /// Bytes of the parameters (trainable or not).
+    pub params_bytes: u64,
+    /// Bytes a step must move, the sum of `bytes_terms`.
+    pub bytes_moved: u64,
+    /// The terms of `bytes_moved`: (what, bytes).
+    pub bytes_terms: Vec<(&'static str, u64)>,
+    /// The rate of a large memory copy on the same threads, counting the
+    /// bytes read and written, GB/s (10⁹ bytes).
+    pub memcpy_gbps: f64,
+    /// `bytes_moved / median_s / memcpy rate`.
+    pub bandwidth_fraction: f64,
+    /// For `lmhead`: 6·N·V·H, the matmul work of a step.
+    pub flops: Option<f64>,
+    /// For `lmhead`: `flops / median_s`, GFLOP/s.
+    pub gflops: Option<f64>,
+    /// For `lmhead`: the rate of an (N, H)·(H, V) sgemm, GFLOP/s.
+    pub sgemm_gflops: Option<f64>,
+    /// For `lmhead`: `gflops / sgemm_gflops`.
+    pub gflops_fraction: Option<f64>,
+    /// For `lmhead`: the fused kernel's workspace, bytes.
+    pub workspace_bytes: Option<u64>,
+    /// The loss of the last step (before its update).
+    pub loss: f64,
+}
+
+impl BenchReport {
+    /// How many times faster than PyTorch's figure ([`Workload::pytorch_s`]);
+    /// meaningful at scale 1 only.
+    pub fn speedup_vs_pytorch(&self) -> f64 {
+        self.workload.pytorch_s() / self.median_s
+    }
+}
+
+/// Runs a workload: builds it, one warm-up step, `steps` timed steps, then
+/// the memory copy (and sgemm) it is compared with.
+///
+/// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)): 0 steps, scale
+/// 0, 0 threads or a thread pool that cannot start.
+///
+/// ```
+/// use splitgrad::bench::{run, BenchConfig, Workload};
+/// let cfg = BenchConfig { steps: 2, scale: 256, ..BenchConfig::new(Workload::EmbedFull) };
+/// let r = run(&cfg)?;
+/// assert_eq!(r.step_s.len(), 2);
+/// assert!(r.min_s <= r.median_s && r.bytes_moved > 0 && r.loss.is_finite());
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
+    if cfg.steps == 0 {
+        return Err(Error::config("steps must be at least 1"));
+    }
+    if cfg.scale == 0 {
+        return Err(Error::config("scale must be at least 1"));
+    }
+    match cfg.threads {
+        Some(0) => Err(Error::config("threads must be at least 1")),
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| Error::config(format!("cannot start {n} threads: {e}")))?
+            .install(|| run_here(cfg)),
+        None => run_here(cfg),
+    }
+}
+
+/// [`run`] in the current rayon pool.
+fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
+    let mut w = build(cfg.workload, cfg.scale)?;
+    w.step()?;
+    let mut step_s = Vec::with_capacity(cfg.steps);
+    let mut loss = 0.0;
+    for _ in 0..cfg.steps {
+        let t0 = Instant::now();
+        loss = w.step()?;
+        step_s.push(t0.elapsed().as_secs_f64());
+    }
+    // Before the copy's buffers raise it.
+    let peak_rss_mib = peak_rss_mib();
+    let median_s = median(&step_s);
+    let min_s = step_s.iter().copied().fold(f64::INFINITY, f64::min);
+    let bytes_terms = w.bytes_terms();
+    let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
+    let params_bytes = w.params_bytes();
+    let workspace_bytes = w.workspace_bytes();
+    let flops = w.flops();
+    let sgemm_shape = w.sgemm_shape();
+    drop(w);
+    let memcpy_gbps = memcpy_gbps((64 << 20) / cfg.scale);
+    let sgemm_gflops = sgemm_shape.map(|(m, k, n)| sgemm_gflops(m, k, n));
+    let gflops = flops.map(|f| f / median_s / 1e9);
+    Ok(BenchReport {
+        workload: cfg.workload,
+        steps: cfg.steps,
+        threads: rayon::current_num_threads(),
+        scale: cfg.scale,
+        median_s,
+        min_s,
+        step_s,
+        peak_rss_mib,
+        params_bytes,
+        bytes_moved,
+        bytes_terms,
+        memcpy_gbps,
+        bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
+        flops,
+        gflops,
+        sgemm_gflops,
+        gflops_fraction: gflops.zip(sgemm_gflops).map(|(a, b)| a / b),
+        workspace_bytes,
+        loss,
+    })
+}
+
+/// The median of a non-empty list.
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// `VmHWM` of `/proc/self/status` in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Best of five parallel copies of `n` `f32` (after one that faults the
+/// pages in), counting bytes read plus bytes written, GB/s.
+fn memcpy_gbps(n: usize) -> f64 {
+    const CHUNK: usize = 1 << 16;
+    let n = n.max(CHUNK);
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0.0f32; n];
+    let mut best = f64::INFINITY;
+    for rep in 0..6 {
+        let t0 = Instant::now();
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&dst);
+    (2 * n as u64 * F32) as f64 / best / 1e9
+}
+
+/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s.
+fn sgemm_gflops(m: usize, k: usize, n: usize) -> f64 {
+    let mut rng = Rng::new(11);
+    let a = Array2::from_shape_fn((m, k), |_| rng.normal() as f32);
+    let b = Array2::from_shape_fn((k, n), |_| rng.normal() as f32);
+    let mut c = Array2::<f32>::zeros((m, n));
+    let mut best = f64::INFINITY;
+    for rep in 0..4 {
+        let t0 = Instant::now();
+        f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut());
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&c);
+    2.0 * (m * k * n) as f64 / best / 1e9
+}
+
+/// A size divided by the scale, at least 1.
+fn div(x: usize, scale: usize) -> usize {
+    (x / scale).max(1)
+}
+
+/// `n` Zipf draws over `[0, v)`.
+fn zipf_ids(rng: &mut Rng, v: usize, n: usize) -> Vec<usize> {
+    let z = Zipf::new(v, ZIPF_S);
+    (0..n).map(|_| z.sample(rng)).collect()
+}
+
+/// An `f32` array of N(0, 1) draws.
+fn normal(rng: &mut Rng, shape: &[usize]) -> ArrayD<f32> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal() as f32)
+}
+
+/// Number of distinct values.
+fn n_unique(xs: impl IntoIterator<Item = usize>) -> u64 {
+    let mut v: Vec<usize> = xs.into_iter().collect();
+    v.sort_unstable();
+    v.dedup();
+    v.len() as u64
+}
+
+/// A built workload.
+enum Built {
+    Embed(Box<EmbedBench>),
+    SplitVocab(Box<SplitVocabBench>),
+    LmHead(Box<LmHeadBench>),
+}
+
+fn build(w: Workload, scale: usize) -> Result<Built> {
+    let mut rng = Rng::new(0x5eed ^ w as u64);
+    Ok(match w {
+        Workload::EmbedPrompt | Workload::EmbedFull => {
+            Built::Embed(Box::new(EmbedBench::new(w, scale, &mut rng)?))
+        }
+        Workload::SplitVocab => Built::SplitVocab(Box::new(SplitVocabBench::new(scale, &mut rng)?)),
+        Workload::LmHead => Built::LmHead(Box::new(LmHeadBench::new(scale, &mut rng)?)),
+    })
+}
+
+impl Built {
+    /// One training step; its loss.
+    fn step(&mut self) -> Result<f64> {
+        match self {
+            Built::Embed(b) => b.step(),
+            Built::SplitVocab(b) => b.step(),
+            Built::LmHead(b) => b.step(),
+        }
+    }
+
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Built::Embed(b) => b.bytes_terms(),
+            Built::SplitVocab(b) => b.bytes_terms(),
+            Built::LmHead(b) => b.bytes_terms(),
+        }
+    }
+
+    fn params_bytes(&self) -> u64 {
+        let params: Vec<&Parameter<f32>> = match self {
+            Built::Embed(b) => b.emb.parameters().iter().collect(),
+            Built::SplitVocab(b) => vec![&b.table, b.sv.rows(), b.sv.gate_logit()],
+            Built::LmHead(b) => b.head.parameters().iter().collect(),
+        };
+        F32 * params.iter().map(|p| p.value().len() as u64).sum::<u64>()
+    }
+
+    fn workspace_bytes(&self) -> Option<u64> {
+        match self {
+            Built::LmHead(b) => {
+                Some(b.head.chunks().workspace_bytes::<f32>(b.head.hidden_size()) as u64)
+            }
+            _ => None,
+        }
+    }
+
+    fn flops(&self) -> Option<f64> {
+        self.sgemm_shape()
+            .map(|(n, h, v)| 6.0 * n as f64 * v as f64 * h as f64)
+    }
+
+    /// (N, H, V) of the head: the shape of its logits gemm.
+    fn sgemm_shape(&self) -> Option<(usize, usize, usize)> {
+        match self {
+            Built::LmHead(b) => Some((b.labels.len(), b.head.hidden_size(), b.head.vocab_size())),
+            _ => None,
+        }
+    }
+}
+
+/// Applies `opt` to each parameter that has a gradient.
+fn update_all<O: Optimizer<f32>>(
+    opt: &mut O,
+    params: &mut [Parameter<f32>],
+    grads: &[Option<Grad<f32>>],
+) -> Result<()> {
+    for (p, g) in params.iter_mut().zip(grads) {
+        if let Some(g) = g {
+            opt.update(p, g)?;
+        }
+    }
+    Ok(())
+}
+
+/// `embed_prompt` and `embed_full`.
+struct EmbedBench {
+    emb: SplitTokenEmbeddings<f32>,
+    ids: ArrayD<i64>,
+    r: ArrayD<f32>,
+    opt: LazyAdam<f32>,
+}
+
+impl EmbedBench {
+    fn new(w: Workload, scale: usize, rng: &mut Rng) -> Result<Self> {
+        let h = div(1024, scale);
+        let n = div(8192, scale);
+        let (mut emb, ids) = if w == Workload::EmbedPrompt {
+            let (orig, prompt) = (div(151936, scale), div(16, scale));
+            let mut emb = SplitTokenEmbeddings::new(
+                &[("orig", orig), ("prompt", prompt)],
+                &["orig", "prompt"],
+                h,
+            )?;
+            emb.set_trainable("orig", false)?;
+            let (zo, zp) = (Zipf::new(orig, ZIPF_S), Zipf::new(prompt, ZIPF_S));
+            let ids: Vec<i64> = (0..n)
+                .map(|i| match i % 8 {
+                    7 => (orig + zp.sample(rng)) as i64,
+                    _ => zo.sample(rng) as i64,
+                })
+                .collect();
+            (emb, ids)
+        } else {
+            let sizes = [
+                ("orig", div(32000, scale)),
+                ("special", div(256, scale)),
+                ("prompt", div(64, scale)),
+            ];
+            let emb = SplitTokenEmbeddings::new(&sizes, &["orig", "special", "prompt"], h)?;
+            let v = emb.vocab_size();
+            let ids = zipf_ids(rng, v, n).into_iter().map(|i| i as i64).collect();
+            (emb, ids)
+        };
+        emb.reset_parameters(rng);
+        let r = normal(rng, &[n, h]);
+        let opt = LazyAdam::new(LazyAdamConfig {
+            lr: LR,
+            ..LazyAdamConfig::default()
+        })?;
+        Ok(EmbedBench {
+            emb,
+            ids: ArrayD::from_shape_vec(IxDyn(&[n]), ids).expect("n ids"),
+            r,
+            opt,
+        })
+    }
+
+    fn step(&mut self) -> Result<f64> {
+        let (loss, grads) = {
+            let mut tape = Tape::new();
+            let out = self.emb.forward(&mut tape, self.ids.view())?;
+            let loss = tape.dot_const_view(out, self.r.view());
+            let mut g = tape.backward(loss);
+            let grads: Vec<Option<Grad<f32>>> = self
+                .emb
+                .parameters()
+                .iter()
+                .map(|p| g.take(p.id()))
+                .collect();
+            (tape.scalar(loss), grads)
+        };
+        update_all(&mut self.opt, self.emb.parameters_mut(), &grads)?;
+        Ok(loss as f64)
+    }
+
+    /// See `docs/bench.md#embed_prompt-and-embed_full`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let h = self.emb.hidden_size() as u64;
+        let n = self.ids.len() as u64;
+        let routing = self.emb.splits().routing();
+        let owners: Vec<(usize, usize)> = self
+            .ids
+            .iter()
+            .map(|&i| routing.route(i).expect("ids are in range"))
+            .collect();
+        let trainable = |k: usize| self.emb.parameters()[k].is_trainable();
+        let global = |&(k, l): &(usize, usize)| routing.start(k) + l;
+        let u_all = n_unique(owners.iter().map(global));
+        let mine: Vec<&(usize, usize)> = owners.iter().filter(|o| trainable(o.0)).collect();
+        let n_t = mine.len() as u64;
+        let u_t = n_unique(mine.into_iter().map(global));
+        let row = F32 * h;
+        vec![
+            ("gather: read the distinct rows", u_all * row),
+            ("gather: write out (N, H)", n * row),
+            ("loss: read out and R", 2 * n * row),
+            ("backward: read ∂out rows of trainable ids", n_t * row),
+            ("backward: write the coalesced rows", u_t * row),
+            ("lazy Adam: read p, m, v, g; write p, m, v", 7 * u_t * row),
+        ]
+    }
+}
+
+/// `splitvocab`.
+struct SplitVocabBench {
+    table: Parameter<f32>,
+    sv: SplitVocabulary<f32>,
+    tokens: Vec<i64>,
+    token_rows: Vec<usize>,
+    langs: Vec<i64>,
+    r: ArrayD<f32>,
+    tables: LazyAdam<f32>,
+    dense: Adam<f32>,
+}
+
+impl SplitVocabBench {
+    fn new(scale: usize, rng: &mut Rng) -> Result<Self> {
+        let (v, d, l) = (div(32000, scale), div(512, scale), 8usize);
+        let n_rows = div(20000, scale).min(l * v);
+        let n = div(8192, scale);
+        // Distinct (language, token) cells, uniformly.
+        let mut cells: Vec<usize> = (0..l * v).collect();
+        rng.shuffle(&mut cells);
+        cells.truncate(n_rows);
+        cells.sort_unstable();
+        let index = SplitIndex::new(
+            cells.iter().map(|c| c / v).collect(),
+            cells.iter().map(|c| c % v).collect(),
+        );
+        let mut sv = SplitVocabulary::new(index, v, d, l, 0.0)?;
+        let table = Parameter::new("shared.weight", normal(rng, &[v, d]));
+        sv.seed_from(
+            table
+                .value()
+                .view()
+                .into_dimensionality()
+                .expect("2-D table"),
+        )?;
+        // Rows a little away from their shared row, so that every fusion
+        // deviation is non-zero.
+        let (rows, _) = sv.parameters_mut();
+        rows.value_mut()
+            .mapv_inplace(|x| x + 0.01 * rng.normal() as f32);
+        let token_rows = zipf_ids(rng, v, n);
+        let tokens = token_rows.iter().map(|&t| t as i64).collect();
+        let langs = (0..n).map(|_| rng.below(l as u64) as i64).collect();
+        let r = normal(rng, &[n, d]);
+        Ok(SplitVocabBench {
+            table,
+            sv,
+            tokens,
+            token_rows,
+            langs,
+            r,
+            tables: LazyAdam::new(LazyAdamConfig {
+                lr: LR,
+                ..LazyAdamConfig::default()
+            })?,
+            dense: Adam::new(AdamConfig {
+                lr: LR,
+                ..AdamConfig::default()
+            })?,
+        })
+    }
+
+    fn step(&mut self) -> Result<f64> {
+        let (loss, g_table, g_rows, g_gate) = {
+            let mut tape = Tape::new();
+            let table = tape.param(&self.table);
+            let shared = tape.gather(table, &self.token_rows);
+            let out = self
+                .sv
+                .forward(&mut tape, &self.tokens, &self.langs, shared, true)?;
+            let fit = tape.dot_const_view(out, self.r.view());
+            let pen = self.sv.penalty_var(&mut tape);
+            let pen = tape.scale(pen, 0.01);
+            let fus = self.sv.fusion_penalty_var(&mut tape);
+            let fus = tape.scale(fus, 0.01);
+            let loss = tape.add(fit, pen);
+            let loss = tape.add(loss, fus);
+            let mut g = tape.backward(loss);
+            (
+                tape.scalar(loss),
+                g.take(self.table.id()),
+                g.take(self.sv.rows().id()),
+                g.take(self.sv.gate_logit().id()),
+            )
+        };
+        update_all(
+            &mut self.tables,
+            std::slice::from_mut(&mut self.table),
+            &[g_table],
+        )?;
+        let (rows, gate) = self.sv.parameters_mut();
+        update_all(&mut self.tables, std::slice::from_mut(rows), &[g_rows])?;
+        update_all(&mut self.dense, std::slice::from_mut(gate), &[g_gate])?;
+        Ok(loss as f64)
+    }
+
+    /// See `docs/bench.md#splitvocab`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let d = self.sv.dim() as u64;
+        let n = self.tokens.len() as u64;
+        let n_rows = self.sv.n_rows() as u64;
+        let hit: Vec<usize> = self
+            .tokens
+            .iter()
+            .zip(&self.langs)
+            .filter_map(|(&t, &l)| self.sv.row_of(l as usize, t as usize))
+            .collect();
+        let u_s = n_unique(self.token_rows.iter().copied());
+        let u_r = n_unique(hit.iter().copied());
+        let groups = n_unique(self.sv.index().token_index.iter().copied());
+        let row = F32 * d;
+        vec![
+            (
+                "shared gather: read the distinct rows, write (N, D)",
+                (u_s + n) * row,
+            ),
+            ("gate: read logits, write σ", 2 * F32 * n_rows),
+            (
+                "mix: read shared and the rows hit, write out",
+                (2 * n + u_r) * row,
+            ),
+            (
+                "loss: read out and R; penalty: read σ",
+                2 * n * row + F32 * n_rows,
+            ),
+            (
+                "fusion forward: read rows twice, centroids",
+                (2 * n_rows + 2 * groups) * row,
+            ),
+            (
+                "fusion backward: read rows twice, write ∂rows",
+                3 * n_rows * row,
+            ),
+            (
+                "mix backward: read ∂out, shared, rows hit; write ∂shared, ∂rows hit",
+                (3 * n + 2 * u_r) * row,
+            ),
+            (
+                "shared backward: read ∂shared, write the coalesced rows",
+                (n + u_s) * row,
+            ),
+            ("lazy Adam, shared table: the touched rows", 7 * u_s * row),
+            (
+                "lazy Adam, split rows: every row (dense gradient)",
+                7 * n_rows * row,
+            ),
+            ("Adam, gate logits", 7 * F32 * n_rows),
+        ]
+    }
+}
+
+/// `lmhead`.
+struct LmHeadBench {
+    head: SplitLanguageModellingHead<f32>,
+    hidden: ArrayD<f32>,
+    labels: ArrayD<i64>,
+    opt: Adam<f32>,
+}
+
+impl LmHeadBench {
+    fn new(scale: usize, rng: &mut Rng) -> Result<Self> {
+        let h = div(512, scale);
+        let n = div(2048, scale);
+        let sizes = [("orig", div(32000, scale)), ("new", div(256, scale))];
+        let mut head = SplitLanguageModellingHead::new(&sizes, &["orig", "new"], h)?;
+        head.set_chunks(ChunkSizes::default());
+        head.reset_parameters(rng);
+        let v = head.vocab_size();
+        let mut labels: Vec<i64> = zipf_ids(rng, v, n).into_iter().map(|i| i as i64).collect();
+        // Exactly 10 % of the positions (rounded), chosen at random, ignored.
+        let mut pos: Vec<usize> = (0..n).collect();
+        rng.shuffle(&mut pos);
+        for &p in &pos[..(n as f64 * 0.1).round() as usize] {
+            labels[p] = crate::ops::cross_entropy::IGNORE_INDEX;
+        }
+        Ok(LmHeadBench {
+            head,
+            hidden: normal(rng, &[n, h]),
+            labels: ArrayD::from_shape_vec(IxDyn(&[n]), labels).expect("n labels"),
+            opt: Adam::new(AdamConfig {
+                lr: LR,
+                ..AdamConfig::default()
+            })?,
+        })
+    }
+
+    fn step(&mut self) -> Result<f64> {
+        let (loss, grads) = {
+            let mut tape = Tape::new();
+            let hidden = tape.input_view(self.hidden.view());
+            let per_token = self.head.forward(&mut tape, hidden, self.labels.view())?;
+            let loss = tape.sum(per_token);
+            let mut g = tape.backward(loss);
+            debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
+            let grads: Vec<Option<Grad<f32>>> = self
+                .head
+                .parameters()
+                .iter()
+                .map(|p| g.take(p.id()))
+                .collect();
+            (tape.scalar(loss), grads)
+        };
+        update_all(&mut self.opt, self.head.parameters_mut(), &grads)?;
+        Ok(loss as f64)
+    }
+
+    /// See `docs/bench.md#lmhead`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let h = self.head.hidden_size() as u64;
+        let (n, v) = (self.labels.len() as u64, self.head.vocab_size() as u64);
+        let row = F32 * h;
+        vec![
+            ("forward: read hidden and W", (n + v) * row),
+            (
+                "backward: read hidden and W, write ∂hidden and ∂W",
+                2 * (n + v) * row,
+            ),
+            ("Adam: read p, m, v, g; write p, m, v", 7 * v * row),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn bad_configs_are_errors() {
+        let c = BenchConfig::new(Workload::EmbedFull);
+        for bad in [
+            BenchConfig { steps: 0, ..c },
+            BenchConfig { scale: 0, ..c },
+            BenchConfig {
+                threads: Some(0),
+                ..c
+            },
+        ] {
+            assert!(run(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prompt_ids_sit_at_every_eighth_position() {
+        let b = EmbedBench::new(Workload::EmbedPrompt, 64, &mut Rng::new(1)).unwrap();
+        let orig = b.emb.split("orig").unwrap().value().shape()[0] as i64;
+        for (i, &id) in b.ids.iter().enumerate() {
+            assert_eq!(id >= orig, i % 8 == 7, "position {i}, id {id}");
+        }
+    }
+}
