@@ -184,6 +184,10 @@ pub struct BenchReport {
     pub median_s: f64,
     /// Minimum of `step_s`.
     pub min_s: f64,
+    /// Medians of the three phases of a step: forward (the tape built up
+    /// to the loss), backward (gradients taken, the tape dropped) and the
+    /// optimiser update.
+    pub phase_median_s: [f64; 3],
     /// Peak resident memory of the process after the steps (`VmHWM`), MiB;
     /// `None` where `/proc/self/status` does not exist.
     pub peak_rss_mib: Option<f64>,
@@ -257,11 +261,16 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let mut w = build(cfg.workload, cfg.scale)?;
     w.step()?;
     let mut step_s = Vec::with_capacity(cfg.steps);
+    let mut phases: [Vec<f64>; 3] = Default::default();
     let mut loss = 0.0;
     for _ in 0..cfg.steps {
         let t0 = Instant::now();
-        loss = w.step()?;
+        let out = w.step()?;
         step_s.push(t0.elapsed().as_secs_f64());
+        loss = out.loss;
+        for (p, s) in phases.iter_mut().zip(out.phase_s) {
+            p.push(s);
+        }
     }
     // Before the copy's buffers raise it.
     let peak_rss_mib = peak_rss_mib();
@@ -285,6 +294,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         median_s,
         min_s,
         step_s,
+        phase_median_s: phases.map(|p| median(&p)),
         peak_rss_mib,
         params_bytes,
         bytes_moved,
@@ -322,11 +332,21 @@ fn peak_rss_mib() -> Option<f64> {
 
 /// Best of five parallel copies of `n` `f32` (after one that faults the
 /// pages in), counting bytes read plus bytes written, GB/s.
+///
+/// Both buffers start on a page boundary: a destination a few bytes past
+/// the source modulo 4096 makes every load wait on the store before it (4K
+/// aliasing) and halves the rate, whichever way the allocator placed them.
 fn memcpy_gbps(n: usize) -> f64 {
     const CHUNK: usize = 1 << 16;
+    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
     let n = n.max(CHUNK);
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0.0f32; n];
+    let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
+    let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
+    let mut dst_buf = vec![0.0f32; n + PAGE];
+    let s0 = page_aligned(&src_buf);
+    let d0 = page_aligned(&dst_buf);
+    let src = &src_buf[s0..s0 + n];
+    let dst = &mut dst_buf[d0..d0 + n];
     let mut best = f64::INFINITY;
     for rep in 0..6 {
         let t0 = Instant::now();
@@ -338,7 +358,7 @@ fn memcpy_gbps(n: usize) -> f64 {
             best = best.min(t);
         }
     }
-    std::hint::black_box(&dst);
+    std::hint::black_box(&dst_buf);
     (2 * n as u64 * F32) as f64 / best / 1e9
 }
 
@@ -404,8 +424,8 @@ fn build(w: Workload, scale: usize) -> Result<Built> {
 }
 
 impl Built {
-    /// One training step; its loss.
-    fn step(&mut self) -> Result<f64> {
+    /// One training step.
+    fn step(&mut self) -> Result<StepOut> {
         match self {
             Built::Embed(b) => b.step(),
             Built::SplitVocab(b) => b.step(),
@@ -450,6 +470,31 @@ impl Built {
             Built::LmHead(b) => Some((b.labels.len(), b.head.hidden_size(), b.head.vocab_size())),
             _ => None,
         }
+    }
+}
+
+/// One step's loss and the seconds of its three phases.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepOut {
+    loss: f64,
+    /// Forward (tape built up to the loss), backward (gradients taken, the
+    /// tape dropped), optimiser update.
+    phase_s: [f64; 3],
+}
+
+/// Seconds between successive calls to [`Laps::lap`].
+struct Laps(Instant);
+
+impl Laps {
+    fn start() -> Self {
+        Laps(Instant::now())
+    }
+
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let s = (now - self.0).as_secs_f64();
+        self.0 = now;
+        s
     }
 }
 
@@ -520,11 +565,13 @@ impl EmbedBench {
         })
     }
 
-    fn step(&mut self) -> Result<f64> {
-        let (loss, grads) = {
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, grads, forward_s) = {
             let mut tape = Tape::new();
             let out = self.emb.forward(&mut tape, self.ids.view())?;
             let loss = tape.dot_const_view(out, self.r.view());
+            let forward_s = laps.lap();
             let mut g = tape.backward(loss);
             let grads: Vec<Option<Grad<f32>>> = self
                 .emb
@@ -532,10 +579,14 @@ impl EmbedBench {
                 .iter()
                 .map(|p| g.take(p.id()))
                 .collect();
-            (tape.scalar(loss), grads)
+            (tape.scalar(loss), grads, forward_s)
         };
+        let backward_s = laps.lap();
         update_all(&mut self.opt, self.emb.parameters_mut(), &grads)?;
-        Ok(loss as f64)
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
     }
 
     /// See `docs/bench.md#embed_prompt-and-embed_full`.
@@ -628,8 +679,9 @@ impl SplitVocabBench {
         })
     }
 
-    fn step(&mut self) -> Result<f64> {
-        let (loss, g_table, g_rows, g_gate) = {
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, g_table, g_rows, g_gate, forward_s) = {
             let mut tape = Tape::new();
             let table = tape.param(&self.table);
             let shared = tape.gather(table, &self.token_rows);
@@ -643,14 +695,17 @@ impl SplitVocabBench {
             let fus = tape.scale(fus, 0.01);
             let loss = tape.add(fit, pen);
             let loss = tape.add(loss, fus);
+            let forward_s = laps.lap();
             let mut g = tape.backward(loss);
             (
                 tape.scalar(loss),
                 g.take(self.table.id()),
                 g.take(self.sv.rows().id()),
                 g.take(self.sv.gate_logit().id()),
+                forward_s,
             )
         };
+        let backward_s = laps.lap();
         update_all(
             &mut self.tables,
             std::slice::from_mut(&mut self.table),
@@ -659,7 +714,10 @@ impl SplitVocabBench {
         let (rows, gate) = self.sv.parameters_mut();
         update_all(&mut self.tables, std::slice::from_mut(rows), &[g_rows])?;
         update_all(&mut self.dense, std::slice::from_mut(gate), &[g_gate])?;
-        Ok(loss as f64)
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
     }
 
     /// See `docs/bench.md#splitvocab`.
@@ -752,12 +810,14 @@ impl LmHeadBench {
         })
     }
 
-    fn step(&mut self) -> Result<f64> {
-        let (loss, grads) = {
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, grads, forward_s) = {
             let mut tape = Tape::new();
             let hidden = tape.input_view(self.hidden.view());
             let per_token = self.head.forward(&mut tape, hidden, self.labels.view())?;
             let loss = tape.sum(per_token);
+            let forward_s = laps.lap();
             let mut g = tape.backward(loss);
             debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
             let grads: Vec<Option<Grad<f32>>> = self
@@ -766,10 +826,14 @@ impl LmHeadBench {
                 .iter()
                 .map(|p| g.take(p.id()))
                 .collect();
-            (tape.scalar(loss), grads)
+            (tape.scalar(loss), grads, forward_s)
         };
+        let backward_s = laps.lap();
         update_all(&mut self.opt, self.head.parameters_mut(), &grads)?;
-        Ok(loss as f64)
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
     }
 
     /// See `docs/bench.md#lmhead`.

@@ -74,6 +74,15 @@ fn table(r: &BenchReport) -> String {
             format!("median {}, min {}", ms(r.median_s), ms(r.min_s)),
         ),
         (
+            "phases".into(),
+            format!(
+                "forward {}, backward {}, update {} (medians)",
+                ms(r.phase_median_s[0]),
+                ms(r.phase_median_s[1]),
+                ms(r.phase_median_s[2])
+            ),
+        ),
+        (
             "vs PyTorch".into(),
             format!(
                 "{:.2}× its {}{}",
@@ -148,6 +157,9 @@ fn to_json(r: &BenchReport) -> Value {
         "threads": r.threads,
         "scale": r.scale,
         "step_s": r.step_s,
+        "forward_s": r.phase_median_s[0],
+        "backward_s": r.phase_median_s[1],
+        "update_s": r.phase_median_s[2],
         "peak_rss_mib": r.peak_rss_mib,
         "params_bytes": r.params_bytes,
         "bytes_moved": r.bytes_moved,
