@@ -188,6 +188,13 @@ pub struct BenchReport {
     /// to the loss), backward (gradients taken, the tape dropped) and the
     /// optimiser update.
     pub phase_median_s: [f64; 3],
+    /// Seconds on a CPU per timed step, summed over the process's threads
+    /// (rayon's spinning included); `None` without `/proc/self/task`.
+    pub cpu_s_per_step: Option<f64>,
+    /// Seconds per timed step that the process's threads were ready to run
+    /// but waited for a CPU (summed over threads): what other processes on
+    /// a shared machine took from this one.
+    pub wait_s_per_step: Option<f64>,
     /// Peak resident memory of the process after the steps (`VmHWM`), MiB;
     /// `None` where `/proc/self/status` does not exist.
     pub peak_rss_mib: Option<f64>,
@@ -263,6 +270,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let mut step_s = Vec::with_capacity(cfg.steps);
     let mut phases: [Vec<f64>; 3] = Default::default();
     let mut loss = 0.0;
+    let sched0 = sched_ns();
     for _ in 0..cfg.steps {
         let t0 = Instant::now();
         let out = w.step()?;
@@ -272,6 +280,11 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             p.push(s);
         }
     }
+    let per_step = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e9 / cfg.steps as f64;
+    let (cpu_s_per_step, wait_s_per_step) = match (sched0, sched_ns()) {
+        (Some(a), Some(b)) => (Some(per_step(a.0, b.0)), Some(per_step(a.1, b.1))),
+        _ => (None, None),
+    };
     // Before the copy's buffers raise it.
     let peak_rss_mib = peak_rss_mib();
     let median_s = median(&step_s);
@@ -295,6 +308,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         min_s,
         step_s,
         phase_median_s: phases.map(|p| median(&p)),
+        cpu_s_per_step,
+        wait_s_per_step,
         peak_rss_mib,
         params_bytes,
         bytes_moved,
@@ -328,6 +343,21 @@ fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// Nanoseconds (on a CPU, waiting for one) summed over the threads of the
+/// process, from `/proc/self/task/*/schedstat`.
+fn sched_ns() -> Option<(u64, u64)> {
+    let mut total = (0u64, 0u64);
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+        total.0 += f.next()??;
+        total.1 += f.next()??;
+    }
+    Some(total)
 }
 
 /// Best of five parallel copies of `n` `f32` (after one that faults the

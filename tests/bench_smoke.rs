@@ -8,13 +8,13 @@ fn every_workload_runs_and_reports_finite_figures() {
     for w in Workload::ALL {
         let cfg = BenchConfig {
             steps: 3,
-            threads: Some(2),
+            threads: Some(3),
             scale: 64,
             ..BenchConfig::new(w)
         };
         let r = run(&cfg).unwrap_or_else(|e| panic!("{w}: {e}"));
         assert_eq!(r.workload, w);
-        assert_eq!((r.steps, r.threads, r.scale), (3, 2, 64));
+        assert_eq!((r.steps, r.threads, r.scale), (3, 3, 64));
         assert_eq!(r.step_s.len(), 3, "{w}");
         assert!(r.step_s.iter().all(|s| s.is_finite() && *s > 0.0), "{w}");
         assert!(r.min_s <= r.median_s, "{w}");
@@ -23,6 +23,9 @@ fn every_workload_runs_and_reports_finite_figures() {
             "{w}"
         );
         assert!(r.loss.is_finite(), "{w}: loss {}", r.loss);
+        for x in [r.cpu_s_per_step, r.wait_s_per_step] {
+            assert!(x.is_none_or(|x| x.is_finite() && x >= 0.0), "{w}");
+        }
         assert!(r.bytes_moved > 0, "{w}");
         assert_eq!(
             r.bytes_moved,

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use splitgrad::bench::{BenchConfig, BenchReport, Workload, run as run_bench};
 
 use super::{CliResult, set_threads};
@@ -96,6 +96,17 @@ fn table(r: &BenchReport) -> String {
             ),
         ),
         (
+            "cpu".into(),
+            match (r.cpu_s_per_step, r.wait_s_per_step) {
+                (Some(c), Some(w)) => format!(
+                    "{} on a CPU, {} waiting for one, per step (all threads)",
+                    ms(c),
+                    ms(w)
+                ),
+                _ => "unknown".into(),
+            },
+        ),
+        (
             "peak memory".into(),
             match r.peak_rss_mib {
                 Some(m) => format!(
@@ -144,11 +155,7 @@ fn table(r: &BenchReport) -> String {
 
 /// The report as one JSON object.
 fn to_json(r: &BenchReport) -> Value {
-    let terms: Map<String, Value> = r
-        .bytes_terms
-        .iter()
-        .map(|&(k, b)| (k.to_string(), json!(b)))
-        .collect();
+    let terms: Vec<Value> = r.bytes_terms.iter().map(|&(k, b)| json!([k, b])).collect();
     json!({
         "workload": r.workload.name(),
         "median_s": r.median_s,
@@ -160,6 +167,8 @@ fn to_json(r: &BenchReport) -> Value {
         "forward_s": r.phase_median_s[0],
         "backward_s": r.phase_median_s[1],
         "update_s": r.phase_median_s[2],
+        "cpu_s_per_step": r.cpu_s_per_step,
+        "wait_s_per_step": r.wait_s_per_step,
         "peak_rss_mib": r.peak_rss_mib,
         "params_bytes": r.params_bytes,
         "bytes_moved": r.bytes_moved,
