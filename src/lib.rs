@@ -7,6 +7,7 @@
 #![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod checkpoint;
 pub mod error;
 pub mod golden;

@@ -1,5 +1,6 @@
 //! The command line: argument definitions and dispatch.
 
+mod bench;
 mod data;
 mod golden;
 mod plots;
@@ -42,6 +43,8 @@ enum Command {
         #[command(subcommand)]
         command: GoldenCommand,
     },
+    /// Time one of the four benchmark workloads of SPEC section 3.
+    Bench(bench::BenchArgs),
 }
 
 /// Options of `splitgrad train`.
@@ -168,6 +171,7 @@ pub fn run(cli: Cli) -> CliResult<ExitCode> {
         Command::Select(args) => select::run(args),
         Command::Report(args) => report::run(args),
         Command::Sweep(args) => sweep::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Golden { command } => match command {
             GoldenCommand::Gen {
                 layer,

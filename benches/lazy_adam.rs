@@ -1,0 +1,52 @@
+//! The lazy Adam update of the rows of a table that a batch of Zipf ids
+//! touched: the fast update on one thread and on all, and the naive one.
+
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use splitgrad::ops::scatter::coalesce_rows;
+use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+use splitgrad::{Grad, Parameter};
+
+const V: usize = 32000;
+const H: usize = 256;
+const N: usize = 8192;
+
+fn lazy_adam(c: &mut Criterion) {
+    let (one, all) = common::pools();
+    let ids = common::zipf_ids(12, V, N);
+    let grad = Grad::RowSparse(coalesce_rows(V, &ids, common::normal2(13, N, H).view()));
+    let Grad::RowSparse(rs) = &grad else {
+        unreachable!()
+    };
+    let touched = rs.rows.len();
+    let fresh = || {
+        let p = Parameter::new("table", common::normal(14, &[V, H]));
+        let opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+        (p, opt)
+    };
+
+    let mut g = c.benchmark_group("lazy_adam/update");
+    // Read p, m, v, g and write p, m, v of the touched rows.
+    g.throughput(Throughput::Bytes((7 * touched * H * 4) as u64));
+    for (name, pool) in [("serial", &one), ("parallel", &all)] {
+        let (mut p, mut opt) = fresh();
+        g.bench_function(name, |b| {
+            b.iter(|| pool.install(|| opt.update(&mut p, black_box(&grad)).unwrap()))
+        });
+    }
+    let (mut p, mut opt) = fresh();
+    g.bench_function("naive", |b| {
+        b.iter(|| opt.update_naive(&mut p, black_box(&grad)).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = lazy_adam
+}
+criterion_main!(benches);

@@ -1,0 +1,40 @@
+//! The gather's backward: coalescing row contributions with repeated
+//! (Zipf) ids into a row-sparse gradient, never touching a V × H buffer.
+//! The fast kernel on one thread and on all, and its naive twin.
+
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use splitgrad::ops::scatter::{coalesce_rows, coalesce_rows_naive};
+
+const V: usize = 32000;
+const H: usize = 256;
+const N: usize = 8192;
+
+fn scatter(c: &mut Criterion) {
+    let (one, all) = common::pools();
+    let ids = common::zipf_ids(3, V, N);
+    let values = common::normal2(4, N, H);
+    let mut g = c.benchmark_group("coalesce_rows/backward");
+    // The contributions read (the unique rows written are fewer).
+    g.throughput(Throughput::Bytes((N * H * 4) as u64));
+    g.bench_function("serial", |b| {
+        b.iter(|| one.install(|| black_box(coalesce_rows(V, black_box(&ids), values.view()))))
+    });
+    g.bench_function("parallel", |b| {
+        b.iter(|| all.install(|| black_box(coalesce_rows(V, black_box(&ids), values.view()))))
+    });
+    g.bench_function("naive", |b| {
+        b.iter(|| black_box(coalesce_rows_naive(V, black_box(&ids), values.view())))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = scatter
+}
+criterion_main!(benches);
