@@ -59,11 +59,23 @@ pub fn coalesce_rows<T: Real>(
         .map(|&p| ids[order[p] as usize])
         .collect();
     let mut out = Array2::<T>::zeros((n_unique, width));
+    // Contiguous input rows are summed as slices (the loop vectorises);
+    // other layouts go through ndarray's row views.
+    let flat_values = values.as_slice();
     let sum_group = |(j, dst): (usize, &mut [T])| {
         for &k in &order[starts[j]..starts[j + 1]] {
-            let src = values.row(k as usize);
-            for (d, &s) in dst.iter_mut().zip(src.iter()) {
-                *d += s;
+            let k = k as usize;
+            match flat_values {
+                Some(v) => {
+                    for (d, &s) in dst.iter_mut().zip(&v[k * width..(k + 1) * width]) {
+                        *d += s;
+                    }
+                }
+                None => {
+                    for (d, &s) in dst.iter_mut().zip(values.row(k).iter()) {
+                        *d += s;
+                    }
+                }
             }
         }
     };
