@@ -4,10 +4,12 @@
 //! f64 uses the standard library's `exp`. f32 uses a branch-free `exp`
 //! (Cody–Waite reduction by ln 2, Cephes' polynomial, the exponent put
 //! back through the bits; within 2 ulp of `f32::exp` on `[−87, 88]`)
-//! that the compiler vectorises; on x86-64 the same code is compiled a
-//! second time for AVX2 and chosen at run time. Both paths do the same
-//! operations in the same order on 16 fixed lanes (no fused multiply-add),
-//! so they give the same bits, whatever the machine or the thread count.
+//! that the compiler vectorises; on x86-64 the same code is compiled again
+//! for AVX2 and for AVX-512 and the widest the CPU has is chosen at run
+//! time (`SPLITGRAD_SIMD=baseline|avx2` forces a narrower one). Every path
+//! does the same operations in the same order on 16 fixed lanes (no fused
+//! multiply-add), so they give the same bits, whatever the machine or the
+//! thread count.
 //! The scalar twins ([`max_naive`], [`sum_exp_naive`]) are the reference
 //! the tests hold the fast ones to.
 
@@ -102,48 +104,93 @@ mod avx2 {
     }
 }
 
-/// Whether the AVX2 path is used (checked once; `SPLITGRAD_NO_SIMD=1`
-/// forces the baseline path, for tests and comparisons).
-fn use_avx2() -> bool {
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn max(z: &[f32]) -> f32 {
+        super::max_lanes(z)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sum_exp(z: &[f32], m: f32) -> f32 {
+        super::sum_exp_lanes(z, m)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scaled_exp(z: &mut [f32], shift: f32, scale: f32) {
+        super::scaled_exp_lanes(z, shift, scale)
+    }
+}
+
+/// The widest vector path of this CPU, checked once. `SPLITGRAD_SIMD`
+/// forces one: `baseline`, `avx2` or `avx512` (a path the CPU lacks falls
+/// back to the baseline), for tests and comparisons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Baseline,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn path() -> Path {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        *AVX2.get_or_init(|| {
-            std::env::var_os("SPLITGRAD_NO_SIMD").is_none() && is_x86_feature_detected!("avx2")
+        static PATH: OnceLock<Path> = OnceLock::new();
+        *PATH.get_or_init(|| {
+            let forced = std::env::var("SPLITGRAD_SIMD").ok();
+            let avx512 = is_x86_feature_detected!("avx512f");
+            let avx2 = is_x86_feature_detected!("avx2");
+            match forced.as_deref() {
+                Some("baseline") => Path::Baseline,
+                Some("avx2") if avx2 => Path::Avx2,
+                Some("avx2") => Path::Baseline,
+                _ if avx512 => Path::Avx512,
+                _ if avx2 => Path::Avx2,
+                _ => Path::Baseline,
+            }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        Path::Baseline
     }
 }
 
 fn max_f32(z: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2 was detected on this CPU.
-        return unsafe { avx2::max(z) };
+    match path() {
+        // SAFETY: `path` chose AVX-512 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::max(z) },
+        // SAFETY: `path` chose AVX2 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { avx2::max(z) },
+        Path::Baseline => max_lanes(z),
     }
-    max_lanes(z)
 }
 
 fn sum_exp_f32(z: &[f32], m: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2 was detected on this CPU.
-        return unsafe { avx2::sum_exp(z, m) };
+    match path() {
+        // SAFETY: `path` chose AVX-512 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::sum_exp(z, m) },
+        // SAFETY: `path` chose AVX2 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { avx2::sum_exp(z, m) },
+        Path::Baseline => sum_exp_lanes(z, m),
     }
-    sum_exp_lanes(z, m)
 }
 
 fn scaled_exp_f32(z: &mut [f32], shift: f32, scale: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2 was detected on this CPU.
-        return unsafe { avx2::scaled_exp(z, shift, scale) };
+    match path() {
+        // SAFETY: `path` chose AVX-512 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::scaled_exp(z, shift, scale) },
+        // SAFETY: `path` chose AVX2 only where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { avx2::scaled_exp(z, shift, scale) },
+        Path::Baseline => scaled_exp_lanes(z, shift, scale),
     }
-    scaled_exp_lanes(z, shift, scale)
 }
 
 /// The largest element (−∞ for an empty row). NaN elements are skipped
@@ -272,24 +319,42 @@ mod tests {
     }
 
     #[test]
-    fn baseline_and_avx2_give_the_same_bits() {
+    fn every_vector_path_gives_the_baseline_bits() {
         let mut rng = Rng::new(6);
         let z: Vec<f32> = (0..1003).map(|_| 10.0 * rng.normal() as f32).collect();
         let m = max_lanes(&z);
         let base = sum_exp_lanes(&z, m);
+        let mut scaled = z.clone();
+        scaled_exp_lanes(&mut scaled, m, 0.25);
+        let same = |a: &[f32]| {
+            a.iter()
+                .zip(&scaled)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+        };
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was detected on this CPU.
-            let (am, asum) = unsafe { (avx2::max(&z), avx2::sum_exp(&z, m)) };
-            assert_eq!(am.to_bits(), m.to_bits());
-            assert_eq!(asum.to_bits(), base.to_bits());
-            let (mut a, mut b) = (z.clone(), z.clone());
-            scaled_exp_lanes(&mut a, m, 0.25);
-            // SAFETY: as above.
-            unsafe { avx2::scaled_exp(&mut b, m, 0.25) };
-            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        {
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was detected on this CPU.
+                let (am, asum) = unsafe { (avx2::max(&z), avx2::sum_exp(&z, m)) };
+                assert_eq!(am.to_bits(), m.to_bits());
+                assert_eq!(asum.to_bits(), base.to_bits());
+                let mut b = z.clone();
+                // SAFETY: as above.
+                unsafe { avx2::scaled_exp(&mut b, m, 0.25) };
+                assert!(same(&b));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F was detected on this CPU.
+                let (am, asum) = unsafe { (avx512::max(&z), avx512::sum_exp(&z, m)) };
+                assert_eq!(am.to_bits(), m.to_bits());
+                assert_eq!(asum.to_bits(), base.to_bits());
+                let mut b = z.clone();
+                // SAFETY: as above.
+                unsafe { avx512::scaled_exp(&mut b, m, 0.25) };
+                assert!(same(&b));
+            }
         }
-        let _ = base;
+        assert!(same(&scaled));
     }
 
     #[test]
