@@ -314,7 +314,8 @@ impl<T: Real> Trainer<T> {
 
     /// Restores the weights, the optimisers, the step and the history from
     /// a checkpoint written by [`Self::save`] for this model and corpus.
-    /// Every tensor is checked by name, dtype and shape.
+    /// Every tensor is checked by name, dtype and shape, and the weights and
+    /// optimiser moments for NaN and infinity.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
@@ -380,7 +381,9 @@ impl<T: Real> Trainer<T> {
                     StateValue::Step(*ck.get_u64(name, &[])?.first().expect("0-d"))
                 } else {
                     let shape = ck.shape(name)?.to_vec();
-                    StateValue::Array(ck.get_real::<T>(name, &shape)?)
+                    let moments = ck.get_real::<T>(name, &shape)?;
+                    crate::io::check_finite(moments.view(), name).map_err(|e| e.in_file(path))?;
+                    StateValue::Array(moments)
                 };
                 entries.push((rest.to_string(), value));
             }

@@ -609,6 +609,22 @@ fn r25_checkpoint_nan_weight() {
 }
 
 #[test]
+fn r26_checkpoint_infinite_optimiser_state() {
+    let dir = scratch("r26");
+    let ck = trained(&dir);
+    let name = "optimizer.dense.lm_head.vocab.weight.exp_avg_sq";
+    rewrite_checkpoint(&ck, |t| poison(t, name, f32::INFINITY));
+    let line = resume_fails(&dir, &[]);
+    assert_error(
+        &line,
+        &dir,
+        &format!(
+            "{{dir}}/out/model.safetensors: array `{name}`: non-finite value inf at position [0, 1]"
+        ),
+    );
+}
+
+#[test]
 fn r27_checkpoint_truncated() {
     let dir = scratch("r27");
     let ck = trained(&dir);
