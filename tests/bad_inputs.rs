@@ -571,6 +571,25 @@ fn r21_corpus_empty() {
 }
 
 #[test]
+fn r22_corpus_single_token() {
+    let dir = scratch("r22");
+    let c = npz(&dir, "corpus.npz", |w| {
+        w.add("token_ids", &arr1(&[7i64]))
+            .add("language_ids", &arr1(&[0i64]));
+    });
+    let mut args = vec!["--corpus", s(&c)];
+    args.extend(FAST);
+    let line = train_fails(&dir, &args);
+    assert_error(
+        &line,
+        &dir,
+        "{dir}/corpus.npz: no bigram to train on: every sequence holds a single token",
+    );
+}
+
+// --- the checkpoint ------------------------------------------------------------
+
+#[test]
 fn r23_checkpoint_of_another_dim() {
     let dir = scratch("r23");
     trained(&dir);
