@@ -408,7 +408,7 @@ pub fn routing(data: &[u8]) {
             2 => (total as i64)
                 .wrapping_sub(2)
                 .wrapping_add(b.below(5) as i64),
-            _ => b.below(total.max(1) + 8) as i64,
+            _ => b.below(total.max(1).saturating_add(8)) as i64,
         };
         ids.push(id);
     }
@@ -863,8 +863,8 @@ fn diff_fusion_penalty(b: &mut Bytes) {
     let mut total = 0.0;
     let mut units = Array2::<f64>::zeros((n, d));
     let mut ill_conditioned = false;
-    for i in 0..n {
-        let dev = &rows.row(i) - &centroid(tokens[i]);
+    for (i, &t) in tokens.iter().enumerate() {
+        let dev = &rows.row(i) - &centroid(t);
         let norm = dev.dot(&dev).sqrt();
         total += norm;
         // A deviation of a few ulps is zero or not depending on the order
