@@ -182,6 +182,11 @@ fn write_seed_corpora() {
                     }),
                 ),
             ),
+            ("structured", {
+                let mut b = random_bytes(11, 300, 0x82);
+                b[1] = 9;
+                b
+            }),
             (
                 "negative-nan-score",
                 index_seed(
@@ -215,6 +220,7 @@ fn write_seed_corpora() {
                         .add("language_ids", &arr1(&[0u8, 0, 0, 1, 1]));
                 }),
             ),
+            ("structured", random_bytes(12, 300, b'S')),
             (
                 "unsorted-starts",
                 npz_bytes(|w| {

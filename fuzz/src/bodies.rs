@@ -121,20 +121,147 @@ fn read_every_member(npz: &mut NpzReader) {
     }
 }
 
+/// One element type a structured member may have: numpy's `descr`, its
+/// size, whether it is a float, an integer (and signed) or neither.
+const DTYPES: [(&str, usize, char); 10] = [
+    ("<i8", 8, 'i'),
+    ("<i4", 4, 'i'),
+    ("|u1", 1, 'u'),
+    ("<u8", 8, 'u'),
+    (">i2", 2, 'i'),
+    ("<f8", 8, 'f'),
+    ("<f4", 4, 'f'),
+    (">f8", 8, 'f'),
+    ("|b1", 1, 'b'),
+    ("<U2", 8, 'o'),
+];
+
+/// One element, mostly small (a valid id), sometimes extreme.
+fn element(b: &mut Bytes, kind: char, size: usize, big_endian: bool) -> Vec<u8> {
+    let x = b.u8();
+    let int: i64 = match x {
+        0..=199 => i64::from(x % 12),
+        200 => -1,
+        201 => i64::MAX,
+        202 => i64::MIN,
+        203 => 1 << 32,
+        204 => -(1 << 40),
+        _ => i64::from(x),
+    };
+    let float: f64 = match x {
+        0..=199 => f64::from(x % 12) / 2.0,
+        200 => f64::NAN,
+        201 => f64::INFINITY,
+        202 => f64::NEG_INFINITY,
+        203 => 1e300,
+        204 => -0.0,
+        _ => f64::from(x),
+    };
+    let mut bytes = match (kind, size) {
+        ('f', 4) => (float as f32).to_le_bytes().to_vec(),
+        ('f', _) => float.to_le_bytes().to_vec(),
+        (_, 8) => int.to_le_bytes().to_vec(),
+        (_, 4) => (int as i32).to_le_bytes().to_vec(),
+        (_, 2) => (int as i16).to_le_bytes().to_vec(),
+        (_, n) => int.to_le_bytes()[..n].to_vec(),
+    };
+    if big_endian {
+        bytes.reverse();
+    }
+    bytes
+}
+
+/// An `.npz` built from fuzz bytes, so that inputs reach past the zip
+/// layer (whose CRCs a byte-level mutation rarely keeps): members named
+/// from `names`, each a `.npy` v1.0 member with a header of a chosen dtype,
+/// order and shape (now and then raw fuzz text instead), and data of the
+/// size the header promises (now and then a byte short or long), stored
+/// or deflated.
+fn structured_npz(b: &mut Bytes, names: &[&str]) -> Vec<u8> {
+    use npyz::zip::write::FileOptions;
+    use npyz::zip::{CompressionMethod, ZipWriter};
+    use std::io::Write;
+
+    let mut zip = ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let n_members = b.below(names.len() + 1) + 1;
+    for _ in 0..n_members {
+        let name = names[b.below(names.len())];
+        let (descr, size, kind) = DTYPES[b.below(DTYPES.len())];
+        let fortran = b.bool();
+        let ndim = b.below(3);
+        let shape: Vec<usize> = (0..ndim).map(|_| b.below(9)).collect();
+        let n: usize = shape.iter().product();
+        let shape_text = match shape.as_slice() {
+            [d] => format!("({d},)"),
+            _ => format!(
+                "({})",
+                shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let flaw = b.u8() % 16;
+        let dict = if flaw == 0 {
+            let len = b.below(48);
+            let raw: Vec<u8> = (0..len).map(|_| b.u8()).collect();
+            String::from_utf8_lossy(&raw).into_owned()
+        } else {
+            let order = if fortran { "True" } else { "False" };
+            format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape_text}, }}")
+        };
+        let text_len = (10 + dict.len() + 1).div_ceil(64) * 64 - 10;
+        let mut member = b"\x93NUMPY\x01\x00".to_vec();
+        member.extend_from_slice(&(text_len as u16).to_le_bytes());
+        member.extend_from_slice(dict.as_bytes());
+        member.resize(10 + text_len - 1, b' ');
+        member.push(b'\n');
+        for _ in 0..n {
+            member.extend(element(b, kind, size, descr.starts_with('>')));
+        }
+        match flaw {
+            1 => {
+                member.pop();
+            }
+            2 => member.push(0),
+            _ => {}
+        }
+        let method = if b.bool() {
+            CompressionMethod::Deflated
+        } else {
+            CompressionMethod::Stored
+        };
+        let options = FileOptions::default().compression_method(method);
+        if zip.start_file(format!("{name}.npy"), options).is_ok() {
+            zip.write_all(&member).expect("write to memory");
+        }
+    }
+    zip.finish().expect("finish in memory").into_inner()
+}
+
 // ---------------------------------------------------------------------------
 // index_loader
 
-/// Bytes: `[L selector, V selector, npz bytes…]`, L in 1..=8, V in 1..=64.
+/// Bytes: `[L selector, V selector, npz bytes…]`, L in 1..=8, V in 1..=64;
+/// with the top bit of the L selector set, the rest describes the arrays
+/// ([`structured_npz`]) instead of being the file.
 ///
 /// The index is read twice — from memory through [`NpzReader::from_bytes`]
 /// and [`SplitIndex::validate`], and from a file through
 /// [`io::load_index`] — and the two must agree. A valid index must give
 /// a working pair lookup and [`SplitVocabulary`].
 pub fn index_loader(data: &[u8]) {
+    let structured = data.first().is_some_and(|&x| x & 0x80 != 0);
     let mut b = Bytes::new(data);
     let n_languages = b.below(8) + 1;
     let vocab_size = b.below(64) + 1;
-    let npz_bytes = b.rest();
+    let names = ["language_index", "token_index", "score", "other"];
+    let npz_bytes: &[u8] = &if structured {
+        structured_npz(&mut b, &names)
+    } else {
+        b.rest().to_vec()
+    };
 
     let from_memory = index_from_bytes(npz_bytes, n_languages, vocab_size);
     let file = ScratchFile::with("index.npz", npz_bytes);
@@ -204,10 +331,17 @@ fn index_from_bytes(
 // ---------------------------------------------------------------------------
 // corpus_loader
 
-/// Bytes: an npz file. A corpus that loads must validate against its own
+/// Bytes: an npz file (starting `PK`), or else a description of its arrays
+/// ([`structured_npz`]). A corpus that loads must validate against its own
 /// sizes, have consistent sequences and bigrams, survive a save/load round
 /// trip, and train one small step when it holds a bigram.
 pub fn corpus_loader(data: &[u8]) {
+    let names = ["token_ids", "language_ids", "sequence_starts", "other"];
+    let data: &[u8] = &if data.starts_with(b"PK") {
+        data.to_vec()
+    } else {
+        structured_npz(&mut Bytes::new(data), &names)
+    };
     let file = ScratchFile::with("corpus.npz", data);
     if let Ok(mut npz) = NpzReader::open(&file.0) {
         read_every_member(&mut npz);
