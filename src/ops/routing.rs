@@ -185,7 +185,10 @@ mod tests {
         let e = r.route_all(&[-1]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("input id -1 at position [0] is out of range 0..{}", i64::MAX)
+            format!(
+                "input id -1 at position [0] is out of range 0..{}",
+                i64::MAX
+            )
         );
     }
 
