@@ -312,20 +312,31 @@ impl<T: Real> Trainer<T> {
         Ok(stats)
     }
 
-    /// Checks that every parameter is finite (before a checkpoint is
-    /// written over the last good one).
+    /// Checks that every parameter and every optimiser moment is finite
+    /// (before a checkpoint is written over the last good one).
     pub fn check_finite(&self) -> Result<()> {
+        let diverged = |what: String, i: usize, v: T| {
+            Err(Error::new(ErrorKind::Diverged {
+                step: self.step.saturating_sub(1),
+                message: format!("{what} has {} at flat position {i}", v.to_f64()),
+            }))
+        };
         for p in self.model.parameters() {
             if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                let msg = format!(
-                    "parameter `{}` has {} at flat position {i}",
-                    p.name(),
-                    (*v).to_f64()
-                );
-                return Err(Error::new(ErrorKind::Diverged {
-                    step: self.step.saturating_sub(1),
-                    message: msg,
-                }));
+                return diverged(format!("parameter `{}`", p.name()), i, *v);
+            }
+        }
+        for (prefix, state) in [
+            (OPT_TABLES, self.tables.state()),
+            (OPT_DENSE, self.dense.state()),
+        ] {
+            for (name, value) in state {
+                let StateValue::Array(a) = value else {
+                    continue;
+                };
+                if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                    return diverged(format!("optimiser state `{prefix}{name}`"), i, *v);
+                }
             }
         }
         Ok(())
@@ -423,7 +434,8 @@ impl<T: Real> Trainer<T> {
 
     /// Restores the weights, the optimisers, the step and the history from
     /// a checkpoint written by [`Self::save`] for this model and corpus.
-    /// Every tensor is checked by name, dtype and shape.
+    /// Every tensor is checked by name, dtype and shape, and the weights and
+    /// optimiser moments for NaN and infinity.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
@@ -513,7 +525,9 @@ impl<T: Real> Trainer<T> {
                     StateValue::Step(*ck.get_u64(name, &[])?.first().expect("0-d"))
                 } else {
                     let shape = ck.shape(name)?.to_vec();
-                    StateValue::Array(ck.get_real::<T>(name, &shape)?)
+                    let moments = ck.get_real::<T>(name, &shape)?;
+                    crate::io::check_finite(moments.view(), name).map_err(|e| e.in_file(path))?;
+                    StateValue::Array(moments)
                 };
                 entries.push((rest.to_string(), value));
             }
@@ -545,5 +559,59 @@ impl<T: Real> Trainer<T> {
         self.step = step;
         self.history = history;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::SplitIndex;
+    use crate::model::ModelConfig;
+
+    /// Found by the `checkpoint_loader` fuzz target: with weights that are
+    /// finite but huge, one step overflowed a second moment to +∞ while
+    /// every parameter stayed finite, and `save` wrote a checkpoint that
+    /// `load` rejects. The run now stops, naming the step and the state.
+    #[test]
+    fn an_overflowing_moment_stops_the_run_before_a_checkpoint() {
+        let config = ModelConfig {
+            vocab_size: 4,
+            n_languages: 1,
+            dim: 2,
+            gate_init: 0.0,
+        };
+        let index = SplitIndex::new(vec![0], vec![1]);
+        let mut model = BigramModel::<f32>::new(config, index).unwrap();
+        model.reset_parameters(&mut Rng::new(0)).unwrap();
+        model.parameters_mut()[3].value_mut().fill(1e30);
+        let corpus = Corpus::new(vec![0, 1, 2, 3, 0, 1], vec![0; 6]);
+        let train = TrainConfig {
+            steps: 2,
+            batch: 4,
+            lr: 1e-2,
+            gate_penalty: 0.0,
+            fusion_penalty: 0.0,
+            use_gate: true,
+            seed: 0,
+        };
+        let mut trainer = Trainer::new(model, corpus, train).unwrap();
+        trainer.step().unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "splitgrad-train-unit-{}.safetensors",
+            std::process::id()
+        ));
+        let e = trainer.save(&path).unwrap_err();
+        match e.kind() {
+            ErrorKind::Diverged { step, message } => {
+                assert_eq!(*step, 0);
+                assert!(
+                    message.starts_with("optimiser state `optimizer."),
+                    "{message}"
+                );
+                assert!(message.contains(".exp_avg_sq` has inf"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!path.exists());
     }
 }

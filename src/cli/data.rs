@@ -85,6 +85,13 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
         }
         Some(path) => {
             let corpus = load_corpus(path)?;
+            if corpus.n_bigrams() == 0 {
+                return Err(format!(
+                    "{}: no bigram to train on: every sequence holds a single token",
+                    path.display()
+                )
+                .into());
+            }
             let (mut v, mut l) = (corpus.vocab_size(), corpus.n_languages());
             let index = match &args.index {
                 Some(ip) => {

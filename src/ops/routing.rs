@@ -58,12 +58,18 @@ impl Routed {
 
 impl SplitRouting {
     /// Routing for splits of these sizes, in order.
+    ///
+    /// **Panics** if the sizes add up to more than `usize::MAX` (no table
+    /// of that many rows can exist).
+    #[track_caller]
     pub fn new(sizes: &[usize]) -> Self {
         let mut starts = Vec::with_capacity(sizes.len());
         let mut total = 0usize;
         for &s in sizes {
             starts.push(total);
-            total += s;
+            total = total
+                .checked_add(s)
+                .expect("SplitRouting::new: the split sizes add up to more than usize::MAX");
         }
         SplitRouting {
             starts,
@@ -124,7 +130,7 @@ impl SplitRouting {
                         vec![pos],
                         id,
                         0,
-                        self.total as i64,
+                        i64::try_from(self.total).unwrap_or(i64::MAX),
                     ));
                 }
             }
@@ -161,6 +167,28 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "input id 4 at position [2] is out of range 0..4"
+        );
+    }
+
+    /// Found by the `routing` fuzz target: the running start overflowed
+    /// (a wrong routing in a release build).
+    #[test]
+    #[should_panic(expected = "the split sizes add up to more than usize::MAX")]
+    fn sizes_that_overflow_are_a_documented_panic() {
+        SplitRouting::new(&[usize::MAX, 1]);
+    }
+
+    /// Seen beside it: V above i64::MAX printed a negative upper bound.
+    #[test]
+    fn huge_vocabulary_names_a_positive_bound() {
+        let r = SplitRouting::new(&[usize::MAX - 1]);
+        let e = r.route_all(&[-1]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "input id -1 at position [0] is out of range 0..{}",
+                i64::MAX
+            )
         );
     }
 
