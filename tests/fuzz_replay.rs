@@ -95,6 +95,11 @@ fn replay_differential() {
     replay("differential", bodies::differential);
 }
 
+#[test]
+fn replay_golden_eval() {
+    replay("golden_eval", bodies::golden_eval);
+}
+
 // ---------------------------------------------------------------------------
 // Seeds
 
