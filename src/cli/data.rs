@@ -92,14 +92,13 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
                 )
                 .into());
             }
-            let (mut v, mut l) = (corpus.vocab_size(), corpus.n_languages());
+            let (v, l) = (corpus.vocab_size(), corpus.n_languages());
             let index = match &args.index {
                 Some(ip) => {
-                    // The index may name tokens or languages the corpus never uses.
-                    let idx = load_index(ip, usize::MAX / 2, usize::MAX / 2)?;
-                    v = v.max(idx.token_index.iter().max().map_or(0, |m| m + 1));
-                    l = l.max(idx.language_index.iter().max().map_or(0, |m| m + 1));
-                    idx
+                    // V and L are the corpus's (largest id + 1): a pair whose
+                    // token or language never occurs could not learn anything,
+                    // so the index is checked against them (SPEC 1.3 errors).
+                    load_index(ip, l, v)?
                 }
                 None => {
                     let idx = index_from_counts(&corpus, v, args.min_count);
