@@ -29,6 +29,7 @@ fn quiet_broken_pipe() {
     }
 }
 
+// SAFETY: this is glibc's `int mallopt(int param, int value)`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 unsafe extern "C" {
     fn mallopt(param: i32, value: i32) -> i32;
