@@ -19,8 +19,9 @@
 use ndarray::Array1;
 
 use crate::io::SplitIndex;
+use crate::layers::split_vocabulary::NO_ROW;
 use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
-use crate::{Error, Parameter, Real, Result, Rng, Tape, Var};
+use crate::{Parameter, Real, Result, Rng, Tape, Var};
 
 /// Sizes of the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -224,29 +225,17 @@ fn unique_hidden<T: Real>(
     tokens: &[i64],
     languages: &[i64],
 ) -> Result<(Vec<i64>, Vec<i64>, Vec<usize>)> {
-    let (v, l) = (split.vocab_size(), split.n_languages());
-    if tokens.len() != languages.len() {
-        return Err(Error::shape(
-            "language_ids",
-            format!("({},) like token_ids", tokens.len()),
-            &[languages.len()],
-        ));
-    }
-    let mut keyed: Vec<(u64, usize)> = Vec::with_capacity(tokens.len());
-    for (n, (&t, &g)) in tokens.iter().zip(languages).enumerate() {
-        if t < 0 || t as u64 >= v as u64 {
-            return Err(Error::out_of_range("token id", vec![n], t, 0, v as i64));
-        }
-        if g < 0 || g as u64 >= l as u64 {
-            return Err(Error::out_of_range("language id", vec![n], g, 0, l as i64));
-        }
-        let (t, g) = (t as usize, g as usize);
-        let key = match split.row_of(g, t) {
-            Some(_) => (v * (1 + g) + t) as u64,
-            None => t as u64,
-        };
-        keyed.push((key, n));
-    }
+    let v = split.vocab_size() as u64;
+    let keyed: Vec<(u64, usize)> = split
+        .rows_of(tokens, languages)?
+        .into_iter()
+        .zip(tokens.iter().zip(languages))
+        .enumerate()
+        .map(|(n, (r, (&t, &l)))| match r {
+            NO_ROW => (t as u64, n),
+            _ => (v * (1 + l as u64) + t as u64, n),
+        })
+        .collect();
     let mut order = keyed.clone();
     order.sort_unstable();
     let mut keys: Vec<u64> = Vec::new();

@@ -24,7 +24,7 @@ use crate::ops::sigmoid::sigmoid;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result};
 
-const NO_ROW: u32 = u32::MAX;
+pub(crate) const NO_ROW: u32 = u32::MAX;
 
 /// What the backward of the gated mix needs.
 pub(crate) struct GatedMixSaved {
@@ -331,8 +331,9 @@ impl<T: Real> SplitVocabulary<T> {
         tape.scalar(p)
     }
 
-    /// The row of each token, checking lengths and ranges.
-    fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
+    /// The row of each token ([`NO_ROW`] for none), checking lengths and
+    /// ranges; errors name the token's position.
+    pub(crate) fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
         if token_ids.len() != language_ids.len() {
             return Err(Error::new(crate::ErrorKind::Shape {
                 what: "language_ids".into(),
