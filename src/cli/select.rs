@@ -16,7 +16,7 @@ use splitgrad::select::{Selection, interference, select};
 use splitgrad::train::{TrainConfig, Trainer};
 
 use super::data::{self, Data};
-use super::train::progress_bar;
+use super::train::{check_run_flags, run_to_end};
 use super::{CliResult, TrainArgs, set_threads};
 
 /// Options of `splitgrad select`.
@@ -137,13 +137,7 @@ fn shared_model(args: &SelectArgs, data: &Data) -> CliResult<BigramModel<f32>> {
         seed: args.seed,
     };
     let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
-    let bar = progress_bar(args.steps, 0);
-    while !trainer.is_done() {
-        let s = trainer.step()?;
-        bar.set_position(trainer.step_index());
-        bar.set_message(format!("shared-only model, loss {:.4}", s.total));
-    }
-    bar.finish_and_clear();
+    run_to_end(&mut trainer, "shared-only model")?;
     Ok(trainer.model().clone())
 }
 
@@ -178,12 +172,7 @@ fn save_shared(model: &BigramModel<f32>, path: &std::path::Path) -> CliResult<()
 
 /// `splitgrad select`.
 pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
-    if args.batch == 0 || args.dim == 0 {
-        return Err("--batch and --dim must be at least 1".into());
-    }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return Err(format!("--lr must be a finite number > 0, got {}", args.lr).into());
-    }
+    check_run_flags(args.batch, args.dim, args.lr)?;
     let how = selection(&args)?;
     let threads = set_threads(args.threads)?;
     let data = data::load(&TrainArgs::for_data(

@@ -15,7 +15,7 @@ use splitgrad::report::effective_vocabularies;
 use splitgrad::train::{TrainConfig, Trainer};
 
 use super::data::{self, index_from_counts};
-use super::train::progress_bar;
+use super::train::{check_run_flags, run_to_end};
 use super::{CliResult, TrainArgs, set_threads};
 
 /// Options of `splitgrad sweep`.
@@ -59,12 +59,7 @@ pub struct SweepArgs {
 
 /// `splitgrad sweep`.
 pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
-    if args.batch == 0 || args.dim == 0 {
-        return Err("--batch and --dim must be at least 1".into());
-    }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return Err(format!("--lr must be a finite number > 0, got {}", args.lr).into());
-    }
+    check_run_flags(args.batch, args.dim, args.lr)?;
     if args.weights.is_empty() {
         return Err("--weights needs at least one weight".into());
     }
@@ -120,13 +115,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
             seed: args.seed,
         };
         let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
-        let bar = progress_bar(args.steps, 0);
-        while !trainer.is_done() {
-            let s = trainer.step()?;
-            bar.set_position(trainer.step_index());
-            bar.set_message(format!("weight {w}: loss {:.4}", s.total));
-        }
-        bar.finish_and_clear();
+        run_to_end(&mut trainer, &format!("weight {w}"))?;
         let ev = effective_vocabularies(trainer.model(), false, args.tolerance);
         let per_language: Vec<f64> = (0..l)
             .map(|a| {

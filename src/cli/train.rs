@@ -17,19 +17,38 @@ use super::{CliResult, TrainArgs, plots, set_threads};
 /// The checkpoint file inside a run's folder.
 pub const CHECKPOINT: &str = "model.safetensors";
 
+/// Checks `--batch`, `--dim` and `--lr`, which every training command has.
+pub fn check_run_flags(batch: usize, dim: usize, lr: f64) -> CliResult<()> {
+    if batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    if dim == 0 {
+        return Err("--dim must be at least 1".into());
+    }
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(format!("--lr must be a finite number > 0, got {lr}").into());
+    }
+    Ok(())
+}
+
+/// Runs a trainer to its last step behind a progress bar whose message
+/// starts with `what`.
+pub fn run_to_end(trainer: &mut Trainer<f32>, what: &str) -> CliResult<()> {
+    let bar = progress_bar(trainer.config().steps, trainer.step_index());
+    while !trainer.is_done() {
+        let s = trainer.step()?;
+        bar.set_position(trainer.step_index());
+        bar.set_message(format!("{what}, loss {:.4}", s.total));
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
 fn validate(args: &TrainArgs) -> CliResult<()> {
     let bad = |flag: &str, v: f64| -> CliResult<()> {
         Err(format!("{flag} must be a finite number ≥ 0, got {v}").into())
     };
-    if args.batch == 0 {
-        return Err("--batch must be at least 1".into());
-    }
-    if args.dim == 0 {
-        return Err("--dim must be at least 1".into());
-    }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return Err(format!("--lr must be a finite number > 0, got {}", args.lr).into());
-    }
+    check_run_flags(args.batch, args.dim, args.lr)?;
     for (flag, v) in [
         ("--gate-penalty", args.gate_penalty),
         ("--fusion-penalty", args.fusion_penalty),
@@ -144,7 +163,7 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn progress_bar(total: u64, at: u64) -> ProgressBar {
+fn progress_bar(total: u64, at: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
     if !std::io::stderr().is_terminal() {
         bar.set_draw_target(ProgressDrawTarget::hidden());
