@@ -195,6 +195,29 @@ impl<T: Real> SplitVocabulary<T> {
             )));
         }
         index.validate(n_languages, vocab_size)?;
+        Ok(Self::build(index, vocab_size, dim, n_languages, gate_init))
+    }
+
+    /// A layer with no split rows: its output is `shared`, its penalties 0.
+    /// The shared-only model of `splitgrad select` is built on it; an index
+    /// file must still hold at least one pair (SPEC 1.3).
+    pub(crate) fn without_rows(vocab_size: usize, dim: usize, n_languages: usize) -> Result<Self> {
+        if dim == 0 {
+            return Err(Error::config("dim must be positive, got 0"));
+        }
+        let index = SplitIndex::new(Vec::new(), Vec::new());
+        Ok(Self::build(index, vocab_size, dim, n_languages, 0.0))
+    }
+
+    /// The layer for an index already checked: rows zero, gate logits
+    /// `gate_init`, the pair lookup and each row's token group.
+    fn build(
+        index: SplitIndex,
+        vocab_size: usize,
+        dim: usize,
+        n_languages: usize,
+        gate_init: f64,
+    ) -> Self {
         let n_rows = index.token_index.len();
         let lookup = index.lookup(n_languages, vocab_size);
         let mut uniq: Vec<usize> = index.token_index.clone();
@@ -205,7 +228,7 @@ impl<T: Real> SplitVocabulary<T> {
             .iter()
             .map(|t| uniq.binary_search(t).expect("present"))
             .collect();
-        Ok(SplitVocabulary {
+        SplitVocabulary {
             rows: Parameter::new(
                 "split_vocabulary.rows",
                 Array2::<T>::zeros((n_rows, dim)).into_dyn(),
@@ -221,34 +244,7 @@ impl<T: Real> SplitVocabulary<T> {
             dim,
             group,
             n_groups: uniq.len(),
-        })
-    }
-
-    /// A layer with no split rows: its output is `shared`, its penalties 0.
-    /// The shared-only model of `splitgrad select` is built on it; an index
-    /// file must still hold at least one pair (SPEC 1.3).
-    pub(crate) fn without_rows(vocab_size: usize, dim: usize, n_languages: usize) -> Result<Self> {
-        if dim == 0 {
-            return Err(Error::config("dim must be positive, got 0"));
         }
-        let index = SplitIndex::new(Vec::new(), Vec::new());
-        Ok(SplitVocabulary {
-            rows: Parameter::new(
-                "split_vocabulary.rows",
-                Array2::<T>::zeros((0, dim)).into_dyn(),
-            ),
-            gate_logit: Parameter::new(
-                "split_vocabulary.gate_logit",
-                ArrayD::zeros(ndarray::IxDyn(&[0])),
-            ),
-            lookup: index.lookup(n_languages, vocab_size),
-            index,
-            vocab_size,
-            n_languages,
-            dim,
-            group: Vec::new(),
-            n_groups: 0,
-        })
     }
 
     /// Loads the index from an `.npz` file (arrays `language_index` and
