@@ -55,10 +55,11 @@ pub struct StepStats {
 /// A model, its optimisers and where it is in its run.
 pub struct Trainer<T: Real> {
     model: BigramModel<T>,
-    corpus: Corpus,
     /// Every bigram as (context token, language, next token), packed so
     /// that drawing one touches one cache line.
     bigrams: Vec<[u32; 3]>,
+    /// [`corpus_fingerprint`] of the corpus, computed once.
+    fingerprint: u64,
     config: TrainConfig,
     tables: LazyAdam<T>,
     dense: Adam<T>,
@@ -208,9 +209,10 @@ impl<T: Real> Trainer<T> {
             lr: config.lr,
             ..AdamConfig::default()
         })?;
+        let fingerprint = corpus_fingerprint(&corpus);
         Ok(Trainer {
             model,
-            corpus,
+            fingerprint,
             bigrams,
             config,
             tables,
@@ -421,10 +423,7 @@ impl<T: Real> Trainer<T> {
             ("fusion_penalty", c.fusion_penalty.to_string()),
             ("use_gate", c.use_gate.to_string()),
             ("seed", c.seed.to_string()),
-            (
-                "corpus_fingerprint",
-                format!("{:016x}", corpus_fingerprint(&self.corpus)),
-            ),
+            ("corpus_fingerprint", format!("{:016x}", self.fingerprint)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -447,7 +446,7 @@ impl<T: Real> Trainer<T> {
                     .in_array(format!("metadata `{k}`"))
             })
         };
-        let fp = format!("{:016x}", corpus_fingerprint(&self.corpus));
+        let fp = format!("{:016x}", self.fingerprint);
         if get("corpus_fingerprint")? != fp {
             return Err(
                 Error::config("the checkpoint was written for another corpus").in_file(path),
