@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ndarray::{Array2, ArrayD, ArrayView2, IxDyn};
+use ndarray::{Array2, ArrayD, IxDyn};
 
 use crate::Real;
 
@@ -157,19 +157,6 @@ impl<T: Real> Grad<T> {
             Grad::RowSparse(s) => s.to_dense().into_dyn(),
         }
     }
-}
-
-/// Coalesces `(row, gradient row)` contributions into a [`RowSparse`]:
-/// rows sorted and unique, repeated rows summed **in the order given**, so
-/// the result is the same bit for bit however it is computed.
-///
-/// ids: (n), values: (n, width); every id < n_rows.
-pub(crate) fn coalesce<T: Real>(
-    n_rows: usize,
-    ids: &[usize],
-    values: ArrayView2<'_, T>,
-) -> RowSparse<T> {
-    crate::ops::scatter::coalesce_rows(n_rows, ids, values)
 }
 
 /// Gradients returned by [`crate::Tape::backward`].

@@ -13,12 +13,15 @@
 //! everything in a [`Tape::no_grad`] tape) is recorded as a constant: its
 //! backward information is never stored and backward never visits it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::rc::Rc;
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
 
 use crate::Real;
-use crate::param::{Grad, Gradients, ParamId, Parameter, coalesce};
+use crate::ops::scatter::RowSource;
+use crate::param::{Grad, Gradients, ParamId, Parameter};
 
 /// A node of a [`Tape`]: an index, valid only for the tape that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -285,16 +288,49 @@ impl<'p, T: Real> Tape<'p, T> {
         if !self.nodes[loss.0].requires_grad {
             return out;
         }
-        let mut grads: Vec<Option<ArrayD<T>>> = (0..n).map(|_| None).collect();
-        grads[loss.0] = Some(ArrayD::from_elem(IxDyn(&shape), T::one()));
+        let mut grads: Vec<Option<Flow<'_, T>>> = (0..n).map(|_| None).collect();
+        grads[loss.0] = Some(Flow::Owned(ArrayD::from_elem(IxDyn(&shape), T::one())));
         // Row-sparse contributions to 2-D parameter tables, by node.
         let mut sparse: SparseParts<T> = HashMap::new();
 
         for i in (0..=loss.0).rev() {
-            let Some(gy) = grads[i].take() else { continue };
+            let Some(flow) = grads[i].take() else {
+                continue;
+            };
             let node = &self.nodes[i];
-            let y = node.value.view();
             let nodes = &self.nodes;
+            // Gathers read their rows straight from the flowing gradient,
+            // which may be `c·R` never materialised.
+            match &node.op {
+                Op::Gather { table, ids } => {
+                    let part = RowPart {
+                        ids: Cow::Borrowed(ids),
+                        rows: None,
+                        n_src: ids.len(),
+                        src: Rc::new(flow),
+                    };
+                    send_part(nodes, &mut grads, &mut sparse, *table, part);
+                    continue;
+                }
+                Op::SplitGather { tables, routed } => {
+                    let src = Rc::new(flow);
+                    for (k, &t) in tables.iter().enumerate() {
+                        if nodes[t.0].requires_grad && !routed.positions[k].is_empty() {
+                            let part = RowPart {
+                                ids: Cow::Borrowed(&routed.local[k]),
+                                rows: Some(&routed.positions[k]),
+                                n_src: routed.n_ids(),
+                                src: Rc::clone(&src),
+                            };
+                            send_part(nodes, &mut grads, &mut sparse, t, part);
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let gy = flow.into_owned();
+            let y = node.value.view();
             let val = |v: Var| nodes[v.0].value.view();
             use crate::ops::*;
             match &node.op {
@@ -305,31 +341,7 @@ impl<'p, T: Real> Tape<'p, T> {
                 Op::Param(id) => {
                     accumulate_dense(&mut out.params, *id, gy);
                 }
-                Op::Gather { table, ids } => {
-                    send_rows(nodes, &mut grads, &mut sparse, *table, ids.clone(), gy);
-                }
-                Op::SplitGather { tables, routed } => {
-                    let width = gy.len() / routed.n_ids().max(1);
-                    let gy2 = gy
-                        .view()
-                        .into_shape_with_order((routed.n_ids(), width))
-                        .expect("contiguous gradient");
-                    for (k, &t) in tables.iter().enumerate() {
-                        if nodes[t.0].requires_grad && !routed.positions[k].is_empty() {
-                            let rows = gy2
-                                .select(ndarray::Axis(0), &routed.positions[k])
-                                .into_dyn();
-                            send_rows(
-                                nodes,
-                                &mut grads,
-                                &mut sparse,
-                                t,
-                                routed.local[k].clone(),
-                                rows,
-                            );
-                        }
-                    }
-                }
+                Op::Gather { .. } | Op::SplitGather { .. } => unreachable!("handled above"),
                 Op::GatedMix(saved) => {
                     let (shared, rows) = (saved.shared, saved.rows);
                     let want = |v: Var| nodes[v.0].requires_grad;
@@ -371,11 +383,11 @@ impl<'p, T: Real> Tape<'p, T> {
                         gws.iter_mut().map(Option::as_mut).collect(),
                     );
                     if let Some(g) = gh {
-                        grads[saved.hidden.0] = Some(g);
+                        grads[saved.hidden.0] = Some(Flow::Owned(g));
                     }
                     for (w, g) in saved.weights.iter().zip(gws) {
                         if let Some(g) = g {
-                            grads[w.0] = Some(g);
+                            grads[w.0] = Some(Flow::Owned(g));
                         }
                     }
                 }
@@ -459,7 +471,12 @@ impl<'p, T: Real> Tape<'p, T> {
                     }
                 }
                 Op::DotConst { x, r } => {
-                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                    // ∂x = ∂y·R: kept as that product until something needs
+                    // the array (a gather reads only the rows it routes).
+                    if nodes[x.0].requires_grad && grads[x.0].is_none() {
+                        let c = *gy.iter().next().expect("a scalar gradient");
+                        grads[x.0] = Some(Flow::Scaled(c, r.view()));
+                    } else if let Some(g) = grad_buf(&mut grads, nodes, *x) {
                         reduce::dot_const_backward(gy.view(), r.view(), g);
                     }
                 }
@@ -522,18 +539,15 @@ impl<'p, T: Real> Tape<'p, T> {
                         RowParts {
                             n_rows: shape[0],
                             width: shape[1],
-                            ids: Vec::new(),
-                            values: Vec::new(),
+                            parts: Vec::new(),
                         },
                     ));
                     per_param.len() - 1
                 }
             };
             // Contributions were pushed in reverse tape order; restore tape order.
-            for (ids, g) in sparse.remove(&node).unwrap_or_default().into_iter().rev() {
-                per_param[k].1.ids.extend_from_slice(&ids);
-                per_param[k].1.values.push(g);
-            }
+            let parts = sparse.remove(&node).unwrap_or_default();
+            per_param[k].1.parts.extend(parts.into_iter().rev());
         }
         for (id, parts) in per_param {
             let rs = parts.coalesce();
@@ -553,55 +567,159 @@ impl<'p, T: Real> Tape<'p, T> {
     }
 }
 
-/// The row contributions to one 2-D parameter, in tape order.
-struct RowParts<T> {
-    n_rows: usize,
-    width: usize,
-    ids: Vec<usize>,
-    values: Vec<ArrayD<T>>,
+/// A gradient flowing backwards into a node: an array, or `c·R` for a
+/// constant `R` held by a `dot_const` node, not yet materialised.
+enum Flow<'a, T> {
+    Owned(ArrayD<T>),
+    Scaled(T, ArrayViewD<'a, T>),
 }
 
-impl<T: Real> RowParts<T> {
-    fn coalesce(self) -> crate::RowSparse<T> {
-        let width = self.width;
-        let views: Vec<ArrayView2<'_, T>> = self
-            .values
-            .iter()
-            .map(|v| {
-                v.view()
-                    .into_shape_with_order((v.shape()[0], width))
-                    .expect("row contributions are contiguous")
-            })
-            .collect();
-        let stacked: Array2<T> = ndarray::concatenate(ndarray::Axis(0), &views).expect("one width");
-        coalesce(self.n_rows, &self.ids, stacked.view())
+impl<T: Real> Flow<'_, T> {
+    /// The gradient as an array. `c·R` is written as `c·r + 0`, the bits a
+    /// zero buffer plus [`reduce::dot_const_backward`] would hold.
+    ///
+    /// [`reduce::dot_const_backward`]: crate::ops::reduce::dot_const_backward
+    fn into_owned(self) -> ArrayD<T> {
+        match self {
+            Flow::Owned(a) => a,
+            Flow::Scaled(c, r) => {
+                let mut g = ArrayD::zeros(r.raw_dim());
+                crate::ops::reduce::dot_const_backward(
+                    ndarray::arr0(c).into_dyn().view(),
+                    r,
+                    &mut g,
+                );
+                g
+            }
+        }
+    }
+
+    /// The gradient as `n` rows of `width` for coalescing; `store` keeps a
+    /// materialised copy alive when the layout needs one.
+    fn rows<'s>(
+        &'s self,
+        n: usize,
+        width: usize,
+        rows: Option<&'s [usize]>,
+        store: &'s mut Option<ArrayD<T>>,
+    ) -> RowSource<'s, T> {
+        let (a, scale) = match self {
+            Flow::Owned(a) => (a.view(), None),
+            Flow::Scaled(c, r) => (r.view(), Some(*c)),
+        };
+        let (values, scale) = match a.into_shape_with_order((n, width)) {
+            Ok(v) => (v, scale),
+            Err(_) => {
+                let owned = store.insert(match self {
+                    Flow::Owned(a) => a.as_standard_layout().into_owned(),
+                    Flow::Scaled(c, r) => Flow::Scaled(*c, r.view()).into_owned(),
+                });
+                let v = owned
+                    .view()
+                    .into_shape_with_order((n, width))
+                    .expect("the gradient has the shape of its value");
+                (v, None)
+            }
+        };
+        RowSource {
+            values,
+            rows,
+            scale,
+        }
     }
 }
 
-type SparseParts<T> = HashMap<usize, Vec<(Vec<usize>, ArrayD<T>)>>;
+/// Rows sent to a table: destination ids, and the rows of a flowing
+/// gradient of `n_src` rows they come from (`rows[j]`, or row j when
+/// `None`).
+struct RowPart<'a, T> {
+    ids: Cow<'a, [usize]>,
+    rows: Option<&'a [usize]>,
+    n_src: usize,
+    src: Rc<Flow<'a, T>>,
+}
 
-/// Sends `values[i]` to row `ids[i]` of `table`: row-sparse when the table
-/// is a 2-D parameter, a dense scatter-add otherwise.
-fn send_rows<T: Real>(
+/// The row contributions to one 2-D parameter, in tape order.
+struct RowParts<'a, T> {
+    n_rows: usize,
+    width: usize,
+    parts: Vec<RowPart<'a, T>>,
+}
+
+impl<T: Real> RowParts<'_, T> {
+    fn coalesce(self) -> crate::RowSparse<T> {
+        let mut stores: Vec<Option<ArrayD<T>>> = self.parts.iter().map(|_| None).collect();
+        let ids: Vec<usize> = self
+            .parts
+            .iter()
+            .flat_map(|p| p.ids.iter().copied())
+            .collect();
+        let sources: Vec<RowSource<'_, T>> = self
+            .parts
+            .iter()
+            .zip(stores.iter_mut())
+            .map(|(p, store)| p.src.rows(p.n_src, self.width, p.rows, store))
+            .collect();
+        crate::ops::scatter::coalesce_sources(self.n_rows, self.width, &ids, &sources)
+    }
+}
+
+type SparseParts<'a, T> = HashMap<usize, Vec<RowPart<'a, T>>>;
+
+/// Sends owned `values[i]` to row `ids[i]` of `table` (see [`send_part`]).
+fn send_rows<'a, T: Real>(
     nodes: &[Node<'_, T>],
-    grads: &mut [Option<ArrayD<T>>],
-    sparse: &mut SparseParts<T>,
+    grads: &mut [Option<Flow<'a, T>>],
+    sparse: &mut SparseParts<'a, T>,
     table: Var,
     ids: Vec<usize>,
     values: ArrayD<T>,
 ) {
+    let part = RowPart {
+        n_src: ids.len(),
+        ids: Cow::Owned(ids),
+        rows: None,
+        src: Rc::new(Flow::Owned(values)),
+    };
+    send_part(nodes, grads, sparse, table, part);
+}
+
+/// Sends rows to a table: kept row-sparse when the table is a 2-D
+/// parameter (coalesced after the walk), a dense scatter-add otherwise.
+fn send_part<'a, T: Real>(
+    nodes: &[Node<'_, T>],
+    grads: &mut [Option<Flow<'a, T>>],
+    sparse: &mut SparseParts<'a, T>,
+    table: Var,
+    part: RowPart<'a, T>,
+) {
     let t = &nodes[table.0];
     if matches!(t.op, Op::Param(_)) && t.value.view().ndim() == 2 {
-        sparse.entry(table.0).or_default().push((ids, values));
+        sparse.entry(table.0).or_default().push(part);
     } else if let Some(g) = grad_buf(grads, nodes, table) {
-        crate::ops::gather::gather_backward(&ids, values.view(), g);
+        let n_rows = g.shape().first().copied().unwrap_or(1);
+        let width: usize = g.shape().iter().skip(1).product();
+        let mut store = None;
+        let src = part.src.rows(part.n_src, width, part.rows, &mut store);
+        let mut g2 = g
+            .view_mut()
+            .into_shape_with_order((n_rows, width))
+            .expect("fresh gradient buffers are contiguous");
+        for (j, &id) in part.ids.iter().enumerate() {
+            let r = src.rows.map_or(j, |rows| rows[j]);
+            let mut dst = g2.row_mut(id);
+            match src.scale {
+                None => dst += &src.values.row(r),
+                Some(c) => dst.zip_mut_with(&src.values.row(r), |d, &x| *d += c * x),
+            }
+        }
     }
 }
 
 /// The gradient buffer of node `v`, zero-initialised on first use; `None`
 /// when no gradient flows into it.
 fn grad_buf<'g, T: Real>(
-    grads: &'g mut [Option<ArrayD<T>>],
+    grads: &'g mut [Option<Flow<'_, T>>],
     nodes: &[Node<'_, T>],
     v: Var,
 ) -> Option<&'g mut ArrayD<T>> {
@@ -609,10 +727,14 @@ fn grad_buf<'g, T: Real>(
         return None;
     }
     let slot = &mut grads[v.0];
-    if slot.is_none() {
-        *slot = Some(ArrayD::zeros(nodes[v.0].value.view().raw_dim()));
+    let owned = match slot.take() {
+        None => ArrayD::zeros(nodes[v.0].value.view().raw_dim()),
+        Some(flow) => flow.into_owned(),
+    };
+    match slot.insert(Flow::Owned(owned)) {
+        Flow::Owned(a) => Some(a),
+        Flow::Scaled(..) => unreachable!("just stored an owned array"),
     }
-    slot.as_mut()
 }
 
 fn accumulate_dense<T: Real>(params: &mut HashMap<ParamId, Grad<T>>, id: ParamId, g: ArrayD<T>) {

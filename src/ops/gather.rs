@@ -31,29 +31,63 @@ pub fn gather_forward<T: Real>(table: ArrayViewD<'_, T>, ids: &[usize]) -> Array
     let mut shape = table.shape().to_vec();
     shape[0] = ids.len();
     let width: usize = shape[1..].iter().product();
-    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
-    if width == 0 || ids.is_empty() {
-        return out;
-    }
-    let dst = out.as_slice_mut().expect("fresh array is contiguous");
     match table.as_slice() {
-        Some(src) => {
-            let copy = |(o, &id): (&mut [T], &usize)| {
-                o.copy_from_slice(&src[id * width..(id + 1) * width])
-            };
-            if dst.len() >= super::PAR_MIN_ELEMS {
-                dst.par_chunks_mut(width).zip(ids.par_iter()).for_each(copy);
-            } else {
-                dst.chunks_mut(width).zip(ids.iter()).for_each(copy);
-            }
-        }
+        Some(src) => rows_from(&shape, width, |i| {
+            &src[ids[i] * width..(ids[i] + 1) * width]
+        }),
         None => {
+            let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
             for (mut o, &id) in out.axis_iter_mut(Axis(0)).zip(ids) {
                 o.assign(&table.index_axis(Axis(0), id));
             }
+            out
         }
     }
-    out
+}
+
+/// A standard-layout array of `shape` whose i-th row of `width` elements is
+/// `row(i)`: each element written once, with no zero-fill first, rows in
+/// parallel when the array is large.
+///
+/// **Panics** if a row does not have `width` elements or `shape` does not
+/// hold `shape[0]` rows of `width`.
+#[track_caller]
+pub(crate) fn rows_from<'a, T: Real, F>(shape: &[usize], width: usize, row: F) -> ArrayD<T>
+where
+    F: Fn(usize) -> &'a [T] + Sync,
+{
+    let n = shape.first().copied().unwrap_or(1);
+    assert_eq!(
+        shape.iter().product::<usize>(),
+        n * width,
+        "rows_from: shape {shape:?} does not hold {n} rows of {width}"
+    );
+    if width == 0 || n == 0 {
+        return ArrayD::zeros(IxDyn(shape));
+    }
+    let mut out = ArrayD::<T>::uninit(IxDyn(shape));
+    let dst = out.as_slice_mut().expect("fresh array is contiguous");
+    let copy = |(i, o): (usize, &mut [std::mem::MaybeUninit<T>])| {
+        let src = row(i);
+        assert_eq!(
+            src.len(),
+            width,
+            "rows_from: row {i} has {} elements",
+            src.len()
+        );
+        for (d, &s) in o.iter_mut().zip(src) {
+            d.write(s);
+        }
+    };
+    if dst.len() >= super::PAR_MIN_ELEMS {
+        dst.par_chunks_mut(width).enumerate().for_each(copy);
+    } else {
+        dst.chunks_mut(width).enumerate().for_each(copy);
+    }
+    // SAFETY: `dst` is the whole array, cut into `n` chunks of `width`; the
+    // loop above wrote every element of every chunk (each `src` has `width`
+    // elements, checked), so every element is initialised.
+    unsafe { out.assume_init() }
 }
 
 /// `g[ids[i]] += gy[i]` for every i, in order (a dense scatter-add).
@@ -149,25 +183,26 @@ pub fn split_gather_forward<T: Real>(
     }
     let mut shape = ids_shape.to_vec();
     shape.push(width);
+    let owners = routed.owners();
+    let flat_tables: Option<Vec<&[T]>> = flat.iter().map(|t| t.to_slice()).collect();
+    if let Some(srcs) = flat_tables {
+        let out = rows_from(&[n, width], width, |i| {
+            let (k, l) = owners[i];
+            &srcs[k][l * width..(l + 1) * width]
+        });
+        return out
+            .into_shape_with_order(IxDyn(&shape))
+            .expect("standard layout reshapes");
+    }
     let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
     if width == 0 || n == 0 {
         return out;
     }
-    let owners = routed.owners();
     let dst = out.as_slice_mut().expect("fresh array is contiguous");
-    let copy = |(o, &(k, l)): (&mut [T], &(usize, usize))| {
-        let src = flat[k].row(l);
-        match src.as_slice() {
-            Some(s) => o.copy_from_slice(s),
-            None => o.iter_mut().zip(src.iter()).for_each(|(d, &s)| *d = s),
-        }
-    };
-    if dst.len() >= super::PAR_MIN_ELEMS {
-        dst.par_chunks_mut(width)
-            .zip(owners.par_iter())
-            .for_each(copy);
-    } else {
-        dst.chunks_mut(width).zip(owners.iter()).for_each(copy);
+    for (o, &(k, l)) in dst.chunks_mut(width).zip(&owners) {
+        o.iter_mut()
+            .zip(flat[k].row(l).iter())
+            .for_each(|(d, &s)| *d = s);
     }
     out
 }

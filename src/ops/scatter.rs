@@ -6,6 +6,11 @@
 //! threads: the parallel kernel sorts positions by id (a stable sort keeps
 //! equal ids in position order) and gives each unique row to one task.
 //! No V × H dense buffer is ever touched.
+//!
+//! [`coalesce_sources`] reads the contributions where they already are (rows
+//! of the output gradient routed to one split, or a gradient `c·R` never
+//! materialised) instead of a stacked copy; [`coalesce_rows`] is its
+//! one-array form.
 
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
@@ -31,6 +36,65 @@ pub fn coalesce_rows<T: Real>(
         ids.len(),
         values.nrows()
     );
+    coalesce_sources(n_rows, values.ncols(), ids, &[RowSource::all(values)])
+}
+
+/// Where contributions are read from: rows of a 2-D array, all of them in
+/// order or the ones listed, each optionally times a scalar. This lets a
+/// backward pass hand over `∂out`'s rows of one split (`rows`), or a
+/// gradient known to be `c·R` (`scale`), without copying them out first.
+#[derive(Clone, Debug)]
+pub struct RowSource<'a, T> {
+    /// The array the rows are read from.
+    pub values: ArrayView2<'a, T>,
+    /// The rows of `values` in contribution order; `None`: every row.
+    pub rows: Option<&'a [usize]>,
+    /// Each row times this when given.
+    pub scale: Option<T>,
+}
+
+impl<'a, T: Real> RowSource<'a, T> {
+    /// Every row of `values` in order, unscaled.
+    pub fn all(values: ArrayView2<'a, T>) -> Self {
+        RowSource {
+            values,
+            rows: None,
+            scale: None,
+        }
+    }
+
+    /// Number of contributions.
+    pub fn len(&self) -> usize {
+        self.rows.map_or(self.values.nrows(), <[usize]>::len)
+    }
+
+    /// Whether it has no contribution.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// [`coalesce_rows`] over contributions read from several sources in turn:
+/// contribution k is the k-th row listed across `sources`, `ids[k]` its
+/// destination row. The sum of each row is in increasing k, as in
+/// [`coalesce_rows`], and a scaled contribution adds `scale·row`.
+///
+/// **Panics** if the sources do not hold `ids.len()` rows of `width`, a
+/// listed row is out of range, or an id is ≥ n_rows.
+#[track_caller]
+pub fn coalesce_sources<T: Real>(
+    n_rows: usize,
+    width: usize,
+    ids: &[usize],
+    sources: &[RowSource<'_, T>],
+) -> RowSparse<T> {
+    let total: usize = sources.iter().map(RowSource::len).sum();
+    assert_eq!(
+        ids.len(),
+        total,
+        "coalesce_sources: {} ids for {total} rows",
+        ids.len()
+    );
     if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
         panic!("coalesce_rows: id {bad} is out of range 0..{n_rows}");
     }
@@ -38,7 +102,26 @@ pub fn coalesce_rows<T: Real>(
         ids.len() <= u32::MAX as usize,
         "coalesce_rows: more than 2^32 contributions"
     );
-    let width = values.ncols();
+    // Contribution k → (source, row of its values).
+    let mut at: Vec<(u32, u32)> = Vec::with_capacity(ids.len());
+    for (s, src) in sources.iter().enumerate() {
+        assert_eq!(
+            src.values.ncols(),
+            width,
+            "coalesce_sources: source {s} has width {}, expected {width}",
+            src.values.ncols()
+        );
+        let n = src.values.nrows();
+        match src.rows {
+            Some(rows) => {
+                if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+                    panic!("coalesce_sources: row {bad} of source {s} is out of range 0..{n}");
+                }
+                at.extend(rows.iter().map(|&r| (s as u32, r as u32)));
+            }
+            None => at.extend((0..n).map(|r| (s as u32, r as u32))),
+        }
+    }
     let mut order: Vec<u32> = (0..ids.len() as u32).collect();
     if ids.len() >= 1 << 12 {
         order.par_sort_by_key(|&k| ids[k as usize]);
@@ -59,32 +142,43 @@ pub fn coalesce_rows<T: Real>(
         .map(|&p| ids[order[p] as usize])
         .collect();
     let mut out = Array2::<T>::zeros((n_unique, width));
-    // Contiguous input rows are summed as slices (the loop vectorises);
+    // Contiguous source rows are summed as slices (the loop vectorises);
     // other layouts go through ndarray's row views.
-    let flat_values = values.as_slice();
+    let flat: Vec<Option<&[T]>> = sources.iter().map(|s| s.values.to_slice()).collect();
     let sum_group = |(j, dst): (usize, &mut [T])| {
         for &k in &order[starts[j]..starts[j + 1]] {
-            let k = k as usize;
-            match flat_values {
-                Some(v) => {
-                    for (d, &s) in dst.iter_mut().zip(&v[k * width..(k + 1) * width]) {
-                        *d += s;
+            let (s, r) = at[k as usize];
+            let (src, r) = (&sources[s as usize], r as usize);
+            match (flat[s as usize], src.scale) {
+                (Some(v), None) => {
+                    for (d, &x) in dst.iter_mut().zip(&v[r * width..(r + 1) * width]) {
+                        *d += x;
                     }
                 }
-                None => {
-                    for (d, &s) in dst.iter_mut().zip(values.row(k).iter()) {
-                        *d += s;
+                (Some(v), Some(c)) => {
+                    for (d, &x) in dst.iter_mut().zip(&v[r * width..(r + 1) * width]) {
+                        *d += c * x;
+                    }
+                }
+                (None, c) => {
+                    let c = c.unwrap_or_else(T::one);
+                    let plain = src.scale.is_none();
+                    for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
+                        *d += if plain { x } else { c * x };
                     }
                 }
             }
         }
     };
     if width > 0 {
-        let flat = out.as_slice_mut().expect("fresh array is contiguous");
+        let flat_out = out.as_slice_mut().expect("fresh array is contiguous");
         if ids.len() * width >= super::PAR_MIN_ELEMS {
-            flat.par_chunks_mut(width).enumerate().for_each(sum_group);
+            flat_out
+                .par_chunks_mut(width)
+                .enumerate()
+                .for_each(sum_group);
         } else {
-            flat.chunks_mut(width).enumerate().for_each(sum_group);
+            flat_out.chunks_mut(width).enumerate().for_each(sum_group);
         }
     }
     RowSparse {
