@@ -187,9 +187,15 @@ fn dense_scatter_of_a_lazy_gradient() {
 
 #[test]
 fn gathers_write_what_the_plain_copy_writes() {
+    // Big enough for the parallel copy; then for the streaming stores
+    // (5 MiB of output).
+    for (rows, width, n) in [(300, 40, 2000), (500, 161, 8192)] {
+        gather_case(rows, width, n);
+    }
+}
+
+fn gather_case(rows: usize, width: usize, n: usize) {
     let mut rng = Rng::new(5);
-    // Big enough for the parallel copy.
-    let (rows, width, n) = (300, 40, 2000);
     let table = Array2::from_shape_fn((rows, width), |_| rng.normal() as f32);
     let ids: Vec<usize> = (0..n).map(|_| rng.below(rows as u64) as usize).collect();
     // The same table in column-major order takes the row-by-row path.
@@ -200,7 +206,7 @@ fn gathers_write_what_the_plain_copy_writes() {
     assert_eq!(fast, plain);
     assert_eq!(fast, table.select(Axis(0), &ids).into_dyn());
 
-    let routing = SplitRouting::new(&[100, 0, 200]);
+    let routing = SplitRouting::new(&[100, 0, rows - 100]);
     let global: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
     let routed = routing.route_all(&global).unwrap();
     let (a, b) = (

@@ -132,6 +132,12 @@ enum Path {
     Avx512,
 }
 
+/// Whether `SPLITGRAD_SIMD=baseline` asks for the plain code everywhere
+/// (the exp kernels, and the gathers' streaming stores).
+pub(crate) fn baseline_forced() -> bool {
+    path() == Path::Baseline && std::env::var("SPLITGRAD_SIMD").as_deref() == Ok("baseline")
+}
+
 fn path() -> Path {
     #[cfg(target_arch = "x86_64")]
     {

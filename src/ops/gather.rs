@@ -67,22 +67,34 @@ where
     }
     let mut out = ArrayD::<T>::uninit(IxDyn(shape));
     let dst = out.as_slice_mut().expect("fresh array is contiguous");
-    let copy = |(i, o): (usize, &mut [std::mem::MaybeUninit<T>])| {
-        let src = row(i);
-        assert_eq!(
-            src.len(),
-            width,
-            "rows_from: row {i} has {} elements",
-            src.len()
-        );
-        for (d, &s) in o.iter_mut().zip(src) {
-            d.write(s);
+    let streaming = super::stream::use_streaming(std::mem::size_of_val(dst));
+    // Blocks of rows per task, each ending with the fence its streaming
+    // stores need before the array is handed on.
+    let rows_per_task = (super::PAR_MIN_ELEMS / width).max(1);
+    let block = |(b, o): (usize, &mut [std::mem::MaybeUninit<T>])| {
+        for (i, o) in o.chunks_mut(width).enumerate() {
+            let i = b * rows_per_task + i;
+            let src = row(i);
+            assert_eq!(
+                src.len(),
+                width,
+                "rows_from: row {i} has {} elements",
+                src.len()
+            );
+            super::stream::copy(o, src, streaming);
+        }
+        if streaming {
+            super::stream::fence();
         }
     };
     if dst.len() >= super::PAR_MIN_ELEMS {
-        dst.par_chunks_mut(width).enumerate().for_each(copy);
+        dst.par_chunks_mut(rows_per_task * width)
+            .enumerate()
+            .for_each(block);
     } else {
-        dst.chunks_mut(width).enumerate().for_each(copy);
+        dst.chunks_mut(rows_per_task * width)
+            .enumerate()
+            .for_each(block);
     }
     // SAFETY: `dst` is the whole array, cut into `n` chunks of `width`; the
     // loop above wrote every element of every chunk (each `src` has `width`

@@ -20,6 +20,7 @@ pub mod segment;
 pub mod select;
 pub mod shape;
 pub mod sigmoid;
+mod stream;
 
 /// Below this many elements a kernel runs serially: rayon's fork costs more
 /// than it saves.
