@@ -1,13 +1,15 @@
 //! The gather's backward: coalescing row contributions with repeated
 //! (Zipf) ids into a row-sparse gradient, never touching a V × H buffer.
-//! The fast kernel on one thread and on all, and its naive twin.
+//! The fast kernel on one thread and on all, and its naive twin; then the
+//! same contributions read in place as the embedding backward reads them:
+//! rows of `c·R` listed by position, never copied out.
 
 mod common;
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use splitgrad::ops::scatter::{coalesce_rows, coalesce_rows_naive};
+use splitgrad::ops::scatter::{RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources};
 
 const V: usize = 32000;
 const H: usize = 256;
@@ -28,6 +30,24 @@ fn scatter(c: &mut Criterion) {
     });
     g.bench_function("naive", |b| {
         b.iter(|| black_box(coalesce_rows_naive(V, black_box(&ids), values.view())))
+    });
+    g.finish();
+
+    // R has twice the rows; every other row is routed here, times 0.5.
+    let r = common::normal2(5, 2 * N, H);
+    let rows: Vec<usize> = (0..N).map(|i| 2 * i).collect();
+    let src = [RowSource {
+        values: r.view(),
+        rows: Some(&rows[..]),
+        scale: Some(0.5f32),
+    }];
+    let mut g = c.benchmark_group("coalesce_sources/backward");
+    g.throughput(Throughput::Bytes((N * H * 4) as u64));
+    g.bench_function("serial", |b| {
+        b.iter(|| one.install(|| black_box(coalesce_sources(V, H, black_box(&ids), &src))))
+    });
+    g.bench_function("parallel", |b| {
+        b.iter(|| all.install(|| black_box(coalesce_sources(V, H, black_box(&ids), &src))))
     });
     g.finish();
 }

@@ -145,20 +145,26 @@ pub fn coalesce_sources<T: Real>(
     // Contiguous source rows are summed as slices (the loop vectorises);
     // other layouts go through ndarray's row views.
     let flat: Vec<Option<&[T]>> = sources.iter().map(|s| s.values.to_slice()).collect();
+    // The contiguous row of contribution k, if its source is contiguous.
+    let row_slice = |k: u32| {
+        let (s, r) = at[k as usize];
+        flat[s as usize].map(|v| &v[r as usize * width..(r as usize + 1) * width])
+    };
     let sum_group = |(j, dst): (usize, &mut [T])| {
-        for &k in &order[starts[j]..starts[j + 1]] {
+        let group = &order[starts[j]..starts[j + 1]];
+        for (p, &k) in group.iter().enumerate() {
             let (s, r) = at[k as usize];
             let (src, r) = (&sources[s as usize], r as usize);
+            // The rows of a group are scattered (often one page each), where
+            // the hardware prefetcher starts over: ask for the next row while
+            // this one is summed.
+            let next = group.get(p + 1).and_then(|&k| row_slice(k));
             match (flat[s as usize], src.scale) {
                 (Some(v), None) => {
-                    for (d, &x) in dst.iter_mut().zip(&v[r * width..(r + 1) * width]) {
-                        *d += x;
-                    }
+                    add_row(dst, &v[r * width..(r + 1) * width], next, |x| x);
                 }
                 (Some(v), Some(c)) => {
-                    for (d, &x) in dst.iter_mut().zip(&v[r * width..(r + 1) * width]) {
-                        *d += c * x;
-                    }
+                    add_row(dst, &v[r * width..(r + 1) * width], next, |x| c * x);
                 }
                 (None, c) => {
                     let c = c.unwrap_or_else(T::one);
@@ -186,6 +192,35 @@ pub fn coalesce_sources<T: Real>(
         rows,
         values: out,
     }
+}
+
+/// `dst[i] += f(src[i])`, one cache line at a time, prefetching the same
+/// line of `next` (the row summed after this one).
+#[inline(always)]
+fn add_row<T: Real>(dst: &mut [T], src: &[T], next: Option<&[T]>, f: impl Fn(T) -> T) {
+    let line = (64 / std::mem::size_of::<T>()).max(1);
+    for (c, (d, s)) in dst.chunks_mut(line).zip(src.chunks(line)).enumerate() {
+        if let Some(n) = next {
+            prefetch(n.as_ptr().wrapping_add(c * line));
+        }
+        for (d, &x) in d.iter_mut().zip(s) {
+            *d += f(x);
+        }
+    }
+}
+
+/// A hint to load the cache line at `p` (no effect elsewhere than x86-64).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees,
+    // whatever the address; SSE is part of x86-64.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// The naive twin of [`coalesce_rows`]: one pass in position order into a

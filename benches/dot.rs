@@ -1,0 +1,54 @@
+//! The loss of the embedding workloads, `Σ out ⊙ R`: the blocked inner
+//! product (forward) on one thread and on all, and its one-accumulator twin;
+//! the backward `∂out += c·R` when it has to be written out.
+
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ndarray::arr0;
+use splitgrad::ops::reduce::{dot_const_backward, dot_naive, dot_slices};
+
+const N: usize = 8192;
+const H: usize = 1024;
+
+fn dot(c: &mut Criterion) {
+    let (one, all) = common::pools();
+    let x = common::normal(1, &[N, H]);
+    let r = common::normal(2, &[N, H]);
+    let (xs, rs) = (x.as_slice().unwrap(), r.as_slice().unwrap());
+    let mut g = c.benchmark_group("dot_const/forward");
+    // Both arrays read.
+    g.throughput(Throughput::Bytes((2 * N * H * 4) as u64));
+    g.bench_function("serial", |b| {
+        b.iter(|| one.install(|| black_box(dot_slices(black_box(xs), rs))))
+    });
+    g.bench_function("parallel", |b| {
+        b.iter(|| all.install(|| black_box(dot_slices(black_box(xs), rs))))
+    });
+    g.bench_function("naive", |b| {
+        b.iter(|| black_box(dot_naive(black_box(xs), rs)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("dot_const/backward");
+    // R read, the gradient read and written.
+    g.throughput(Throughput::Bytes((3 * N * H * 4) as u64));
+    let mut grad = x.clone();
+    let c = arr0(0.5f32).into_dyn();
+    g.bench_function("serial", |b| {
+        b.iter(|| one.install(|| dot_const_backward(c.view(), r.view(), black_box(&mut grad))))
+    });
+    g.bench_function("parallel", |b| {
+        b.iter(|| all.install(|| dot_const_backward(c.view(), r.view(), black_box(&mut grad))))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = dot
+}
+criterion_main!(benches);
