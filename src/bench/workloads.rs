@@ -89,12 +89,11 @@ impl Built {
 
     pub(super) fn workspace_bytes(&self) -> Option<u64> {
         match self {
-            Built::LmHead(b) => Some(
-                b.head
-                    .sum_chunks()
-                    .workspace_bytes::<f32>(b.head.vocab_size(), b.head.hidden_size())
-                    as u64,
-            ),
+            Built::LmHead(b) => Some(b.head.sum_chunks().workspace_bytes::<f32>(
+                b.labels.len(),
+                b.head.vocab_size(),
+                b.head.hidden_size(),
+            ) as u64),
             _ => None,
         }
     }

@@ -80,18 +80,21 @@ impl SumChunks {
         }
     }
 
-    /// Bytes of workspace the kernel allocates for vocabulary `v` and
-    /// hidden size `h` in `T`: the block of logits (`tokens × V`) and two
-    /// `tokens × H` blocks (the chunk's hidden rows and their gradient).
-    /// Independent of N; the gradients it returns are not counted.
+    /// Bytes of workspace the kernel allocates for at most `n` tokens, a
+    /// vocabulary of `v` words and hidden size `h` in `T`: the block of
+    /// logits (`chunk × V`) and two `chunk × H` blocks (the chunk's hidden
+    /// rows and their gradient), where the chunk is [`Self::tokens`] but
+    /// never more than N. Bounded independently of N; the gradients the
+    /// kernel returns are not counted.
     ///
     /// ```
     /// use splitgrad::layers::fused_ce_sum::SumChunks;
     /// let c = SumChunks::default();
-    /// assert_eq!(c.workspace_bytes::<f32>(32256, 512), (256 * 32256 + 2 * 256 * 512) * 4);
+    /// assert_eq!(c.workspace_bytes::<f32>(2048, 32256, 512), (256 * 32256 + 2 * 256 * 512) * 4);
+    /// assert_eq!(c.workspace_bytes::<f32>(10, 32256, 512), (10 * 32256 + 2 * 10 * 512) * 4);
     /// ```
-    pub fn workspace_bytes<T: Real>(&self, v: usize, h: usize) -> usize {
-        let t = self.tokens::<T>(v);
+    pub fn workspace_bytes<T: Real>(&self, n: usize, v: usize, h: usize) -> usize {
+        let t = self.tokens::<T>(v).min(n).max(1);
         (t * v + 2 * t * h) * std::mem::size_of::<T>()
     }
 }
