@@ -109,6 +109,7 @@ pub(crate) enum Op<'p, T> {
     },
     GatedMix(Box<crate::layers::split_vocabulary::GatedMixSaved>),
     FusedCrossEntropy(Box<crate::layers::lm_head::FusedCeSaved<T>>),
+    FusedCrossEntropySum(Box<crate::layers::lm_head::FusedCeSumSaved<T>>),
 }
 
 struct Node<'p, T> {
@@ -388,6 +389,15 @@ impl<'p, T: Real> Tape<'p, T> {
                     for (w, g) in saved.weights.iter().zip(gws) {
                         if let Some(g) = g {
                             grads[w.0] = Some(Flow::Owned(g));
+                        }
+                    }
+                }
+                Op::FusedCrossEntropySum(saved) => {
+                    // The gradients were formed in the forward; scale them by gy.
+                    let gy = *gy.iter().next().expect("the summed loss is a scalar");
+                    for (v, d) in saved.held() {
+                        if let Some(g) = grad_buf(&mut grads, nodes, v) {
+                            crate::layers::fused_ce_sum::fused_ce_sum_backward(d, gy, g);
                         }
                     }
                 }

@@ -7,7 +7,7 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::{F32, Workload};
 use crate::io::SplitIndex;
-use crate::layers::fused_ce::ChunkSizes;
+use crate::layers::fused_ce_sum::SumChunks;
 use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
 use crate::rng::Zipf;
@@ -89,9 +89,11 @@ impl Built {
 
     pub(super) fn workspace_bytes(&self) -> Option<u64> {
         match self {
-            Built::LmHead(b) => {
-                Some(b.head.chunks().workspace_bytes::<f32>(b.head.hidden_size()) as u64)
-            }
+            Built::LmHead(b) => Some(b.head.sum_chunks().workspace_bytes::<f32>(
+                b.labels.len(),
+                b.head.vocab_size(),
+                b.head.hidden_size(),
+            ) as u64),
             _ => None,
         }
     }
@@ -426,7 +428,7 @@ impl LmHeadBench {
         let n = div(2048, scale);
         let sizes = [("orig", div(32000, scale)), ("new", div(256, scale))];
         let mut head = SplitLanguageModellingHead::new(&sizes, &["orig", "new"], h)?;
-        head.set_chunks(ChunkSizes::default());
+        head.set_sum_chunks(SumChunks::default());
         head.reset_parameters(rng);
         let v = head.vocab_size();
         let mut labels: Vec<i64> = zipf_ids(rng, v, n).into_iter().map(|i| i as i64).collect();
@@ -452,8 +454,9 @@ impl LmHeadBench {
         let (loss, grads, forward_s) = {
             let mut tape = Tape::new();
             let hidden = tape.input_view(self.hidden.view());
-            let per_token = self.head.forward(&mut tape, hidden, self.labels.view())?;
-            let loss = tape.sum(per_token);
+            let loss = self
+                .head
+                .forward_sum(&mut tape, hidden, self.labels.view())?;
             let forward_s = laps.lap();
             let mut g = tape.backward(loss);
             debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
@@ -479,10 +482,13 @@ impl LmHeadBench {
         let (n, v) = (self.labels.len() as u64, self.head.vocab_size() as u64);
         let row = F32 * h;
         vec![
-            ("forward: read hidden and W", (n + v) * row),
             (
-                "backward: read hidden and W, write ∂hidden and ∂W",
+                "forward: read hidden and W, write ∂hidden and ∂W",
                 2 * (n + v) * row,
+            ),
+            (
+                "backward: read the held ∂hidden and ∂W, add them into the gradients",
+                3 * (n + v) * row,
             ),
             ("Adam: read p, m, v, g; write p, m, v", 7 * v * row),
         ]
