@@ -396,7 +396,10 @@ impl<'p, T: Real> Tape<'p, T> {
                     // The gradients were formed in the forward; scale them by gy.
                     let gy = *gy.iter().next().expect("the summed loss is a scalar");
                     for (v, d) in saved.held() {
-                        if let Some(g) = grad_buf(&mut grads, nodes, v) {
+                        if nodes[v.0].requires_grad && grads[v.0].is_none() {
+                            // Kept as gy·d until needed: no zero-filled copy.
+                            grads[v.0] = Some(Flow::Scaled(gy, d));
+                        } else if let Some(g) = grad_buf(&mut grads, nodes, v) {
                             crate::layers::fused_ce_sum::fused_ce_sum_backward(d, gy, g);
                         }
                     }
@@ -592,15 +595,7 @@ impl<T: Real> Flow<'_, T> {
     fn into_owned(self) -> ArrayD<T> {
         match self {
             Flow::Owned(a) => a,
-            Flow::Scaled(c, r) => {
-                let mut g = ArrayD::zeros(r.raw_dim());
-                crate::ops::reduce::dot_const_backward(
-                    ndarray::arr0(c).into_dyn().view(),
-                    r,
-                    &mut g,
-                );
-                g
-            }
+            Flow::Scaled(c, r) => crate::ops::reduce::scaled_copy(c, r),
         }
     }
 

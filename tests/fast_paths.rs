@@ -250,3 +250,25 @@ fn blocked_dot_equals_its_twin_on_any_thread_count() {
         assert_eq!(pool(threads).install(|| dot_slices(&x, &r)).to_bits(), want);
     }
 }
+
+/// A lazy `c·R` reaching an op that needs the array is written out as
+/// `c·r + 0` (so −0 becomes +0, as a zero buffer added to would hold).
+#[test]
+fn lazy_gradient_written_out_has_the_bits_of_a_zero_buffer_added_to() {
+    let mut rng = Rng::new(11);
+    for n in [3usize, 40_000] {
+        let mut r: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+        r[0] = -0.0;
+        r[1] = 0.0;
+        let r = ArrayD::from_shape_vec(IxDyn(&[n]), r).unwrap();
+        let mut tape = Tape::new();
+        let x = tape.input(ArrayD::zeros(IxDyn(&[n])));
+        let fit = tape.dot_const_view(x, r.view());
+        let loss = tape.scale(fit, -1.5);
+        let g = tape.backward(loss);
+        let mut want = ArrayD::<f32>::zeros(IxDyn(&[n]));
+        want.zip_mut_with(&r, |w, &r| *w += -1.5 * r);
+        let bits = |a: &ArrayD<f32>| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(g.input(x).unwrap()), bits(&want), "n = {n}");
+    }
+}

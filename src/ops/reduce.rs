@@ -50,6 +50,21 @@ pub fn dot_const_backward<T: Real>(gy: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>, 
     }
 }
 
+/// `c·r + 0` as a new array in one pass: the bits [`dot_const_backward`]
+/// leaves in a zero buffer, without writing the zeros first.
+pub fn scaled_copy<T: Real>(c: T, r: ArrayViewD<'_, T>) -> ArrayD<T> {
+    match r.as_slice() {
+        Some(s) if s.len() >= super::PAR_MIN_ELEMS => {
+            let mut v = Vec::with_capacity(s.len());
+            s.par_iter()
+                .map(|&x| c * x + T::zero())
+                .collect_into_vec(&mut v);
+            ArrayD::from_shape_vec(r.raw_dim(), v).expect("one element per element")
+        }
+        _ => r.mapv(|x| c * x + T::zero()),
+    }
+}
+
 /// Elements per block of the inner product.
 pub const DOT_BLOCK: usize = 1 << 14;
 /// Partial sums per block of the inner product.
