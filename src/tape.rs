@@ -85,6 +85,12 @@ pub(crate) enum Op<'p, T> {
         counts: Vec<usize>,
     },
     RowNorm(Var),
+    FusionPenalty {
+        x: Var,
+        groups: &'p crate::ops::fusion_penalty::RowGroups,
+        /// ‖x_i − c_{g(i)}‖, (n).
+        norms: Vec<T>,
+    },
     Sum(Var),
     Mean(Var),
     DotConst {
@@ -446,6 +452,17 @@ impl<'p, T: Real> Tape<'p, T> {
                 Op::RowNorm(x) => {
                     if let Some(g) = grad_buf(&mut grads, nodes, *x) {
                         row_norm::row_norm_backward(val(*x), y.view(), gy.view(), g);
+                    }
+                }
+                Op::FusionPenalty { x, groups, norms } => {
+                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
+                        fusion_penalty::fusion_penalty_backward(
+                            val(*x),
+                            groups,
+                            norms,
+                            gy.view(),
+                            g,
+                        );
                     }
                 }
                 Op::Sum(x) => {

@@ -20,6 +20,7 @@ use std::path::Path;
 use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2};
 
 use crate::io::{PairLookup, SplitIndex, load_index};
+use crate::ops::fusion_penalty::RowGroups;
 use crate::ops::sigmoid::sigmoid;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result};
@@ -163,9 +164,8 @@ pub struct SplitVocabulary<T> {
     vocab_size: usize,
     n_languages: usize,
     dim: usize,
-    /// The group (unique token, in increasing token order) of each row.
-    group: Vec<usize>,
-    n_groups: usize,
+    /// The rows of each distinct token (groups in increasing token order).
+    groups: RowGroups,
 }
 
 impl<T: Real> SplitVocabulary<T> {
@@ -223,11 +223,12 @@ impl<T: Real> SplitVocabulary<T> {
         let mut uniq: Vec<usize> = index.token_index.clone();
         uniq.sort_unstable();
         uniq.dedup();
-        let group = index
+        let group: Vec<usize> = index
             .token_index
             .iter()
             .map(|t| uniq.binary_search(t).expect("present"))
             .collect();
+        let groups = RowGroups::new(&group, uniq.len());
         SplitVocabulary {
             rows: Parameter::new(
                 "split_vocabulary.rows",
@@ -242,8 +243,7 @@ impl<T: Real> SplitVocabulary<T> {
             vocab_size,
             n_languages,
             dim,
-            group,
-            n_groups: uniq.len(),
+            groups,
         }
     }
 
@@ -307,11 +307,35 @@ impl<T: Real> SplitVocabulary<T> {
 
     /// `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` on the tape (a scalar), the
     /// gradient flowing through the centroid too; 0 gradient where a
-    /// deviation is exactly zero (as at `seed_from`).
+    /// deviation is exactly zero (as at `seed_from`). One fused op,
+    /// [`Tape::fusion_penalty`].
     pub fn fusion_penalty_var<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
         let rows = tape.param(&self.rows);
-        let centroid = tape.segment_mean(rows, &self.group, self.n_groups);
-        let own = tape.gather(centroid, &self.group);
+        tape.fusion_penalty(rows, &self.groups)
+    }
+
+    /// [`Self::fusion_penalty_var`] built from five generic ops (segment
+    /// mean, gather, sub, row norm, mean): the reference the fused op is
+    /// tested against. It writes several (n_rows, D) arrays and gradient
+    /// buffers.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// use splitgrad::{io::SplitIndex, layers::SplitVocabulary, Tape};
+    /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
+    /// let mut sv = SplitVocabulary::<f64>::new(index, 4, 3, 2, 0.0)?;
+    /// *sv.parameters_mut().0.value_mut() = Array2::from_shape_fn((3, 3), |(i, j)| (i * j) as f64).into_dyn();
+    /// let mut tape = Tape::new();
+    /// let naive = sv.fusion_penalty_var_naive(&mut tape);
+    /// let fused = sv.fusion_penalty_var(&mut tape);
+    /// assert!((tape.scalar(naive) - tape.scalar(fused)).abs() < 1e-15);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn fusion_penalty_var_naive<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
+        let rows = tape.param(&self.rows);
+        let group = self.groups.group_of_rows();
+        let centroid = tape.segment_mean(rows, group, self.groups.n_groups());
+        let own = tape.gather(centroid, group);
         let dev = tape.sub(rows, own);
         let norms = tape.row_norm(dev);
         tape.mean(norms)
