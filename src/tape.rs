@@ -339,18 +339,20 @@ impl<'p, T: Real> Tape<'p, T> {
                 Op::GatedMix(saved) => {
                     let (shared, rows) = (saved.shared, saved.rows);
                     let want = |v: Var| nodes[v.0].requires_grad;
-                    let want_gate = saved.gate.is_some_and(want);
-                    let (gs, row_contrib, gg) = saved.backward(
-                        val(shared),
-                        val(rows),
-                        saved.gate.map(val),
-                        gy.view(),
-                        want(shared),
-                        want(rows),
-                        want_gate,
-                    );
-                    if let (Some(g), Some(d)) = (grad_buf(&mut grads, nodes, shared), gs) {
-                        *g += &d;
+                    let wanted = crate::layers::gated_mix::Want {
+                        shared: want(shared),
+                        rows: want(rows),
+                        gate: saved.gate.is_some_and(want),
+                    };
+                    let (gs, row_contrib, gg) =
+                        saved.backward(val(shared), val(rows), saved.gate.map(val), gy, wanted);
+                    // ∂shared is ∂out changed in place: it becomes the
+                    // buffer when there is none yet.
+                    if let Some(d) = gs {
+                        match &mut grads[shared.0] {
+                            Some(g) => *g += &d,
+                            slot => *slot = Some(d),
+                        }
                     }
                     if let (Some(gate), Some(d)) = (saved.gate, gg) {
                         if let Some(g) = grad_buf(&mut grads, nodes, gate) {

@@ -3,6 +3,7 @@
 //! [`Tape`](crate::Tape).
 
 pub mod fused_ce;
+pub mod gated_mix;
 pub mod lm_head;
 pub mod split_embeddings;
 pub mod split_vocabulary;

@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2};
+use ndarray::{Array1, Array2, ArrayD, ArrayView2, Axis, Ix2};
 
 use crate::io::{PairLookup, SplitIndex, load_index};
 use crate::ops::fusion_penalty::RowGroups;
@@ -25,115 +25,8 @@ use crate::ops::sigmoid::sigmoid;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result};
 
-pub(crate) const NO_ROW: u32 = u32::MAX;
-
-/// What the backward of the gated mix needs.
-pub(crate) struct GatedMixSaved {
-    pub(crate) shared: Var,
-    pub(crate) rows: Var,
-    /// The gate probabilities σ(gate_logit), (n_rows); unused in fusion mode.
-    pub(crate) gate: Option<Var>,
-    /// The row of each token, `NO_ROW` for none.
-    row_of: Vec<u32>,
-}
-
-/// The gated mix (the fast kernel): shared (N, D), rows (n_rows, D), gate
-/// (n_rows) or `None` for fusion mode, row_of (N) → out (N, D).
-pub fn gated_mix_forward<T: Real>(
-    shared: ArrayView2<'_, T>,
-    rows: ArrayView2<'_, T>,
-    gate: Option<&[T]>,
-    row_of: &[u32],
-) -> Array2<T> {
-    let mut out = shared.to_owned();
-    for (n, mut o) in out.outer_iter_mut().enumerate() {
-        let r = row_of[n];
-        if r == NO_ROW {
-            continue;
-        }
-        let row = rows.row(r as usize);
-        match gate {
-            Some(g) => {
-                let g = g[r as usize];
-                o.zip_mut_with(&row, |s, &x| *s = *s + g * (x - *s));
-            }
-            None => o.assign(&row),
-        }
-    }
-    out
-}
-
-/// Gradients of the gated mix: (∂shared, row contributions (rows, values),
-/// ∂gate), each computed only when wanted.
-type MixGrads<T> = (
-    Option<ArrayD<T>>,
-    Option<(Vec<usize>, ArrayD<T>)>,
-    Option<ArrayD<T>>,
-);
-
-impl GatedMixSaved {
-    /// `∂shared_n = (1 − g_r)·∂out_n` (or ∂out_n without a row, 0 in fusion
-    /// mode with one); `∂rows_r += g_r·∂out_n` (∂out_n in fusion mode);
-    /// `∂g_r += Σ_d ∂out_nd·(rows_rd − shared_nd)`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn backward<T: Real>(
-        &self,
-        shared: ArrayViewD<'_, T>,
-        rows: ArrayViewD<'_, T>,
-        gate: Option<ArrayViewD<'_, T>>,
-        gy: ArrayViewD<'_, T>,
-        want_shared: bool,
-        want_rows: bool,
-        want_gate: bool,
-    ) -> MixGrads<T> {
-        let shared = shared.into_dimensionality::<Ix2>().expect("2-D shared");
-        let rows = rows.into_dimensionality::<Ix2>().expect("2-D rows");
-        let gy = gy.into_dimensionality::<Ix2>().expect("2-D gradient");
-        let gate: Option<Vec<T>> = gate.map(|g| g.iter().copied().collect());
-        let mut gs = want_shared.then(|| gy.to_owned());
-        let mut ggate = (want_gate && gate.is_some()).then(|| Array1::<T>::zeros(rows.nrows()));
-        let with_row: Vec<usize> = (0..self.row_of.len())
-            .filter(|&n| self.row_of[n] != NO_ROW)
-            .collect();
-        let mut contrib = want_rows.then(|| Array2::<T>::zeros((with_row.len(), rows.ncols())));
-        for (j, &n) in with_row.iter().enumerate() {
-            let r = self.row_of[n] as usize;
-            let gyn = gy.row(n);
-            match &gate {
-                Some(g) => {
-                    let g = g[r];
-                    if let Some(gs) = gs.as_mut() {
-                        gs.row_mut(n).mapv_inplace(|v| v * (T::one() - g));
-                    }
-                    if let Some(c) = contrib.as_mut() {
-                        c.row_mut(j).zip_mut_with(&gyn, |c, &d| *c = g * d);
-                    }
-                    if let Some(gg) = ggate.as_mut() {
-                        let mut acc = T::zero();
-                        for ((&d, &x), &s) in gyn.iter().zip(rows.row(r)).zip(shared.row(n)) {
-                            acc += d * (x - s);
-                        }
-                        gg[r] += acc;
-                    }
-                }
-                None => {
-                    if let Some(gs) = gs.as_mut() {
-                        gs.row_mut(n).fill(T::zero());
-                    }
-                    if let Some(c) = contrib.as_mut() {
-                        c.row_mut(j).assign(&gyn);
-                    }
-                }
-            }
-        }
-        let ids: Vec<usize> = with_row.iter().map(|&n| self.row_of[n] as usize).collect();
-        (
-            gs.map(|a| a.into_dyn()),
-            contrib.map(|c| (ids, c.into_dyn())),
-            ggate.map(|a| a.into_dyn()),
-        )
-    }
-}
+pub use super::gated_mix::gated_mix_forward;
+pub(crate) use super::gated_mix::{GatedMixSaved, NO_ROW};
 
 /// Private rows for chosen (language, token) pairs, gated against the
 /// shared embedding.
