@@ -457,14 +457,17 @@ impl<'p, T: Real> Tape<'p, T> {
                     }
                 }
                 Op::FusionPenalty { x, groups, norms } => {
-                    if let Some(g) = grad_buf(&mut grads, nodes, *x) {
-                        fusion_penalty::fusion_penalty_backward(
+                    if nodes[x.0].requires_grad {
+                        let d = fusion_penalty::fusion_penalty_backward(
                             val(*x),
                             groups,
                             norms,
                             gy.view(),
-                            g,
                         );
+                        match &mut grads[x.0] {
+                            Some(g) => *g += &d,
+                            slot => *slot = Some(d),
+                        }
                     }
                 }
                 Op::Sum(x) => {

@@ -19,7 +19,9 @@
 //!
 //! [`SplitVocabulary::fusion_penalty_var_naive`]: crate::layers::SplitVocabulary::fusion_penalty_var_naive
 
-use ndarray::{Array1, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
+use std::mem::MaybeUninit;
+
+use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
 use rayon::prelude::*;
 
 use crate::Real;
@@ -202,16 +204,21 @@ pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups)
     (p, norms)
 }
 
-/// `g_i += (gy/n)·(u_i − mean_{j ∈ g(i)} u_j)`, computed as
+/// `∂x_i = (gy/n)·(u_i − mean_{j ∈ g(i)} u_j)`, computed as
 /// `k_i·d_i − (Σ_j k_j·d_j)/|g|` with `d_i = x_i − c_{g(i)}`,
 /// `k_i = (gy/n)/‖d_i‖`, and `k_i = 0` where the norm is not > 0.
 ///
 /// x: (n, D), the rows; norms: (n), from [`fusion_penalty_forward`];
-/// gy: the penalty's gradient (one element); g: (n, D).
+/// gy: the penalty's gradient (one element) → ∂x (n, D).
 ///
-/// A group of one row adds nothing: its deviation is `x − (x + (x − x))`,
-/// 0 for a finite row and NaN otherwise, and either way its norm is not
-/// > 0, so the centroid term cancels the row's own.
+/// It returns a fresh array, every element written once, rather than
+/// adding into a zero-filled buffer: the gradient is dense, and a zero
+/// fill would be a third pass over it. The tape adds it to the rows'
+/// buffer when there is one, and takes it as the buffer otherwise.
+///
+/// A group of one row gets 0: its deviation is `x − (x + (x − x))`, 0 for
+/// a finite row and NaN otherwise, and either way its norm is not > 0, so
+/// the centroid term cancels the row's own.
 ///
 /// **Panics** if the shapes disagree.
 #[track_caller]
@@ -220,68 +227,78 @@ pub fn fusion_penalty_backward<T: Real>(
     groups: &RowGroups,
     norms: &[T],
     gy: ArrayViewD<'_, T>,
-    g: &mut ArrayD<T>,
-) {
+) -> ArrayD<T> {
     let x = x
         .into_dimensionality::<Ix2>()
         .expect("fusion_penalty: rows must be 2-D");
     let (n, width) = x.dim();
-    assert_eq!(g.shape(), &[n, width], "fusion_penalty: gradient shape");
     assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
     assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
-    if n == 0 || width == 0 {
-        return;
-    }
     let x = x.as_standard_layout();
-    let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n as f64);
-    let g = g
-        .as_slice_mut()
-        .expect("gradient buffers are standard layout");
-    let mut by_row: Vec<Option<&mut [T]>> = g.chunks_mut(width).map(Some).collect();
-    let mut by_group: Vec<&mut [T]> = groups
-        .members
-        .iter()
-        .map(|&i| by_row[i].take().expect("each row in one group"))
-        .collect();
-    let mut parts = groups.split(&mut by_group);
-    parts.retain(|(_, rows)| rows.len() > 1);
-    parts
-        .into_par_iter()
-        .with_min_len(MIN_GROUPS_PER_TASK)
-        .for_each_init(
-            || vec![T::zero(); 2 * width],
-            |buf, (grp, grads)| {
-                let members = groups.members(grp);
-                let (c, s) = buf.split_at_mut(width);
-                centroid(x.view(), members, c);
-                let k = |i: usize| {
-                    let y = norms[i];
-                    if y > T::zero() { a / y } else { T::zero() }
-                };
-                // s = (Σ_j k_j·d_j) / |g|
-                s.fill(T::zero());
-                for &j in members {
-                    let kj = k(j);
-                    if kj != T::zero() {
-                        let row = x.row(j);
-                        let row = row.as_slice().expect("standard layout");
-                        for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
-                            *s += kj * (v - c);
+    let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
+    let mut out = Array2::<T>::uninit((n, width));
+    if width > 0 {
+        let dst = out.as_slice_mut().expect("fresh array is contiguous");
+        let mut by_row: Vec<Option<&mut [MaybeUninit<T>]>> =
+            dst.chunks_mut(width).map(Some).collect();
+        let mut by_group: Vec<&mut [MaybeUninit<T>]> = groups
+            .members
+            .iter()
+            .map(|&i| by_row[i].take().expect("each row in one group"))
+            .collect();
+        groups
+            .split(&mut by_group)
+            .into_par_iter()
+            .with_min_len(MIN_GROUPS_PER_TASK)
+            .for_each_init(
+                || vec![T::zero(); 2 * width],
+                |buf, (grp, grads)| {
+                    let members = groups.members(grp);
+                    if members.len() == 1 {
+                        grads[0].iter_mut().for_each(|g| {
+                            g.write(T::zero());
+                        });
+                        return;
+                    }
+                    let (c, s) = buf.split_at_mut(width);
+                    if !members.is_empty() {
+                        centroid(x.view(), members, c);
+                    }
+                    let k = |i: usize| {
+                        let y = norms[i];
+                        if y > T::zero() { a / y } else { T::zero() }
+                    };
+                    // s = (Σ_j k_j·d_j) / |g|
+                    s.fill(T::zero());
+                    for &j in members {
+                        let kj = k(j);
+                        if kj != T::zero() {
+                            let row = x.row(j);
+                            let row = row.as_slice().expect("standard layout");
+                            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
+                                *s += kj * (v - c);
+                            }
                         }
                     }
-                }
-                let count = T::from_f64(members.len() as f64);
-                s.iter_mut().for_each(|s| *s = *s / count);
-                for (gi, &i) in grads.iter_mut().zip(members) {
-                    let ki = k(i);
-                    let row = x.row(i);
-                    let row = row.as_slice().expect("standard layout");
-                    for (((g, &v), &c), &s) in gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter()) {
-                        *g += ki * (v - c) - s;
+                    let count = T::from_f64(members.len() as f64);
+                    s.iter_mut().for_each(|s| *s = *s / count);
+                    for (gi, &i) in grads.iter_mut().zip(members) {
+                        let ki = k(i);
+                        let row = x.row(i);
+                        let row = row.as_slice().expect("standard layout");
+                        for (((g, &v), &c), &s) in
+                            gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter())
+                        {
+                            g.write(ki * (v - c) - s);
+                        }
                     }
-                }
-            },
-        );
+                },
+            );
+    }
+    // SAFETY: every row is the member of exactly one group, and the loop
+    // above wrote every element of every member row of every group (with
+    // width 0 there is no element).
+    unsafe { out.assume_init() }.into_dyn()
 }
 
 impl<'p, T: Real> Tape<'p, T> {
@@ -325,7 +342,6 @@ impl<'p, T: Real> Tape<'p, T> {
 mod tests {
     use super::*;
     use crate::Rng;
-    use ndarray::{Array2, ArrayD};
     use rayon::ThreadPoolBuilder;
 
     /// Rows in `n_groups` groups (some empty, some single, some with equal
