@@ -113,9 +113,9 @@ impl RowGroups {
 /// Groups per rayon task, at least: a group is a few rows of D elements.
 const MIN_GROUPS_PER_TASK: usize = 64;
 
-/// `c = x_f + (Σ_{j ∈ members} (x_j − x_f)) / |members|`, f the first
-/// member: the mean, exactly x_f when every member equals it. The same
-/// function and order as `segment_mean_forward`.
+/// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
+/// member: the mean, exactly x_f when every member equals it (the form of
+/// `segment_mean_forward`, with the division as a product).
 fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
     let first = x.row(members[0]);
     let first = first.as_slice().expect("standard layout");
@@ -130,9 +130,9 @@ fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
             *c += v - b;
         }
     }
-    let count = T::from_f64(members.len() as f64);
+    let inv_count = T::one() / T::from_f64(members.len() as f64);
     for (c, &b) in c.iter_mut().zip(first) {
-        *c = b + *c / count;
+        *c = b + *c * inv_count;
     }
 }
 
@@ -155,6 +155,26 @@ fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
         tail += (a - b) * (a - b);
     }
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail
+}
+
+/// The deviation norm of a row alone in its group: `‖x − (x + (x − x))‖`,
+/// 0 for a finite row, NaN for a row with an infinite or NaN element. It
+/// is `|Σ_d (x_d − x_d)|`: one pass, no centroid.
+#[inline]
+fn lone_norm<T: Real>(x: &[T]) -> T {
+    const LANES: usize = 8;
+    let mut acc = [T::zero(); LANES];
+    let xs = x.chunks_exact(LANES);
+    let mut tail = T::zero();
+    for &v in xs.remainder() {
+        tail += v - v;
+    }
+    for xs in xs {
+        for k in 0..LANES {
+            acc[k] += xs[k] - xs[k];
+        }
+    }
+    (acc.iter().fold(T::zero(), |s, &a| s + a) + tail).abs()
 }
 
 /// The penalty and the norm of each row's deviation: x (n, D), groups of
@@ -185,10 +205,15 @@ pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups)
                 || vec![T::zero(); width],
                 |c, (g, norms)| {
                     let members = groups.members(g);
-                    if members.is_empty() {
-                        return;
+                    match members {
+                        [] => return,
+                        &[i] => {
+                            let row = x.row(i);
+                            norms[0] = lone_norm(row.as_slice().expect("standard layout"));
+                            return;
+                        }
+                        _ => centroid(x.view(), members, c),
                     }
-                    centroid(x.view(), members, c);
                     for (y, &i) in norms.iter_mut().zip(members) {
                         let row = x.row(i);
                         *y = dev_sq_sum(row.as_slice().expect("standard layout"), c).sqrt();
