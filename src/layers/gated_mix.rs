@@ -307,7 +307,7 @@ impl GatedMixSaved {
                 match &gate {
                     Some(g) => {
                         let keep = T::one() - g[row as usize];
-                        o.iter_mut().for_each(|v| *v = *v * keep);
+                        o.iter_mut().for_each(|v| *v *= keep);
                     }
                     None => o.fill(T::zero()),
                 }

@@ -161,6 +161,7 @@ fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
 /// 0 for a finite row, NaN for a row with an infinite or NaN element. It
 /// is `|Σ_d (x_d − x_d)|`: one pass, no centroid.
 #[inline]
+#[allow(clippy::eq_op)] // x − x is 0 or NaN: the point is the NaN.
 fn lone_norm<T: Real>(x: &[T]) -> T {
     const LANES: usize = 8;
     let mut acc = [T::zero(); LANES];
@@ -306,7 +307,7 @@ pub fn fusion_penalty_backward<T: Real>(
                         }
                     }
                     let count = T::from_f64(members.len() as f64);
-                    s.iter_mut().for_each(|s| *s = *s / count);
+                    s.iter_mut().for_each(|s| *s /= count);
                     for (gi, &i) in grads.iter_mut().zip(members) {
                         let ki = k(i);
                         let row = x.row(i);
