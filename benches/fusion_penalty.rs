@@ -1,5 +1,6 @@
 //! The fusion penalty `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` through the
-//! tape: forward, and backward apart. On one thread and on all.
+//! tape: forward, and backward apart. The fused op on one thread and on
+//! all, and its naive twin (five generic tape ops) on all.
 
 mod common;
 
@@ -8,12 +9,22 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use splitgrad::io::SplitIndex;
 use splitgrad::layers::SplitVocabulary;
-use splitgrad::{Rng, Tape};
+use splitgrad::{Rng, Tape, Var};
 
 const V: usize = 8192;
 const D: usize = 256;
 const L: usize = 8;
 const ROWS: usize = 8192;
+
+type Penalty = fn(&'static SplitVocabulary<f32>, &mut Tape<'static, f32>) -> Var;
+
+fn fused(sv: &'static SplitVocabulary<f32>, tape: &mut Tape<'static, f32>) -> Var {
+    sv.fusion_penalty_var(tape)
+}
+
+fn naive(sv: &'static SplitVocabulary<f32>, tape: &mut Tape<'static, f32>) -> Var {
+    sv.fusion_penalty_var_naive(tape)
+}
 
 fn fusion_penalty(c: &mut Criterion) {
     let (one, all) = common::pools();
@@ -28,14 +39,22 @@ fn fusion_penalty(c: &mut Criterion) {
     let mut sv = SplitVocabulary::<f32>::new(index, V, D, L, 0.0).unwrap();
     *sv.parameters_mut().0.value_mut() = common::normal(11, &[ROWS, D]);
 
+    let sv: &'static SplitVocabulary<f32> = Box::leak(Box::new(sv));
+    let variants = [
+        ("serial", &one, fused as Penalty),
+        ("parallel", &all, fused),
+        ("naive", &all, naive),
+    ];
+
     let mut g = c.benchmark_group("fusion_penalty/forward");
-    g.throughput(Throughput::Elements((ROWS * D) as u64));
-    for (name, pool) in [("serial", &one), ("parallel", &all)] {
+    // Read the rows.
+    g.throughput(Throughput::Bytes((ROWS * D * 4) as u64));
+    for (name, pool, var) in variants {
         g.bench_function(name, |b| {
             b.iter(|| {
                 pool.install(|| {
                     let mut tape = Tape::new();
-                    let p = sv.fusion_penalty_var(&mut tape);
+                    let p = var(sv, &mut tape);
                     black_box(tape.scalar(p))
                 })
             })
@@ -44,13 +63,14 @@ fn fusion_penalty(c: &mut Criterion) {
     g.finish();
 
     let mut g = c.benchmark_group("fusion_penalty/backward");
-    g.throughput(Throughput::Elements((ROWS * D) as u64));
-    for (name, pool) in [("serial", &one), ("parallel", &all)] {
+    // Read the rows, write ∂rows.
+    g.throughput(Throughput::Bytes((2 * ROWS * D * 4) as u64));
+    for (name, pool, var) in variants {
         g.bench_function(name, |b| {
             b.iter_batched(
                 || {
                     let mut tape = Tape::new();
-                    let p = sv.fusion_penalty_var(&mut tape);
+                    let p = var(sv, &mut tape);
                     (tape, p)
                 },
                 |(tape, p)| pool.install(|| black_box(tape.backward(p))),

@@ -1,7 +1,8 @@
 //! The gated mix of the split vocabulary,
 //! `out_n = shared_n + g_r·(rows_r − shared_n)`: the forward kernel, and
 //! the backward through the tape (the gated mix's backward plus the
-//! `Σ out ⊙ R` loss's, which writes ∂out). On one thread and on all.
+//! `Σ out ⊙ R` loss's, which writes ∂out). On one thread and on all; the
+//! forward's serial twin beside them.
 
 mod common;
 
@@ -11,6 +12,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use splitgrad::Tape;
 use splitgrad::io::SplitIndex;
 use splitgrad::layers::SplitVocabulary;
+use splitgrad::layers::gated_mix::gated_mix_forward_naive;
 use splitgrad::layers::split_vocabulary::gated_mix_forward;
 
 const V: usize = 8192;
@@ -60,6 +62,9 @@ fn gated_mix(c: &mut Criterion) {
             })
         });
     }
+    g.bench_function("naive", |b| {
+        b.iter(|| black_box(gated_mix_forward_naive(shared2, rows, Some(&gate), &row_of)))
+    });
     g.finish();
 
     let mut g = c.benchmark_group("gated_mix/backward");

@@ -88,6 +88,12 @@ pub(crate) enum Op<'p, T> {
         counts: Vec<usize>,
     },
     RowNorm(Var),
+    FusionPenalty {
+        x: Var,
+        groups: &'p crate::ops::fusion_penalty::RowGroups,
+        /// ‖x_i − c_{g(i)}‖, (n).
+        norms: Vec<T>,
+    },
     Sum(Var),
     Mean(Var),
     DotConst {
@@ -346,18 +352,17 @@ impl<'p, T: Real> Tape<'p, T> {
                 Op::GatedMix(saved) => {
                     let (shared, rows) = (saved.shared, saved.rows);
                     let want = |v: Var| nodes[v.0].requires_grad;
-                    let want_gate = saved.gate.is_some_and(want);
-                    let (gs, row_contrib, gg) = saved.backward(
-                        val(shared),
-                        val(rows),
-                        saved.gate.map(val),
-                        gy.view(),
-                        want(shared),
-                        want(rows),
-                        want_gate,
-                    );
-                    if let (Some(g), Some(d)) = (grad_buf(&mut grads, nodes, shared), gs) {
-                        *g += &d;
+                    let wanted = crate::layers::gated_mix::Want {
+                        shared: want(shared),
+                        rows: want(rows),
+                        gate: saved.gate.is_some_and(want),
+                    };
+                    let (gs, row_contrib, gg) =
+                        saved.backward(val(shared), val(rows), saved.gate.map(val), gy, wanted);
+                    // ∂shared is ∂out changed in place: it becomes the
+                    // buffer when there is none yet.
+                    if let Some(d) = gs {
+                        add_owned(&mut grads, nodes, shared, d);
                     }
                     if let (Some(gate), Some(d)) = (saved.gate, gg) {
                         if let Some(g) = grad_buf(&mut grads, nodes, gate) {
@@ -471,6 +476,17 @@ impl<'p, T: Real> Tape<'p, T> {
                 Op::RowNorm(x) => {
                     if let Some(g) = grad_buf(&mut grads, nodes, *x) {
                         row_norm::row_norm_backward(val(*x), y.view(), gy.view(), g);
+                    }
+                }
+                Op::FusionPenalty { x, groups, norms } => {
+                    if nodes[x.0].requires_grad {
+                        let d = fusion_penalty::fusion_penalty_backward(
+                            val(*x),
+                            groups,
+                            norms,
+                            gy.view(),
+                        );
+                        add_owned(&mut grads, nodes, *x, d);
                     }
                 }
                 Op::Sum(x) => {
@@ -718,6 +734,24 @@ fn send_part<'a, T: Real>(
                 Some(c) => dst.zip_mut_with(&src.values.row(r), |d, &x| *d += c * x),
             }
         }
+    }
+}
+
+/// Adds a fresh gradient array `d` of node `v`'s shape to its gradient,
+/// taking it as the buffer when there is none yet (no zero-fill, no add).
+fn add_owned<'a, T: Real>(
+    grads: &mut [Option<Flow<'a, T>>],
+    nodes: &[Node<'_, T>],
+    v: Var,
+    d: ArrayD<T>,
+) {
+    if !nodes[v.0].requires_grad {
+        return;
+    }
+    if grads[v.0].is_none() {
+        grads[v.0] = Some(Flow::Owned(d));
+    } else if let Some(g) = grad_buf(grads, nodes, v) {
+        *g += &d;
     }
 }
 

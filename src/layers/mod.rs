@@ -4,6 +4,7 @@
 
 pub mod fused_ce;
 pub mod fused_ce_sum;
+pub mod gated_mix;
 pub mod lm_head;
 pub mod split_embeddings;
 pub mod split_vocabulary;

@@ -17,122 +17,16 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2};
+use ndarray::{Array1, Array2, ArrayD, ArrayView2, Axis, Ix2};
 
 use crate::io::{PairLookup, SplitIndex, load_index};
+use crate::ops::fusion_penalty::RowGroups;
 use crate::ops::sigmoid::sigmoid;
 use crate::tape::{Op, Tape, Var};
 use crate::{Error, Parameter, Real, Result};
 
-pub(crate) const NO_ROW: u32 = u32::MAX;
-
-/// What the backward of the gated mix needs.
-pub(crate) struct GatedMixSaved {
-    pub(crate) shared: Var,
-    pub(crate) rows: Var,
-    /// The gate probabilities σ(gate_logit), (n_rows); unused in fusion mode.
-    pub(crate) gate: Option<Var>,
-    /// The row of each token, `NO_ROW` for none.
-    row_of: Vec<u32>,
-}
-
-/// The gated mix (the fast kernel): shared (N, D), rows (n_rows, D), gate
-/// (n_rows) or `None` for fusion mode, row_of (N) → out (N, D).
-pub fn gated_mix_forward<T: Real>(
-    shared: ArrayView2<'_, T>,
-    rows: ArrayView2<'_, T>,
-    gate: Option<&[T]>,
-    row_of: &[u32],
-) -> Array2<T> {
-    let mut out = shared.to_owned();
-    for (n, mut o) in out.outer_iter_mut().enumerate() {
-        let r = row_of[n];
-        if r == NO_ROW {
-            continue;
-        }
-        let row = rows.row(r as usize);
-        match gate {
-            Some(g) => {
-                let g = g[r as usize];
-                o.zip_mut_with(&row, |s, &x| *s = *s + g * (x - *s));
-            }
-            None => o.assign(&row),
-        }
-    }
-    out
-}
-
-/// Gradients of the gated mix: (∂shared, row contributions (rows, values),
-/// ∂gate), each computed only when wanted.
-type MixGrads<T> = (
-    Option<ArrayD<T>>,
-    Option<(Vec<usize>, ArrayD<T>)>,
-    Option<ArrayD<T>>,
-);
-
-impl GatedMixSaved {
-    /// `∂shared_n = (1 − g_r)·∂out_n` (or ∂out_n without a row, 0 in fusion
-    /// mode with one); `∂rows_r += g_r·∂out_n` (∂out_n in fusion mode);
-    /// `∂g_r += Σ_d ∂out_nd·(rows_rd − shared_nd)`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn backward<T: Real>(
-        &self,
-        shared: ArrayViewD<'_, T>,
-        rows: ArrayViewD<'_, T>,
-        gate: Option<ArrayViewD<'_, T>>,
-        gy: ArrayViewD<'_, T>,
-        want_shared: bool,
-        want_rows: bool,
-        want_gate: bool,
-    ) -> MixGrads<T> {
-        let shared = shared.into_dimensionality::<Ix2>().expect("2-D shared");
-        let rows = rows.into_dimensionality::<Ix2>().expect("2-D rows");
-        let gy = gy.into_dimensionality::<Ix2>().expect("2-D gradient");
-        let gate: Option<Vec<T>> = gate.map(|g| g.iter().copied().collect());
-        let mut gs = want_shared.then(|| gy.to_owned());
-        let mut ggate = (want_gate && gate.is_some()).then(|| Array1::<T>::zeros(rows.nrows()));
-        let with_row: Vec<usize> = (0..self.row_of.len())
-            .filter(|&n| self.row_of[n] != NO_ROW)
-            .collect();
-        let mut contrib = want_rows.then(|| Array2::<T>::zeros((with_row.len(), rows.ncols())));
-        for (j, &n) in with_row.iter().enumerate() {
-            let r = self.row_of[n] as usize;
-            let gyn = gy.row(n);
-            match &gate {
-                Some(g) => {
-                    let g = g[r];
-                    if let Some(gs) = gs.as_mut() {
-                        gs.row_mut(n).mapv_inplace(|v| v * (T::one() - g));
-                    }
-                    if let Some(c) = contrib.as_mut() {
-                        c.row_mut(j).zip_mut_with(&gyn, |c, &d| *c = g * d);
-                    }
-                    if let Some(gg) = ggate.as_mut() {
-                        let mut acc = T::zero();
-                        for ((&d, &x), &s) in gyn.iter().zip(rows.row(r)).zip(shared.row(n)) {
-                            acc += d * (x - s);
-                        }
-                        gg[r] += acc;
-                    }
-                }
-                None => {
-                    if let Some(gs) = gs.as_mut() {
-                        gs.row_mut(n).fill(T::zero());
-                    }
-                    if let Some(c) = contrib.as_mut() {
-                        c.row_mut(j).assign(&gyn);
-                    }
-                }
-            }
-        }
-        let ids: Vec<usize> = with_row.iter().map(|&n| self.row_of[n] as usize).collect();
-        (
-            gs.map(|a| a.into_dyn()),
-            contrib.map(|c| (ids, c.into_dyn())),
-            ggate.map(|a| a.into_dyn()),
-        )
-    }
-}
+pub use super::gated_mix::gated_mix_forward;
+pub(crate) use super::gated_mix::{GatedMixSaved, NO_ROW};
 
 /// Private rows for chosen (language, token) pairs, gated against the
 /// shared embedding.
@@ -163,9 +57,8 @@ pub struct SplitVocabulary<T> {
     vocab_size: usize,
     n_languages: usize,
     dim: usize,
-    /// The group (unique token, in increasing token order) of each row.
-    group: Vec<usize>,
-    n_groups: usize,
+    /// The rows of each distinct token (groups in increasing token order).
+    groups: RowGroups,
 }
 
 impl<T: Real> SplitVocabulary<T> {
@@ -223,11 +116,12 @@ impl<T: Real> SplitVocabulary<T> {
         let mut uniq: Vec<usize> = index.token_index.clone();
         uniq.sort_unstable();
         uniq.dedup();
-        let group = index
+        let group: Vec<usize> = index
             .token_index
             .iter()
             .map(|t| uniq.binary_search(t).expect("present"))
             .collect();
+        let groups = RowGroups::new(&group, uniq.len());
         SplitVocabulary {
             rows: Parameter::new(
                 "split_vocabulary.rows",
@@ -242,8 +136,7 @@ impl<T: Real> SplitVocabulary<T> {
             vocab_size,
             n_languages,
             dim,
-            group,
-            n_groups: uniq.len(),
+            groups,
         }
     }
 
@@ -307,11 +200,35 @@ impl<T: Real> SplitVocabulary<T> {
 
     /// `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` on the tape (a scalar), the
     /// gradient flowing through the centroid too; 0 gradient where a
-    /// deviation is exactly zero (as at `seed_from`).
+    /// deviation is exactly zero (as at `seed_from`). One fused op,
+    /// [`Tape::fusion_penalty`].
     pub fn fusion_penalty_var<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
         let rows = tape.param(&self.rows);
-        let centroid = tape.segment_mean(rows, &self.group, self.n_groups);
-        let own = tape.gather(centroid, &self.group);
+        tape.fusion_penalty(rows, &self.groups)
+    }
+
+    /// [`Self::fusion_penalty_var`] built from five generic ops (segment
+    /// mean, gather, sub, row norm, mean): the reference the fused op is
+    /// tested against. It writes several (n_rows, D) arrays and gradient
+    /// buffers.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// use splitgrad::{io::SplitIndex, layers::SplitVocabulary, Tape};
+    /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
+    /// let mut sv = SplitVocabulary::<f64>::new(index, 4, 3, 2, 0.0)?;
+    /// *sv.parameters_mut().0.value_mut() = Array2::from_shape_fn((3, 3), |(i, j)| (i * j) as f64).into_dyn();
+    /// let mut tape = Tape::new();
+    /// let naive = sv.fusion_penalty_var_naive(&mut tape);
+    /// let fused = sv.fusion_penalty_var(&mut tape);
+    /// assert!((tape.scalar(naive) - tape.scalar(fused)).abs() < 1e-15);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn fusion_penalty_var_naive<'p>(&'p self, tape: &mut Tape<'p, T>) -> Var {
+        let rows = tape.param(&self.rows);
+        let group = self.groups.group_of_rows();
+        let centroid = tape.segment_mean(rows, group, self.groups.n_groups());
+        let own = tape.gather(centroid, group);
         let dev = tape.sub(rows, own);
         let norms = tape.row_norm(dev);
         tape.mean(norms)

@@ -9,6 +9,7 @@
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod exp;
+pub mod fusion_penalty;
 pub mod gather;
 pub mod matmul;
 pub mod reduce;

@@ -1,0 +1,467 @@
+//! The fusion penalty as one op: the mean distance of each row from the
+//! centroid of its group.
+//!
+//! ```text
+//! c_g = x_{f(g)} + (1/|g|) Σ_{j ∈ g} (x_j − x_{f(g)})     f(g) the first row of group g
+//! P   = (1/n) Σ_i ‖x_i − c_{g(i)}‖₂
+//! ∂x_i += (∂P/n) · (u_i − (1/|g|) Σ_{j ∈ g} u_j)         u_i = (x_i − c_{g(i)}) / ‖x_i − c_{g(i)}‖, 0 at a zero deviation
+//! ```
+//!
+//! It replaces the composition segment mean → gather → sub → row norm →
+//! mean ([`SplitVocabulary::fusion_penalty_var_naive`]), which writes
+//! several (n, D) arrays and gradient buffers, with one pass over the rows
+//! forward and one backward. The forward keeps only the n norms; the
+//! backward recomputes the centroids and deviations from the rows, which it
+//! must read anyway. Both run in parallel over groups; each group is summed
+//! in increasing row order by one task, so the result is the same bit for
+//! bit for any number of threads. Derivation:
+//! `docs/gradients.md#the-fused-fusion-penalty`.
+//!
+//! [`SplitVocabulary::fusion_penalty_var_naive`]: crate::layers::SplitVocabulary::fusion_penalty_var_naive
+
+use std::mem::MaybeUninit;
+
+use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
+use rayon::prelude::*;
+
+use crate::Real;
+use crate::tape::{Op, Tape, Var};
+
+/// A partition of `n_rows` rows into groups, kept both ways: the group of
+/// each row, and the rows of each group in increasing order.
+///
+/// ```
+/// use splitgrad::ops::fusion_penalty::RowGroups;
+/// let g = RowGroups::new(&[1, 0, 1], 2);
+/// assert_eq!(g.members(1), &[0, 2]);
+/// assert_eq!((g.n_rows(), g.n_groups()), (3, 2));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowGroups {
+    of: Vec<usize>,
+    /// `members[starts[g]..starts[g + 1]]` are the rows of group g.
+    starts: Vec<usize>,
+    members: Vec<usize>,
+}
+
+impl RowGroups {
+    /// Groups from the group id of each row. A group may be empty.
+    ///
+    /// **Panics** if a group id is ≥ n_groups.
+    #[track_caller]
+    pub fn new(group_of_row: &[usize], n_groups: usize) -> Self {
+        let mut starts = vec![0usize; n_groups + 1];
+        for &g in group_of_row {
+            assert!(
+                g < n_groups,
+                "RowGroups: group id {g} is out of range 0..{n_groups}"
+            );
+            starts[g + 1] += 1;
+        }
+        for g in 0..n_groups {
+            starts[g + 1] += starts[g];
+        }
+        let mut next = starts.clone();
+        let mut members = vec![0; group_of_row.len()];
+        for (i, &g) in group_of_row.iter().enumerate() {
+            members[next[g]] = i;
+            next[g] += 1;
+        }
+        RowGroups {
+            of: group_of_row.to_vec(),
+            starts,
+            members,
+        }
+    }
+
+    /// The group of each row, (n_rows).
+    pub fn group_of_rows(&self) -> &[usize] {
+        &self.of
+    }
+
+    /// The rows of group g, in increasing order.
+    ///
+    /// **Panics** if g ≥ n_groups.
+    #[track_caller]
+    pub fn members(&self, g: usize) -> &[usize] {
+        &self.members[self.starts[g]..self.starts[g + 1]]
+    }
+
+    /// n_rows.
+    pub fn n_rows(&self) -> usize {
+        self.of.len()
+    }
+
+    /// The number of groups.
+    pub fn n_groups(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// `items` (one per row, in group order: `items[k]` belongs to row
+    /// `members[k]`) cut into one slice per group.
+    fn split<'a, X>(&self, mut items: &'a mut [X]) -> Vec<(usize, &'a mut [X])> {
+        let mut out = Vec::with_capacity(self.n_groups());
+        for g in 0..self.n_groups() {
+            let (head, tail) = items.split_at_mut(self.starts[g + 1] - self.starts[g]);
+            out.push((g, head));
+            items = tail;
+        }
+        out
+    }
+}
+
+/// Groups per rayon task, at least: a group is a few rows of D elements.
+const MIN_GROUPS_PER_TASK: usize = 64;
+
+/// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
+/// member: the mean, exactly x_f when every member equals it (the form of
+/// `segment_mean_forward`, with the division as a product).
+fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
+    let first = x.row(members[0]);
+    let first = first.as_slice().expect("standard layout");
+    c.fill(T::zero());
+    for &j in members {
+        let row = x.row(j);
+        for ((c, &v), &b) in c
+            .iter_mut()
+            .zip(row.as_slice().expect("standard layout"))
+            .zip(first)
+        {
+            *c += v - b;
+        }
+    }
+    let inv_count = T::one() / T::from_f64(members.len() as f64);
+    for (c, &b) in c.iter_mut().zip(first) {
+        *c = b + *c * inv_count;
+    }
+}
+
+/// `Σ_d (x_d − c_d)²`, in eight interleaved partial sums (so that the
+/// loop vectorises), then those in a fixed tree.
+#[inline]
+fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
+    const LANES: usize = 8;
+    let mut acc = [T::zero(); LANES];
+    let (xs, cs) = (x.chunks_exact(LANES), c.chunks_exact(LANES));
+    let (xr, cr) = (xs.remainder(), cs.remainder());
+    for (xs, cs) in xs.zip(cs) {
+        for k in 0..LANES {
+            let d = xs[k] - cs[k];
+            acc[k] += d * d;
+        }
+    }
+    let mut tail = T::zero();
+    for (&a, &b) in xr.iter().zip(cr) {
+        tail += (a - b) * (a - b);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail
+}
+
+/// The deviation norm of a row alone in its group: `‖x − (x + (x − x))‖`,
+/// 0 for a finite row, NaN for a row with an infinite or NaN element. It
+/// is `|Σ_d (x_d − x_d)|`: one pass, no centroid.
+#[inline]
+#[allow(clippy::eq_op)] // x − x is 0 or NaN: the point is the NaN.
+fn lone_norm<T: Real>(x: &[T]) -> T {
+    const LANES: usize = 8;
+    let mut acc = [T::zero(); LANES];
+    let xs = x.chunks_exact(LANES);
+    let mut tail = T::zero();
+    for &v in xs.remainder() {
+        tail += v - v;
+    }
+    for xs in xs {
+        for k in 0..LANES {
+            acc[k] += xs[k] - xs[k];
+        }
+    }
+    (acc.iter().fold(T::zero(), |s, &a| s + a) + tail).abs()
+}
+
+/// The penalty and the norm of each row's deviation: x (n, D), groups of
+/// the n rows → (P, ‖x_i − c_{g(i)}‖ (n)). P = 0 when n = 0.
+///
+/// **Panics** if x is not 2-D or `groups` is not for x's rows.
+#[track_caller]
+pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups) -> (T, Array1<T>) {
+    let x = x
+        .into_dimensionality::<Ix2>()
+        .expect("fusion_penalty: rows must be 2-D");
+    assert_eq!(
+        x.nrows(),
+        groups.n_rows(),
+        "fusion_penalty: {} rows for groups of {} rows",
+        x.nrows(),
+        groups.n_rows()
+    );
+    let x = x.as_standard_layout();
+    let (n, width) = x.dim();
+    let mut by_group = vec![T::zero(); n];
+    if width > 0 {
+        groups
+            .split(&mut by_group)
+            .into_par_iter()
+            .with_min_len(MIN_GROUPS_PER_TASK)
+            .for_each_init(
+                || vec![T::zero(); width],
+                |c, (g, norms)| {
+                    let members = groups.members(g);
+                    match members {
+                        [] => return,
+                        &[i] => {
+                            let row = x.row(i);
+                            norms[0] = lone_norm(row.as_slice().expect("standard layout"));
+                            return;
+                        }
+                        _ => centroid(x.view(), members, c),
+                    }
+                    for (y, &i) in norms.iter_mut().zip(members) {
+                        let row = x.row(i);
+                        *y = dev_sq_sum(row.as_slice().expect("standard layout"), c).sqrt();
+                    }
+                },
+            );
+    }
+    let mut norms = Array1::<T>::zeros(n);
+    for (&i, &y) in groups.members.iter().zip(&by_group) {
+        norms[i] = y;
+    }
+    let p = norms.sum() / T::from_f64(n.max(1) as f64);
+    (p, norms)
+}
+
+/// `∂x_i = (gy/n)·(u_i − mean_{j ∈ g(i)} u_j)`, computed as
+/// `k_i·d_i − (Σ_j k_j·d_j)/|g|` with `d_i = x_i − c_{g(i)}`,
+/// `k_i = (gy/n)/‖d_i‖`, and `k_i = 0` where the norm is not > 0.
+///
+/// x: (n, D), the rows; norms: (n), from [`fusion_penalty_forward`];
+/// gy: the penalty's gradient (one element) → ∂x (n, D).
+///
+/// It returns a fresh array, every element written once, rather than
+/// adding into a zero-filled buffer: the gradient is dense, and a zero
+/// fill would be a third pass over it. The tape adds it to the rows'
+/// buffer when there is one, and takes it as the buffer otherwise.
+///
+/// A group of one row gets 0: its deviation is `x − (x + (x − x))`, 0 for
+/// a finite row and NaN otherwise, and either way its norm is not > 0, so
+/// the centroid term cancels the row's own.
+///
+/// **Panics** if the shapes disagree.
+#[track_caller]
+pub fn fusion_penalty_backward<T: Real>(
+    x: ArrayViewD<'_, T>,
+    groups: &RowGroups,
+    norms: &[T],
+    gy: ArrayViewD<'_, T>,
+) -> ArrayD<T> {
+    let x = x
+        .into_dimensionality::<Ix2>()
+        .expect("fusion_penalty: rows must be 2-D");
+    let (n, width) = x.dim();
+    assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
+    assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
+    let x = x.as_standard_layout();
+    let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
+    let mut out = Array2::<T>::uninit((n, width));
+    if width > 0 {
+        let dst = out.as_slice_mut().expect("fresh array is contiguous");
+        let mut by_row: Vec<Option<&mut [MaybeUninit<T>]>> =
+            dst.chunks_mut(width).map(Some).collect();
+        let mut by_group: Vec<&mut [MaybeUninit<T>]> = groups
+            .members
+            .iter()
+            .map(|&i| by_row[i].take().expect("each row in one group"))
+            .collect();
+        groups
+            .split(&mut by_group)
+            .into_par_iter()
+            .with_min_len(MIN_GROUPS_PER_TASK)
+            .for_each_init(
+                || vec![T::zero(); 2 * width],
+                |buf, (grp, grads)| {
+                    let members = groups.members(grp);
+                    if members.len() == 1 {
+                        grads[0].iter_mut().for_each(|g| {
+                            g.write(T::zero());
+                        });
+                        return;
+                    }
+                    let (c, s) = buf.split_at_mut(width);
+                    if !members.is_empty() {
+                        centroid(x.view(), members, c);
+                    }
+                    let k = |i: usize| {
+                        let y = norms[i];
+                        if y > T::zero() { a / y } else { T::zero() }
+                    };
+                    // s = (Σ_j k_j·d_j) / |g|
+                    s.fill(T::zero());
+                    for &j in members {
+                        let kj = k(j);
+                        if kj != T::zero() {
+                            let row = x.row(j);
+                            let row = row.as_slice().expect("standard layout");
+                            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
+                                *s += kj * (v - c);
+                            }
+                        }
+                    }
+                    let count = T::from_f64(members.len() as f64);
+                    s.iter_mut().for_each(|s| *s /= count);
+                    for (gi, &i) in grads.iter_mut().zip(members) {
+                        let ki = k(i);
+                        let row = x.row(i);
+                        let row = row.as_slice().expect("standard layout");
+                        for (((g, &v), &c), &s) in
+                            gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter())
+                        {
+                            g.write(ki * (v - c) - s);
+                        }
+                    }
+                },
+            );
+    }
+    // SAFETY: every row is the member of exactly one group, and the loop
+    // above wrote every element of every member row of every group (with
+    // width 0 there is no element).
+    unsafe { out.assume_init() }.into_dyn()
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// The fusion penalty of rows x (n, D) grouped by `groups`:
+    /// `(1/n) Σ_i ‖x_i − c_{g(i)}‖₂`, c_g the mean of group g's rows, the
+    /// gradient flowing through the centroids too and 0 at a zero
+    /// deviation. A scalar (0-D) node.
+    ///
+    /// **Panics** if x is not 2-D or `groups` is not for its rows.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{ops::fusion_penalty::RowGroups, Tape};
+    /// // Group 0: rows 0 and 2, centroid (1, 0); group 1: row 1 alone.
+    /// let groups = RowGroups::new(&[0, 1, 0], 2);
+    /// let mut t = Tape::<f64>::new();
+    /// let x = t.input(array![[0.0, 0.0], [5.0, 5.0], [2.0, 0.0]].into_dyn());
+    /// let p = t.fusion_penalty(x, &groups);
+    /// assert_eq!(t.scalar(p), (1.0 + 0.0 + 1.0) / 3.0);
+    /// let g = t.backward(p);
+    /// // u = (−1, 0), 0, (1, 0); their group mean is 0.
+    /// let want = array![[-1.0, 0.0], [0.0, 0.0], [1.0, 0.0]] / 3.0;
+    /// assert_eq!(g.input(x).unwrap(), &want.into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn fusion_penalty(&mut self, x: Var, groups: &'p RowGroups) -> Var {
+        let (p, norms) = fusion_penalty_forward(self.value(x), groups);
+        self.push(
+            arr0(p).into_dyn(),
+            Op::FusionPenalty {
+                x,
+                groups,
+                norms: norms.to_vec(),
+            },
+            &[x],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+    use rayon::ThreadPoolBuilder;
+
+    /// Rows in `n_groups` groups (some empty, some single, some with equal
+    /// rows so that deviations are exactly 0): (x, groups).
+    fn case(seed: u64, n: usize, n_groups: usize, width: usize) -> (Array2<f64>, RowGroups) {
+        let mut rng = Rng::new(seed);
+        let of: Vec<usize> = (0..n)
+            .map(|_| rng.below(n_groups as u64) as usize)
+            .collect();
+        let mut x = Array2::from_shape_simple_fn((n, width), || rng.normal());
+        // Group 0 (if any) has equal rows: every deviation is 0.
+        let groups = RowGroups::new(&of, n_groups);
+        let zero = groups.members(0).to_vec();
+        if let Some(&f) = zero.first() {
+            for &i in &zero {
+                let r = x.row(f).to_owned();
+                x.row_mut(i).assign(&r);
+            }
+        }
+        (x, groups)
+    }
+
+    /// The composition the fused op replaces: (value, ∂x) for ∂P = gy.
+    fn naive(x: &Array2<f64>, groups: &RowGroups, gy: f64) -> (f64, ArrayD<f64>) {
+        let mut t = Tape::new();
+        let v = t.input(x.clone().into_dyn());
+        let c = t.segment_mean(v, groups.group_of_rows(), groups.n_groups());
+        let own = t.gather(c, groups.group_of_rows());
+        let dev = t.sub(v, own);
+        let norms = t.row_norm(dev);
+        let p = t.mean(norms);
+        let loss = t.scale(p, gy);
+        let g = t.backward(loss);
+        (t.scalar(p), g.input(v).unwrap().clone())
+    }
+
+    fn fused(x: &Array2<f64>, groups: &RowGroups, gy: f64) -> (f64, ArrayD<f64>) {
+        let mut t = Tape::new();
+        let v = t.input(x.clone().into_dyn());
+        let p = t.fusion_penalty(v, groups);
+        let loss = t.scale(p, gy);
+        let g = t.backward(loss);
+        (t.scalar(p), g.input(v).unwrap().clone())
+    }
+
+    #[test]
+    fn fused_equals_the_composition() {
+        for (seed, n, n_groups, width) in
+            [(1, 40, 9, 5), (2, 300, 120, 37), (3, 7, 1, 8), (4, 1, 1, 3)]
+        {
+            let (x, groups) = case(seed, n, n_groups, width);
+            let (want_p, want_g) = naive(&x, &groups, 0.7);
+            let (p, g) = fused(&x, &groups, 0.7);
+            assert!(
+                (p - want_p).abs() <= 1e-14 * want_p.abs().max(1.0),
+                "{p} vs {want_p}"
+            );
+            let err = (&g - &want_g).iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(err <= 1e-15, "seed {seed}: gradient differs by {err}");
+            // The zero-deviation group gets exactly 0, as the composition.
+            for &i in groups.members(0) {
+                assert!(g.index_axis(ndarray::Axis(0), i).iter().all(|&v| v == 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn serial_and_parallel_agree_bit_for_bit() {
+        let (x, groups) = case(5, 3000, 1400, 64);
+        let run = |threads: usize| {
+            let pool = ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let (p, norms) = fusion_penalty_forward(x.view().into_dyn(), &groups);
+                let (_, g) = fused(&x, &groups, 1.3);
+                (p.to_bits(), norms, g)
+            })
+        };
+        let one = run(1);
+        for threads in [2, 4] {
+            let other = run(threads);
+            assert_eq!(one.0, other.0, "{threads} threads: value");
+            assert_eq!(one.1, other.1, "{threads} threads: norms");
+            assert_eq!(one.2, other.2, "{threads} threads: gradient");
+        }
+    }
+
+    #[test]
+    fn no_rows_no_penalty() {
+        let groups = RowGroups::new(&[], 3);
+        let (p, norms) =
+            fusion_penalty_forward(Array2::<f32>::zeros((0, 4)).view().into_dyn(), &groups);
+        assert_eq!((p, norms.len()), (0.0, 0));
+    }
+}
