@@ -372,7 +372,6 @@ impl SplitVocabBench {
             .collect();
         let u_s = n_unique(self.token_rows.iter().copied());
         let u_r = n_unique(hit.iter().copied());
-        let groups = n_unique(self.sv.index().token_index.iter().copied());
         let row = F32 * d;
         vec![
             (
@@ -388,13 +387,10 @@ impl SplitVocabBench {
                 "loss: read out and R; penalty: read σ",
                 2 * n * row + F32 * n_rows,
             ),
+            ("fusion forward: read the rows", n_rows * row),
             (
-                "fusion forward: read rows twice, centroids",
-                (2 * n_rows + 2 * groups) * row,
-            ),
-            (
-                "fusion backward: read rows twice, write ∂rows",
-                3 * n_rows * row,
+                "fusion backward: read the rows, write ∂rows",
+                2 * n_rows * row,
             ),
             (
                 "mix backward: read ∂out, shared, rows hit; write ∂shared, ∂rows hit",
