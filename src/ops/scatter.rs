@@ -3,9 +3,11 @@
 //! Given contributions `(ids[k], values[k])`, the gradient of row `r` is
 //! `Σ_{k : ids[k] = r} values[k]`, summed **in increasing k**. Fixing the
 //! order makes the result identical bit for bit whatever the number of
-//! threads: the parallel kernel sorts positions by id (a stable sort keeps
-//! equal ids in position order) and gives each unique row to one task.
-//! No V × H dense buffer is ever touched.
+//! threads: the kernel sorts positions by id to find the unique rows, cuts
+//! them into ranges of about equal contribution counts, and gives each range
+//! to one task, which walks its contributions in position order (so each
+//! row still adds its contributions in increasing k, and the sources are
+//! read front to back). No V × H dense buffer is ever touched.
 //!
 //! [`coalesce_sources`] reads the contributions where they already are (rows
 //! of the output gradient routed to one split, or a gradient `c·R` never
@@ -150,41 +152,79 @@ pub fn coalesce_sources<T: Real>(
         let (s, r) = at[k as usize];
         flat[s as usize].map(|v| &v[r as usize * width..(r as usize + 1) * width])
     };
-    let sum_group = |(j, dst): (usize, &mut [T])| {
-        let group = &order[starts[j]..starts[j + 1]];
-        for (p, &k) in group.iter().enumerate() {
-            let (s, r) = at[k as usize];
-            let (src, r) = (&sources[s as usize], r as usize);
-            // The rows of a group are scattered (often one page each), where
-            // the hardware prefetcher starts over: ask for the next row while
-            // this one is summed.
-            let next = group.get(p + 1).and_then(|&k| row_slice(k));
-            match (flat[s as usize], src.scale) {
-                (Some(v), None) => {
-                    add_row(dst, &v[r * width..(r + 1) * width], next, |x| x);
-                }
-                (Some(v), Some(c)) => {
-                    add_row(dst, &v[r * width..(r + 1) * width], next, |x| c * x);
-                }
-                (None, c) => {
-                    let c = c.unwrap_or_else(T::one);
-                    let plain = src.scale.is_none();
-                    for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
-                        *d += if plain { x } else { c * x };
+    if width > 0 && n_unique > 0 {
+        // slot[k]: the unique row that contribution k adds into.
+        let mut slot = vec![0u32; ids.len()];
+        for j in 0..n_unique {
+            for &k in &order[starts[j]..starts[j + 1]] {
+                slot[k as usize] = j as u32;
+            }
+        }
+        // The unique rows cut into ranges of about equal contribution
+        // counts, one task each. Each task walks its contributions in
+        // position order: every row of the result still sums its
+        // contributions in increasing k, so the cut changes no bit, and
+        // the sources are read front to back rather than group by group.
+        let n_parts = if ids.len() * width >= super::PAR_MIN_ELEMS {
+            4 * rayon::current_num_threads()
+        } else {
+            1
+        };
+        let mut cuts = vec![0usize];
+        let mut seen = 0;
+        for j in 0..n_unique - 1 {
+            seen += starts[j + 1] - starts[j];
+            if seen * n_parts >= ids.len() * cuts.len() {
+                cuts.push(j + 1);
+            }
+        }
+        cuts.push(n_unique);
+        let mut part_of = vec![0u32; n_unique];
+        for (q, w) in cuts.windows(2).enumerate() {
+            part_of[w[0]..w[1]].fill(q as u32);
+        }
+        let mut mine: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() - 1];
+        for (k, &j) in slot.iter().enumerate() {
+            mine[part_of[j as usize] as usize].push(k as u32);
+        }
+        let mut parts: Vec<(usize, &mut [T])> = Vec::with_capacity(mine.len());
+        let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
+        for w in cuts.windows(2) {
+            let (head, tail) = rest.split_at_mut((w[1] - w[0]) * width);
+            parts.push((w[0], head));
+            rest = tail;
+        }
+        let sum_part = |((j0, dst), ks): ((usize, &mut [T]), Vec<u32>)| {
+            for (p, &k) in ks.iter().enumerate() {
+                let j = slot[k as usize] as usize - j0;
+                let dst = &mut dst[j * width..(j + 1) * width];
+                let (s, r) = at[k as usize];
+                let (src, r) = (&sources[s as usize], r as usize);
+                // Rows are often one page each, where the hardware
+                // prefetcher starts over: ask for the next row while this
+                // one is summed.
+                let next = ks.get(p + 1).and_then(|&k| row_slice(k));
+                match (flat[s as usize], src.scale) {
+                    (Some(v), None) => {
+                        add_row(dst, &v[r * width..(r + 1) * width], next, |x| x);
+                    }
+                    (Some(v), Some(c)) => {
+                        add_row(dst, &v[r * width..(r + 1) * width], next, |x| c * x);
+                    }
+                    (None, c) => {
+                        let c = c.unwrap_or_else(T::one);
+                        let plain = src.scale.is_none();
+                        for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
+                            *d += if plain { x } else { c * x };
+                        }
                     }
                 }
             }
-        }
-    };
-    if width > 0 {
-        let flat_out = out.as_slice_mut().expect("fresh array is contiguous");
-        if ids.len() * width >= super::PAR_MIN_ELEMS {
-            flat_out
-                .par_chunks_mut(width)
-                .enumerate()
-                .for_each(sum_group);
+        };
+        if parts.len() > 1 {
+            parts.into_par_iter().zip(mine).for_each(sum_part);
         } else {
-            flat_out.chunks_mut(width).enumerate().for_each(sum_group);
+            parts.into_iter().zip(mine).for_each(sum_part);
         }
     }
     RowSparse {
