@@ -272,3 +272,43 @@ fn lazy_gradient_written_out_has_the_bits_of_a_zero_buffer_added_to() {
         assert_eq!(bits(g.input(x).unwrap()), bits(&want), "n = {n}");
     }
 }
+
+/// R in another layout than `out`'s (a transposed view) gives the same
+/// gradients, bit for bit, through the row-sparse and the dense paths.
+#[test]
+fn dot_const_with_a_transposed_constant() {
+    let mut rng = Rng::new(13);
+    let mut emb = SplitTokenEmbeddings::<f32>::new(&[("a", 4), ("b", 3)], &["a", "b"], 5).unwrap();
+    emb.reset_parameters(&mut rng);
+    let ids = array![0i64, 6, 2, 0, 4, 6].into_dyn();
+    let r = Array2::from_shape_fn((6, 5), |_| rng.normal() as f32);
+    let r_t = r.t().to_owned(); // (5, 6), standard layout
+    let run = |r: ndarray::ArrayViewD<'_, f32>| {
+        let mut tape = Tape::new();
+        let out = emb.forward(&mut tape, ids.view()).unwrap();
+        let fit = tape.dot_const_view(out, r);
+        let loss = tape.scale(fit, 0.25);
+        let g = tape.backward(loss);
+        emb.parameters()
+            .iter()
+            .map(|p| g.dense(p).iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(r.view().into_dyn()), run(r_t.t().into_dyn()));
+
+    // A dense gradient: the table is a differentiable input.
+    let dense = |r: ndarray::ArrayViewD<'_, f32>| {
+        let mut tape = Tape::new();
+        let t = tape.input(Array2::<f32>::ones((4, 5)).into_dyn());
+        let out = tape.gather(t, &[3, 0, 3, 1, 2, 0]);
+        let fit = tape.dot_const_view(out, r);
+        let loss = tape.scale(fit, -2.0);
+        let g = tape.backward(loss);
+        g.input(t)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(dense(r.view().into_dyn()), dense(r_t.t().into_dyn()));
+}

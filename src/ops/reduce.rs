@@ -50,8 +50,9 @@ pub fn dot_const_backward<T: Real>(gy: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>, 
     }
 }
 
-/// `c·r + 0` as a new array in one pass: the bits [`dot_const_backward`]
-/// leaves in a zero buffer, without writing the zeros first.
+/// `c·r + 0` as a new array in standard layout, in one pass: the bits
+/// [`dot_const_backward`] leaves in a zero buffer, without writing the
+/// zeros first.
 pub fn scaled_copy<T: Real>(c: T, r: ArrayViewD<'_, T>) -> ArrayD<T> {
     match r.as_slice() {
         Some(s) if s.len() >= super::PAR_MIN_ELEMS => {
@@ -61,7 +62,9 @@ pub fn scaled_copy<T: Real>(c: T, r: ArrayViewD<'_, T>) -> ArrayD<T> {
                 .collect_into_vec(&mut v);
             ArrayD::from_shape_vec(r.raw_dim(), v).expect("one element per element")
         }
-        _ => r.mapv(|x| c * x + T::zero()),
+        // Logical order, so the result is in standard layout whatever r's.
+        _ => ArrayD::from_shape_vec(r.raw_dim(), r.iter().map(|&x| c * x + T::zero()).collect())
+            .expect("one element per element"),
     }
 }
 
