@@ -7,6 +7,7 @@
 #![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod bench;
 pub mod checkpoint;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod param;
 pub mod real;
 pub mod rng;
 
+pub use alloc::keep_large_buffers;
 pub use error::{Error, ErrorKind, Result};
 pub use param::{Grad, Gradients, ParamId, Parameter, RowSparse};
 pub use real::Real;

@@ -29,31 +29,9 @@ fn quiet_broken_pipe() {
     }
 }
 
-// SAFETY: this is glibc's `int mallopt(int param, int value)`.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-unsafe extern "C" {
-    fn mallopt(param: i32, value: i32) -> i32;
-}
-
-/// Keeps large buffers in the heap. A training step allocates and frees
-/// buffers of tens of MiB (outputs, gradients); glibc would map each one
-/// afresh and the kernel would fault in and zero every page of it, every
-/// step (half the time of the embedding workloads). With no mmap for
-/// large blocks and no trimming, freed buffers are reused.
-fn keep_large_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only changes allocator parameters; it runs first in
-    // `main`, before any other thread exists. M_TRIM_THRESHOLD = −1,
-    // M_MMAP_MAX = −4 (glibc's malloc.h).
-    unsafe {
-        mallopt(-1, i32::MAX);
-        mallopt(-4, 0);
-    }
-}
-
 fn main() -> ExitCode {
     quiet_broken_pipe();
-    keep_large_buffers();
+    splitgrad::keep_large_buffers();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,
