@@ -24,14 +24,12 @@
 /// Call it once, early in `main`.
 ///
 /// ```
-/// fn main() {
-///     let kept = splitgrad::keep_large_buffers();
-///     // On Linux with glibc, and unless SPLITGRAD_MALLOC=default:
-///     let expected = cfg!(all(target_os = "linux", target_env = "gnu"))
-///         && std::env::var_os("SPLITGRAD_MALLOC").is_none_or(|v| v != "default");
-///     assert_eq!(kept, expected);
-///     // … build the layers, train …
-/// }
+/// // First thing in `main`:
+/// let kept = splitgrad::keep_large_buffers();
+/// // On Linux with glibc, and unless SPLITGRAD_MALLOC=default:
+/// let expected = cfg!(all(target_os = "linux", target_env = "gnu"))
+///     && std::env::var_os("SPLITGRAD_MALLOC").is_none_or(|v| v != "default");
+/// assert_eq!(kept, expected);
 /// ```
 pub fn keep_large_buffers() -> bool {
     if std::env::var_os("SPLITGRAD_MALLOC").is_some_and(|v| v == "default") {
