@@ -13,6 +13,8 @@ use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
 use splitgrad::{Rng, Tape};
 
 fn main() -> Result<(), splitgrad::Error> {
+    // Large per-step buffers stay in the heap instead of being mapped afresh.
+    splitgrad::keep_large_buffers();
     const ORIG: usize = 151_936;
     const PROMPT: usize = 16;
     // d9d's models use 1024 and more; 64 keeps the example light on memory
