@@ -1,5 +1,7 @@
 //! The fused cross-entropy of the LM head against its naive twin (the full
-//! logits), forward and backward apart, on a small case. The matrix
+//! logits), forward and backward apart, on a small case; then the summed
+//! head, whose forward forms the gradients (its backward only scales them),
+//! against the per-token kernel's forward plus backward. The matrix
 //! products run on `MATMUL_NUM_THREADS` threads (`matrixmultiply` reads it
 //! once per process), so there is no serial/parallel pair here.
 
@@ -12,6 +14,7 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use splitgrad::layers::fused_ce::{
     ChunkSizes, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward, naive_ce_forward,
 };
+use splitgrad::layers::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
 
 const N: usize = 256;
 const H: usize = 128;
@@ -35,7 +38,7 @@ fn fused_ce(c: &mut Criterion) {
         .enumerate()
         .map(|(i, l)| if i % 10 == 9 { -100 } else { l as i64 })
         .collect();
-    let targets = Targets::per_token(labels);
+    let targets = Targets::per_token(labels.clone());
     let (_, lse) = fused_ce_forward(hidden.view(), &wv, &targets, CHUNKS);
     let gy = vec![1.0f32; N];
 
@@ -72,6 +75,41 @@ fn fused_ce(c: &mut Criterion) {
     });
     g.bench_function("naive", |b| {
         b.iter(|| black_box(naive_ce_backward(hidden.view(), &wv, &targets, &gy)))
+    });
+    g.finish();
+
+    // Forward and gradients together: 6·N·V·H flops for the summed head,
+    // 8·N·V·H for the per-token kernel's forward plus backward.
+    let mut g = c.benchmark_group("fused_ce_sum/forward_with_gradients");
+    g.throughput(Throughput::Elements((N * v) as u64));
+    g.bench_function("summed", |b| {
+        b.iter(|| {
+            black_box(fused_ce_sum_forward(
+                hidden.view(),
+                &wv,
+                &labels,
+                SumChunks::Tokens(CHUNKS.tokens),
+                true,
+                &[true, true],
+            ))
+        })
+    });
+    g.bench_function("per_token", |b| {
+        b.iter(|| {
+            let (_, lse) = fused_ce_forward(hidden.view(), &wv, &targets, CHUNKS);
+            let mut views: Vec<Option<ArrayViewMut2<'_, f32>>> =
+                gws.iter_mut().map(|w| Some(w.view_mut())).collect();
+            fused_ce_backward(
+                hidden.view(),
+                &wv,
+                &targets,
+                &lse,
+                &gy,
+                CHUNKS,
+                Some(gh.view_mut()),
+                &mut views,
+            );
+        })
     });
     g.finish();
 }
