@@ -401,12 +401,7 @@ impl<'p, T: Real> Tape<'p, T> {
                     // The gradients were formed in the forward; scale them by gy.
                     let gy = *gy.iter().next().expect("the summed loss is a scalar");
                     for (v, d) in saved.held() {
-                        if nodes[v.0].requires_grad && grads[v.0].is_none() {
-                            // Kept as gy·d until needed: no zero-filled copy.
-                            grads[v.0] = Some(Flow::Scaled(gy, d));
-                        } else if let Some(g) = grad_buf(&mut grads, nodes, v) {
-                            crate::layers::fused_ce_sum::fused_ce_sum_backward(d, gy, g);
-                        }
+                        add_scaled(&mut grads, nodes, v, gy, d);
                     }
                 }
                 Op::Add(a, b) => {
@@ -500,14 +495,11 @@ impl<'p, T: Real> Tape<'p, T> {
                     }
                 }
                 Op::DotConst { x, r } => {
-                    // ∂x = ∂y·R: kept as that product until something needs
-                    // the array (a gather reads only the rows it routes).
-                    if nodes[x.0].requires_grad && grads[x.0].is_none() {
-                        let c = *gy.iter().next().expect("a scalar gradient");
-                        grads[x.0] = Some(Flow::Scaled(c, r.view()));
-                    } else if let Some(g) = grad_buf(&mut grads, nodes, *x) {
-                        reduce::dot_const_backward(gy.view(), r.view(), g);
-                    }
+                    // ∂x = ∂y·R (`reduce::dot_const_backward`), kept as that
+                    // product until something needs the array (a gather
+                    // reads only the rows it routes).
+                    let c = *gy.iter().next().expect("a scalar gradient");
+                    add_scaled(&mut grads, nodes, *x, c, r.view());
                 }
                 Op::MatMul(a, b) => {
                     if let Some(g) = grad_buf(&mut grads, nodes, *a) {
@@ -633,7 +625,7 @@ impl<T: Real> Flow<'_, T> {
             Err(_) => {
                 let owned = store.insert(match self {
                     Flow::Owned(a) => a.as_standard_layout().into_owned(),
-                    Flow::Scaled(c, r) => Flow::Scaled(*c, r.view()).into_owned(),
+                    Flow::Scaled(c, r) => crate::ops::reduce::scaled_copy(*c, r.view()),
                 });
                 let v = owned
                     .view()
@@ -734,6 +726,26 @@ fn send_part<'a, T: Real>(
                 Some(c) => dst.zip_mut_with(&src.values.row(r), |d, &x| *d += c * x),
             }
         }
+    }
+}
+
+/// Adds `c·r` (r of node `v`'s shape, held by the tape) to `v`'s gradient:
+/// kept as the pair when `v` has no gradient yet, written out only when
+/// something needs the array ([`Flow::into_owned`]).
+fn add_scaled<'a, T: Real>(
+    grads: &mut [Option<Flow<'a, T>>],
+    nodes: &[Node<'_, T>],
+    v: Var,
+    c: T,
+    r: ArrayViewD<'a, T>,
+) {
+    if !nodes[v.0].requires_grad {
+        return;
+    }
+    if grads[v.0].is_none() {
+        grads[v.0] = Some(Flow::Scaled(c, r));
+    } else if let Some(g) = grad_buf(grads, nodes, v) {
+        crate::ops::reduce::add_scaled(c, r, g);
     }
 }
 

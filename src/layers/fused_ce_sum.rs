@@ -25,7 +25,7 @@
 //! inner sum, so the result is the same bits for any thread count.
 
 use ndarray::parallel::prelude::*;
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Zip, s};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, s};
 
 use crate::Real;
 use crate::ops::cross_entropy::IGNORE_INDEX;
@@ -272,8 +272,8 @@ fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
 
 /// `g += gy·d`: the backward of the summed kernel for one input, where d is
 /// the gradient [`fused_ce_sum_forward`] formed and g the input's gradient
-/// buffer (both of the input's shape). When gy = 1 the product is skipped,
-/// so `g += d` bit for bit.
+/// buffer (both of the input's shape): [`crate::ops::reduce::add_scaled`].
+/// With gy = 1 it is `g += d` bit for bit (1·d is d).
 ///
 /// ```
 /// use ndarray::array;
@@ -286,13 +286,7 @@ fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
 /// **Panics** if the shapes differ.
 #[track_caller]
 pub fn fused_ce_sum_backward<T: Real>(d: ArrayViewD<'_, T>, gy: T, g: &mut ArrayD<T>) {
-    assert_eq!(d.shape(), g.shape(), "fused_ce_sum_backward: shapes differ");
-    let zip = Zip::from(g.view_mut()).and(&d);
-    if gy == T::one() {
-        zip.par_for_each(|g, &d| *g += d);
-    } else {
-        zip.par_for_each(|g, &d| *g += gy * d);
-    }
+    crate::ops::reduce::add_scaled(gy, d, g);
 }
 
 #[cfg(test)]

@@ -40,7 +40,21 @@ pub fn mean_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
 
 /// `g += gy·R`.
 pub fn dot_const_backward<T: Real>(gy: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
-    let c = scalar_of(&gy);
+    add_scaled(scalar_of(&gy), r, g);
+}
+
+/// `g += c·r`, in parallel blocks when both are contiguous and large.
+///
+/// **Panics** if the shapes differ.
+#[track_caller]
+pub fn add_scaled<T: Real>(c: T, r: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
+    assert_eq!(
+        g.shape(),
+        r.shape(),
+        "add_scaled: shapes {:?} and {:?} differ",
+        g.shape(),
+        r.shape()
+    );
     match (g.as_slice_mut(), r.as_slice()) {
         (Some(g), Some(r)) if g.len() >= super::PAR_MIN_ELEMS => g
             .par_chunks_mut(DOT_BLOCK)

@@ -211,11 +211,9 @@ pub fn coalesce_sources<T: Real>(
                     (Some(v), Some(c)) => {
                         add_row(dst, &v[r * width..(r + 1) * width], next, |x| c * x);
                     }
-                    (None, c) => {
-                        let c = c.unwrap_or_else(T::one);
-                        let plain = src.scale.is_none();
+                    (None, scale) => {
                         for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
-                            *d += if plain { x } else { c * x };
+                            *d += scale.map_or(x, |c| c * x);
                         }
                     }
                 }
