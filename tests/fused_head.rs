@@ -7,8 +7,8 @@
 
 mod common;
 
-use common::{array, config};
-use ndarray::{ArrayD, IxDyn};
+use common::{array, config, head_inputs};
+use ndarray::ArrayD;
 use proptest::prelude::*;
 use splitgrad::layers::SplitLanguageModellingHead;
 use splitgrad::layers::fused_ce::ChunkSizes;
@@ -136,59 +136,28 @@ fn fused_equals_naive<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseError> 
     Ok(())
 }
 
-/// Random heads: 1–3 splits of 0–12 rows, H ≤ 8, up to 24 tokens in a
-/// shape of rank 0 to 2, a quarter of the labels −100, weights scaled so
-/// that logits are O(1), O(10–100) or in the thousands, chunks from 1 to
-/// past N and V, sometimes a frozen split.
+/// Random heads ([`common::head_inputs`]) with chunks from 1 to past N
+/// and V, an upstream gradient per token, sometimes a frozen split.
 fn case() -> impl Strategy<Value = Case> {
-    (
-        prop::collection::vec(0..=12usize, 1..=3),
-        1..=8usize,
-        prop::collection::vec(1..=6usize, 0..=2),
-        prop_oneof![Just(1.0), Just(30.0), Just(1000.0)],
-    )
-        .prop_filter("V ≥ 1", |(s, _, shape, _)| {
-            s.iter().sum::<usize>() > 0 && shape.iter().product::<usize>() <= 24
-        })
-        .prop_flat_map(|(sizes, h, shape, scale)| {
-            let v = sizes.iter().sum::<usize>();
-            let n: usize = shape.iter().product();
-            let weights: Vec<_> = sizes
-                .iter()
-                .map(|&s| array(vec![s, h], -1.0, 1.0).prop_map(move |w| w * scale))
-                .collect();
-            let mut hshape = shape.clone();
-            hshape.push(h);
-            let label = prop_oneof![1 => Just(-100i64), 3 => 0..v as i64];
-            let shape2 = shape.clone();
-            let labels = prop::collection::vec(label, n)
-                .prop_map(move |l| ArrayD::from_shape_vec(IxDyn(&shape2), l).unwrap());
+    head_inputs()
+        .prop_flat_map(|inputs| {
+            let (n, v) = (inputs.n_tokens(), inputs.vocab_size());
             let chunks =
                 (1..=n + 3, 1..=v + 3).prop_map(|(tokens, vocab)| ChunkSizes { tokens, vocab });
-            let frozen = prop_oneof![3 => Just(None), 1 => (0..sizes.len()).prop_map(Some)];
-            (
-                Just(sizes),
-                Just(h),
-                weights,
-                array(hshape, -1.0, 1.0),
-                labels,
-                array(shape, -1.0, 1.0),
-                chunks,
-                frozen,
-            )
+            let frozen = prop_oneof![3 => Just(None), 1 => (0..inputs.sizes.len()).prop_map(Some)];
+            let upstream = array(inputs.labels.shape().to_vec(), -1.0, 1.0);
+            (Just(inputs), upstream, chunks, frozen)
         })
-        .prop_map(
-            |(sizes, hidden_size, weights, hidden, labels, upstream, chunks, frozen)| Case {
-                sizes,
-                hidden_size,
-                weights,
-                hidden,
-                labels,
-                upstream,
-                chunks,
-                frozen,
-            },
-        )
+        .prop_map(|(inputs, upstream, chunks, frozen)| Case {
+            sizes: inputs.sizes,
+            hidden_size: inputs.hidden_size,
+            weights: inputs.weights,
+            hidden: inputs.hidden,
+            labels: inputs.labels,
+            upstream,
+            chunks,
+            frozen,
+        })
 }
 
 proptest! {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{array, check_grads, config};
+use common::{check_grads, config, head_inputs};
 use ndarray::{ArrayD, ArrayView2, Ix2, IxDyn};
 use proptest::prelude::*;
 use splitgrad::layers::SplitLanguageModellingHead;
@@ -216,61 +216,32 @@ fn summed_equals_per_token<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseEr
     Ok(())
 }
 
-/// Random heads: 1–3 splits of 0–12 rows (V ≥ 1), H ≤ 8, up to 24 tokens
-/// in a shape of rank 0 to 2, a quarter of the labels −100, logits O(1),
-/// O(10–100) or in the thousands, token chunks from 1 to past N (or the
-/// default budget), any splits frozen, an upstream gradient of 1 or not.
+/// Random heads ([`common::head_inputs`]) with token chunks from 1 to past
+/// N (or the default budget), any splits frozen, an upstream gradient of 1
+/// or not.
 fn case() -> impl Strategy<Value = Case> {
-    (
-        prop::collection::vec(0..=12usize, 1..=3),
-        1..=8usize,
-        prop::collection::vec(1..=6usize, 0..=2),
-        prop_oneof![Just(1.0), Just(30.0), Just(1000.0)],
-    )
-        .prop_filter("V ≥ 1, N ≤ 24", |(s, _, shape, _)| {
-            s.iter().sum::<usize>() > 0 && shape.iter().product::<usize>() <= 24
-        })
-        .prop_flat_map(|(sizes, h, shape, scale)| {
-            let v = sizes.iter().sum::<usize>();
-            let n: usize = shape.iter().product();
-            let weights: Vec<_> = sizes
-                .iter()
-                .map(|&s| array(vec![s, h], -1.0, 1.0).prop_map(move |w| w * scale))
-                .collect();
-            let mut hshape = shape.clone();
-            hshape.push(h);
-            let label = prop_oneof![1 => Just(-100i64), 3 => 0..v as i64];
-            let labels = prop::collection::vec(label, n)
-                .prop_map(move |l| ArrayD::from_shape_vec(IxDyn(&shape), l).unwrap());
+    head_inputs()
+        .prop_flat_map(|inputs| {
+            let n = inputs.n_tokens();
             let chunks = prop_oneof![
                 3 => (1..=n + 3).prop_map(SumChunks::Tokens),
                 1 => Just(SumChunks::default()),
             ];
+            let trainable = prop::collection::vec(prop::bool::weighted(0.75), inputs.sizes.len());
             let upstream = prop_oneof![Just(1.0), Just(0.5), -3.0..3.0f64];
-            (
-                Just(sizes.clone()),
-                Just(h),
-                weights,
-                prop::collection::vec(prop::bool::weighted(0.75), sizes.len()),
-                array(hshape, -1.0, 1.0),
-                labels,
-                chunks,
-                upstream,
-            )
+            (Just(inputs), trainable, chunks, upstream)
         })
-        .prop_map(
-            |(sizes, hidden_size, weights, trainable, hidden, labels, chunks, upstream)| Case {
-                sizes,
-                hidden_size,
-                weights,
-                trainable,
-                hidden,
-                labels,
-                chunks,
-                // Rounded to f32 so that both types scale by the same number.
-                upstream: upstream as f32 as f64,
-            },
-        )
+        .prop_map(|(inputs, trainable, chunks, upstream)| Case {
+            sizes: inputs.sizes,
+            hidden_size: inputs.hidden_size,
+            weights: inputs.weights,
+            trainable,
+            hidden: inputs.hidden,
+            labels: inputs.labels,
+            chunks,
+            // Rounded to f32 so that both types scale by the same number.
+            upstream: upstream as f32 as f64,
+        })
 }
 
 proptest! {

@@ -304,3 +304,70 @@ where
         Err(failures.join("\n"))
     }
 }
+
+/// A random split head's inputs (see [`head_inputs`]).
+#[derive(Clone, Debug)]
+pub struct HeadInputs {
+    pub sizes: Vec<usize>,
+    pub hidden_size: usize,
+    /// (size_k, H) each.
+    pub weights: Vec<ArrayD<f64>>,
+    /// (…, H)
+    pub hidden: ArrayD<f64>,
+    /// (…), in [0, V) or −100.
+    pub labels: ArrayD<i64>,
+}
+
+impl HeadInputs {
+    /// N, the number of tokens.
+    pub fn n_tokens(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// V, the size of the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+}
+
+/// Random heads: 1–3 splits of 0–12 rows (V ≥ 1), H ≤ 8, up to 24 tokens
+/// in a shape of rank 0 to 2, a quarter of the labels −100, weights scaled
+/// so that logits are O(1), O(10–100) or in the thousands.
+pub fn head_inputs() -> impl Strategy<Value = HeadInputs> {
+    (
+        prop::collection::vec(0..=12usize, 1..=3),
+        1..=8usize,
+        prop::collection::vec(1..=6usize, 0..=2),
+        prop_oneof![Just(1.0), Just(30.0), Just(1000.0)],
+    )
+        .prop_filter("V ≥ 1, N ≤ 24", |(s, _, shape, _)| {
+            s.iter().sum::<usize>() > 0 && shape.iter().product::<usize>() <= 24
+        })
+        .prop_flat_map(|(sizes, h, shape, scale)| {
+            let v = sizes.iter().sum::<usize>();
+            let n: usize = shape.iter().product();
+            let weights: Vec<_> = sizes
+                .iter()
+                .map(|&s| array(vec![s, h], -1.0, 1.0).prop_map(move |w| w * scale))
+                .collect();
+            let mut hshape = shape.clone();
+            hshape.push(h);
+            let label = prop_oneof![1 => Just(-100i64), 3 => 0..v as i64];
+            let labels = prop::collection::vec(label, n)
+                .prop_map(move |l| ArrayD::from_shape_vec(IxDyn(&shape), l).unwrap());
+            (
+                Just(sizes),
+                Just(h),
+                weights,
+                array(hshape, -1.0, 1.0),
+                labels,
+            )
+        })
+        .prop_map(|(sizes, hidden_size, weights, hidden, labels)| HeadInputs {
+            sizes,
+            hidden_size,
+            weights,
+            hidden,
+            labels,
+        })
+}
