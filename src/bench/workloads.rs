@@ -11,7 +11,7 @@ use crate::layers::fused_ce_sum::SumChunks;
 use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
 use crate::rng::Zipf;
-use crate::{Grad, Parameter, Result, Rng, Tape};
+use crate::{Grad, Gradients, Parameter, Result, Rng, Tape};
 
 /// The learning rate of every workload.
 const LR: f64 = 1e-3;
@@ -151,6 +151,11 @@ fn update_all<O: Optimizer<f32>>(
     Ok(())
 }
 
+/// The gradients of `params`, in order, taken out of `g`.
+fn take_grads(g: &mut Gradients<f32>, params: &[Parameter<f32>]) -> Vec<Option<Grad<f32>>> {
+    params.iter().map(|p| g.take(p.id())).collect()
+}
+
 /// `embed_prompt` and `embed_full`.
 pub(super) struct EmbedBench {
     emb: SplitTokenEmbeddings<f32>,
@@ -212,12 +217,7 @@ impl EmbedBench {
             let loss = tape.dot_const_view(out, self.r.view());
             let forward_s = laps.lap();
             let mut g = tape.backward(loss);
-            let grads: Vec<Option<Grad<f32>>> = self
-                .emb
-                .parameters()
-                .iter()
-                .map(|p| g.take(p.id()))
-                .collect();
+            let grads = take_grads(&mut g, self.emb.parameters());
             (tape.scalar(loss), grads, forward_s)
         };
         let backward_s = laps.lap();
@@ -456,12 +456,7 @@ impl LmHeadBench {
             let forward_s = laps.lap();
             let mut g = tape.backward(loss);
             debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
-            let grads: Vec<Option<Grad<f32>>> = self
-                .head
-                .parameters()
-                .iter()
-                .map(|p| g.take(p.id()))
-                .collect();
+            let grads = take_grads(&mut g, self.head.parameters());
             (tape.scalar(loss), grads, forward_s)
         };
         let backward_s = laps.lap();
