@@ -290,12 +290,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         let want_weights: Vec<bool> = ws.iter().map(|&w| tape.requires_grad(w)).collect();
         let (loss, grads) = {
             let h = as_rows(tape.value(hidden));
-            let wv: Vec<ArrayView2<'_, T>> = self
-                .splits
-                .tables()
-                .iter()
-                .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
-                .collect();
+            let wv = self.weight_views();
             fused_ce_sum_forward(
                 h.view(),
                 &wv,
@@ -387,16 +382,20 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         ))
     }
 
+    /// The split weights as (size_k, H) views, in split order.
+    fn weight_views(&self) -> Vec<ArrayView2<'_, T>> {
+        self.splits
+            .tables()
+            .iter()
+            .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
+            .collect()
+    }
+
     fn fused<'p>(&'p self, tape: &mut Tape<'p, T>, hidden: Var, targets: Targets) -> Var {
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         let (loss, stats) = {
             let h = as_rows(tape.value(hidden));
-            let wv: Vec<ArrayView2<'_, T>> = self
-                .splits
-                .tables()
-                .iter()
-                .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
-                .collect();
+            let wv = self.weight_views();
             fused_ce_forward(h.view(), &wv, &targets, self.chunks)
         };
         let out = ArrayD::from_shape_vec(vec![loss.len()], loss).expect("one loss per token");
