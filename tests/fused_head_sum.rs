@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{check_grads, config, head_inputs};
+use common::{check_grads, config, head_inputs, split_head, with_trainable};
 use ndarray::{ArrayD, ArrayView2, Ix2, IxDyn};
 use proptest::prelude::*;
 use splitgrad::layers::SplitLanguageModellingHead;
@@ -50,17 +50,7 @@ struct Pass {
 
 impl Case {
     fn head<T: Real>(&self, weights: &[ArrayD<f64>]) -> SplitLanguageModellingHead<T> {
-        let names: Vec<String> = (0..self.sizes.len()).map(|k| format!("s{k}")).collect();
-        let sizes: Vec<(&str, usize)> = names
-            .iter()
-            .map(String::as_str)
-            .zip(self.sizes.iter().copied())
-            .collect();
-        let mut head = SplitLanguageModellingHead::new(&sizes, &names, self.hidden_size).unwrap();
-        for (k, (p, w)) in head.parameters_mut().iter_mut().zip(weights).enumerate() {
-            *p.value_mut() = w.mapv(T::from_f64);
-            p.set_trainable(self.trainable[k]);
-        }
+        let mut head = split_head(&self.sizes, self.hidden_size, weights, &self.trainable);
         head.set_sum_chunks(self.chunks);
         head
     }
@@ -119,20 +109,8 @@ impl Case {
 
     /// `upstream · Σ loss` with the trainable weights and hidden replaced.
     fn loss_at(&self, values: &[ArrayD<f64>]) -> f64 {
-        let mut next = values.iter();
-        let weights: Vec<ArrayD<f64>> = self
-            .weights
-            .iter()
-            .zip(&self.trainable)
-            .map(|(w, &tr)| {
-                if tr {
-                    next.next().unwrap().clone()
-                } else {
-                    w.clone()
-                }
-            })
-            .collect();
-        let hidden = next.next().unwrap();
+        let (weights, rest) = with_trainable(&self.weights, &self.trainable, values);
+        let hidden = &rest[0];
         self.upstream * self.run::<f64>(&weights, hidden, Path::Summed, false).total
     }
 }

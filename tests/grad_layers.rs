@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{array, check_grads, config, upstream};
+use common::{array, check_grads, config, split_head, upstream, with_trainable};
 use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::io::SplitIndex;
@@ -834,37 +834,15 @@ struct HeadPass {
 
 impl HeadCase {
     fn layer(&self, weights: &[ArrayD<f64>]) -> SplitLanguageModellingHead<f64> {
-        let names = names(self.sizes.len());
-        let sizes: Vec<(&str, usize)> = names
-            .iter()
-            .map(String::as_str)
-            .zip(self.sizes.iter().copied())
-            .collect();
-        let mut head = SplitLanguageModellingHead::new(&sizes, &names, self.hidden_size).unwrap();
-        for (k, (p, w)) in head.parameters_mut().iter_mut().zip(weights).enumerate() {
-            *p.value_mut() = w.clone();
-            p.set_trainable(self.trainable[k]);
-        }
+        let mut head = split_head(&self.sizes, self.hidden_size, weights, &self.trainable);
         head.set_chunks(self.chunks);
         head
     }
 
     /// values: the trainable weights, then hidden.
     fn pass(&self, values: &[ArrayD<f64>], naive: bool) -> HeadPass {
-        let mut next = values.iter();
-        let weights: Vec<ArrayD<f64>> = self
-            .weights
-            .iter()
-            .zip(&self.trainable)
-            .map(|(w, &tr)| {
-                if tr {
-                    next.next().unwrap().clone()
-                } else {
-                    w.clone()
-                }
-            })
-            .collect();
-        let hidden = next.next().unwrap().clone();
+        let (weights, rest) = with_trainable(&self.weights, &self.trainable, values);
+        let hidden = rest[0].clone();
         let head = self.layer(&weights);
         let mut tape = Tape::new();
         let h = tape.input(hidden);

@@ -371,3 +371,49 @@ pub fn head_inputs() -> impl Strategy<Value = HeadInputs> {
             labels,
         })
 }
+
+/// A head with splits `s0, s1, …` of these sizes, the weights given (as
+/// `T`), each split trainable or frozen as given.
+pub fn split_head<T: Real>(
+    sizes: &[usize],
+    hidden_size: usize,
+    weights: &[ArrayD<f64>],
+    trainable: &[bool],
+) -> splitgrad::layers::SplitLanguageModellingHead<T> {
+    let names: Vec<String> = (0..sizes.len()).map(|k| format!("s{k}")).collect();
+    let named: Vec<(&str, usize)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(sizes.iter().copied())
+        .collect();
+    let mut head =
+        splitgrad::layers::SplitLanguageModellingHead::new(&named, &names, hidden_size).unwrap();
+    for ((p, w), &tr) in head.parameters_mut().iter_mut().zip(weights).zip(trainable) {
+        *p.value_mut() = w.mapv(T::from_f64);
+        p.set_trainable(tr);
+    }
+    head
+}
+
+/// `weights` with the trainable ones replaced, in order, by the first
+/// `values`; and the values left after them.
+pub fn with_trainable<'v>(
+    weights: &[ArrayD<f64>],
+    trainable: &[bool],
+    values: &'v [ArrayD<f64>],
+) -> (Vec<ArrayD<f64>>, &'v [ArrayD<f64>]) {
+    let mut used = 0;
+    let replaced = weights
+        .iter()
+        .zip(trainable)
+        .map(|(w, &tr)| {
+            if tr {
+                used += 1;
+                values[used - 1].clone()
+            } else {
+                w.clone()
+            }
+        })
+        .collect();
+    (replaced, &values[used..])
+}
