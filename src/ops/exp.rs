@@ -135,7 +135,13 @@ enum Path {
 /// Whether `SPLITGRAD_SIMD=baseline` asks for the plain code everywhere
 /// (the exp kernels, and the gathers' streaming stores).
 pub(crate) fn baseline_forced() -> bool {
-    path() == Path::Baseline && std::env::var("SPLITGRAD_SIMD").as_deref() == Ok("baseline")
+    forced().as_deref() == Some("baseline")
+}
+
+/// `SPLITGRAD_SIMD`, read once.
+fn forced() -> &'static Option<String> {
+    static FORCED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    FORCED.get_or_init(|| std::env::var("SPLITGRAD_SIMD").ok())
 }
 
 fn path() -> Path {
@@ -144,10 +150,9 @@ fn path() -> Path {
         use std::sync::OnceLock;
         static PATH: OnceLock<Path> = OnceLock::new();
         *PATH.get_or_init(|| {
-            let forced = std::env::var("SPLITGRAD_SIMD").ok();
             let avx512 = is_x86_feature_detected!("avx512f");
             let avx2 = is_x86_feature_detected!("avx2");
-            match forced.as_deref() {
+            match forced().as_deref() {
                 Some("baseline") => Path::Baseline,
                 Some("avx2") if avx2 => Path::Avx2,
                 Some("avx2") => Path::Baseline,
