@@ -11,10 +11,10 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
-use splitgrad::layers::fused_ce::{
+use splitgrad::ops::fused_ce::{
     ChunkSizes, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward, naive_ce_forward,
 };
-use splitgrad::layers::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
+use splitgrad::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
 
 const N: usize = 256;
 const H: usize = 128;

@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use splitgrad::io::SplitIndex;
-use splitgrad::layers::SplitVocabulary;
+use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
 use splitgrad::{Rng, Tape, Var};
 
 const V: usize = 8192;
@@ -36,8 +36,17 @@ fn fusion_penalty(c: &mut Criterion) {
         cells.iter().map(|c| c / V).collect(),
         cells.iter().map(|c| c % V).collect(),
     );
-    let mut sv = SplitVocabulary::<f32>::new(index, V, D, L, 0.0).unwrap();
-    *sv.parameters_mut().0.value_mut() = common::normal(11, &[ROWS, D]);
+    let mut sv = SplitVocabulary::<f32>::new(
+        index,
+        &SplitVocabularyConfig {
+            vocab_size: V,
+            dim: D,
+            n_languages: L,
+            gate_init: 0.0,
+        },
+    )
+    .unwrap();
+    *sv.rows_mut().value_mut() = common::normal(11, &[ROWS, D]);
 
     let sv: &'static SplitVocabulary<f32> = Box::leak(Box::new(sv));
     let variants = [

@@ -11,9 +11,9 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use splitgrad::Tape;
 use splitgrad::io::SplitIndex;
-use splitgrad::layers::SplitVocabulary;
-use splitgrad::layers::gated_mix::gated_mix_forward_naive;
-use splitgrad::layers::split_vocabulary::gated_mix_forward;
+use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+use splitgrad::ops::gated_mix::gated_mix_forward;
+use splitgrad::ops::gated_mix::gated_mix_forward_naive;
 
 const V: usize = 8192;
 const D: usize = 256;
@@ -27,7 +27,16 @@ fn gated_mix(c: &mut Criterion) {
     let langs_of_rows: Vec<usize> = (0..L * TOP).map(|i| i / TOP).collect();
     let tokens_of_rows: Vec<usize> = (0..L * TOP).map(|i| i % TOP).collect();
     let index = SplitIndex::new(langs_of_rows, tokens_of_rows);
-    let mut sv = SplitVocabulary::<f32>::new(index, V, D, L, 0.5).unwrap();
+    let mut sv = SplitVocabulary::<f32>::new(
+        index,
+        &SplitVocabularyConfig {
+            vocab_size: V,
+            dim: D,
+            n_languages: L,
+            gate_init: 0.5,
+        },
+    )
+    .unwrap();
     sv.seed_from(common::normal2(5, V, D).view()).unwrap();
     let tokens: Vec<i64> = common::zipf_ids(6, V, N)
         .into_iter()

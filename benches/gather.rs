@@ -6,8 +6,9 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use splitgrad::ops::gather::{gather_forward, split_gather_forward};
-use splitgrad::ops::routing::SplitRouting;
+use splitgrad::kernels::routing::SplitRouting;
+use splitgrad::ops::gather::gather_forward;
+use splitgrad::ops::split_gather::split_gather_forward;
 
 const V: usize = 32000;
 const H: usize = 256;

@@ -6,7 +6,7 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use splitgrad::ops::scatter::coalesce_rows;
+use splitgrad::kernels::scatter::coalesce_rows;
 use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
 use splitgrad::{Grad, Parameter};
 

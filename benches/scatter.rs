@@ -9,7 +9,9 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use splitgrad::ops::scatter::{RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources};
+use splitgrad::kernels::scatter::{
+    RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources,
+};
 
 const V: usize = 32000;
 const H: usize = 256;

@@ -9,10 +9,13 @@
 //! Run: `cargo run --release --example split_vocabulary`
 
 use ndarray::Array1;
+use splitgrad::app::synthetic::{SyntheticConfig, generate};
 use splitgrad::io::save_index;
-use splitgrad::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary};
-use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
-use splitgrad::synthetic::{SyntheticConfig, generate};
+use splitgrad::layers::{
+    SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
+};
+use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups};
+use splitgrad::state::Module;
 use splitgrad::{Rng, Tape};
 
 fn main() -> Result<(), splitgrad::Error> {
@@ -36,20 +39,35 @@ fn main() -> Result<(), splitgrad::Error> {
     shared.reset_parameters(&mut rng);
     let mut head = SplitLanguageModellingHead::<f32>::new(&[("vocab", v)], &["vocab"], d)?;
     head.reset_parameters(&mut rng);
-    let mut split = SplitVocabulary::<f32>::from_npz(&path, v, d, l, 0.0)?;
+    let config = SplitVocabularyConfig {
+        vocab_size: v,
+        dim: d,
+        n_languages: l,
+        gate_init: 0.0,
+    };
+    let mut split = SplitVocabulary::<f32>::from_npz(&path, &config)?;
     std::fs::remove_file(&path).ok();
-    let table = shared.parameters()[0].value().clone();
-    split.seed_from(table.view().into_dimensionality().expect("2-D"))?;
+    split.seed_from(shared.split("vocab").expect("the one split"))?;
 
     let (gate_weight, fusion_weight) = (0.005f32, 0.001f32);
-    let mut tables = LazyAdam::new(LazyAdamConfig {
-        lr: 1e-2,
-        ..LazyAdamConfig::default()
-    })?;
-    let mut dense = Adam::new(AdamConfig {
-        lr: 1e-2,
-        ..AdamConfig::default()
-    })?;
+    // Lazy Adam for the tables, Adam for the gates and the head, by name.
+    let mut opt = ParamGroups::new()
+        .group(
+            "tables",
+            |name| name.starts_with("token_embedding.") || name == "split_vocabulary.rows",
+            LazyAdam::new(LazyAdamConfig {
+                lr: 1e-2,
+                ..LazyAdamConfig::default()
+            })?,
+        )
+        .group(
+            "dense",
+            |_| true,
+            Adam::new(AdamConfig {
+                lr: 1e-2,
+                ..AdamConfig::default()
+            })?,
+        );
     let corpus = &data.corpus;
     let bigrams: Vec<usize> = corpus.bigrams().map(|(i, _)| i).collect();
     let mut batch_rng = Rng::new(2);
@@ -65,10 +83,9 @@ fn main() -> Result<(), splitgrad::Error> {
         let next = Array1::from_iter(picks.iter().map(|&i| corpus.token_ids[i + 1] as i64));
         let (loss, grads) = {
             let mut tape = Tape::new();
-            let ids = Array1::from(tokens.clone()).into_dyn();
-            let e = shared.forward(&mut tape, ids.view())?;
+            let e = shared.forward(&mut tape, &tokens)?;
             let h = split.forward(&mut tape, &tokens, &langs, e, true)?;
-            let ce = head.forward(&mut tape, h, next.view().into_dyn())?;
+            let ce = head.forward(&mut tape, h, &next)?;
             let ce = tape.mean(ce);
             let penalty = split.penalty_var(&mut tape);
             let fusion = split.fusion_penalty_var(&mut tape);
@@ -78,23 +95,10 @@ fn main() -> Result<(), splitgrad::Error> {
             let total = tape.add(total, f);
             (tape.scalar(total), tape.backward(total))
         };
-        for p in shared.parameters_mut() {
-            if let Some(g) = grads.by_id(p.id()) {
-                tables.update(p, g)?;
-            }
-        }
-        let (rows, gate_logit) = split.parameters_mut();
-        if let Some(g) = grads.by_id(rows.id()) {
-            tables.update(rows, g)?;
-        }
-        if let Some(g) = grads.by_id(gate_logit.id()) {
-            dense.update(gate_logit, g)?;
-        }
-        for p in head.parameters_mut() {
-            if let Some(g) = grads.by_id(p.id()) {
-                dense.update(p, g)?;
-            }
-        }
+        let mut params = shared.parameters_mut();
+        params.extend(split.parameters_mut());
+        params.extend(head.parameters_mut());
+        opt.step(params, &grads)?;
         if step % 100 == 0 {
             println!(
                 "step {step:>3}  loss {loss:.4}  penalty {:.4}  fusion {:.4}",

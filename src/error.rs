@@ -176,6 +176,15 @@ impl Error {
         self
     }
 
+    /// Puts `prefix` before the array's name, if one is named (an entry
+    /// of a group, reported under its full name).
+    pub fn prefix_array(mut self, prefix: &str) -> Self {
+        if let Some(a) = &self.array {
+            self.array = Some(format!("{prefix}{a}"));
+        }
+        self
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> &ErrorKind {
         &self.kind
@@ -189,6 +198,14 @@ impl Error {
     /// The array or tensor, if one is named.
     pub fn array(&self) -> Option<&str> {
         self.array.as_deref()
+    }
+}
+
+impl From<crate::kernels::routing::Unrouted> for Error {
+    /// An id no split owns: [`ErrorKind::OutOfRange`] with the valid range
+    /// `0..V`.
+    fn from(u: crate::kernels::routing::Unrouted) -> Self {
+        Error::out_of_range(u.what, vec![u.position], u.id, 0, u.vocab_size)
     }
 }
 

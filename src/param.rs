@@ -1,17 +1,18 @@
 //! Parameters and their gradients.
 //!
 //! A [`Parameter`] owns its array. The tape borrows it during a forward pass
-//! and never copies it; [`crate::Tape::backward`] returns [`Gradients`] keyed
-//! by [`ParamId`]. A gradient is dense or row-sparse ([`Grad`]): a table
-//! that was only read through a gather gets the sorted unique rows that
-//! occurred and one gradient row each.
+//! and never copies it; [`crate::Tape::backward`] returns
+//! [`Gradients`](crate::Gradients) keyed by [`ParamId`]. A gradient is dense
+//! or row-sparse ([`Grad`]): a table that was only read through a gather
+//! gets the sorted unique rows that occurred and one gradient row each.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ndarray::{Array2, ArrayD, IxDyn};
+use ndarray::ArrayD;
 
-use crate::Real;
+use crate::kernels::Real;
+pub use crate::kernels::scatter::RowSparse;
 
 /// The identity of a [`Parameter`], unique in the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,52 +95,6 @@ impl<T> Parameter<T> {
     }
 }
 
-/// A row-sparse gradient of a table of shape `(n_rows, width)`.
-///
-/// `rows` is sorted and unique; `values[i]` is the gradient of row
-/// `rows[i]`; every other row's gradient is zero.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RowSparse<T> {
-    /// Rows of the table.
-    pub n_rows: usize,
-    /// The sorted unique rows that carry gradient.
-    pub rows: Vec<usize>,
-    /// One gradient row per entry of `rows`: (rows.len(), width).
-    pub values: Array2<T>,
-}
-
-impl<T: Real> RowSparse<T> {
-    /// The dense `(n_rows, width)` gradient.
-    pub fn to_dense(&self) -> Array2<T> {
-        let mut out = Array2::zeros((self.n_rows, self.values.ncols()));
-        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
-            out.row_mut(r).assign(&v);
-        }
-        out
-    }
-
-    /// The gradient row of table row `r`, if it carries one.
-    pub fn row(&self, r: usize) -> Option<ndarray::ArrayView1<'_, T>> {
-        self.rows.binary_search(&r).ok().map(|i| self.values.row(i))
-    }
-
-    /// Adds this gradient into a dense `(n_rows, width)` buffer.
-    ///
-    /// **Panics** if `dense` has another shape.
-    #[track_caller]
-    pub fn add_to(&self, mut dense: ndarray::ArrayViewMut2<'_, T>) {
-        assert_eq!(
-            dense.dim(),
-            (self.n_rows, self.values.ncols()),
-            "RowSparse::add_to: shape mismatch"
-        );
-        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
-            let mut d = dense.row_mut(r);
-            d += &v;
-        }
-    }
-}
-
 /// The gradient of one parameter.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Grad<T> {
@@ -159,41 +114,16 @@ impl<T: Real> Grad<T> {
     }
 }
 
-/// Gradients returned by [`crate::Tape::backward`].
-#[derive(Debug)]
-pub struct Gradients<T> {
-    pub(crate) params: HashMap<ParamId, Grad<T>>,
-    pub(crate) inputs: HashMap<usize, ArrayD<T>>,
+/// Where an optimiser finds the gradient of a parameter:
+/// [`Gradients`](crate::Gradients) (what [`Tape::backward`](crate::Tape::backward)
+/// returns) implements it, and so does a map from [`ParamId`] to [`Grad`].
+pub trait GradSource<T> {
+    /// The gradient of `p`, or `None` when it received none.
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>>;
 }
 
-impl<T: Real> Gradients<T> {
-    /// The gradient of a parameter, or `None` when it is frozen or did not
-    /// contribute to the loss.
-    pub fn param(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
-        self.params.get(&p.id())
-    }
-    /// The gradient of a parameter by id.
-    pub fn by_id(&self, id: ParamId) -> Option<&Grad<T>> {
-        self.params.get(&id)
-    }
-    /// Removes and returns a parameter's gradient.
-    pub fn take(&mut self, id: ParamId) -> Option<Grad<T>> {
-        self.params.remove(&id)
-    }
-    /// The gradient of a differentiable input made by [`crate::Tape::input`].
-    pub fn input(&self, v: crate::Var) -> Option<&ArrayD<T>> {
-        self.inputs.get(&v.index())
-    }
-    /// The gradient of a parameter as a dense array of its shape (zeros when
-    /// it received none).
-    pub fn dense(&self, p: &Parameter<T>) -> ArrayD<T> {
-        match self.param(p) {
-            Some(g) => g.to_dense(),
-            None => ArrayD::zeros(IxDyn(p.value().shape())),
-        }
-    }
-    /// Iterates over (parameter id, gradient).
-    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Grad<T>)> {
-        self.params.iter().map(|(k, v)| (*k, v))
+impl<T> GradSource<T> for HashMap<ParamId, Grad<T>> {
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+        self.get(&p.id())
     }
 }

@@ -11,20 +11,21 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
+use splitgrad::app::corpus::{self, Corpus};
+use splitgrad::app::model::{BigramModel, ModelConfig};
+use splitgrad::app::train::{TrainConfig, Trainer};
 use splitgrad::checkpoint::{Checkpoint, TensorData};
-use splitgrad::io::{self, Corpus, NpzReader, SplitIndex};
+use splitgrad::io::{self, NpzReader, SplitIndex};
+use splitgrad::kernels::routing::SplitRouting;
+use splitgrad::kernels::scatter::{coalesce_rows, coalesce_rows_naive};
 use splitgrad::layers::SplitTables;
-use splitgrad::layers::SplitVocabulary;
-use splitgrad::layers::fused_ce::{
+use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+use splitgrad::ops::cross_entropy::IGNORE_INDEX;
+use splitgrad::ops::fused_ce::{
     ChunkSizes, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward, naive_ce_forward,
 };
-use splitgrad::layers::split_vocabulary::gated_mix_forward;
-use splitgrad::model::{BigramModel, ModelConfig};
-use splitgrad::ops::cross_entropy::IGNORE_INDEX;
-use splitgrad::ops::routing::SplitRouting;
-use splitgrad::ops::scatter::{coalesce_rows, coalesce_rows_naive};
+use splitgrad::ops::gated_mix::gated_mix_forward;
 use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
-use splitgrad::train::{TrainConfig, Trainer};
 use splitgrad::{Grad, Parameter, Real, Rng, RowSparse, Tape};
 
 // ---------------------------------------------------------------------------
@@ -294,8 +295,16 @@ pub fn index_loader(data: &[u8]) {
         assert_eq!(lookup.get(l, t), Some(i), "lookup of row {i}");
     }
     let rows = index.n_rows();
-    let mut sv = SplitVocabulary::<f32>::new(index, vocab_size, 2, n_languages, 0.0)
-        .expect("a valid index builds the layer");
+    let mut sv = SplitVocabulary::<f32>::new(
+        index,
+        &SplitVocabularyConfig {
+            vocab_size,
+            dim: 2,
+            n_languages,
+            gate_init: 0.0,
+        },
+    )
+    .expect("a valid index builds the layer");
     let table = Array2::from_shape_fn((vocab_size, 2), |(i, j)| (i * 2 + j) as f32);
     sv.seed_from(table.view()).expect("seed");
     assert_eq!(sv.n_rows(), rows);
@@ -346,7 +355,7 @@ pub fn corpus_loader(data: &[u8]) {
     if let Ok(mut npz) = NpzReader::open(&file.0) {
         read_every_member(&mut npz);
     }
-    let corpus = match io::load_corpus(&file.0) {
+    let corpus = match corpus::load_corpus(&file.0) {
         Ok(c) => c,
         Err(e) => {
             assert_eq!(e.file(), Some(file.0.as_path()), "error names no file: {e}");
@@ -372,8 +381,8 @@ pub fn corpus_loader(data: &[u8]) {
     }
 
     let copy = ScratchFile::with("corpus-copy.npz", &[]);
-    io::save_corpus(&copy.0, &corpus).expect("save a corpus");
-    assert_eq!(io::load_corpus(&copy.0).expect("reload"), corpus);
+    corpus::save_corpus(&copy.0, &corpus).expect("save a corpus");
+    assert_eq!(corpus::load_corpus(&copy.0).expect("reload"), corpus);
 
     // One training step on a tiny model, when the sizes keep it tiny.
     if corpus.n_bigrams() == 0 || v > 512 || l > 16 || corpus.len() > 1 << 16 {
@@ -569,12 +578,7 @@ pub fn routing(data: &[u8]) {
                 assert_eq!(r.route(ids[p]), Some((k, local)));
             }
         }
-        (Err(e), Some(p)) => match e.kind() {
-            splitgrad::ErrorKind::OutOfRange {
-                position, value, ..
-            } => assert_eq!((position.as_slice(), *value), (&[p][..], ids[p])),
-            other => panic!("unexpected error {other:?}"),
-        },
+        (Err(e), Some(p)) => assert_eq!((e.position, e.id), (p, ids[p])),
         (got, want) => panic!(
             "route_all: {:?} but first bad id at {want:?}",
             got.map(|_| ())
@@ -857,18 +861,27 @@ fn mix_case(b: &mut Bytes) -> Option<MixCase> {
         return None;
     }
     let n_rows = langs.len();
-    let mut sv =
-        SplitVocabulary::<f64>::new(SplitIndex::new(langs, toks), v, d, l, 0.0).expect("valid");
+    let mut sv = SplitVocabulary::<f64>::new(
+        SplitIndex::new(langs, toks),
+        &SplitVocabularyConfig {
+            vocab_size: v,
+            dim: d,
+            n_languages: l,
+            gate_init: 0.0,
+        },
+    )
+    .expect("valid");
     {
-        let (rows, gate) = sv.parameters_mut();
-        rows.value_mut().mapv_inplace(|_| b.real(3.0));
-        gate.value_mut().mapv_inplace(|_| b.real(8.0));
+        sv.rows_mut().value_mut().mapv_inplace(|_| b.real(3.0));
+        sv.gate_logit_mut()
+            .value_mut()
+            .mapv_inplace(|_| b.real(8.0));
     }
     // Sometimes a row equal to another row of its token: a deviation of
     // exactly zero, where the norm's gradient is taken to be 0.
     let twin = (1..n_rows).find(|&j| sv.index().token_index[j] == sv.index().token_index[0]);
     if let (true, Some(j)) = (b.bool(), twin) {
-        let (rows, _) = sv.parameters_mut();
+        let rows = sv.rows_mut();
         let first = rows.value().index_axis(Axis(0), 0).to_owned();
         rows.value_mut().index_axis_mut(Axis(0), j).assign(&first);
     }
@@ -1040,7 +1053,7 @@ fn diff_fusion_penalty(b: &mut Bytes) {
 /// results bit for bit. Never a panic; an `Ok` result is an npz whose
 /// arrays are finite.
 pub fn golden_eval(data: &[u8]) {
-    use splitgrad::golden::{Layer, evaluate_bytes, generate_case};
+    use splitgrad::app::golden::{Layer, evaluate_bytes, generate_case};
     use splitgrad::io::RealDtype;
 
     let mut b = Bytes::new(data);

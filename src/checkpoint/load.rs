@@ -9,7 +9,8 @@ use ndarray::{ArrayD, IxDyn};
 use safetensors::{Dtype, SafeTensors};
 
 use super::{Element, TensorData};
-use crate::{Error, ErrorKind, Real, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::kernels::Real;
 
 /// The bytes of the length prefix that opens a safetensors file.
 const N_LEN: usize = 8;
@@ -336,7 +337,12 @@ impl Checkpoint {
     /// # Ok(()) }
     /// ```
     pub fn get_real<T: Real>(&self, name: &str, expected_shape: &[usize]) -> Result<ArrayD<T>> {
-        let bytes = self.checked(name, T::SAFETENSORS_DTYPE, expected_shape)?;
+        let dtype = if T::NAME == "f32" {
+            Dtype::F32
+        } else {
+            Dtype::F64
+        };
+        let bytes = self.checked(name, dtype, expected_shape)?;
         let size = std::mem::size_of::<T>();
         let values: Vec<T> = bytes.chunks_exact(size).map(T::read_le).collect();
         ArrayD::from_shape_vec(IxDyn(expected_shape), values).map_err(|e| {

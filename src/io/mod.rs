@@ -9,8 +9,6 @@
 //! - [`SplitIndex`] and [`load_index`] / [`save_index`]: the
 //!   `(language, token)` pairs of a split vocabulary (SPEC 1.3), and
 //!   [`PairLookup`], their O(1) map to rows.
-//! - [`Corpus`] and [`load_corpus`] / [`save_corpus`]: token and language
-//!   ids with sequence boundaries (SPEC 4).
 //!
 //! Input from files never panics. Every error names the file, the array
 //! and, for a bad value, its position and the value:
@@ -20,7 +18,6 @@
 //! ```
 
 mod atomic;
-mod corpus;
 mod index;
 mod lookup;
 mod npy;
@@ -29,7 +26,6 @@ mod pylit;
 mod writer;
 
 pub use atomic::write_atomic;
-pub use corpus::{Corpus, load_corpus, save_corpus};
 pub use index::{SplitIndex, load_index, save_index};
 pub use lookup::PairLookup;
 pub use npy::{Dtype, DtypeKind};
@@ -38,7 +34,8 @@ pub use writer::{NpyElement, NpzWriter};
 
 use ndarray::{ArrayView, Dimension};
 
-use crate::{Error, ErrorKind, Real, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::kernels::Real;
 
 /// Checks that every element of `array` is finite.
 ///

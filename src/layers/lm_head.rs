@@ -22,105 +22,18 @@
 //! one `chunk_tokens × V` block, sized by [`SumChunks`]). Derivation:
 //! `docs/gradients.md#summed-fused-cross-entropy`.
 
-use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn};
+use ndarray::ArrayViewD;
 
-use super::SplitTables;
-use super::fused_ce::{ChunkSizes, RowStats, Targets, fused_ce_backward, fused_ce_forward};
-use super::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
+use super::{Ids, SplitTables};
+use crate::error::{Error, Result};
+use crate::kernels::Real;
 use crate::ops::cross_entropy::first_bad_label;
-use crate::tape::{Op, Tape, Var};
-use crate::{Error, Parameter, Real, Result, Rng};
-
-/// What the backward of the fused op needs: the inputs' nodes, the
-/// targets and each hidden row's log-sum-exp.
-pub(crate) struct FusedCeSaved<T> {
-    pub(crate) hidden: Var,
-    pub(crate) weights: Vec<Var>,
-    targets: Targets,
-    stats: RowStats<T>,
-    chunks: ChunkSizes,
-}
-
-impl<T: Real> FusedCeSaved<T> {
-    /// Adds the gradients into the buffers given.
-    pub(crate) fn backward(
-        &self,
-        h: ArrayViewD<'_, T>,
-        ws: &[ArrayViewD<'_, T>],
-        gy: ArrayViewD<'_, T>,
-        gh: Option<&mut ArrayD<T>>,
-        gws: Vec<Option<&mut ArrayD<T>>>,
-    ) {
-        let h2 = as_rows(h);
-        let ws2: Vec<ArrayView2<'_, T>> = ws
-            .iter()
-            .map(|w| w.view().into_dimensionality::<Ix2>().expect("2-D weight"))
-            .collect();
-        let gy: Vec<T> = gy.iter().copied().collect();
-        let gh = gh.map(|g| {
-            g.view_mut()
-                .into_shape_with_order(h2.dim())
-                .expect("contiguous gradient")
-        });
-        let mut gws: Vec<Option<ArrayViewMut2<'_, T>>> = gws
-            .into_iter()
-            .map(|g| {
-                g.map(|g| {
-                    g.view_mut()
-                        .into_dimensionality::<Ix2>()
-                        .expect("2-D weight gradient")
-                })
-            })
-            .collect();
-        fused_ce_backward(
-            h2.view(),
-            &ws2,
-            &self.targets,
-            &self.stats,
-            &gy,
-            self.chunks,
-            gh,
-            &mut gws,
-        );
-    }
-}
-
-/// What the backward of the summed op needs: the gradients of
-/// `Σ_n loss_n` formed in the forward, each beside the node it belongs to.
-pub(crate) struct FusedCeSumSaved<T> {
-    /// The hidden states' node and ∂ℒ/∂hidden (…, H), when it needs one.
-    hidden: (Var, Option<ArrayD<T>>),
-    /// Each weight's node and ∂ℒ/∂W_k (size_k, H), when it needs one.
-    weights: Vec<(Var, Option<ArrayD<T>>)>,
-}
-
-impl<T: Real> FusedCeSumSaved<T> {
-    /// (node, its unscaled gradient) for every input that has one.
-    pub(crate) fn held(&self) -> impl Iterator<Item = (Var, ArrayViewD<'_, T>)> {
-        std::iter::once(&self.hidden)
-            .chain(&self.weights)
-            .filter_map(|(v, d)| d.as_ref().map(|d| (*v, d.view())))
-    }
-}
-
-/// A (…, H) value as (N, H) rows (a copy only if it is not contiguous).
-fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
-    let width = *h.shape().last().expect("hidden has an H axis");
-    let n: usize = h.shape()[..h.ndim() - 1].iter().product();
-    if h.is_standard_layout() {
-        ndarray::CowArray::from(
-            h.into_shape_with_order((n, width))
-                .expect("standard layout reshapes"),
-        )
-    } else {
-        ndarray::CowArray::from(
-            h.as_standard_layout()
-                .into_owned()
-                .into_shape_with_order((n, width))
-                .expect("owned arrays reshape"),
-        )
-    }
-}
+use crate::ops::fused_ce::{ChunkSizes, Targets};
+use crate::ops::fused_ce_sum::SumChunks;
+use crate::param::Parameter;
+use crate::rng::Rng;
+use crate::state::Module;
+use crate::tape::{Tape, Var};
 
 /// The output layer of a split vocabulary with per-token cross-entropy.
 ///
@@ -131,7 +44,7 @@ fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
 /// head.reset_parameters(&mut Rng::new(0));
 /// let mut tape = Tape::new();
 /// let hidden = tape.input(array![[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]].into_dyn());
-/// let loss = head.forward(&mut tape, hidden, array![6i64, -100].into_dyn().view())?;
+/// let loss = head.forward(&mut tape, hidden, &[6i64, -100])?;
 /// assert_eq!(tape.value(loss)[[1]], 0.0); // ignored
 /// let total = tape.sum(loss);
 /// let grads = tape.backward(total);
@@ -242,12 +155,13 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     /// Per-token cross-entropy (reduction none): hidden (…, H), labels (…)
     /// → loss (…). Label −100 is ignored (loss 0, no gradient); any other
     /// label outside `[0, V)` is an error, as is a shape mismatch.
-    pub fn forward<'p>(
+    pub fn forward<'p, 'i>(
         &'p self,
         tape: &mut Tape<'p, T>,
         hidden: Var,
-        labels: ArrayViewD<'_, i64>,
+        labels: impl Ids<'i>,
     ) -> Result<Var> {
+        let labels = labels.ids();
         let flat = self.check(tape, hidden, labels.view())?;
         let loss = self.fused(tape, hidden, Targets::per_token(flat));
         Ok(tape.reshape(loss, labels.shape()))
@@ -268,57 +182,25 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     /// use splitgrad::{layers::SplitLanguageModellingHead, Rng, Tape};
     /// let mut head = SplitLanguageModellingHead::<f64>::new(&[("orig", 5), ("new", 2)], &["orig", "new"], 3)?;
     /// head.reset_parameters(&mut Rng::new(0));
-    /// let labels = array![6i64, -100];
+    /// let labels = [6i64, -100];
     /// let mut tape = Tape::new();
     /// let hidden = tape.input(array![[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]].into_dyn());
-    /// let total = head.forward_sum(&mut tape, hidden, labels.view().into_dyn())?;
-    /// let per_token = head.forward(&mut tape, hidden, labels.view().into_dyn())?;
+    /// let total = head.forward_sum(&mut tape, hidden, &labels)?;
+    /// let per_token = head.forward(&mut tape, hidden, &labels)?;
     /// assert!((tape.scalar(total) - tape.value(per_token).sum()).abs() < 1e-12);
     /// let grads = tape.backward(total);
     /// assert!(grads.input(hidden).is_some());
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
-    pub fn forward_sum<'p>(
+    pub fn forward_sum<'p, 'i>(
         &'p self,
         tape: &mut Tape<'p, T>,
         hidden: Var,
-        labels: ArrayViewD<'_, i64>,
+        labels: impl Ids<'i>,
     ) -> Result<Var> {
-        let flat = self.check(tape, hidden, labels.view())?;
+        let flat = self.check(tape, hidden, labels.ids())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
-        let want_hidden = tape.requires_grad(hidden);
-        let want_weights: Vec<bool> = ws.iter().map(|&w| tape.requires_grad(w)).collect();
-        let (loss, grads) = {
-            let h = as_rows(tape.value(hidden));
-            let wv = self.weight_views();
-            fused_ce_sum_forward(
-                h.view(),
-                &wv,
-                &flat,
-                self.sum_chunks,
-                want_hidden,
-                &want_weights,
-            )
-        };
-        let hidden_shape = tape.value(hidden).shape().to_vec();
-        let saved = FusedCeSumSaved {
-            hidden: (
-                hidden,
-                grads.hidden.map(|g| {
-                    g.into_shape_with_order(IxDyn(&hidden_shape))
-                        .expect("(N, H) rows reshape to hidden's shape")
-                }),
-            ),
-            weights: ws
-                .iter()
-                .zip(grads.weights)
-                .map(|(&w, g)| (w, g.map(|g| g.into_dyn())))
-                .collect(),
-        };
-        let mut inputs = ws;
-        inputs.push(hidden);
-        let out = ArrayD::from_elem(IxDyn(&[]), loss);
-        Ok(tape.push(out, Op::FusedCrossEntropySum(Box::new(saved)), &inputs))
+        Ok(tape.fused_cross_entropy_sum(hidden, &ws, &flat, self.sum_chunks))
     }
 
     /// Cross-entropy for tokens that share hidden rows: hidden (m, H),
@@ -338,13 +220,15 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     /// assert_eq!(tape.value(loss).shape(), &[2]);
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
-    pub fn forward_grouped<'p>(
+    pub fn forward_grouped<'p, 'i>(
         &'p self,
         tape: &mut Tape<'p, T>,
         hidden: Var,
         row_of: &[usize],
-        labels: &[i64],
+        labels: impl Ids<'i>,
     ) -> Result<Var> {
+        let labels: Vec<i64> = labels.ids().iter().copied().collect();
+        let labels = labels.as_slice();
         let hs = tape.value(hidden).shape().to_vec();
         let h = self.splits.hidden_size();
         if hs.len() != 2 || hs[1] != h {
@@ -382,44 +266,21 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         ))
     }
 
-    /// The split weights as (size_k, H) views, in split order.
-    fn weight_views(&self) -> Vec<ArrayView2<'_, T>> {
-        self.splits
-            .tables()
-            .iter()
-            .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
-            .collect()
-    }
-
     fn fused<'p>(&'p self, tape: &mut Tape<'p, T>, hidden: Var, targets: Targets) -> Var {
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
-        let (loss, stats) = {
-            let h = as_rows(tape.value(hidden));
-            let wv = self.weight_views();
-            fused_ce_forward(h.view(), &wv, &targets, self.chunks)
-        };
-        let out = ArrayD::from_shape_vec(vec![loss.len()], loss).expect("one loss per token");
-        let saved = FusedCeSaved {
-            hidden,
-            weights: ws.clone(),
-            targets,
-            stats,
-            chunks: self.chunks,
-        };
-        let mut inputs = ws;
-        inputs.push(hidden);
-        tape.push(out, Op::FusedCrossEntropy(Box::new(saved)), &inputs)
+        tape.fused_cross_entropy(hidden, &ws, targets, self.chunks)
     }
 
     /// The reference: the same loss from the full logits with the tape's
     /// primitive ops (`concat_rows`, `transpose`, `matmul`,
     /// `cross_entropy`). Materialises N × V; for tests and teaching.
-    pub fn forward_naive<'p>(
+    pub fn forward_naive<'p, 'i>(
         &'p self,
         tape: &mut Tape<'p, T>,
         hidden: Var,
-        labels: ArrayViewD<'_, i64>,
+        labels: impl Ids<'i>,
     ) -> Result<Var> {
+        let labels = labels.ids();
         let flat = self.check(tape, hidden, labels.view())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         let w = tape.concat_rows(&ws);
@@ -441,16 +302,6 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         self.splits.set_trainable(split, trainable)
     }
 
-    /// The weights, in split order.
-    pub fn parameters(&self) -> &[Parameter<T>] {
-        self.splits.tables()
-    }
-
-    /// The weights, to change in place.
-    pub fn parameters_mut(&mut self) -> &mut [Parameter<T>] {
-        self.splits.tables_mut()
-    }
-
     /// The splits.
     pub fn splits(&self) -> &SplitTables<T> {
         &self.splits
@@ -469,5 +320,16 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     /// H.
     pub fn hidden_size(&self) -> usize {
         self.splits.hidden_size()
+    }
+}
+
+impl<T: Real> Module<T> for SplitLanguageModellingHead<T> {
+    /// The weights, in split order.
+    fn parameters(&self) -> Vec<&Parameter<T>> {
+        self.splits.tables().iter().collect()
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
+        self.splits.tables_mut().iter_mut().collect()
     }
 }

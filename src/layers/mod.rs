@@ -1,16 +1,101 @@
 //! The three layers: [`SplitTokenEmbeddings`], [`SplitVocabulary`] and
-//! [`SplitLanguageModellingHead`], each recording its forward pass on a
-//! [`Tape`](crate::Tape).
+//! [`SplitLanguageModellingHead`]. A layer validates its inputs (every id,
+//! label and shape, with an [`Error`](crate::Error) naming what is wrong),
+//! owns its named [`Parameter`](crate::Parameter)s and records its forward
+//! pass on a [`Tape`](crate::Tape) with the ops of [`crate::ops`].
+//!
+//! All three take ids the same way — anything that is [`Ids`]: a slice,
+//! a `Vec`, or an `ndarray` array or view of `i64` of any shape the layer
+//! allows — and all three are [`Module`](crate::state::Module)s:
+//! `parameters()`, `parameters_mut()`, `named_parameters()`,
+//! `state_dict()` and `load_state_dict()` under their checkpoint names.
 
-pub mod fused_ce;
-pub mod fused_ce_sum;
-pub mod gated_mix;
 pub mod lm_head;
 pub mod split_embeddings;
 pub mod split_vocabulary;
 mod splits;
 
+use ndarray::{ArrayBase, ArrayView2, ArrayViewD, Data, Dimension, Ix2};
+
 pub use lm_head::SplitLanguageModellingHead;
 pub use split_embeddings::SplitTokenEmbeddings;
-pub use split_vocabulary::SplitVocabulary;
+pub use split_vocabulary::{SplitVocabulary, SplitVocabularyConfig};
 pub use splits::SplitTables;
+
+use crate::kernels::Real;
+use crate::param::Parameter;
+
+/// Token ids (or labels, or language ids) as a layer takes them: an array
+/// view of `i64` of any shape.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::layers::Ids;
+/// let v = vec![1i64, 2, 3];
+/// assert_eq!(v.as_slice().ids().shape(), &[3]);
+/// assert_eq!((&v).ids().shape(), &[3]);
+/// assert_eq!((&[4i64, 5]).ids().shape(), &[2]);
+/// let a = array![[1i64, 2], [3, 4]];
+/// assert_eq!((&a).ids().shape(), &[2, 2]);
+/// assert_eq!(a.view().ids().shape(), &[2, 2]);
+/// ```
+pub trait Ids<'a> {
+    /// The ids as a view.
+    fn ids(self) -> ArrayViewD<'a, i64>;
+}
+
+impl<'a> Ids<'a> for &'a [i64] {
+    fn ids(self) -> ArrayViewD<'a, i64> {
+        ndarray::aview1(self).into_dyn()
+    }
+}
+
+impl<'a, const N: usize> Ids<'a> for &'a [i64; N] {
+    fn ids(self) -> ArrayViewD<'a, i64> {
+        ndarray::aview1(&self[..]).into_dyn()
+    }
+}
+
+impl<'a> Ids<'a> for &'a Vec<i64> {
+    fn ids(self) -> ArrayViewD<'a, i64> {
+        ndarray::aview1(self.as_slice()).into_dyn()
+    }
+}
+
+impl<'a, D: Dimension> Ids<'a> for ndarray::ArrayView<'a, i64, D> {
+    fn ids(self) -> ArrayViewD<'a, i64> {
+        self.into_dyn()
+    }
+}
+
+impl<'a, S: Data<Elem = i64>, D: Dimension> Ids<'a> for &'a ArrayBase<S, D> {
+    fn ids(self) -> ArrayViewD<'a, i64> {
+        self.view().into_dyn()
+    }
+}
+
+/// A 2-D table of `T` as [`SplitVocabulary::seed_from`] takes it: a
+/// [`Parameter`] (the shared embedding table itself), or any 2-D array or
+/// view. `None` when the value is not 2-D.
+pub trait AsTable<'a, T> {
+    /// The table as a (rows, width) view.
+    fn into_table(self) -> Option<ArrayView2<'a, T>>;
+}
+
+impl<'a, T: Real> AsTable<'a, T> for &'a Parameter<T> {
+    fn into_table(self) -> Option<ArrayView2<'a, T>> {
+        self.value().view().into_dimensionality::<Ix2>().ok()
+    }
+}
+
+impl<'a, T: Real, D: Dimension> AsTable<'a, T> for ndarray::ArrayView<'a, T, D> {
+    fn into_table(self) -> Option<ArrayView2<'a, T>> {
+        self.into_dimensionality::<Ix2>().ok()
+    }
+}
+
+impl<'a, T: Real, S: Data<Elem = T>, D: Dimension> AsTable<'a, T> for &'a ArrayBase<S, D> {
+    fn into_table(self) -> Option<ArrayView2<'a, T>> {
+        self.view().into_dimensionality::<Ix2>().ok()
+    }
+}

@@ -7,10 +7,13 @@
 //! split receives nothing. Derivation: `docs/gradients.md#gather` and
 //! `docs/gradients.md#split-routing`.
 
-use ndarray::ArrayViewD;
-
-use super::SplitTables;
-use crate::{Parameter, Real, Result, Rng, Tape, Var};
+use super::{Ids, SplitTables};
+use crate::error::Result;
+use crate::kernels::Real;
+use crate::param::Parameter;
+use crate::rng::Rng;
+use crate::state::Module;
+use crate::tape::{Tape, Var};
 
 /// Token embeddings made of several named tables (splits).
 ///
@@ -23,9 +26,9 @@ use crate::{Parameter, Real, Result, Rng, Tape, Var};
 /// let mut emb = SplitTokenEmbeddings::<f32>::new(&[("orig", 1000), ("prompt", 16)], &["orig", "prompt"], 8)?;
 /// emb.reset_parameters(&mut Rng::new(0));
 /// emb.set_trainable("orig", false)?;
-/// let ids = array![[1i64, 2, 1000, 1001]].into_dyn();
+/// let ids = array![[1i64, 2, 1000, 1001]];
 /// let mut tape = Tape::new();
-/// let hidden = emb.forward(&mut tape, ids.view())?; // (1, 4, 8)
+/// let hidden = emb.forward(&mut tape, &ids)?; // (1, 4, 8)
 /// assert_eq!(tape.value(hidden).shape(), &[1, 4, 8]);
 /// let loss = tape.sum(hidden);
 /// let grads = tape.backward(loss);
@@ -83,19 +86,19 @@ impl<T: Real> SplitTokenEmbeddings<T> {
     /// the valid range (d9d would return a zero vector).
     ///
     /// ```
-    /// use ndarray::array;
     /// use splitgrad::{layers::SplitTokenEmbeddings, Tape};
     /// let e = SplitTokenEmbeddings::<f32>::new(&[("a", 3)], &["a"], 2)?;
     /// let mut tape = Tape::new();
-    /// let err = e.forward(&mut tape, array![0i64, 3].into_dyn().view()).unwrap_err();
+    /// let err = e.forward(&mut tape, &[0i64, 3]).unwrap_err();
     /// assert_eq!(err.to_string(), "input id 3 at position [1] is out of range 0..3");
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
-    pub fn forward<'p>(
+    pub fn forward<'p, 'i>(
         &'p self,
         tape: &mut Tape<'p, T>,
-        input_ids: ArrayViewD<'_, i64>,
+        input_ids: impl Ids<'i>,
     ) -> Result<Var> {
+        let input_ids = input_ids.ids();
         let routed = self.splits.route(input_ids.view(), "input id")?;
         let tables: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         Ok(tape.split_gather(&tables, &routed, input_ids.shape()))
@@ -115,16 +118,6 @@ impl<T: Real> SplitTokenEmbeddings<T> {
     /// gradient and is never updated. An unknown split is an error.
     pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
         self.splits.set_trainable(split, trainable)
-    }
-
-    /// The tables, in split order.
-    pub fn parameters(&self) -> &[Parameter<T>] {
-        self.splits.tables()
-    }
-
-    /// The tables, to change in place (an optimiser step).
-    pub fn parameters_mut(&mut self) -> &mut [Parameter<T>] {
-        self.splits.tables_mut()
     }
 
     /// The splits: names, sizes, routing.
@@ -148,10 +141,21 @@ impl<T: Real> SplitTokenEmbeddings<T> {
     }
 }
 
+impl<T: Real> Module<T> for SplitTokenEmbeddings<T> {
+    /// The tables, in split order.
+    fn parameters(&self) -> Vec<&Parameter<T>> {
+        self.splits.tables().iter().collect()
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
+        self.splits.tables_mut().iter_mut().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Grad;
+    use crate::param::Grad;
     use ndarray::array;
 
     #[test]
@@ -161,9 +165,9 @@ mod tests {
         let mut e =
             SplitTokenEmbeddings::<f64>::new(&[("a", 2), ("b", 2)], &["a", "b"], 2).unwrap();
         e.reset_parameters(&mut Rng::new(3));
-        let ids = array![3i64, 3, 0].into_dyn();
+        let ids = [3i64, 3, 0];
         let mut t = Tape::new();
-        let y = e.forward(&mut t, ids.view()).unwrap();
+        let y = e.forward(&mut t, &ids).unwrap();
         let r = array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]].into_dyn();
         let loss = t.dot_const(y, r);
         let g = t.backward(loss);

@@ -17,28 +17,63 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView2, Axis, Ix2};
+use ndarray::{Array1, Array2, ArrayD, Axis};
 
+use super::{AsTable, Ids};
+use crate::error::{Error, ErrorKind, Result};
 use crate::io::{PairLookup, SplitIndex, load_index};
+use crate::kernels::Real;
 use crate::ops::fusion_penalty::RowGroups;
+use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
-use crate::tape::{Op, Tape, Var};
-use crate::{Error, Parameter, Real, Result};
+use crate::param::Parameter;
+use crate::state::{Module, TensorRef};
+use crate::tape::{Tape, Var};
 
-pub use super::gated_mix::gated_mix_forward;
-pub(crate) use super::gated_mix::{GatedMixSaved, NO_ROW};
+/// The sizes of a [`SplitVocabulary`], named so that they cannot be
+/// swapped unnoticed.
+///
+/// ```
+/// use splitgrad::layers::SplitVocabularyConfig;
+/// let c = SplitVocabularyConfig { vocab_size: 32000, dim: 512, n_languages: 8, gate_init: 0.0 };
+/// assert_eq!(c, SplitVocabularyConfig::new(32000, 512, 8));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitVocabularyConfig {
+    /// V, the size of the shared vocabulary.
+    pub vocab_size: usize,
+    /// D, the width of every row.
+    pub dim: usize,
+    /// L, the number of languages.
+    pub n_languages: usize,
+    /// The initial value of every gate logit (σ(0) = 0.5).
+    pub gate_init: f64,
+}
+
+impl SplitVocabularyConfig {
+    /// V, D and L, with `gate_init` 0.
+    pub fn new(vocab_size: usize, dim: usize, n_languages: usize) -> Self {
+        SplitVocabularyConfig {
+            vocab_size,
+            dim,
+            n_languages,
+            gate_init: 0.0,
+        }
+    }
+}
 
 /// Private rows for chosen (language, token) pairs, gated against the
 /// shared embedding.
 ///
 /// ```
 /// use ndarray::Array2;
-/// use splitgrad::{io::SplitIndex, layers::SplitVocabulary, Tape};
+/// use splitgrad::{io::SplitIndex, layers::{SplitVocabulary, SplitVocabularyConfig}, Tape};
 /// // Pairs (language 1, token 2) and (language 0, token 2).
 /// let index = SplitIndex::new(vec![1, 0], vec![2, 2]);
-/// let mut sv = SplitVocabulary::<f64>::new(index, 4, 3, 2, 0.0)?;
+/// let config = SplitVocabularyConfig { vocab_size: 4, dim: 3, n_languages: 2, gate_init: 0.0 };
+/// let mut sv = SplitVocabulary::<f64>::new(index, &config)?;
 /// let table = Array2::from_shape_fn((4, 3), |(i, j)| (i * 3 + j) as f64);
-/// sv.seed_from(table.view())?;
+/// sv.seed_from(&table)?;
 /// let tokens = [2i64, 2, 1];
 /// let langs = [1i64, 0, 1];
 /// let shared = table.select(ndarray::Axis(0), &[2, 2, 1]);
@@ -59,6 +94,10 @@ pub struct SplitVocabulary<T> {
     dim: usize,
     /// The rows of each distinct token (groups in increasing token order).
     groups: RowGroups,
+    /// The index as the `I64` tensors of the state: (language, token).
+    index_i64: (Array1<i64>, Array1<i64>),
+    /// The index's `score` as the `F64` tensor of the state.
+    score: Option<Array1<f64>>,
 }
 
 impl<T: Real> SplitVocabulary<T> {
@@ -68,17 +107,17 @@ impl<T: Real> SplitVocabulary<T> {
     /// non-finite `gate_init`.
     ///
     /// ```
-    /// use splitgrad::{io::SplitIndex, layers::SplitVocabulary};
+    /// use splitgrad::{io::SplitIndex, layers::{SplitVocabulary, SplitVocabularyConfig}};
     /// let bad = SplitIndex::new(vec![0, 0], vec![1, 1]);
-    /// assert!(SplitVocabulary::<f32>::new(bad, 4, 2, 1, 0.0).is_err());
+    /// assert!(SplitVocabulary::<f32>::new(bad, &SplitVocabularyConfig::new(4, 2, 1)).is_err());
     /// ```
-    pub fn new(
-        index: SplitIndex,
-        vocab_size: usize,
-        dim: usize,
-        n_languages: usize,
-        gate_init: f64,
-    ) -> Result<Self> {
+    pub fn new(index: SplitIndex, config: &SplitVocabularyConfig) -> Result<Self> {
+        let SplitVocabularyConfig {
+            vocab_size,
+            dim,
+            n_languages,
+            gate_init,
+        } = *config;
         if dim == 0 {
             return Err(Error::config("dim must be positive, got 0"));
         }
@@ -91,10 +130,11 @@ impl<T: Real> SplitVocabulary<T> {
         Ok(Self::build(index, vocab_size, dim, n_languages, gate_init))
     }
 
-    /// A layer with no split rows: its output is `shared`, its penalties 0.
-    /// The shared-only model of `splitgrad select` is built on it; an index
-    /// file must still hold at least one pair (SPEC 1.3).
-    pub(crate) fn without_rows(vocab_size: usize, dim: usize, n_languages: usize) -> Result<Self> {
+    /// A layer with no split rows: its output is `shared`, its penalties 0
+    /// (the shared-only model a selection of pairs is measured on). An
+    /// index file must still hold at least one pair
+    /// (`docs/spec.md#23-splitvocabulary`).
+    pub fn without_rows(vocab_size: usize, dim: usize, n_languages: usize) -> Result<Self> {
         if dim == 0 {
             return Err(Error::config("dim must be positive, got 0"));
         }
@@ -122,6 +162,9 @@ impl<T: Real> SplitVocabulary<T> {
             .map(|t| uniq.binary_search(t).expect("present"))
             .collect();
         let groups = RowGroups::new(&group, uniq.len());
+        let as_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Array1<i64>>();
+        let index_i64 = (as_i64(&index.language_index), as_i64(&index.token_index));
+        let score = index.score.as_ref().map(|s| Array1::from(s.clone()));
         SplitVocabulary {
             rows: Parameter::new(
                 "split_vocabulary.rows",
@@ -137,34 +180,41 @@ impl<T: Real> SplitVocabulary<T> {
             n_languages,
             dim,
             groups,
+            index_i64,
+            score,
         }
     }
 
     /// Loads the index from an `.npz` file (arrays `language_index` and
-    /// `token_index`), then [`Self::new`]. Errors name the file, the array,
-    /// the position and the value.
-    pub fn from_npz(
-        path: impl AsRef<Path>,
-        vocab_size: usize,
-        dim: usize,
-        n_languages: usize,
-        gate_init: f64,
-    ) -> Result<Self> {
-        let index = load_index(path.as_ref(), n_languages, vocab_size)?;
-        Self::new(index, vocab_size, dim, n_languages, gate_init)
-            .map_err(|e| e.in_file(path.as_ref()))
+    /// `token_index`, optional `score`), then [`Self::new`]. Errors name the
+    /// file, the array, the position and the value.
+    pub fn from_npz(path: impl AsRef<Path>, config: &SplitVocabularyConfig) -> Result<Self> {
+        let index = load_index(path.as_ref(), config.n_languages, config.vocab_size)?;
+        Self::new(index, config).map_err(|e| e.in_file(path.as_ref()))
     }
 
     /// Copies each row from the shared row it specialises:
     /// `rows[i] = table[token_index[i]]`. After it the layer's output equals
-    /// `shared` exactly, whatever the gates. table: (V, D).
-    pub fn seed_from(&mut self, table: ArrayView2<'_, T>) -> Result<()> {
+    /// `shared` exactly, whatever the gates. table: (V, D) — the shared
+    /// embedding [`Parameter`] itself, or any 2-D array or view.
+    ///
+    /// ```
+    /// use splitgrad::{io::SplitIndex, layers::{SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig}, Rng};
+    /// let mut emb = SplitTokenEmbeddings::<f32>::new(&[("vocab", 5)], &["vocab"], 3)?;
+    /// emb.reset_parameters(&mut Rng::new(0));
+    /// let mut sv = SplitVocabulary::<f32>::new(SplitIndex::new(vec![0], vec![4]), &SplitVocabularyConfig::new(5, 3, 1))?;
+    /// sv.seed_from(emb.split("vocab").unwrap())?;
+    /// let row = |a: &ndarray::ArrayD<f32>, i| a.index_axis(ndarray::Axis(0), i).to_owned();
+    /// assert_eq!(row(sv.rows().value(), 0), row(emb.split("vocab").unwrap().value(), 4));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn seed_from<'t>(&mut self, table: impl AsTable<'t, T>) -> Result<()> {
+        let expected = format!("({}, {})", self.vocab_size, self.dim);
+        let table = table
+            .into_table()
+            .ok_or_else(|| Error::shape("seed table", expected.clone(), &[]))?;
         if table.dim() != (self.vocab_size, self.dim) {
-            return Err(Error::shape(
-                "seed table",
-                format!("({}, {})", self.vocab_size, self.dim),
-                table.shape(),
-            ));
+            return Err(Error::shape("seed table", expected, table.shape()));
         }
         let rows = table.select(Axis(0), &self.index.token_index);
         *self.rows.value_mut() = rows.into_dyn();
@@ -214,10 +264,10 @@ impl<T: Real> SplitVocabulary<T> {
     ///
     /// ```
     /// use ndarray::Array2;
-    /// use splitgrad::{io::SplitIndex, layers::SplitVocabulary, Tape};
+    /// use splitgrad::{io::SplitIndex, layers::{SplitVocabulary, SplitVocabularyConfig}, Tape};
     /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
-    /// let mut sv = SplitVocabulary::<f64>::new(index, 4, 3, 2, 0.0)?;
-    /// *sv.parameters_mut().0.value_mut() = Array2::from_shape_fn((3, 3), |(i, j)| (i * j) as f64).into_dyn();
+    /// let mut sv = SplitVocabulary::<f64>::new(index, &SplitVocabularyConfig::new(4, 3, 2))?;
+    /// *sv.rows_mut().value_mut() = Array2::from_shape_fn((3, 3), |(i, j)| (i * j) as f64).into_dyn();
     /// let mut tape = Tape::new();
     /// let naive = sv.fusion_penalty_var_naive(&mut tape);
     /// let fused = sv.fusion_penalty_var(&mut tape);
@@ -246,9 +296,9 @@ impl<T: Real> SplitVocabulary<T> {
 
     /// The row of each token ([`NO_ROW`] for none), checking lengths and
     /// ranges; errors name the token's position.
-    pub(crate) fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
+    pub fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
         if token_ids.len() != language_ids.len() {
-            return Err(Error::new(crate::ErrorKind::Shape {
+            return Err(Error::new(ErrorKind::Shape {
                 what: "language_ids".into(),
                 expected: format!("({},) like token_ids", token_ids.len()),
                 found: vec![language_ids.len()],
@@ -285,51 +335,70 @@ impl<T: Real> SplitVocabulary<T> {
 
     /// Mixes each token's shared row with its private row, if any.
     ///
-    /// token_ids, language_ids: (N); shared: (N, D) on the tape. With the
-    /// gate: `out_n = shared_n + g_r·(rows_r − shared_n)`; without it
-    /// (fusion mode): `out_n = rows_r`; `out_n = shared_n` without a row.
-    /// Gradient flows to `shared`, `rows` and `gate_logit`. Errors: lengths
-    /// differ, an id out of range, `shared` of the wrong shape.
-    pub fn forward<'p>(
+    /// token_ids, language_ids: ids of one shape (…); shared: (…, D) on the
+    /// tape. With the gate: `out_n = shared_n + g_r·(rows_r − shared_n)`;
+    /// without it (fusion mode): `out_n = rows_r`; `out_n = shared_n`
+    /// without a row. Gradient flows to `shared`, `rows` and `gate_logit`.
+    /// Errors: shapes differ, an id out of range (named by its position),
+    /// `shared` of the wrong shape.
+    pub fn forward<'p, 'i, 'j>(
         &'p self,
         tape: &mut Tape<'p, T>,
-        token_ids: &[i64],
-        language_ids: &[i64],
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
         shared: Var,
         use_gate: bool,
     ) -> Result<Var> {
-        let row_of = self.rows_of(token_ids, language_ids)?;
+        let (tokens, languages) = (token_ids.ids(), language_ids.ids());
+        if languages.shape() != tokens.shape() {
+            return Err(Error::shape(
+                "language_ids",
+                format!("{:?} like token_ids", tokens.shape()),
+                languages.shape(),
+            ));
+        }
+        let t: Vec<i64> = tokens.iter().copied().collect();
+        let l: Vec<i64> = languages.iter().copied().collect();
+        let row_of = self.rows_of(&t, &l).map_err(|e| match e.kind() {
+            ErrorKind::OutOfRange {
+                what,
+                position,
+                value,
+                low,
+                high,
+            } if tokens.ndim() != 1 => Error::out_of_range(
+                what,
+                super::splits::unflatten(position[0], tokens.shape()),
+                *value,
+                *low,
+                *high,
+            ),
+            _ => e,
+        })?;
         let shape = tape.value(shared).shape().to_vec();
-        if shape != [token_ids.len(), self.dim] {
+        let mut want = tokens.shape().to_vec();
+        want.push(self.dim);
+        if shape != want {
+            let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
             return Err(Error::shape(
                 "shared",
-                format!("({}, {})", token_ids.len(), self.dim),
+                format!("({})", dims.join(", ")),
                 &shape,
             ));
         }
+        let flat = if shape.len() == 2 {
+            shared
+        } else {
+            tape.reshape(shared, &[t.len(), self.dim])
+        };
         let rows = tape.param(&self.rows);
         let gate = use_gate.then(|| self.gate_var(tape));
-        let out = {
-            let g: Option<Vec<T>> = gate.map(|g| tape.value(g).iter().copied().collect());
-            let s = tape
-                .value(shared)
-                .into_dimensionality::<Ix2>()
-                .expect("checked 2-D");
-            let r = tape
-                .value(rows)
-                .into_dimensionality::<Ix2>()
-                .expect("2-D rows");
-            gated_mix_forward(s, r, g.as_deref(), &row_of)
-        };
-        let mut inputs = vec![shared, rows];
-        inputs.extend(gate);
-        let saved = GatedMixSaved {
-            shared,
-            rows,
-            gate,
-            row_of,
-        };
-        Ok(tape.push(out.into_dyn(), Op::GatedMix(Box::new(saved)), &inputs))
+        let out = tape.gated_mix(flat, rows, gate, row_of);
+        Ok(if shape.len() == 2 {
+            out
+        } else {
+            tape.reshape(out, &shape)
+        })
     }
 
     /// `split_vocabulary.rows`, (n_rows, D).
@@ -342,9 +411,14 @@ impl<T: Real> SplitVocabulary<T> {
         &self.gate_logit
     }
 
-    /// Both parameters, to change in place: (rows, gate_logit).
-    pub fn parameters_mut(&mut self) -> (&mut Parameter<T>, &mut Parameter<T>) {
-        (&mut self.rows, &mut self.gate_logit)
+    /// `split_vocabulary.rows`, to change in place.
+    pub fn rows_mut(&mut self) -> &mut Parameter<T> {
+        &mut self.rows
+    }
+
+    /// `split_vocabulary.gate_logit`, to change in place.
+    pub fn gate_logit_mut(&mut self) -> &mut Parameter<T> {
+        &mut self.gate_logit
     }
 
     /// The index of pairs.
@@ -375,5 +449,40 @@ impl<T: Real> SplitVocabulary<T> {
     /// L.
     pub fn n_languages(&self) -> usize {
         self.n_languages
+    }
+}
+
+impl<T: Real> Module<T> for SplitVocabulary<T> {
+    /// `split_vocabulary.rows`, then `split_vocabulary.gate_logit`.
+    fn parameters(&self) -> Vec<&Parameter<T>> {
+        vec![&self.rows, &self.gate_logit]
+    }
+
+    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
+        vec![&mut self.rows, &mut self.gate_logit]
+    }
+
+    /// The index: `split_vocabulary.language_index` and
+    /// `split_vocabulary.token_index` (I64), and `split_vocabulary.score`
+    /// (F64) when the index has one. Loading a state checks that its index
+    /// is this layer's.
+    fn buffers(&self) -> Vec<(String, TensorRef<'_>)> {
+        let mut out = vec![
+            (
+                "split_vocabulary.language_index".to_string(),
+                TensorRef::I64(self.index_i64.0.view().into_dyn()),
+            ),
+            (
+                "split_vocabulary.token_index".to_string(),
+                TensorRef::I64(self.index_i64.1.view().into_dyn()),
+            ),
+        ];
+        if let Some(score) = &self.score {
+            out.push((
+                "split_vocabulary.score".to_string(),
+                TensorRef::F64(score.view().into_dyn()),
+            ));
+        }
+        out
     }
 }

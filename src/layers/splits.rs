@@ -2,11 +2,14 @@
 //! the part [`SplitTokenEmbeddings`](super::SplitTokenEmbeddings) and
 //! [`SplitLanguageModellingHead`](super::SplitLanguageModellingHead) share.
 
-use ndarray::{Array2, ArrayD, ArrayViewD};
+use ndarray::{Array2, ArrayViewD};
 use rayon::prelude::*;
 
-use crate::ops::routing::{Routed, SplitRouting};
-use crate::{Error, Parameter, Real, Result, Rng};
+use crate::error::{Error, Result};
+use crate::kernels::Real;
+use crate::kernels::routing::{Routed, SplitRouting};
+use crate::param::Parameter;
+use crate::rng::Rng;
 
 /// Named tables that own contiguous ranges of one vocabulary, in order.
 ///
@@ -163,21 +166,10 @@ impl<T: Real> SplitTables<T> {
     /// an error naming it, its position and the range.
     pub fn route(&self, ids: ArrayViewD<'_, i64>, what: &'static str) -> Result<Routed> {
         let flat: Vec<i64> = ids.iter().copied().collect();
-        self.routing
-            .route_all_as(&flat, what)
-            .map_err(|e| match e.kind() {
-                crate::ErrorKind::OutOfRange {
-                    position,
-                    value,
-                    low,
-                    high,
-                    ..
-                } => {
-                    let multi = unflatten(position[0], ids.shape());
-                    Error::out_of_range(what, multi, *value, *low, *high)
-                }
-                _ => e,
-            })
+        self.routing.route_all_as(&flat, what).map_err(|u| {
+            let multi = unflatten(u.position, ids.shape());
+            Error::out_of_range(what, multi, u.id, 0, u.vocab_size)
+        })
     }
 
     /// Fills every table element by `draw`, deterministically: table k,
@@ -197,22 +189,6 @@ impl<T: Real> SplitTables<T> {
                     chunk.iter_mut().for_each(|x| *x = draw(&mut r));
                 });
         }
-    }
-
-    /// Replaces the tables' values (a load); shapes must match.
-    pub fn load_tables(&mut self, values: Vec<ArrayD<T>>) -> Result<()> {
-        for (p, v) in self.tables.iter_mut().zip(values) {
-            if v.shape() != p.value().shape() {
-                return Err(Error::shape(
-                    p.name().to_string(),
-                    format!("{:?}", p.value().shape()),
-                    v.shape(),
-                )
-                .in_array(p.name().to_string()));
-            }
-            *p.value_mut() = v;
-        }
-        Ok(())
     }
 }
 

@@ -11,8 +11,8 @@
 
 use ndarray::{Array1, ArrayD, ArrayView1, ArrayViewD, Ix2, Zip};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// The label whose token is ignored: loss 0, no gradient (PyTorch's
 /// `ignore_index` default).
@@ -160,6 +160,40 @@ pub fn cross_entropy_backward<T: Real>(
     }
 }
 
+/// The saved state of `logsumexp`: its input (the backward reads the
+/// output too).
+struct LogSumExp {
+    x: Var,
+}
+
+impl<T: Real> Backward<T> for LogSumExp {
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let x = grads.value(self.x);
+        if let Some(g) = grads.buffer(self.x) {
+            logsumexp_backward(x, y, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `cross_entropy`: the logits and the labels.
+struct CrossEntropy {
+    logits: Var,
+    labels: Vec<i64>,
+}
+
+impl<T: Real> Backward<T> for CrossEntropy {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let x = grads.value(self.logits);
+        if let Some(g) = grads.buffer(self.logits) {
+            cross_entropy_backward(x, &self.labels, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// Row-wise log-sum-exp: (n, V) → (n), stable for logits in the thousands.
     ///
@@ -176,7 +210,7 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn logsumexp(&mut self, x: Var) -> Var {
         let y = logsumexp_forward(self.value(x));
-        self.push(y, Op::LogSumExp(x), &[x])
+        self.push_op(y, &[x], LogSumExp { x })
     }
 
     /// Per-row cross-entropy of logits against labels (reduction none):
@@ -198,14 +232,10 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn cross_entropy(&mut self, logits: Var, labels: &[i64]) -> Var {
         let y = cross_entropy_forward(self.value(logits), labels);
-        self.push(
-            y,
-            Op::CrossEntropy {
-                logits,
-                labels: labels.to_vec(),
-            },
-            &[logits],
-        )
+        self.push_op_with(y, &[logits], || CrossEntropy {
+            logits,
+            labels: labels.to_vec(),
+        })
     }
 }
 

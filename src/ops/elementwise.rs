@@ -11,8 +11,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 #[track_caller]
 fn same_shape(op: &str, a: &[usize], b: &[usize]) {
@@ -46,6 +46,80 @@ pub fn scale_backward<T: Real>(gy: ArrayViewD<'_, T>, c: T, g: &mut ArrayD<T>) {
     Zip::from(g).and(&gy).for_each(|g, &gy| *g += c * gy);
 }
 
+/// The saved state of `add`: its inputs.
+struct Add {
+    a: Var,
+    b: Var,
+}
+
+impl<T: Real> Backward<T> for Add {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        for v in [self.a, self.b] {
+            if let Some(g) = grads.buffer(v) {
+                add_backward(gy.view(), g);
+            }
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `sub`: its inputs.
+struct Sub {
+    a: Var,
+    b: Var,
+}
+
+impl<T: Real> Backward<T> for Sub {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.a) {
+            add_backward(gy.view(), g);
+        }
+        if let Some(g) = grads.buffer(self.b) {
+            sub_backward_rhs(gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `mul`: its inputs (each side's gradient reads the
+/// other's value).
+struct Mul {
+    a: Var,
+    b: Var,
+}
+
+impl<T: Real> Backward<T> for Mul {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let (va, vb) = (grads.value(self.a), grads.value(self.b));
+        if let Some(g) = grads.buffer(self.a) {
+            mul_backward(gy.view(), vb, g);
+        }
+        if let Some(g) = grads.buffer(self.b) {
+            mul_backward(gy.view(), va, g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `scale`: its input and the constant.
+struct Scale<T> {
+    a: Var,
+    c: T,
+}
+
+impl<T: Real> Backward<T> for Scale<T> {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.a) {
+            scale_backward(gy.view(), self.c, g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// `a + b`, element-wise; both of one shape.
     ///
@@ -65,7 +139,7 @@ impl<'p, T: Real> Tape<'p, T> {
         let (va, vb) = (self.value(a), self.value(b));
         same_shape("add", va.shape(), vb.shape());
         let y = &va + &vb;
-        self.push(y, Op::Add(a, b), &[a, b])
+        self.push_op(y, &[a, b], Add { a, b })
     }
 
     /// `a − b`, element-wise; both of one shape.
@@ -86,7 +160,7 @@ impl<'p, T: Real> Tape<'p, T> {
         let (va, vb) = (self.value(a), self.value(b));
         same_shape("sub", va.shape(), vb.shape());
         let y = &va - &vb;
-        self.push(y, Op::Sub(a, b), &[a, b])
+        self.push_op(y, &[a, b], Sub { a, b })
     }
 
     /// `a ⊙ b`, element-wise; both of one shape.
@@ -107,7 +181,7 @@ impl<'p, T: Real> Tape<'p, T> {
         let (va, vb) = (self.value(a), self.value(b));
         same_shape("mul", va.shape(), vb.shape());
         let y = &va * &vb;
-        self.push(y, Op::Mul(a, b), &[a, b])
+        self.push_op(y, &[a, b], Mul { a, b })
     }
 
     /// `c·a` for a constant `c`.
@@ -122,7 +196,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     pub fn scale(&mut self, a: Var, c: T) -> Var {
         let y = self.value(a).mapv(|x| c * x);
-        self.push(y, Op::Scale(a, c), &[a])
+        self.push_op(y, &[a], Scale { a, c })
     }
 }
 

@@ -24,8 +24,8 @@ use std::mem::MaybeUninit;
 use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
 use rayon::prelude::*;
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// A partition of `n_rows` rows into groups, kept both ways: the group of
 /// each row, and the rows of each group in increasing order.
@@ -327,6 +327,26 @@ pub fn fusion_penalty_backward<T: Real>(
     unsafe { out.assume_init() }.into_dyn()
 }
 
+/// The saved state of `fusion_penalty`: the rows, their groups and each
+/// row's distance from its centroid.
+struct FusionPenalty<'p, T> {
+    x: Var,
+    groups: &'p RowGroups,
+    /// ‖x_i − c_{g(i)}‖, (n).
+    norms: Vec<T>,
+}
+
+impl<T: Real> Backward<T> for FusionPenalty<'_, T> {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        if grads.wants(self.x) {
+            let gy = gy.into_owned();
+            let d =
+                fusion_penalty_backward(grads.value(self.x), self.groups, &self.norms, gy.view());
+            grads.add(self.x, d);
+        }
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// The fusion penalty of rows x (n, D) grouped by `groups`:
     /// `(1/n) Σ_i ‖x_i − c_{g(i)}‖₂`, c_g the mean of group g's rows, the
@@ -352,15 +372,11 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn fusion_penalty(&mut self, x: Var, groups: &'p RowGroups) -> Var {
         let (p, norms) = fusion_penalty_forward(self.value(x), groups);
-        self.push(
-            arr0(p).into_dyn(),
-            Op::FusionPenalty {
-                x,
-                groups,
-                norms: norms.to_vec(),
-            },
-            &[x],
-        )
+        self.push_op_with(arr0(p).into_dyn(), &[x], || FusionPenalty {
+            x,
+            groups,
+            norms: norms.to_vec(),
+        })
     }
 }
 

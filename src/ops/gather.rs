@@ -1,17 +1,18 @@
 //! Row gather (embedding lookup): `out[i] = table[ids[i]]`.
 //!
-//! Backward is a scatter-add: `∂table[r] += Σ_{i : ids[i] = r} ∂out[i]`.
-//! When the table is a 2-D parameter the tape keeps the contributions
-//! row-sparse and coalesces them with [`super::scatter::coalesce_rows`];
-//! otherwise [`gather_backward`] adds them into a dense buffer.
-//! Derivation: `docs/gradients.md#gather`.
+//! Backward is a scatter-add: `∂table[r] += Σ_{i : ids[i] = r} ∂out[i]`
+//! ([`gather_backward`]). When the table is a 2-D parameter the tape keeps
+//! the contributions row-sparse and coalesces them after the sweep
+//! ([`crate::kernels::scatter::coalesce_sources`]); otherwise they are
+//! added into the table's dense buffer. Derivation:
+//! `docs/gradients.md#gather`.
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
-use rayon::prelude::*;
 
-use super::routing::Routed;
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::kernels::pool::Pool;
+use crate::kernels::rows::rows_from_in;
+use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
 
 /// `out[i, …] = table[ids[i], …]`.
 ///
@@ -20,6 +21,18 @@ use crate::tape::{Op, Tape, Var};
 /// **Panics** if an id is ≥ R.
 #[track_caller]
 pub fn gather_forward<T: Real>(table: ArrayViewD<'_, T>, ids: &[usize]) -> ArrayD<T> {
+    gather_forward_in(&Pool::new(), table, ids)
+}
+
+/// [`gather_forward`] into a buffer from `pool`.
+///
+/// **Panics** if an id is ≥ R.
+#[track_caller]
+pub fn gather_forward_in<T: Real>(
+    pool: &Pool<T>,
+    table: ArrayViewD<'_, T>,
+    ids: &[usize],
+) -> ArrayD<T> {
     assert!(
         table.ndim() >= 1,
         "gather: the table must have at least one axis"
@@ -32,7 +45,7 @@ pub fn gather_forward<T: Real>(table: ArrayViewD<'_, T>, ids: &[usize]) -> Array
     shape[0] = ids.len();
     let width: usize = shape[1..].iter().product();
     match table.as_slice() {
-        Some(src) => rows_from(&shape, width, |i| {
+        Some(src) => rows_from_in(pool, &shape, width, |i| {
             &src[ids[i] * width..(ids[i] + 1) * width]
         }),
         None => {
@@ -45,70 +58,26 @@ pub fn gather_forward<T: Real>(table: ArrayViewD<'_, T>, ids: &[usize]) -> Array
     }
 }
 
-/// A standard-layout array of `shape` whose i-th row of `width` elements is
-/// `row(i)`: each element written once, with no zero-fill first, rows in
-/// parallel when the array is large.
-///
-/// **Panics** if a row does not have `width` elements or `shape` does not
-/// hold `shape[0]` rows of `width`.
-#[track_caller]
-pub(crate) fn rows_from<'a, T: Real, F>(shape: &[usize], width: usize, row: F) -> ArrayD<T>
-where
-    F: Fn(usize) -> &'a [T] + Sync,
-{
-    let n = shape.first().copied().unwrap_or(1);
-    assert_eq!(
-        shape.iter().product::<usize>(),
-        n * width,
-        "rows_from: shape {shape:?} does not hold {n} rows of {width}"
-    );
-    if width == 0 || n == 0 {
-        return ArrayD::zeros(IxDyn(shape));
-    }
-    let mut out = ArrayD::<T>::uninit(IxDyn(shape));
-    let dst = out.as_slice_mut().expect("fresh array is contiguous");
-    let streaming = super::stream::use_streaming(std::mem::size_of_val(dst));
-    // Blocks of rows per task, each ending with the fence its streaming
-    // stores need before the array is handed on.
-    let rows_per_task = (super::PAR_MIN_ELEMS / width).max(1);
-    let block = |(b, o): (usize, &mut [std::mem::MaybeUninit<T>])| {
-        for (i, o) in o.chunks_mut(width).enumerate() {
-            let i = b * rows_per_task + i;
-            let src = row(i);
-            assert_eq!(
-                src.len(),
-                width,
-                "rows_from: row {i} has {} elements",
-                src.len()
-            );
-            super::stream::copy(o, src, streaming);
-        }
-        if streaming {
-            super::stream::fence();
-        }
-    };
-    if dst.len() >= super::PAR_MIN_ELEMS {
-        dst.par_chunks_mut(rows_per_task * width)
-            .enumerate()
-            .for_each(block);
-    } else {
-        dst.chunks_mut(rows_per_task * width)
-            .enumerate()
-            .for_each(block);
-    }
-    // SAFETY: `dst` is the whole array, cut into `n` chunks of `width`; the
-    // loop above wrote every element of every chunk (each `src` has `width`
-    // elements, checked), so every element is initialised.
-    unsafe { out.assume_init() }
+/// `∂table[ids[i]] += ∂out[i]` for every i: the rows of `gy`, read where
+/// they are (a lazy `c·R` included), sent to the table's rows.
+pub fn gather_backward<'a, T: Real>(
+    table: Var,
+    ids: &'a [usize],
+    gy: Flow<'a, T>,
+    grads: &mut Grads<'a, T>,
+) {
+    grads.add_rows(table, RowPart::new(ids, gy));
 }
 
-/// `g[ids[i]] += gy[i]` for every i, in order (a dense scatter-add).
-///
-/// ids: (n), gy: (n, …), g: (R, …).
-pub fn gather_backward<T: Real>(ids: &[usize], gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
-    for (row, &id) in gy.axis_iter(Axis(0)).zip(ids) {
-        let mut dst = g.index_axis_mut(Axis(0), id);
-        dst += &row;
+/// The saved state of `gather`: the table and the ids read.
+struct Gather {
+    table: Var,
+    ids: Vec<usize>,
+}
+
+impl<T: Real> Backward<T> for Gather {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        gather_backward(self.table, &self.ids, gy, grads);
     }
 }
 
@@ -131,128 +100,11 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn gather(&mut self, table: Var, ids: &[usize]) -> Var {
-        let out = gather_forward(self.value(table), ids);
-        self.push(
-            out,
-            Op::Gather {
-                table,
-                ids: ids.to_vec(),
-            },
-            &[table],
-        )
-    }
-}
-
-/// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
-/// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
-/// `(*ids_shape, H)`.
-///
-/// **Panics** if the tables are not 2-D of one width, a local row is out of
-/// range, or `ids_shape` does not hold N ids.
-#[track_caller]
-pub fn split_gather_forward<T: Real>(
-    tables: &[ArrayViewD<'_, T>],
-    routed: &Routed,
-    ids_shape: &[usize],
-) -> ArrayD<T> {
-    let n = routed.n_ids();
-    assert_eq!(
-        ids_shape.iter().product::<usize>(),
-        n,
-        "split_gather: shape {ids_shape:?} does not hold {n} ids"
-    );
-    assert_eq!(
-        tables.len(),
-        routed.positions.len(),
-        "split_gather: {} tables for {} splits",
-        tables.len(),
-        routed.positions.len()
-    );
-    let width = tables
-        .first()
-        .map_or(0, |t| t.shape().get(1).copied().unwrap_or(0));
-    let flat: Vec<ndarray::ArrayView2<'_, T>> = tables
-        .iter()
-        .map(|t| {
-            t.view()
-                .into_dimensionality::<ndarray::Ix2>()
-                .expect("split_gather: tables must be 2-D")
+        let out = gather_forward_in(self.pool(), self.value(table), ids);
+        self.push_op_with(out, &[table], || Gather {
+            table,
+            ids: ids.to_vec(),
         })
-        .collect();
-    for (k, t) in flat.iter().enumerate() {
-        assert_eq!(
-            t.ncols(),
-            width,
-            "split_gather: table {k} has width {}, expected {width}",
-            t.ncols()
-        );
-        if let Some(&bad) = routed.local[k].iter().find(|&&l| l >= t.nrows()) {
-            panic!(
-                "split_gather: row {bad} is out of range 0..{} of table {k}",
-                t.nrows()
-            );
-        }
-    }
-    let mut shape = ids_shape.to_vec();
-    shape.push(width);
-    let owners = routed.owners();
-    let flat_tables: Option<Vec<&[T]>> = flat.iter().map(|t| t.to_slice()).collect();
-    if let Some(srcs) = flat_tables {
-        let out = rows_from(&[n, width], width, |i| {
-            let (k, l) = owners[i];
-            &srcs[k][l * width..(l + 1) * width]
-        });
-        return out
-            .into_shape_with_order(IxDyn(&shape))
-            .expect("standard layout reshapes");
-    }
-    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
-    if width == 0 || n == 0 {
-        return out;
-    }
-    let dst = out.as_slice_mut().expect("fresh array is contiguous");
-    for (o, &(k, l)) in dst.chunks_mut(width).zip(&owners) {
-        o.iter_mut()
-            .zip(flat[k].row(l).iter())
-            .for_each(|(d, &s)| *d = s);
-    }
-    out
-}
-
-impl<'p, T: Real> Tape<'p, T> {
-    /// Gathers each id's row from the split that owns it (the routed form of
-    /// [`Tape::gather`]): `out[n] = tables[k(n)][local(n)]`.
-    ///
-    /// tables: (size_k, H) each; `routed` from
-    /// [`SplitRouting::route_all`](super::routing::SplitRouting::route_all)
-    /// → `(*ids_shape, H)`. A token routed to split k sends gradient to split
-    /// k only; a 2-D parameter table gets a row-sparse gradient.
-    ///
-    /// **Panics** if the tables disagree with the routing (a caller bug).
-    ///
-    /// ```
-    /// use ndarray::array;
-    /// use splitgrad::{ops::routing::SplitRouting, Tape};
-    /// let mut t = Tape::<f64>::new();
-    /// let a = t.input(array![[1.0], [2.0]].into_dyn());
-    /// let b = t.input(array![[30.0]].into_dyn());
-    /// let routed = SplitRouting::new(&[2, 1]).route_all(&[2, 0, 1, 2])?;
-    /// let y = t.split_gather(&[a, b], &routed, &[2, 2]);
-    /// assert_eq!(t.value(y), array![[[30.0], [1.0]], [[2.0], [30.0]]].into_dyn());
-    /// # Ok::<(), splitgrad::Error>(())
-    /// ```
-    #[track_caller]
-    pub fn split_gather(&mut self, tables: &[Var], routed: &Routed, ids_shape: &[usize]) -> Var {
-        let views: Vec<ArrayViewD<'_, T>> = tables.iter().map(|&t| self.value(t)).collect();
-        let out = split_gather_forward(&views, routed, ids_shape);
-        self.push(
-            out,
-            Op::SplitGather {
-                tables: tables.to_vec(),
-                routed: routed.clone(),
-            },
-            tables,
-        )
     }
 }
 
@@ -263,13 +115,16 @@ mod tests {
 
     #[test]
     fn hand_case_repeated_ids_accumulate() {
-        // out = [t1, t0, t1]; ∂t0 = gy[1], ∂t1 = gy[0] + gy[2].
+        // out = [t1, t0, t1]; ∂t0 = gy[1], ∂t1 = gy[0] + gy[2] (an input:
+        // a dense scatter-add).
+        let mut tape = Tape::<f64>::new();
+        let t = tape.input(ArrayD::zeros(IxDyn(&[3, 2])));
+        let y = tape.gather(t, &[1, 0, 1]);
         let gy = array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]].into_dyn();
-        let mut g = ArrayD::<f64>::zeros(IxDyn(&[3, 2]));
-        gather_backward(&[1, 0, 1], gy.view(), &mut g);
+        let loss = tape.dot_const(y, gy);
         assert_eq!(
-            g,
-            array![[10.0, 20.0], [101.0, 202.0], [0.0, 0.0]].into_dyn()
+            tape.backward(loss).input(t).unwrap(),
+            &array![[10.0, 20.0], [101.0, 202.0], [0.0, 0.0]].into_dyn()
         );
     }
 

@@ -6,8 +6,8 @@
 
 use ndarray::{Array2, ArrayD, ArrayViewD, Ix2};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 #[track_caller]
 fn two_d<'a, T>(what: &str, x: ArrayViewD<'a, T>) -> ndarray::ArrayView2<'a, T> {
@@ -64,6 +64,26 @@ pub fn matmul_backward_rhs<T: Real>(
     T::gemm(T::one(), a.t(), gy, T::one(), g);
 }
 
+/// The saved state of `matmul`: its inputs.
+struct MatMul {
+    a: Var,
+    b: Var,
+}
+
+impl<T: Real> Backward<T> for MatMul {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let (a, b) = (grads.value(self.a), grads.value(self.b));
+        if let Some(g) = grads.buffer(self.a) {
+            matmul_backward_lhs(gy.view(), b, g);
+        }
+        if let Some(g) = grads.buffer(self.b) {
+            matmul_backward_rhs(gy.view(), a, g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// The matrix product `a·b`: (m, k)·(k, n) → (m, n).
     ///
@@ -81,7 +101,7 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn matmul(&mut self, a: Var, b: Var) -> Var {
         let c = matmul_forward(self.value(a), self.value(b));
-        self.push(c, Op::MatMul(a, b), &[a, b])
+        self.push_op(c, &[a, b], MatMul { a, b })
     }
 }
 

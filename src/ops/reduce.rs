@@ -10,17 +10,16 @@
 //! Derivation: `docs/gradients.md#reductions`.
 //!
 //! The inner product is summed in a fixed order whatever the number of
-//! threads: blocks of [`DOT_BLOCK`] elements, each summed in
-//! [`DOT_LANES`] interleaved partial sums (element i goes to lane
-//! i mod [`DOT_LANES`], which the compiler turns into vector adds), the lanes
-//! then added left to right, and the block sums added in block order.
-//! [`dot_naive`] is the one-accumulator twin.
+//! threads ([`dot_slices`], with its naive twin
+//! [`dot_naive`](crate::kernels::reduce::dot_naive)). Its backward never
+//! writes `∂y·R` out: it hands the pair to the tape as a lazy gradient
+//! ([`Grads::add_scaled`]), which a gather reads row by row.
 
-use ndarray::{ArrayD, ArrayViewD, Zip, arr0};
-use rayon::prelude::*;
+use ndarray::{ArrayD, ArrayViewD, arr0};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Value, Var};
+use crate::kernels::Real;
+use crate::kernels::reduce::dot_slices;
+use crate::tape::{Backward, Flow, Grads, Tape, Value, Var};
 
 fn scalar_of<T: Real>(gy: &ArrayViewD<'_, T>) -> T {
     *gy.iter().next().expect("a scalar gradient")
@@ -38,122 +37,55 @@ pub fn mean_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
     g.mapv_inplace(|v| v + c);
 }
 
-/// `g += gy·R`.
-pub fn dot_const_backward<T: Real>(gy: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
-    add_scaled(scalar_of(&gy), r, g);
+/// `∂x += ∂y·R`, handed to the tape as the pair `(∂y, R)`: written out
+/// only if an op other than a gather reads it.
+pub fn dot_const_backward<'a, T: Real>(
+    x: Var,
+    r: ArrayViewD<'a, T>,
+    gy: Flow<'a, T>,
+    grads: &mut Grads<'a, T>,
+) {
+    grads.add_scaled(x, gy.first(), r);
 }
 
-/// `g += c·r`, in parallel blocks when both are contiguous and large.
-///
-/// **Panics** if the shapes differ.
-#[track_caller]
-pub fn add_scaled<T: Real>(c: T, r: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
-    assert_eq!(
-        g.shape(),
-        r.shape(),
-        "add_scaled: shapes {:?} and {:?} differ",
-        g.shape(),
-        r.shape()
-    );
-    match (g.as_slice_mut(), r.as_slice()) {
-        (Some(g), Some(r)) if g.len() >= super::PAR_MIN_ELEMS => g
-            .par_chunks_mut(DOT_BLOCK)
-            .zip(r.par_chunks(DOT_BLOCK))
-            .for_each(|(g, r)| g.iter_mut().zip(r).for_each(|(g, &r)| *g += c * r)),
-        _ => Zip::from(g).and(&r).for_each(|g, &r| *g += c * r),
-    }
+/// The saved state of `sum`: its input.
+struct Sum {
+    x: Var,
 }
 
-/// `c·r + 0` as a new array in standard layout, in one pass: the bits
-/// [`dot_const_backward`] leaves in a zero buffer, without writing the
-/// zeros first.
-pub fn scaled_copy<T: Real>(c: T, r: ArrayViewD<'_, T>) -> ArrayD<T> {
-    match r.as_slice() {
-        Some(s) if s.len() >= super::PAR_MIN_ELEMS => {
-            let mut v = Vec::with_capacity(s.len());
-            s.par_iter()
-                .map(|&x| c * x + T::zero())
-                .collect_into_vec(&mut v);
-            ArrayD::from_shape_vec(r.raw_dim(), v).expect("one element per element")
-        }
-        // Logical order, so the result is in standard layout whatever r's.
-        _ => ArrayD::from_shape_vec(r.raw_dim(), r.iter().map(|&x| c * x + T::zero()).collect())
-            .expect("one element per element"),
-    }
-}
-
-/// Elements per block of the inner product.
-pub const DOT_BLOCK: usize = 1 << 14;
-/// Partial sums per block of the inner product.
-pub const DOT_LANES: usize = 16;
-
-/// `Σ x ⊙ r` over two slices of one length, in the fixed order of the
-/// module docs, blocks in parallel.
-///
-/// **Panics** if the lengths differ.
-#[track_caller]
-pub fn dot_slices<T: Real>(x: &[T], r: &[T]) -> T {
-    assert_eq!(
-        x.len(),
-        r.len(),
-        "dot: lengths {} and {} differ",
-        x.len(),
-        r.len()
-    );
-    let block = |(x, r): (&[T], &[T])| dot_block(x, r);
-    let sums: Vec<T> = if x.len() >= super::PAR_MIN_ELEMS {
-        x.par_chunks(DOT_BLOCK)
-            .zip(r.par_chunks(DOT_BLOCK))
-            .map(block)
-            .collect()
-    } else {
-        x.chunks(DOT_BLOCK)
-            .zip(r.chunks(DOT_BLOCK))
-            .map(block)
-            .collect()
-    };
-    sums.into_iter().fold(T::zero(), |acc, s| acc + s)
-}
-
-/// One block: [`DOT_LANES`] interleaved sums, added left to right.
-fn dot_block<T: Real>(x: &[T], r: &[T]) -> T {
-    let mut lanes = [T::zero(); DOT_LANES];
-    let mut xs = x.chunks_exact(DOT_LANES);
-    let mut rs = r.chunks_exact(DOT_LANES);
-    for (xc, rc) in (&mut xs).zip(&mut rs) {
-        for l in 0..DOT_LANES {
-            lanes[l] += xc[l] * rc[l];
+impl<T: Real> Backward<T> for Sum {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned();
+        if let Some(g) = grads.buffer(self.x) {
+            sum_backward(gy.view(), g);
         }
     }
-    for (l, (&a, &b)) in xs.remainder().iter().zip(rs.remainder()).enumerate() {
-        lanes[l] += a * b;
-    }
-    lanes.into_iter().fold(T::zero(), |acc, s| acc + s)
 }
 
-/// The naive twin of [`dot_slices`]: the same order, one element at a time
-/// on one thread. Equal bit for bit.
-pub fn dot_naive<T: Real>(x: &[T], r: &[T]) -> T {
-    assert_eq!(
-        x.len(),
-        r.len(),
-        "dot: lengths {} and {} differ",
-        x.len(),
-        r.len()
-    );
-    let mut total = T::zero();
-    for (xb, rb) in x.chunks(DOT_BLOCK).zip(r.chunks(DOT_BLOCK)) {
-        let mut lanes = [T::zero(); DOT_LANES];
-        for (i, (&a, &b)) in xb.iter().zip(rb).enumerate() {
-            lanes[i % DOT_LANES] += a * b;
+/// The saved state of `mean`: its input.
+struct Mean {
+    x: Var,
+}
+
+impl<T: Real> Backward<T> for Mean {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned();
+        if let Some(g) = grads.buffer(self.x) {
+            mean_backward(gy.view(), g);
         }
-        let mut s = T::zero();
-        for l in lanes {
-            s += l;
-        }
-        total += s;
     }
-    total
+}
+
+/// The saved state of `dot_const`: its input and the constant `R`.
+struct DotConst<'p, T> {
+    x: Var,
+    r: Value<'p, T>,
+}
+
+impl<T: Real> Backward<T> for DotConst<'_, T> {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        dot_const_backward(self.x, self.r.view(), gy, grads);
+    }
 }
 
 impl<'p, T: Real> Tape<'p, T> {
@@ -169,7 +101,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     pub fn sum(&mut self, x: Var) -> Var {
         let y = self.value(x).sum();
-        self.push(arr0(y).into_dyn(), Op::Sum(x), &[x])
+        self.push_op(arr0(y).into_dyn(), &[x], Sum { x })
     }
 
     /// The mean of every element (0 for an empty array), as a 0-D value.
@@ -185,7 +117,7 @@ impl<'p, T: Real> Tape<'p, T> {
     pub fn mean(&mut self, x: Var) -> Var {
         let v = self.value(x);
         let y = v.sum() / T::from_f64(v.len().max(1) as f64);
-        self.push(arr0(y).into_dyn(), Op::Mean(x), &[x])
+        self.push_op(arr0(y).into_dyn(), &[x], Mean { x })
     }
 
     /// `Σ x ⊙ r` for a constant `r` of x's shape, as a 0-D value.
@@ -204,13 +136,13 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn dot_const(&mut self, x: Var, r: ArrayD<T>) -> Var {
         let y = dot(self.value(x), r.view());
-        self.push(
+        self.push_op(
             arr0(y).into_dyn(),
-            Op::DotConst {
+            &[x],
+            DotConst {
                 x,
                 r: Value::Owned(r),
             },
-            &[x],
         )
     }
 
@@ -220,13 +152,13 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn dot_const_view(&mut self, x: Var, r: ArrayViewD<'p, T>) -> Var {
         let y = dot(self.value(x), r.view());
-        self.push(
+        self.push_op(
             arr0(y).into_dyn(),
-            Op::DotConst {
+            &[x],
+            DotConst {
                 x,
                 r: Value::Borrowed(r),
             },
-            &[x],
         )
     }
 }
@@ -256,41 +188,6 @@ fn dot<T: Real>(x: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>) -> T {
 mod tests {
     use super::*;
     use ndarray::array;
-
-    #[test]
-    fn dot_equals_its_naive_twin_across_block_edges() {
-        let mut rng = crate::Rng::new(7);
-        for n in [
-            0,
-            1,
-            15,
-            16,
-            17,
-            DOT_BLOCK - 1,
-            DOT_BLOCK,
-            3 * DOT_BLOCK + 5,
-        ] {
-            let x: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
-            let r: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
-            let fast = dot_slices(&x, &r);
-            assert_eq!(fast.to_bits(), dot_naive(&x, &r).to_bits(), "n = {n}");
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                assert_eq!(
-                    pool.install(|| dot_slices(&x, &r)).to_bits(),
-                    fast.to_bits()
-                );
-            }
-            let exact: f64 = x.iter().zip(&r).map(|(&a, &b)| a as f64 * b as f64).sum();
-            assert!(
-                (fast as f64 - exact).abs() <= 1e-5 * (1.0 + n as f64),
-                "n = {n}"
-            );
-        }
-    }
 
     #[test]
     fn hand_case_mean() {

@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, Zip};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// `out[i, …] = s[i]·x[i, …]`. x: (n, …), s: (n).
 ///
@@ -64,6 +64,26 @@ pub fn row_scale_backward_s<T: Real>(
     }
 }
 
+/// The saved state of `row_scale`: its inputs.
+struct RowScale {
+    x: Var,
+    s: Var,
+}
+
+impl<T: Real> Backward<T> for RowScale {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let (x, s) = (grads.value(self.x), grads.value(self.s));
+        if let Some(g) = grads.buffer(self.x) {
+            row_scale_backward_x(gy.view(), s, g);
+        }
+        if let Some(g) = grads.buffer(self.s) {
+            row_scale_backward_s(gy.view(), x, g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// Scales each row by its own scalar: `out[i, …] = s[i]·x[i, …]`.
     ///
@@ -83,7 +103,7 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn row_scale(&mut self, x: Var, s: Var) -> Var {
         let y = row_scale_forward(self.value(x), self.value(s));
-        self.push(y, Op::RowScale { x, s }, &[x, s])
+        self.push_op(y, &[x, s], RowScale { x, s })
     }
 }
 

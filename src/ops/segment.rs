@@ -13,8 +13,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 #[track_caller]
 fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
@@ -118,6 +118,40 @@ pub fn segment_mean_backward<T: Real>(
     }
 }
 
+/// The saved state of `segment_sum`: its input and each row's segment.
+struct SegmentSum {
+    x: Var,
+    segments: Vec<usize>,
+}
+
+impl<T: Real> Backward<T> for SegmentSum {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.x) {
+            segment_sum_backward(&self.segments, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `segment_mean`: its input, each row's segment and
+/// the size of each segment.
+struct SegmentMean {
+    x: Var,
+    segments: Vec<usize>,
+    counts: Vec<usize>,
+}
+
+impl<T: Real> Backward<T> for SegmentMean {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.x) {
+            segment_mean_backward(&self.segments, &self.counts, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// Sums rows by segment: `out[s] = Σ_{i : segments[i] = s} x[i]`.
     ///
@@ -136,14 +170,10 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn segment_sum(&mut self, x: Var, segments: &[usize], n_segments: usize) -> Var {
         let y = segment_sum_forward(self.value(x), segments, n_segments);
-        self.push(
-            y,
-            Op::SegmentSum {
-                x,
-                segments: segments.to_vec(),
-            },
-            &[x],
-        )
+        self.push_op_with(y, &[x], || SegmentSum {
+            x,
+            segments: segments.to_vec(),
+        })
     }
 
     /// Averages rows by segment: `out[s] = mean_{i : segments[i] = s} x[i]`,
@@ -164,16 +194,11 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn segment_mean(&mut self, x: Var, segments: &[usize], n_segments: usize) -> Var {
         let y = segment_mean_forward(self.value(x), segments, n_segments);
-        let counts = segment_counts(segments, n_segments);
-        self.push(
-            y,
-            Op::SegmentMean {
-                x,
-                segments: segments.to_vec(),
-                counts,
-            },
-            &[x],
-        )
+        self.push_op_with(y, &[x], || SegmentMean {
+            x,
+            segments: segments.to_vec(),
+            counts: segment_counts(segments, n_segments),
+        })
     }
 }
 

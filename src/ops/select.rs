@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// `out[i] = if mask[i] { a[i] } else { b[i] }`. a, b: (n, …), mask: (n).
 ///
@@ -54,6 +54,26 @@ pub fn select_backward<T: Real>(
     }
 }
 
+/// The saved state of `select`: the mask and both inputs.
+struct Select {
+    mask: Vec<bool>,
+    a: Var,
+    b: Var,
+}
+
+impl<T: Real> Backward<T> for Select {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.a) {
+            select_backward(&self.mask, true, gy.view(), g);
+        }
+        if let Some(g) = grads.buffer(self.b) {
+            select_backward(&self.mask, false, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// Row-wise choice: `out[i] = mask[i] ? a[i] : b[i]`.
     ///
@@ -73,15 +93,11 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn select(&mut self, mask: &[bool], a: Var, b: Var) -> Var {
         let y = select_forward(mask, self.value(a), self.value(b));
-        self.push(
-            y,
-            Op::Select {
-                mask: mask.to_vec(),
-                a,
-                b,
-            },
-            &[a, b],
-        )
+        self.push_op_with(y, &[a, b], || Select {
+            mask: mask.to_vec(),
+            a,
+            b,
+        })
     }
 }
 

@@ -6,8 +6,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// `g += gyᵀ`. gy: (n, m), g: (m, n).
 pub fn transpose_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
@@ -28,6 +28,56 @@ pub fn reshape_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
 pub fn concat_rows_backward<T: Real>(start: usize, gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
     let rows = g.shape()[0];
     *g += &gy.slice_axis(Axis(0), Slice::from(start..start + rows));
+}
+
+/// The saved state of `transpose`: its input.
+struct Transpose {
+    x: Var,
+}
+
+impl<T: Real> Backward<T> for Transpose {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.x) {
+            transpose_backward(gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `reshape`: its input.
+struct Reshape {
+    x: Var,
+}
+
+impl<T: Real> Backward<T> for Reshape {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.x) {
+            reshape_backward(gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
+/// The saved state of `concat_rows`: the parts, in order.
+struct ConcatRows {
+    parts: Vec<Var>,
+}
+
+impl<T: Real> Backward<T> for ConcatRows {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        let mut start = 0;
+        for &p in &self.parts {
+            let rows = grads.value(p).shape()[0];
+            if let Some(g) = grads.buffer(p) {
+                concat_rows_backward(start, gy.view(), g);
+            }
+            start += rows;
+        }
+        grads.recycle(gy);
+    }
 }
 
 impl<'p, T: Real> Tape<'p, T> {
@@ -53,7 +103,7 @@ impl<'p, T: Real> Tape<'p, T> {
             v.shape()
         );
         let y = v.t().as_standard_layout().into_owned();
-        self.push(y, Op::Transpose(x), &[x])
+        self.push_op(y, &[x], Transpose { x })
     }
 
     /// The same elements, in row-major order, in another shape.
@@ -84,7 +134,7 @@ impl<'p, T: Real> Tape<'p, T> {
             .into_owned()
             .into_shape_with_order(IxDyn(shape))
             .expect("checked above");
-        self.push(y, Op::Reshape(x), &[x])
+        self.push_op(y, &[x], Reshape { x })
     }
 
     /// Stacks values along their first axis: (n₁, …), (n₂, …) → (n₁ + n₂, …).
@@ -108,7 +158,9 @@ impl<'p, T: Real> Tape<'p, T> {
             let shapes: Vec<&[usize]> = views.iter().map(|v| v.shape()).collect();
             panic!("concat_rows: shapes {shapes:?} do not stack along axis 0")
         });
-        self.push(y, Op::ConcatRows(parts.to_vec()), parts)
+        self.push_op_with(y, parts, || ConcatRows {
+            parts: parts.to_vec(),
+        })
     }
 }
 

@@ -5,8 +5,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
-use crate::Real;
-use crate::tape::{Op, Tape, Var};
+use crate::kernels::Real;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// σ(x) without overflow: `1 / (1 + e^{−x})` for x ≥ 0, `e^x / (1 + e^x)`
 /// for x < 0.
@@ -28,6 +28,21 @@ pub fn sigmoid_backward<T: Real>(y: ArrayViewD<'_, T>, gy: ArrayViewD<'_, T>, g:
         .for_each(|g, &y, &gy| *g += gy * y * (T::one() - y));
 }
 
+/// The saved state of `sigmoid`: its input (the backward reads the output).
+struct Sigmoid {
+    x: Var,
+}
+
+impl<T: Real> Backward<T> for Sigmoid {
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let gy = gy.into_owned_in(grads.pool());
+        if let Some(g) = grads.buffer(self.x) {
+            sigmoid_backward(y, gy.view(), g);
+        }
+        grads.recycle(gy);
+    }
+}
+
 impl<'p, T: Real> Tape<'p, T> {
     /// `σ(x)`, element-wise. Its backward uses only the output.
     ///
@@ -41,7 +56,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     pub fn sigmoid(&mut self, x: Var) -> Var {
         let y = self.value(x).mapv(sigmoid);
-        self.push(y, Op::Sigmoid(x), &[x])
+        self.push_op(y, &[x], Sigmoid { x })
     }
 }
 

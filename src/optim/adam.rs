@@ -7,7 +7,7 @@ use super::moments::MomentTable;
 use super::{
     Optimizer, StateValue, check_beta, check_grad, check_lr, check_non_negative, flat_mut,
 };
-use crate::ops::PAR_MIN_ELEMS;
+use crate::kernels::PAR_MIN_ELEMS;
 use crate::{Grad, Parameter, Real, Result};
 
 /// Elements per parallel task of the dense update.

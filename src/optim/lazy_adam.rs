@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::moments::MomentTable;
 use super::{Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut};
-use crate::ops::PAR_MIN_ELEMS;
+use crate::kernels::PAR_MIN_ELEMS;
 use crate::{Error, Grad, Parameter, Real, Result};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.

@@ -58,6 +58,7 @@
 //! ```
 
 mod adam;
+mod groups;
 #[cfg(test)]
 mod kernel_tests;
 mod lazy_adam;
@@ -65,12 +66,16 @@ mod moments;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig};
+pub use groups::ParamGroups;
 pub use lazy_adam::{LazyAdam, LazyAdamConfig};
 pub use sgd::{Sgd, SgdConfig};
 
 use ndarray::ArrayD;
 
-use crate::{Error, Grad, Parameter, Real, Result};
+use crate::error::{Error, Result};
+use crate::kernels::Real;
+use crate::param::{Grad, GradSource, Parameter};
+use crate::state::{StateDict, TensorData};
 
 /// An optimiser: updates parameters from their gradients and keeps its
 /// per-parameter state by parameter name.
@@ -149,6 +154,79 @@ pub trait Optimizer<T: Real> {
     /// Changes the learning rate (a schedule); the same validation as at
     /// construction.
     fn set_learning_rate(&mut self, lr: f64) -> Result<()>;
+
+    /// One update of every parameter of `params` that has a gradient in
+    /// `grads` ([`Gradients`](crate::Gradients) or any [`GradSource`]);
+    /// the others (frozen, or unused by the loss) are left alone. On an
+    /// error the parameters before the failing one are already updated.
+    fn step(&mut self, params: Vec<&mut Parameter<T>>, grads: &dyn GradSource<T>) -> Result<()> {
+        for p in params {
+            if let Some(g) = grads.grad_of(p) {
+                self.update(p, g)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The state as named tensors: arrays as the real type, step counts as
+    /// `U64` 0-d tensors (the form a checkpoint stores).
+    fn state_dict(&self) -> StateDict {
+        let mut sd = StateDict::new();
+        for (name, v) in self.state() {
+            sd.insert(
+                name,
+                match v {
+                    StateValue::Array(a) => TensorData::from_real(a),
+                    StateValue::Step(s) => TensorData::U64(ndarray::arr0(s).into_dyn()),
+                },
+            );
+        }
+        sd
+    }
+
+    /// Replaces the state with the one of `state` (as written by
+    /// [`Optimizer::state_dict`]), every array checked for its dtype and
+    /// finiteness (a second moment also for its sign), then checks it
+    /// against `params` ([`Optimizer::check_state`]). On an error the state
+    /// is left as it was.
+    fn load_state_dict(&mut self, state: &StateDict, params: &[&Parameter<T>]) -> Result<()> {
+        let mut entries = Vec::with_capacity(state.len());
+        for (name, t) in state.iter() {
+            let value = match t {
+                TensorData::U64(_) => StateValue::Step(state.step(name)?),
+                _ => {
+                    let a = state.real::<T>(name, t.shape())?;
+                    if name.ends_with(".exp_avg_sq") {
+                        if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| **v < T::zero()) {
+                            return Err(state.error(
+                                name,
+                                crate::ErrorKind::Format {
+                                    message: format!(
+                                        "a second moment must be ≥ 0, found {} at flat position {i}",
+                                        Real::to_f64(*v)
+                                    ),
+                                },
+                            ));
+                        }
+                    }
+                    StateValue::Array(a.to_owned())
+                }
+            };
+            entries.push((name.to_string(), value));
+        }
+        let before = self.state();
+        let err_in_file = |e: Error| match state.source() {
+            Some(p) => e.in_file(p),
+            None => e,
+        };
+        self.load_state(entries).map_err(err_in_file)?;
+        if let Err(e) = self.check_state(params) {
+            self.load_state(before)
+                .expect("the state it had loads back");
+            return Err(err_in_file(e));
+        }
+        Ok(())
+    }
 }
 
 /// One entry of an optimiser's state.

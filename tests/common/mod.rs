@@ -14,6 +14,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
+use splitgrad::state::Module;
 use splitgrad::{Parameter, Real, Rng, Tape, Var};
 
 /// How a leaf enters the tape.

@@ -1,0 +1,441 @@
+//! The four benchmark workloads of SPEC section 3, timed step by step.
+//!
+//! One step is a forward pass on a [`Tape`], the backward pass and the
+//! optimiser update, in `f32`, with the real layers and optimisers:
+//!
+//! | workload | layer | sizes | trainable (optimiser) | loss |
+//! |---|---|---|---|---|
+//! | `embed_prompt` | [`SplitTokenEmbeddings`] | orig 151936, prompt 16; H 1024; 8192 ids, every 8th a prompt id | prompt ([`LazyAdam`]) | Σ out ⊙ R |
+//! | `embed_full` | [`SplitTokenEmbeddings`] | orig 32000, special 256, prompt 64; H 1024; 8192 ids | all ([`LazyAdam`]) | Σ out ⊙ R |
+//! | `splitvocab` | a shared table gathered, then [`SplitVocabulary`] | 32000 × 512; 8 languages; 20000 rows; 8192 tokens | shared table, rows ([`LazyAdam`]); gate logits ([`Adam`]) | Σ out ⊙ R + 0.01·penalty + 0.01·fusion |
+//! | `lmhead` | [`SplitLanguageModellingHead`] | 32000 + 256; H 512; 2048 tokens, 10 % labels −100 | weights ([`Adam`]), hidden's gradient | Σ per-token loss |
+//!
+//! Ids are drawn with [`Zipf`] (exponent 1.2) over the vocabulary, in
+//! `embed_prompt` from the original split except at every 8th position
+//! (`i mod 8 = 7`), which holds a prompt id (Zipf over the 16). The split
+//! rows of `splitvocab` are 20000 distinct (language, token) pairs drawn
+//! uniformly from the 8 × 32000 cells; token languages are uniform. R, the
+//! hidden states and every weight are drawn once from a fixed seed; lr is
+//! 1e-3 throughout.
+//!
+//! The head's weights get dense [`Adam`]: their gradient is dense (every
+//! vocabulary row takes softmax mass from every token), so they are the
+//! "dense parameters" of SPEC section 3, as `nn.Linear` weights are in
+//! PyTorch. Lazy Adam would update the same rows, every one of them, with
+//! `SparseAdam`'s ε. The split rows of `splitvocab` use [`LazyAdam`] as a
+//! table, but the fusion penalty reads every row, so their gradient is
+//! dense and every row moves each step.
+//!
+//! [`run`] times one warm-up step and then `steps` steps, reads the peak
+//! resident memory, measures a large memory copy (and, for `lmhead`, an
+//! sgemm) in the same process and on the same threads, and relates the
+//! step to them. The bytes a step must move are counted term by term in
+//! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
+//!
+//! [`SplitTokenEmbeddings`]: crate::layers::SplitTokenEmbeddings
+//! [`SplitVocabulary`]: crate::layers::SplitVocabulary
+//! [`SplitLanguageModellingHead`]: crate::layers::SplitLanguageModellingHead
+//! [`LazyAdam`]: crate::optim::LazyAdam
+//! [`Adam`]: crate::optim::Adam
+//! [`Zipf`]: crate::rng::Zipf
+//! [`Tape`]: crate::Tape
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use ndarray::Array2;
+use rayon::prelude::*;
+
+use crate::{Error, Real, Result, Rng};
+
+mod workloads;
+
+use workloads::build;
+
+/// Bytes of one `f32`.
+const F32: u64 = 4;
+
+/// One of the four workloads of SPEC section 3.
+///
+/// ```
+/// use splitgrad::app::bench::Workload;
+/// let w: Workload = "embed_full".parse()?;
+/// assert_eq!(w, Workload::EmbedFull);
+/// assert_eq!(w.to_string(), "embed_full");
+/// assert!("embed".parse::<Workload>().is_err());
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Workload {
+    /// Prompt tuning: a frozen 151936-row table, 16 trained prompt rows.
+    EmbedPrompt,
+    /// Three trained splits of 32000, 256 and 64 rows.
+    EmbedFull,
+    /// A shared table and a gated split vocabulary with both penalties.
+    SplitVocab,
+    /// The fused split LM head with per-token cross-entropy.
+    LmHead,
+}
+
+impl Workload {
+    /// All four, in the order of SPEC section 3.
+    pub const ALL: [Workload; 4] = [
+        Workload::EmbedPrompt,
+        Workload::EmbedFull,
+        Workload::SplitVocab,
+        Workload::LmHead,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::EmbedPrompt => "embed_prompt",
+            Workload::EmbedFull => "embed_full",
+            Workload::SplitVocab => "splitvocab",
+            Workload::LmHead => "lmhead",
+        }
+    }
+
+    /// PyTorch 2.15's seconds per step on the reference 2-core machine
+    /// (MKL, 2 threads, best of dense Adam and SparseAdam), as issue 6
+    /// quotes them: the figure the speed targets are ratios of.
+    ///
+    /// ```
+    /// use splitgrad::app::bench::Workload;
+    /// assert_eq!(Workload::LmHead.pytorch_s(), 1.18);
+    /// ```
+    pub fn pytorch_s(self) -> f64 {
+        match self {
+            Workload::EmbedPrompt => 0.085,
+            Workload::EmbedFull => 0.179,
+            Workload::SplitVocab => 0.277,
+            Workload::LmHead => 1.18,
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "unknown workload `{s}` (expected embed_prompt, embed_full, splitvocab or lmhead)"
+                ))
+            })
+    }
+}
+
+/// What [`run`] does.
+///
+/// ```
+/// use splitgrad::app::bench::{BenchConfig, Workload};
+/// let c = BenchConfig::new(Workload::LmHead);
+/// assert_eq!((c.steps, c.threads, c.scale), (10, None, 1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BenchConfig {
+    /// The workload.
+    pub workload: Workload,
+    /// Timed steps after the warm-up step, at least 1.
+    pub steps: usize,
+    /// Rayon threads (a pool of its own); `None` runs in the current pool.
+    /// The matrix products use `MATMUL_NUM_THREADS` threads, which
+    /// `matrixmultiply` reads once per process.
+    pub threads: Option<usize>,
+    /// Every size divided by this (at least 1 each): 1 is the workload of
+    /// SPEC section 3, larger values make a quick smoke run.
+    pub scale: usize,
+}
+
+impl BenchConfig {
+    /// The workload as specified: 10 steps, the current pool, full size.
+    pub fn new(workload: Workload) -> Self {
+        BenchConfig {
+            workload,
+            steps: 10,
+            threads: None,
+            scale: 1,
+        }
+    }
+}
+
+/// What [`run`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchReport {
+    /// The workload.
+    pub workload: Workload,
+    /// Timed steps.
+    pub steps: usize,
+    /// Rayon threads the steps ran on.
+    pub threads: usize,
+    /// The size divisor (1: as specified).
+    pub scale: usize,
+    /// Seconds of each timed step, in order.
+    pub step_s: Vec<f64>,
+    /// Median of `step_s` (the mean of the middle two for an even count).
+    pub median_s: f64,
+    /// Minimum of `step_s`.
+    pub min_s: f64,
+    /// Medians of the three phases of a step: forward (the tape built up
+    /// to the loss), backward (gradients taken, the tape dropped) and the
+    /// optimiser update.
+    pub phase_median_s: [f64; 3],
+    /// Seconds on a CPU per timed step, summed over the process's threads
+    /// (rayon's spinning included); `None` without `/proc/self/task`.
+    pub cpu_s_per_step: Option<f64>,
+    /// Seconds per timed step that the process's threads were ready to run
+    /// but waited for a CPU (summed over threads): what other processes on
+    /// a shared machine took from this one.
+    pub wait_s_per_step: Option<f64>,
+    /// Peak resident memory of the process after the steps (`VmHWM`), MiB;
+    /// `None` where `/proc/self/status` does not exist.
+    pub peak_rss_mib: Option<f64>,
+    /// Bytes of the parameters (trainable or not).
+    pub params_bytes: u64,
+    /// Bytes a step must move, the sum of `bytes_terms`.
+    pub bytes_moved: u64,
+    /// The terms of `bytes_moved`: (what, bytes).
+    pub bytes_terms: Vec<(&'static str, u64)>,
+    /// The rate of a large memory copy on the same threads, counting the
+    /// bytes read and written, GB/s (10⁹ bytes).
+    pub memcpy_gbps: f64,
+    /// `bytes_moved / median_s / memcpy rate`.
+    pub bandwidth_fraction: f64,
+    /// For `lmhead`: 6·N·V·H, the matmul work of a step.
+    pub flops: Option<f64>,
+    /// For `lmhead`: `flops / median_s`, GFLOP/s.
+    pub gflops: Option<f64>,
+    /// For `lmhead`: the rate of an (N, H)·(H, V) sgemm, GFLOP/s.
+    pub sgemm_gflops: Option<f64>,
+    /// For `lmhead`: `gflops / sgemm_gflops`.
+    pub gflops_fraction: Option<f64>,
+    /// For `lmhead`: the fused kernel's workspace, bytes.
+    pub workspace_bytes: Option<u64>,
+    /// The loss of the last step (before its update).
+    pub loss: f64,
+}
+
+impl BenchReport {
+    /// How many times faster than PyTorch's figure ([`Workload::pytorch_s`]);
+    /// meaningful at scale 1 only.
+    pub fn speedup_vs_pytorch(&self) -> f64 {
+        self.workload.pytorch_s() / self.median_s
+    }
+}
+
+/// Runs a workload: builds it, one warm-up step, `steps` timed steps, then
+/// the memory copy (and sgemm) it is compared with.
+///
+/// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)): 0 steps, scale
+/// 0, 0 threads or a thread pool that cannot start.
+///
+/// ```
+/// use splitgrad::app::bench::{run, BenchConfig, Workload};
+/// let cfg = BenchConfig { steps: 2, scale: 256, ..BenchConfig::new(Workload::EmbedFull) };
+/// let r = run(&cfg)?;
+/// assert_eq!(r.step_s.len(), 2);
+/// assert!(r.min_s <= r.median_s && r.bytes_moved > 0 && r.loss.is_finite());
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
+    if cfg.steps == 0 {
+        return Err(Error::config("steps must be at least 1"));
+    }
+    if cfg.scale == 0 {
+        return Err(Error::config("scale must be at least 1"));
+    }
+    match cfg.threads {
+        Some(0) => Err(Error::config("threads must be at least 1")),
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| Error::config(format!("cannot start {n} threads: {e}")))?
+            .install(|| run_here(cfg)),
+        None => run_here(cfg),
+    }
+}
+
+/// [`run`] in the current rayon pool.
+fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
+    let mut w = build(cfg.workload, cfg.scale)?;
+    w.step()?;
+    let mut step_s = Vec::with_capacity(cfg.steps);
+    let mut phases: [Vec<f64>; 3] = Default::default();
+    let mut loss = 0.0;
+    let sched0 = sched_ns();
+    for _ in 0..cfg.steps {
+        let t0 = Instant::now();
+        let out = w.step()?;
+        step_s.push(t0.elapsed().as_secs_f64());
+        loss = out.loss;
+        for (p, s) in phases.iter_mut().zip(out.phase_s) {
+            p.push(s);
+        }
+    }
+    let per_step = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e9 / cfg.steps as f64;
+    let (cpu_s_per_step, wait_s_per_step) = match (sched0, sched_ns()) {
+        (Some(a), Some(b)) => (Some(per_step(a.0, b.0)), Some(per_step(a.1, b.1))),
+        _ => (None, None),
+    };
+    // Before the copy's buffers raise it.
+    let peak_rss_mib = peak_rss_mib();
+    let median_s = median(&step_s);
+    let min_s = step_s.iter().copied().fold(f64::INFINITY, f64::min);
+    let bytes_terms = w.bytes_terms();
+    let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
+    let params_bytes = w.params_bytes();
+    let workspace_bytes = w.workspace_bytes();
+    let flops = w.flops();
+    let sgemm_shape = w.sgemm_shape();
+    drop(w);
+    let memcpy_gbps = memcpy_gbps((64 << 20) / cfg.scale);
+    let sgemm_gflops = sgemm_shape.map(|(m, k, n)| sgemm_gflops(m, k, n));
+    let gflops = flops.map(|f| f / median_s / 1e9);
+    Ok(BenchReport {
+        workload: cfg.workload,
+        steps: cfg.steps,
+        threads: rayon::current_num_threads(),
+        scale: cfg.scale,
+        median_s,
+        min_s,
+        step_s,
+        phase_median_s: phases.map(|p| median(&p)),
+        cpu_s_per_step,
+        wait_s_per_step,
+        peak_rss_mib,
+        params_bytes,
+        bytes_moved,
+        bytes_terms,
+        memcpy_gbps,
+        bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
+        flops,
+        gflops,
+        sgemm_gflops,
+        gflops_fraction: gflops.zip(sgemm_gflops).map(|(a, b)| a / b),
+        workspace_bytes,
+        loss,
+    })
+}
+
+/// The median of a non-empty list.
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// `VmHWM` of `/proc/self/status` in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Nanoseconds (on a CPU, waiting for one) summed over the threads of the
+/// process, from `/proc/self/task/*/schedstat`.
+fn sched_ns() -> Option<(u64, u64)> {
+    let mut total = (0u64, 0u64);
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+        total.0 += f.next()??;
+        total.1 += f.next()??;
+    }
+    Some(total)
+}
+
+/// Best of five parallel copies of `n` `f32` (after one that faults the
+/// pages in), counting bytes read plus bytes written, GB/s.
+///
+/// Both buffers start on a page boundary: a destination a few bytes past
+/// the source modulo 4096 makes every load wait on the store before it (4K
+/// aliasing) and halves the rate, whichever way the allocator placed them.
+fn memcpy_gbps(n: usize) -> f64 {
+    const CHUNK: usize = 1 << 16;
+    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
+    let n = n.max(CHUNK);
+    let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
+    let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
+    let mut dst_buf = vec![0.0f32; n + PAGE];
+    let s0 = page_aligned(&src_buf);
+    let d0 = page_aligned(&dst_buf);
+    let src = &src_buf[s0..s0 + n];
+    let dst = &mut dst_buf[d0..d0 + n];
+    let mut best = f64::INFINITY;
+    for rep in 0..6 {
+        let t0 = Instant::now();
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&dst_buf);
+    (2 * n as u64 * F32) as f64 / best / 1e9
+}
+
+/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s.
+fn sgemm_gflops(m: usize, k: usize, n: usize) -> f64 {
+    let mut rng = Rng::new(11);
+    let a = Array2::from_shape_fn((m, k), |_| rng.normal() as f32);
+    let b = Array2::from_shape_fn((k, n), |_| rng.normal() as f32);
+    let mut c = Array2::<f32>::zeros((m, n));
+    let mut best = f64::INFINITY;
+    for rep in 0..4 {
+        let t0 = Instant::now();
+        f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut());
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&c);
+    2.0 * (m * k * n) as f64 / best / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn bad_configs_are_errors() {
+        let c = BenchConfig::new(Workload::EmbedFull);
+        for bad in [
+            BenchConfig { steps: 0, ..c },
+            BenchConfig { scale: 0, ..c },
+            BenchConfig {
+                threads: Some(0),
+                ..c
+            },
+        ] {
+            assert!(run(&bad).is_err(), "{bad:?}");
+        }
+    }
+}

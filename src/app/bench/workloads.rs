@@ -1,0 +1,477 @@
+//! The workloads of [`super::run`]: how each is built
+//! (`docs/spec.md#5-benchmark-workloads`), one training step, and the bytes
+//! the step must move.
+
+use std::time::Instant;
+
+use ndarray::{ArrayD, IxDyn};
+
+use super::{F32, Workload};
+use crate::error::Result;
+use crate::io::SplitIndex;
+use crate::layers::{
+    SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
+};
+use crate::ops::fused_ce_sum::SumChunks;
+use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
+use crate::param::Parameter;
+use crate::rng::{Rng, Zipf};
+use crate::state::Module;
+use crate::tape::{Pool, Tape};
+
+/// The learning rate of every workload.
+const LR: f64 = 1e-3;
+/// The Zipf exponent of the ids.
+const ZIPF_S: f64 = 1.2;
+
+/// A size divided by the scale, at least 1.
+fn div(x: usize, scale: usize) -> usize {
+    (x / scale).max(1)
+}
+
+/// `n` Zipf draws over `[0, v)`.
+fn zipf_ids(rng: &mut Rng, v: usize, n: usize) -> Vec<usize> {
+    let z = Zipf::new(v, ZIPF_S);
+    (0..n).map(|_| z.sample(rng)).collect()
+}
+
+/// An `f32` array of N(0, 1) draws.
+fn normal(rng: &mut Rng, shape: &[usize]) -> ArrayD<f32> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal() as f32)
+}
+
+/// Number of distinct values.
+fn n_unique(xs: impl IntoIterator<Item = usize>) -> u64 {
+    let mut v: Vec<usize> = xs.into_iter().collect();
+    v.sort_unstable();
+    v.dedup();
+    v.len() as u64
+}
+
+/// A built workload.
+pub(super) enum Built {
+    Embed(Box<EmbedBench>),
+    SplitVocab(Box<SplitVocabBench>),
+    LmHead(Box<LmHeadBench>),
+}
+
+pub(super) fn build(w: Workload, scale: usize) -> Result<Built> {
+    let mut rng = Rng::new(0x5eed ^ w as u64);
+    Ok(match w {
+        Workload::EmbedPrompt | Workload::EmbedFull => {
+            Built::Embed(Box::new(EmbedBench::new(w, scale, &mut rng)?))
+        }
+        Workload::SplitVocab => Built::SplitVocab(Box::new(SplitVocabBench::new(scale, &mut rng)?)),
+        Workload::LmHead => Built::LmHead(Box::new(LmHeadBench::new(scale, &mut rng)?)),
+    })
+}
+
+impl Built {
+    /// One training step.
+    pub(super) fn step(&mut self) -> Result<StepOut> {
+        match self {
+            Built::Embed(b) => b.step(),
+            Built::SplitVocab(b) => b.step(),
+            Built::LmHead(b) => b.step(),
+        }
+    }
+
+    pub(super) fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Built::Embed(b) => b.bytes_terms(),
+            Built::SplitVocab(b) => b.bytes_terms(),
+            Built::LmHead(b) => b.bytes_terms(),
+        }
+    }
+
+    pub(super) fn params_bytes(&self) -> u64 {
+        let params: Vec<&Parameter<f32>> = match self {
+            Built::Embed(b) => b.emb.parameters(),
+            Built::SplitVocab(b) => vec![&b.table, b.sv.rows(), b.sv.gate_logit()],
+            Built::LmHead(b) => b.head.parameters(),
+        };
+        F32 * params.iter().map(|p| p.value().len() as u64).sum::<u64>()
+    }
+
+    pub(super) fn workspace_bytes(&self) -> Option<u64> {
+        match self {
+            Built::LmHead(b) => Some(b.head.sum_chunks().workspace_bytes::<f32>(
+                b.labels.len(),
+                b.head.vocab_size(),
+                b.head.hidden_size(),
+            ) as u64),
+            _ => None,
+        }
+    }
+
+    pub(super) fn flops(&self) -> Option<f64> {
+        self.sgemm_shape()
+            .map(|(n, h, v)| 6.0 * n as f64 * v as f64 * h as f64)
+    }
+
+    /// (N, H, V) of the head: the shape of its logits gemm.
+    pub(super) fn sgemm_shape(&self) -> Option<(usize, usize, usize)> {
+        match self {
+            Built::LmHead(b) => Some((b.labels.len(), b.head.hidden_size(), b.head.vocab_size())),
+            _ => None,
+        }
+    }
+}
+
+/// One step's loss and the seconds of its three phases.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StepOut {
+    pub(super) loss: f64,
+    /// Forward (tape built up to the loss), backward (gradients taken, the
+    /// tape dropped), optimiser update.
+    pub(super) phase_s: [f64; 3],
+}
+
+/// Seconds between successive calls to [`Laps::lap`].
+struct Laps(Instant);
+
+impl Laps {
+    fn start() -> Self {
+        Laps(Instant::now())
+    }
+
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let s = (now - self.0).as_secs_f64();
+        self.0 = now;
+        s
+    }
+}
+
+/// `embed_prompt` and `embed_full`.
+pub(super) struct EmbedBench {
+    emb: SplitTokenEmbeddings<f32>,
+    ids: ArrayD<i64>,
+    r: ArrayD<f32>,
+    opt: LazyAdam<f32>,
+    pool: Pool<f32>,
+}
+
+impl EmbedBench {
+    fn new(w: Workload, scale: usize, rng: &mut Rng) -> Result<Self> {
+        let h = div(1024, scale);
+        let n = div(8192, scale);
+        let (mut emb, ids) = if w == Workload::EmbedPrompt {
+            let (orig, prompt) = (div(151936, scale), div(16, scale));
+            let mut emb = SplitTokenEmbeddings::new(
+                &[("orig", orig), ("prompt", prompt)],
+                &["orig", "prompt"],
+                h,
+            )?;
+            emb.set_trainable("orig", false)?;
+            let (zo, zp) = (Zipf::new(orig, ZIPF_S), Zipf::new(prompt, ZIPF_S));
+            let ids: Vec<i64> = (0..n)
+                .map(|i| match i % 8 {
+                    7 => (orig + zp.sample(rng)) as i64,
+                    _ => zo.sample(rng) as i64,
+                })
+                .collect();
+            (emb, ids)
+        } else {
+            let sizes = [
+                ("orig", div(32000, scale)),
+                ("special", div(256, scale)),
+                ("prompt", div(64, scale)),
+            ];
+            let emb = SplitTokenEmbeddings::new(&sizes, &["orig", "special", "prompt"], h)?;
+            let v = emb.vocab_size();
+            let ids = zipf_ids(rng, v, n).into_iter().map(|i| i as i64).collect();
+            (emb, ids)
+        };
+        emb.reset_parameters(rng);
+        let r = normal(rng, &[n, h]);
+        let opt = LazyAdam::new(LazyAdamConfig {
+            lr: LR,
+            ..LazyAdamConfig::default()
+        })?;
+        Ok(EmbedBench {
+            emb,
+            ids: ArrayD::from_shape_vec(IxDyn(&[n]), ids).expect("n ids"),
+            r,
+            opt,
+            pool: Pool::new(),
+        })
+    }
+
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, grads, forward_s) = {
+            let mut tape = Tape::with_pool(&self.pool);
+            let out = self.emb.forward(&mut tape, &self.ids)?;
+            let loss = tape.dot_const_view(out, self.r.view());
+            let forward_s = laps.lap();
+            let g = tape.backward(loss);
+            (tape.scalar(loss), g, forward_s)
+        };
+        let backward_s = laps.lap();
+        self.opt.step(self.emb.parameters_mut(), &grads)?;
+        drop(grads);
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
+    }
+
+    /// See `docs/bench.md#embed_prompt-and-embed_full`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let h = self.emb.hidden_size() as u64;
+        let n = self.ids.len() as u64;
+        let routing = self.emb.splits().routing();
+        let owners: Vec<(usize, usize)> = self
+            .ids
+            .iter()
+            .map(|&i| routing.route(i).expect("ids are in range"))
+            .collect();
+        let params = self.emb.parameters();
+        let trainable = |k: usize| params[k].is_trainable();
+        let global = |&(k, l): &(usize, usize)| routing.start(k) + l;
+        let u_all = n_unique(owners.iter().map(global));
+        let mine: Vec<&(usize, usize)> = owners.iter().filter(|o| trainable(o.0)).collect();
+        let n_t = mine.len() as u64;
+        let u_t = n_unique(mine.into_iter().map(global));
+        let row = F32 * h;
+        vec![
+            ("gather: read the distinct rows", u_all * row),
+            ("gather: write out (N, H)", n * row),
+            ("loss: read out and R", 2 * n * row),
+            ("backward: read ∂out rows of trainable ids", n_t * row),
+            ("backward: write the coalesced rows", u_t * row),
+            ("lazy Adam: read p, m, v, g; write p, m, v", 7 * u_t * row),
+        ]
+    }
+}
+
+/// `splitvocab`.
+pub(super) struct SplitVocabBench {
+    table: Parameter<f32>,
+    sv: SplitVocabulary<f32>,
+    tokens: Vec<i64>,
+    token_rows: Vec<usize>,
+    langs: Vec<i64>,
+    r: ArrayD<f32>,
+    tables: LazyAdam<f32>,
+    dense: Adam<f32>,
+    pool: Pool<f32>,
+}
+
+impl SplitVocabBench {
+    fn new(scale: usize, rng: &mut Rng) -> Result<Self> {
+        let (v, d, l) = (div(32000, scale), div(512, scale), 8usize);
+        let n_rows = div(20000, scale).min(l * v);
+        let n = div(8192, scale);
+        // Distinct (language, token) cells, uniformly.
+        let mut cells: Vec<usize> = (0..l * v).collect();
+        rng.shuffle(&mut cells);
+        cells.truncate(n_rows);
+        cells.sort_unstable();
+        let index = SplitIndex::new(
+            cells.iter().map(|c| c / v).collect(),
+            cells.iter().map(|c| c % v).collect(),
+        );
+        let mut sv = SplitVocabulary::new(index, &SplitVocabularyConfig::new(v, d, l))?;
+        let table = Parameter::new("shared.weight", normal(rng, &[v, d]));
+        sv.seed_from(&table)?;
+        // Rows a little away from their shared row, so that every fusion
+        // deviation is non-zero.
+        sv.rows_mut()
+            .value_mut()
+            .mapv_inplace(|x| x + 0.01 * rng.normal() as f32);
+        let token_rows = zipf_ids(rng, v, n);
+        let tokens = token_rows.iter().map(|&t| t as i64).collect();
+        let langs = (0..n).map(|_| rng.below(l as u64) as i64).collect();
+        let r = normal(rng, &[n, d]);
+        Ok(SplitVocabBench {
+            table,
+            sv,
+            tokens,
+            token_rows,
+            langs,
+            r,
+            tables: LazyAdam::new(LazyAdamConfig {
+                lr: LR,
+                ..LazyAdamConfig::default()
+            })?,
+            dense: Adam::new(AdamConfig {
+                lr: LR,
+                ..AdamConfig::default()
+            })?,
+            pool: Pool::new(),
+        })
+    }
+
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, g, forward_s) = {
+            let mut tape = Tape::with_pool(&self.pool);
+            let table = tape.param(&self.table);
+            let shared = tape.gather(table, &self.token_rows);
+            let out = self
+                .sv
+                .forward(&mut tape, &self.tokens, &self.langs, shared, true)?;
+            let fit = tape.dot_const_view(out, self.r.view());
+            let pen = self.sv.penalty_var(&mut tape);
+            let pen = tape.scale(pen, 0.01);
+            let fus = self.sv.fusion_penalty_var(&mut tape);
+            let fus = tape.scale(fus, 0.01);
+            let loss = tape.add(fit, pen);
+            let loss = tape.add(loss, fus);
+            let forward_s = laps.lap();
+            let g = tape.backward(loss);
+            (tape.scalar(loss), g, forward_s)
+        };
+        let backward_s = laps.lap();
+        self.tables
+            .step(vec![&mut self.table, self.sv.rows_mut()], &g)?;
+        self.dense.step(vec![self.sv.gate_logit_mut()], &g)?;
+        drop(g);
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
+    }
+
+    /// See `docs/bench.md#splitvocab`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let d = self.sv.dim() as u64;
+        let n = self.tokens.len() as u64;
+        let n_rows = self.sv.n_rows() as u64;
+        let hit: Vec<usize> = self
+            .tokens
+            .iter()
+            .zip(&self.langs)
+            .filter_map(|(&t, &l)| self.sv.row_of(l as usize, t as usize))
+            .collect();
+        let u_s = n_unique(self.token_rows.iter().copied());
+        let u_r = n_unique(hit.iter().copied());
+        let row = F32 * d;
+        vec![
+            (
+                "shared gather: read the distinct rows, write (N, D)",
+                (u_s + n) * row,
+            ),
+            ("gate: read logits, write σ", 2 * F32 * n_rows),
+            (
+                "mix: read shared and the rows hit, write out",
+                (2 * n + u_r) * row,
+            ),
+            (
+                "loss: read out and R; penalty: read σ",
+                2 * n * row + F32 * n_rows,
+            ),
+            ("fusion forward: read the rows", n_rows * row),
+            (
+                "fusion backward: read the rows, write ∂rows",
+                2 * n_rows * row,
+            ),
+            (
+                "mix backward: read ∂out, shared, rows hit; write ∂shared, ∂rows hit",
+                (3 * n + 2 * u_r) * row,
+            ),
+            (
+                "shared backward: read ∂shared, write the coalesced rows",
+                (n + u_s) * row,
+            ),
+            ("lazy Adam, shared table: the touched rows", 7 * u_s * row),
+            (
+                "lazy Adam, split rows: every row (dense gradient)",
+                7 * n_rows * row,
+            ),
+            ("Adam, gate logits", 7 * F32 * n_rows),
+        ]
+    }
+}
+
+/// `lmhead`.
+pub(super) struct LmHeadBench {
+    head: SplitLanguageModellingHead<f32>,
+    hidden: ArrayD<f32>,
+    labels: ArrayD<i64>,
+    opt: Adam<f32>,
+    pool: Pool<f32>,
+}
+
+impl LmHeadBench {
+    fn new(scale: usize, rng: &mut Rng) -> Result<Self> {
+        let h = div(512, scale);
+        let n = div(2048, scale);
+        let sizes = [("orig", div(32000, scale)), ("new", div(256, scale))];
+        let mut head = SplitLanguageModellingHead::new(&sizes, &["orig", "new"], h)?;
+        head.set_sum_chunks(SumChunks::default());
+        head.reset_parameters(rng);
+        let v = head.vocab_size();
+        let mut labels: Vec<i64> = zipf_ids(rng, v, n).into_iter().map(|i| i as i64).collect();
+        // Exactly 10 % of the positions (rounded), chosen at random, ignored.
+        let mut pos: Vec<usize> = (0..n).collect();
+        rng.shuffle(&mut pos);
+        for &p in &pos[..(n as f64 * 0.1).round() as usize] {
+            labels[p] = crate::ops::cross_entropy::IGNORE_INDEX;
+        }
+        Ok(LmHeadBench {
+            head,
+            hidden: normal(rng, &[n, h]),
+            labels: ArrayD::from_shape_vec(IxDyn(&[n]), labels).expect("n labels"),
+            opt: Adam::new(AdamConfig {
+                lr: LR,
+                ..AdamConfig::default()
+            })?,
+            pool: Pool::new(),
+        })
+    }
+
+    fn step(&mut self) -> Result<StepOut> {
+        let mut laps = Laps::start();
+        let (loss, grads, forward_s) = {
+            let mut tape = Tape::with_pool(&self.pool);
+            let hidden = tape.input_view(self.hidden.view());
+            let loss = self.head.forward_sum(&mut tape, hidden, &self.labels)?;
+            let forward_s = laps.lap();
+            let g = tape.backward(loss);
+            debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
+            (tape.scalar(loss), g, forward_s)
+        };
+        let backward_s = laps.lap();
+        self.opt.step(self.head.parameters_mut(), &grads)?;
+        drop(grads);
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
+    }
+
+    /// See `docs/bench.md#lmhead`.
+    fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
+        let h = self.head.hidden_size() as u64;
+        let (n, v) = (self.labels.len() as u64, self.head.vocab_size() as u64);
+        let row = F32 * h;
+        vec![
+            (
+                "forward: read hidden and W, write ∂hidden and ∂W",
+                2 * (n + v) * row,
+            ),
+            (
+                "backward: read the held ∂hidden and ∂W, add them into the gradients",
+                3 * (n + v) * row,
+            ),
+            ("Adam: read p, m, v, g; write p, m, v", 7 * v * row),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_ids_sit_at_every_eighth_position() {
+        let b = EmbedBench::new(Workload::EmbedPrompt, 64, &mut Rng::new(1)).unwrap();
+        let orig = b.emb.split("orig").unwrap().value().shape()[0] as i64;
+        for (i, &id) in b.ids.iter().enumerate() {
+            assert_eq!(id >= orig, i % 8 == 7, "position {i}, id {id}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The command line: argument definitions and dispatch.
+//!
+//! Every error ends the program with one line on standard error and a
+//! non-zero status.
+
+mod bench;
+mod data;
+mod golden;
+mod plots;
+mod report;
+mod select;
+mod sweep;
+mod train;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A result whose error is printed as one line.
+pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// splitgrad: split token embeddings, split vocabularies and a fused split
+/// LM head, with hand-derived gradients.
+#[derive(Parser, Debug)]
+#[command(name = "splitgrad", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train a bigram model with a split vocabulary and report its gates.
+    Train(TrainArgs),
+    /// Score each (language, token) pair's interference on the shared-only
+    /// model and write the index of the pairs that need a row.
+    Select(select::SelectArgs),
+    /// Print the report of a checkpoint written by `train`.
+    Report(report::ReportArgs),
+    /// Train in fusion mode over several fusion weights and tabulate the
+    /// effective number of vocabularies.
+    Sweep(sweep::SweepArgs),
+    /// Write or evaluate golden conformance vectors.
+    Golden {
+        #[command(subcommand)]
+        command: GoldenCommand,
+    },
+    /// Time one of the four benchmark workloads of SPEC section 3.
+    Bench(bench::BenchArgs),
+}
+
+/// Options of `splitgrad train`.
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Corpus `.npz` (`token_ids`, `language_ids`, optional `sequence_starts`);
+    /// without it, the built-in synthetic corpus.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Index `.npz` (`language_index`, `token_index`, optional `score`); without
+    /// it, every (language, token) pair seen at least `--min-count` times.
+    #[arg(long)]
+    pub index: Option<PathBuf>,
+    /// Pairs seen at least this often get a row when there is no `--index`.
+    #[arg(long, default_value_t = 20)]
+    pub min_count: usize,
+    /// Output folder (checkpoint, report.json, plots); default `runs/<name>`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Training steps.
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u64,
+    /// Bigrams per step.
+    #[arg(long, default_value_t = 4096)]
+    pub batch: usize,
+    /// Embedding width D.
+    #[arg(long, default_value_t = 64)]
+    pub dim: usize,
+    /// Learning rate (Adam and lazy Adam).
+    #[arg(long, default_value_t = 1e-2)]
+    pub lr: f64,
+    /// Weight of the gate penalty mean(σ(gate_logit)).
+    #[arg(long, default_value_t = 0.005)]
+    pub gate_penalty: f64,
+    /// Weight of the fusion penalty.
+    #[arg(long, default_value_t = 0.0)]
+    pub fusion_penalty: f64,
+    /// Fusion mode: split rows replace the shared row, no gate.
+    #[arg(long)]
+    pub no_gate: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Seed of the corpus, the weights and the batches.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Continue from the checkpoint in the output folder.
+    #[arg(long)]
+    pub resume: bool,
+    /// Write a checkpoint every this many steps (and at the end).
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// Print the report as one JSON object on the last line of standard output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl TrainArgs {
+    /// The arguments `data::load` reads, for the commands that share them.
+    pub fn for_data(corpus: Option<PathBuf>, min_count: usize, seed: u64) -> Self {
+        let mut args = Cli::parse_from(["splitgrad", "train"]);
+        let Command::Train(ref mut t) = args.command else {
+            unreachable!("parsed `train`")
+        };
+        t.corpus = corpus;
+        t.min_count = min_count;
+        t.seed = seed;
+        t.clone()
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum GoldenCommand {
+    /// Write random cases with their results.
+    Gen {
+        /// Layer: split-embeddings, split-vocabulary or lm-head.
+        #[arg(long)]
+        layer: String,
+        /// Number of cases.
+        #[arg(long, default_value_t = 8)]
+        cases: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Output folder (cases go to OUT/<layer>/NAME.npz).
+        #[arg(long)]
+        out: PathBuf,
+        /// Real dtype of the cases: f64 or f32.
+        #[arg(long, default_value = "f64")]
+        dtype: String,
+    },
+    /// Evaluate every case under a folder and write the results.
+    Eval {
+        /// Folder of cases (INPUTS/<layer>/NAME.npz).
+        #[arg(long)]
+        inputs: PathBuf,
+        /// Output folder (OUT/<layer>/NAME.npz).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Sets the worker threads of rayon and of the matrix products.
+pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
+    let n = match threads {
+        Some(0) => return Err("--threads must be at least 1".into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    // SAFETY: called once at start-up, before any other thread exists, so
+    // nothing reads the environment concurrently.
+    unsafe { std::env::set_var("MATMUL_NUM_THREADS", n.to_string()) };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+    Ok(n)
+}
+
+// SAFETY: this is POSIX `sighandler_t signal(int, sighandler_t)`, with the
+// handler passed as a pointer-sized integer (SIG_DFL is 0).
+#[cfg(unix)]
+unsafe extern "C" {
+    fn signal(signum: i32, handler: usize) -> usize;
+}
+
+/// Restores the default action of SIGPIPE, so that `splitgrad … | head`
+/// ends quietly instead of failing on a closed standard output.
+fn quiet_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal(SIGPIPE = 13, SIG_DFL = 0)` is async-signal-safe and
+    // runs first in `main`, before any other thread exists; 13 is SIGPIPE on
+    // every Unix Rust supports.
+    unsafe {
+        signal(13, 0);
+    }
+}
+
+/// The `splitgrad` program: parses the arguments, runs the command, and
+/// prints any error as one line.
+pub fn main() -> ExitCode {
+    quiet_broken_pipe();
+    let args = Cli::parse();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("splitgrad: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> CliResult<ExitCode> {
+    match cli.command {
+        Command::Train(args) => train::run(args),
+        Command::Select(args) => select::run(args),
+        Command::Report(args) => report::run(args),
+        Command::Sweep(args) => sweep::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Golden { command } => match command {
+            GoldenCommand::Gen {
+                layer,
+                cases,
+                seed,
+                out,
+                dtype,
+            } => golden::generate(&layer, cases, seed, &out, &dtype),
+            GoldenCommand::Eval { inputs, out } => golden::evaluate(&inputs, &out),
+        },
+    }
+}

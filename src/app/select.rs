@@ -1,0 +1,298 @@
+//! Choosing which (language, token) pairs get a row: interference measured
+//! on the shared-only model.
+//!
+//! In the shared-only bigram model every language reads the same row
+//! `E[t]` for token t, and the head turns it into next-token probabilities
+//! `p_t = softmax(W·E[t])` (W: (V, D)). One occurrence of context (l, t)
+//! followed by token j sends the shared row the gradient
+//! `∂CE/∂E[t] = Wᵀ(p_t − e_j)`. Averaged over the `n_lt` occurrences of the
+//! pair, with `q_lt` the empirical next-token distribution of language l
+//! after t:
+//!
+//! ```text
+//! g_lt  = Wᵀ(p_t − q_lt)                       (D)
+//! score = ‖g_lt‖₂
+//! ```
+//!
+//! Why it measures interference: at the shared-only model's optimum the
+//! languages' gradients cancel, `Σ_l n_lt·g_lt ≈ 0`, so a pair whose own
+//! mean gradient is large is one whose language keeps pulling the shared
+//! row one way while the other languages pull it back. A pair that follows
+//! the shared distribution has `q_lt ≈ p_t` and a score near 0 (up to
+//! sampling noise of order `1/√n_lt`); a pair with a next-token
+//! distribution of its own scores high, and the pairs it shares a token
+//! with score in proportion to how much it drags `p_t` away from them. The
+//! score is a gradient norm, so it is in the units of the loss per unit of
+//! embedding: compare scores within one model, not across models.
+
+use std::collections::HashMap;
+
+use ndarray::{Array2, ArrayView2, Axis, s};
+use rayon::prelude::*;
+
+use crate::app::corpus::Corpus;
+use crate::app::model::BigramModel;
+use crate::io::SplitIndex;
+use crate::state::Module;
+use crate::{Error, Real, Result};
+
+/// One (language, token) pair with its interference score.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairScore {
+    /// Language l.
+    pub language: usize,
+    /// Token t.
+    pub token: usize,
+    /// Occurrences of (l, t) as a context in the corpus.
+    pub count: usize,
+    /// `‖Wᵀ(p_t − q_lt)‖₂`.
+    pub score: f64,
+}
+
+/// A context (language, token) and its (next token, count) pairs, sorted.
+type ContextCounts = ((usize, usize), Vec<(usize, usize)>);
+
+/// Next-token counts of every context (language, token) seen at least
+/// `min_count` times, in (language, token) order.
+fn context_counts(corpus: &Corpus, min_count: usize) -> Vec<ContextCounts> {
+    let mut map: HashMap<(usize, usize), HashMap<usize, usize>> = HashMap::new();
+    for (i, j) in corpus.bigrams() {
+        let key = (
+            corpus.language_ids[i] as usize,
+            corpus.token_ids[i] as usize,
+        );
+        *map.entry(key)
+            .or_default()
+            .entry(corpus.token_ids[j] as usize)
+            .or_default() += 1;
+    }
+    let mut out: Vec<ContextCounts> = map
+        .into_iter()
+        .map(|(k, next)| {
+            let mut next: Vec<(usize, usize)> = next.into_iter().collect();
+            next.sort_unstable();
+            (k, next)
+        })
+        .filter(|(_, next)| next.iter().map(|&(_, c)| c).sum::<usize>() >= min_count.max(1))
+        .collect();
+    out.sort_unstable_by_key(|&(k, _)| k);
+    out
+}
+
+/// `Wᵀ softmax(W·e)` for every row e of `emb`, in f64: (n, D).
+fn expected_head_rows<T: Real>(emb: ArrayView2<'_, T>, w: ArrayView2<'_, T>) -> Array2<f64> {
+    const CHUNK: usize = 64;
+    let (n, d) = emb.dim();
+    let mut out = Array2::<f64>::zeros((n, d));
+    out.axis_chunks_iter_mut(Axis(0), CHUNK)
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut block)| {
+            let rows = block.nrows();
+            let e = emb.slice(s![c * CHUNK..c * CHUNK + rows, ..]);
+            let mut logits = Array2::<T>::zeros((rows, w.nrows()));
+            T::gemm(T::one(), e, w.t(), T::zero(), logits.view_mut());
+            for (mut dst, z) in block.outer_iter_mut().zip(logits.outer_iter()) {
+                let m = z.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b.to_f64()));
+                let p: Vec<f64> = z.iter().map(|&x| (x.to_f64() - m).exp()).collect();
+                let total: f64 = p.iter().sum();
+                for (v, &pv) in p.iter().enumerate() {
+                    let pv = pv / total;
+                    for (o, &x) in dst.iter_mut().zip(w.row(v)) {
+                        *o += pv * x.to_f64();
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// The interference score of every (language, token) pair seen at least
+/// `min_count` times as a context, measured on a shared-only model (the
+/// split rows, if any, are ignored: every language reads the shared row).
+/// Sorted by decreasing score, ties by (language, token).
+///
+/// ```
+/// use splitgrad::{Rng, app::model::{BigramModel, ModelConfig}, app::corpus::Corpus};
+/// use splitgrad::app::select::interference;
+/// let cfg = ModelConfig { vocab_size: 4, n_languages: 2, dim: 3, gate_init: 0.0 };
+/// let mut model = BigramModel::<f64>::shared_only(cfg)?;
+/// model.reset_parameters(&mut Rng::new(0))?;
+/// let corpus = Corpus::new(vec![0, 1, 0, 2, 0, 1], vec![0, 0, 0, 0, 1, 1]);
+/// let scores = interference(&model, &corpus, 1)?;
+/// assert_eq!(scores.len(), 4); // (0,0), (0,1), (0,2), (1,0) as contexts
+/// assert!(scores.windows(2).all(|w| w[0].score >= w[1].score));
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn interference<T: Real>(
+    model: &BigramModel<T>,
+    corpus: &Corpus,
+    min_count: usize,
+) -> Result<Vec<PairScore>> {
+    let cfg = model.config();
+    corpus.validate(cfg.vocab_size, cfg.n_languages)?;
+    let contexts = context_counts(corpus, min_count);
+    if contexts.is_empty() {
+        return Err(Error::new(crate::ErrorKind::Empty).in_array(format!(
+            "token_ids (no context seen at least {} times)",
+            min_count.max(1)
+        )));
+    }
+    let table = model.embeddings.parameters()[0]
+        .value()
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .expect("2-D table");
+    let w = model.head.parameters()[0]
+        .value()
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .expect("2-D head");
+    let mut tokens: Vec<usize> = contexts.iter().map(|&((_, t), _)| t).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    let emb = table.select(Axis(0), &tokens);
+    let expected = expected_head_rows(emb.view(), w);
+    let mut scores: Vec<PairScore> = contexts
+        .par_iter()
+        .map(|&((l, t), ref next)| {
+            let n: usize = next.iter().map(|&(_, c)| c).sum();
+            let k = tokens.binary_search(&t).expect("present");
+            let mut g = expected.row(k).to_owned();
+            for &(j, c) in next {
+                let f = c as f64 / n as f64;
+                for (o, &x) in g.iter_mut().zip(w.row(j)) {
+                    *o -= f * x.to_f64();
+                }
+            }
+            PairScore {
+                language: l,
+                token: t,
+                count: n,
+                score: g.iter().map(|x| x * x).sum::<f64>().sqrt(),
+            }
+        })
+        .collect();
+    scores.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then((a.language, a.token).cmp(&(b.language, b.token)))
+    });
+    Ok(scores)
+}
+
+/// How many pairs to keep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Selection {
+    /// The `k` highest scores.
+    Top(usize),
+    /// Every pair scoring at least this.
+    Threshold(f64),
+    /// Every pair scoring at least this fraction of the highest score.
+    Relative(f64),
+}
+
+/// The index of the selected pairs, with their scores, in decreasing score
+/// order. `scores` must be sorted as [`interference`] returns them.
+///
+/// ```
+/// use splitgrad::app::select::{PairScore, Selection, select};
+/// let s = |l, t, score| PairScore { language: l, token: t, count: 5, score };
+/// let scores = [s(0, 3, 2.0), s(1, 3, 1.5), s(1, 4, 0.1)];
+/// let index = select(&scores, Selection::Relative(0.5))?;
+/// assert_eq!(index.token_index, vec![3, 3]);
+/// assert_eq!(index.score, Some(vec![2.0, 1.5]));
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn select(scores: &[PairScore], how: Selection) -> Result<SplitIndex> {
+    let keep: Vec<&PairScore> = match how {
+        Selection::Top(k) => scores.iter().take(k).collect(),
+        Selection::Threshold(x) => scores.iter().filter(|p| p.score >= x).collect(),
+        Selection::Relative(f) => {
+            let top = scores.first().map_or(0.0, |p| p.score);
+            scores.iter().filter(|p| p.score >= f * top).collect()
+        }
+    };
+    if keep.is_empty() {
+        return Err(Error::new(crate::ErrorKind::Empty)
+            .in_array(format!("selected pairs ({how:?} keeps none)")));
+    }
+    let mut index = SplitIndex::new(
+        keep.iter().map(|p| p.language).collect(),
+        keep.iter().map(|p| p.token).collect(),
+    );
+    index.score = Some(keep.iter().map(|p| p.score).collect());
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::model::ModelConfig;
+    use crate::app::synthetic::{SyntheticConfig, generate};
+
+    /// The score is the norm of the mean gradient of the pair's
+    /// occurrences with respect to the shared row, as the tape computes it.
+    #[test]
+    fn score_is_the_mean_gradient_norm_of_the_shared_row() {
+        use crate::Tape;
+        let cfg = ModelConfig {
+            vocab_size: 6,
+            n_languages: 2,
+            dim: 3,
+            gate_init: 0.0,
+        };
+        let mut model = BigramModel::<f64>::shared_only(cfg).unwrap();
+        model.reset_parameters(&mut crate::Rng::new(3)).unwrap();
+        let corpus = Corpus::new(vec![2, 5, 2, 1, 2, 5, 2, 0], vec![1, 1, 1, 1, 1, 1, 0, 0]);
+        let scores = interference(&model, &corpus, 1).unwrap();
+        let s = scores
+            .iter()
+            .find(|p| (p.language, p.token) == (1, 2))
+            .unwrap();
+        assert_eq!(s.count, 3);
+        // Tape: mean CE over the three bigrams of (1, 2): next 5, 1, 5.
+        let mut tape = Tape::new();
+        let ids = ndarray::arr1(&[2i64]).into_dyn();
+        let shared = model.embeddings.forward(&mut tape, ids.view()).unwrap();
+        let ce = model
+            .head
+            .forward_grouped(&mut tape, shared, &[0, 0, 0], &[5, 1, 5])
+            .unwrap();
+        let loss = tape.mean(ce);
+        let grads = tape.backward(loss);
+        let g = grads
+            .param(model.embeddings.parameters()[0])
+            .unwrap()
+            .to_dense();
+        let norm = g
+            .index_axis(Axis(0), 2)
+            .iter()
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt();
+        assert!((norm - s.score).abs() < 1e-12, "{norm} vs {}", s.score);
+    }
+
+    #[test]
+    fn scores_are_finite_sorted_and_respect_min_count() {
+        let s = generate(&SyntheticConfig {
+            n_sequences: 64,
+            sequence_len: 64,
+            n_contested: 4,
+            ..SyntheticConfig::default()
+        });
+        let cfg = ModelConfig {
+            vocab_size: 500,
+            n_languages: 4,
+            dim: 8,
+            gate_init: 0.0,
+        };
+        let mut model = BigramModel::<f32>::shared_only(cfg).unwrap();
+        model.reset_parameters(&mut crate::Rng::new(0)).unwrap();
+        let scores = interference(&model, &s.corpus, 2).unwrap();
+        assert!(scores.iter().all(|p| p.score.is_finite() && p.count >= 2));
+        assert!(scores.windows(2).all(|w| w[0].score >= w[1].score));
+        assert!(select(&scores, Selection::Threshold(f64::INFINITY)).is_err());
+    }
+}

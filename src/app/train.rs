@@ -1,0 +1,510 @@
+//! Training the bigram model: batches, optimiser steps, checkpoints that
+//! resume exactly.
+//!
+//! A step draws `batch` bigrams uniformly (with replacement) from the
+//! corpus with a generator that depends only on the seed and the step, so a
+//! run resumed from a checkpoint draws the same batches as one that never
+//! stopped. The shared table and the split rows (the tables) use
+//! [`LazyAdam`]; the gate logits and the head use [`Adam`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ndarray::Array2;
+
+use crate::app::corpus::Corpus;
+use crate::app::model::{Batch, BigramModel, ModelConfig};
+use crate::checkpoint::{Snapshot, save_state};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::SplitIndex;
+use crate::kernels::Real;
+use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups};
+use crate::rng::Rng;
+use crate::state::{Module, TensorData, TensorRef};
+use crate::tape::{Pool, Tape};
+
+/// What a training run does each step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Steps to run in all (a resumed run stops at the same step).
+    pub steps: u64,
+    /// Bigrams per step.
+    pub batch: usize,
+    /// Learning rate of both optimisers.
+    pub lr: f64,
+    /// λ_g, the weight of `penalty()` (mean gate).
+    pub gate_penalty: f64,
+    /// λ_f, the weight of `fusion_penalty()`.
+    pub fusion_penalty: f64,
+    /// `false` for fusion mode (no gate).
+    pub use_gate: bool,
+    /// Seed of the batches.
+    pub seed: u64,
+}
+
+/// The loss terms of one step (before the update).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// The step (0-based).
+    pub step: u64,
+    /// ce + λ_g·penalty + λ_f·fusion.
+    pub total: f64,
+    /// Mean cross-entropy.
+    pub ce: f64,
+    /// mean(σ(gate_logit)), 0 in fusion mode.
+    pub penalty: f64,
+    /// The fusion penalty (computed even when its weight is 0).
+    pub fusion: f64,
+}
+
+/// A model, its optimisers and where it is in its run.
+pub struct Trainer<T: Real> {
+    model: BigramModel<T>,
+    /// Every bigram as (context token, language, next token), packed so
+    /// that drawing one touches one cache line.
+    bigrams: Vec<[u32; 3]>,
+    /// [`corpus_fingerprint`] of the corpus, computed once.
+    fingerprint: u64,
+    config: TrainConfig,
+    /// Lazy Adam for the tables, Adam for the rest, by parameter name.
+    optimizer: ParamGroups<T>,
+    /// The buffers every step reuses.
+    pool: Pool<T>,
+    step: u64,
+    history: Vec<StepStats>,
+}
+
+/// A fingerprint of a corpus (FNV-1a over its arrays), kept in checkpoints
+/// so that a run is never resumed on other data.
+pub fn corpus_fingerprint(c: &Corpus) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(c.token_ids.len() as u64);
+    c.token_ids.iter().for_each(|&t| eat(t as u64));
+    c.language_ids.iter().for_each(|&l| eat(l as u64));
+    c.sequence_starts.iter().for_each(|&s| eat(s as u64));
+    h
+}
+
+/// The loss history of a run, one row per step: total, ce, penalty, fusion.
+pub const HISTORY: &str = "train.history";
+
+/// The optimiser of a run: lazy (row-sparse) Adam for the tables — the
+/// shared embedding and the split rows — and Adam for the gate logits and
+/// the head, chosen by parameter name. Its state is saved as
+/// `optimizer.tables.<param>.<field>` and `optimizer.dense.<param>.<field>`.
+pub fn optimizer<T: Real>(lr: f64) -> Result<ParamGroups<T>> {
+    let tables = LazyAdam::new(LazyAdamConfig {
+        lr,
+        ..LazyAdamConfig::default()
+    })?;
+    let dense = Adam::new(AdamConfig {
+        lr,
+        ..AdamConfig::default()
+    })?;
+    Ok(ParamGroups::new()
+        .group("tables", is_table, tables)
+        .group("dense", |_| true, dense))
+}
+
+/// Whether a parameter is a table the lazy Adam updates.
+fn is_table(name: &str) -> bool {
+    name.starts_with("token_embedding.") || name == "split_vocabulary.rows"
+}
+
+/// A model read back from a checkpoint of [`Trainer::save`], for reports.
+#[derive(Clone, Debug)]
+pub struct SavedModel<T> {
+    /// The model, its index (with `score` when saved) and weights.
+    pub model: BigramModel<T>,
+    /// The checkpoint's metadata (sizes, settings, step, corpus fingerprint).
+    pub metadata: BTreeMap<String, String>,
+    /// The loss terms of every step run.
+    pub history: Vec<StepStats>,
+}
+
+/// The history of `step` steps from a checkpoint's tensor.
+fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<Vec<StepStats>> {
+    let n = usize::try_from(step).unwrap_or(usize::MAX);
+    let hist = rest.real::<f64>(HISTORY, &[n, 4])?;
+    Ok((0..n)
+        .map(|i| StepStats {
+            step: i as u64,
+            total: hist[[i, 0]],
+            ce: hist[[i, 1]],
+            penalty: hist[[i, 2]],
+            fusion: hist[[i, 3]],
+        })
+        .collect())
+}
+
+/// Reads the model of a checkpoint written by [`Trainer::save`] (no corpus
+/// needed): sizes from the metadata, the index and every weight checked.
+pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
+    let path = path.as_ref();
+    let snap = Snapshot::read(path)?;
+    let config = ModelConfig {
+        vocab_size: snap.meta_parse("vocab_size")?,
+        n_languages: snap.meta_parse("n_languages")?,
+        dim: snap.meta_parse("dim")?,
+        gate_init: snap.meta_parse("gate_init")?,
+    };
+    let index = index_of(&snap.state)?;
+    let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
+    let rest = snap.restore(&mut [&mut model], None)?;
+    let step: u64 = snap.meta_parse("step")?;
+    let history = history_from(&rest, step)?;
+    Ok(SavedModel {
+        model,
+        metadata: snap.metadata,
+        history,
+    })
+}
+
+/// The split vocabulary's index stored in a checkpoint (with its `score`
+/// when there is one).
+pub fn index_of(state: &crate::state::StateDict) -> Result<SplitIndex> {
+    let name = "split_vocabulary.token_index";
+    let n = match state.get(name) {
+        Some(t) => t.shape().first().copied().unwrap_or(0),
+        None => return Err(state.error(name, ErrorKind::Missing)),
+    };
+    let ids = |name: &str| -> Result<Vec<usize>> {
+        state
+            .i64s(name, &[n])?
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                usize::try_from(x).map_err(|_| {
+                    let e = Error::out_of_range("index entry", vec![i], x, 0, i64::MAX);
+                    state.locate(e, name)
+                })
+            })
+            .collect()
+    };
+    let mut index = SplitIndex::new(
+        ids("split_vocabulary.language_index")?,
+        ids("split_vocabulary.token_index")?,
+    );
+    if state.contains("split_vocabulary.score") {
+        index.score = Some(
+            state
+                .real::<f64>("split_vocabulary.score", &[n])?
+                .iter()
+                .copied()
+                .collect(),
+        );
+    }
+    Ok(index)
+}
+
+impl<T: Real> Trainer<T> {
+    /// A trainer at step 0. The corpus must fit the model (ids below V and
+    /// L) and hold at least one bigram.
+    pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
+        let mc = model.config();
+        corpus.validate(mc.vocab_size, mc.n_languages)?;
+        let bigrams: Vec<[u32; 3]> = corpus
+            .bigrams()
+            .map(|(i, j)| {
+                [
+                    corpus.token_ids[i],
+                    corpus.language_ids[i],
+                    corpus.token_ids[j],
+                ]
+            })
+            .collect();
+        if bigrams.is_empty() {
+            return Err(
+                Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)")
+            );
+        }
+        if config.batch == 0 {
+            return Err(Error::config("batch must be positive"));
+        }
+        let fingerprint = corpus_fingerprint(&corpus);
+        Ok(Trainer {
+            model,
+            fingerprint,
+            bigrams,
+            config,
+            optimizer: optimizer(config.lr)?,
+            pool: Pool::new(),
+            step: 0,
+            history: Vec::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &BigramModel<T> {
+        &self.model
+    }
+
+    /// The next step to run.
+    pub fn step_index(&self) -> u64 {
+        self.step
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Loss terms of every step run so far (also across a resume).
+    pub fn history(&self) -> &[StepStats] {
+        &self.history
+    }
+
+    /// Whether every step has run.
+    pub fn is_done(&self) -> bool {
+        self.step >= self.config.steps
+    }
+
+    /// The batch of step `step`: a function of the seed and the step only.
+    pub fn batch_at(&self, step: u64) -> Batch {
+        let mut rng = Rng::new(self.config.seed ^ 0x6261_7463_6865_7321).fork(step);
+        let n = self.bigrams.len() as u64;
+        let mut b = Batch::default();
+        for _ in 0..self.config.batch {
+            let [token, language, next] = self.bigrams[rng.below(n) as usize];
+            b.tokens.push(token as i64);
+            b.languages.push(language as i64);
+            b.targets.push(next as i64);
+        }
+        b
+    }
+
+    /// Runs one step: forward, backward, update. A non-finite loss stops
+    /// with [`ErrorKind::Diverged`] naming the step, before any update.
+    pub fn step(&mut self) -> Result<StepStats> {
+        let batch = self.batch_at(self.step);
+        let c = self.config;
+        let (stats, grads) = {
+            let mut tape = Tape::with_pool(&self.pool);
+            let terms = self.model.loss(
+                &mut tape,
+                &batch,
+                c.use_gate,
+                c.gate_penalty,
+                c.fusion_penalty,
+            )?;
+            let fusion = match terms.fusion {
+                Some(f) => tape.scalar(f).to_f64(),
+                None => self.model.split.fusion_penalty().to_f64(),
+            };
+            let stats = StepStats {
+                step: self.step,
+                total: tape.scalar(terms.total).to_f64(),
+                ce: tape.scalar(terms.ce).to_f64(),
+                penalty: match terms.penalty {
+                    Some(p) => tape.scalar(p).to_f64(),
+                    None if c.use_gate => self.model.split.penalty().to_f64(),
+                    None => 0.0,
+                },
+                fusion,
+            };
+            if !stats.total.is_finite() {
+                return Err(Error::new(ErrorKind::Diverged {
+                    step: self.step,
+                    message: format!("the loss is {}", stats.total),
+                }));
+            }
+            (stats, tape.backward(terms.total))
+        };
+        self.optimizer.step(self.model.parameters_mut(), &grads)?;
+        self.history.push(stats);
+        self.step += 1;
+        Ok(stats)
+    }
+
+    /// Checks that every parameter and every optimiser moment is finite
+    /// (before a checkpoint is written over the last good one).
+    pub fn check_finite(&self) -> Result<()> {
+        let diverged = |what: String, i: usize, v: f64| {
+            Err(Error::new(ErrorKind::Diverged {
+                step: self.step.saturating_sub(1),
+                message: format!("{what} has {v} at flat position {i}"),
+            }))
+        };
+        for p in self.model.parameters() {
+            if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return diverged(format!("parameter `{}`", p.name()), i, Real::to_f64(*v));
+            }
+        }
+        for (name, t) in self.optimizer.state_dict().iter() {
+            if let Some(a) = t.as_real::<T>() {
+                if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                    return diverged(
+                        format!("optimiser state `{}{name}`", crate::checkpoint::OPTIMIZER),
+                        i,
+                        Real::to_f64(*v),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The checkpoint's metadata: the format, the sizes, the settings, the
+    /// step and the corpus.
+    fn metadata(&self) -> BTreeMap<String, String> {
+        let mc = self.model.config();
+        let c = self.config;
+        [
+            ("format", "splitgrad-bigram-1".to_string()),
+            ("dtype", T::NAME.to_string()),
+            ("step", self.step.to_string()),
+            ("vocab_size", mc.vocab_size.to_string()),
+            ("n_languages", mc.n_languages.to_string()),
+            ("dim", mc.dim.to_string()),
+            ("gate_init", mc.gate_init.to_string()),
+            ("steps", c.steps.to_string()),
+            ("batch", c.batch.to_string()),
+            ("lr", c.lr.to_string()),
+            ("gate_penalty", c.gate_penalty.to_string()),
+            ("fusion_penalty", c.fusion_penalty.to_string()),
+            ("use_gate", c.use_gate.to_string()),
+            ("seed", c.seed.to_string()),
+            ("corpus_fingerprint", format!("{:016x}", self.fingerprint)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Writes the checkpoint, atomically: the model under its state-dict
+    /// names (`docs/spec.md#63-checkpoint`), the optimiser's state under
+    /// `optimizer.`, the loss history under [`HISTORY`], and the metadata.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.check_finite()?;
+        let hist = Array2::from_shape_fn((self.history.len(), 4), |(i, j)| {
+            let s = &self.history[i];
+            [s.total, s.ce, s.penalty, s.fusion][j]
+        });
+        let extra = [(HISTORY.to_string(), TensorRef::from(&hist))];
+        save_state(
+            path,
+            &[&self.model],
+            Some(&self.optimizer),
+            &extra,
+            &self.metadata(),
+        )
+    }
+
+    /// Restores the weights, the optimisers, the step and the history from
+    /// a checkpoint written by [`Self::save`] for this model, these settings
+    /// and this corpus (`steps` may differ). Every tensor is checked by
+    /// name, dtype and shape, the weights and moments for NaN and
+    /// infinity, the second moments for their sign; on an error nothing is
+    /// changed.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let snap = Snapshot::read(path)?;
+        let fp = format!("{:016x}", self.fingerprint);
+        if snap.meta("corpus_fingerprint")? != fp {
+            return Err(
+                Error::config("the checkpoint was written for another corpus").in_file(path),
+            );
+        }
+        // Resuming is exact only with the same settings; `steps` may grow.
+        let ours = self.metadata();
+        for key in [
+            "dtype",
+            "vocab_size",
+            "n_languages",
+            "dim",
+            "gate_init",
+            "batch",
+            "lr",
+            "gate_penalty",
+            "fusion_penalty",
+            "use_gate",
+            "seed",
+        ] {
+            let theirs = snap.meta(key)?;
+            if theirs != ours[key] {
+                return Err(Error::config(format!(
+                    "the checkpoint was written with {key} = {theirs}, this run has {}",
+                    ours[key]
+                ))
+                .in_file(path));
+            }
+        }
+        let step: u64 = snap.meta_parse("step")?;
+        let hist = snap.state.get(HISTORY).map(TensorData::shape);
+        let want = [usize::try_from(step).unwrap_or(usize::MAX), 4];
+        if hist != Some(&want[..]) {
+            let found = hist.map(<[usize]>::to_vec).unwrap_or_default();
+            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &found)
+                .in_file(path)
+                .in_array(HISTORY));
+        }
+        let history = history_from(&snap.state, step)?;
+        let mut optimizer = optimizer(self.config.lr)?;
+        // `restore` checks every tensor before it changes the model.
+        snap.restore(&mut [&mut self.model], Some(&mut optimizer))?;
+        self.optimizer = optimizer;
+        self.step = step;
+        self.history = history;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::model::ModelConfig;
+    use crate::io::SplitIndex;
+
+    /// Found by the `checkpoint_loader` fuzz target: with weights that are
+    /// finite but huge, one step overflowed a second moment to +∞ while
+    /// every parameter stayed finite, and `save` wrote a checkpoint that
+    /// `load` rejects. The run now stops, naming the step and the state.
+    #[test]
+    fn an_overflowing_moment_stops_the_run_before_a_checkpoint() {
+        let config = ModelConfig {
+            vocab_size: 4,
+            n_languages: 1,
+            dim: 2,
+            gate_init: 0.0,
+        };
+        let index = SplitIndex::new(vec![0], vec![1]);
+        let mut model = BigramModel::<f32>::new(config, index).unwrap();
+        model.reset_parameters(&mut Rng::new(0)).unwrap();
+        model.parameters_mut()[3].value_mut().fill(1e30);
+        let corpus = Corpus::new(vec![0, 1, 2, 3, 0, 1], vec![0; 6]);
+        let train = TrainConfig {
+            steps: 2,
+            batch: 4,
+            lr: 1e-2,
+            gate_penalty: 0.0,
+            fusion_penalty: 0.0,
+            use_gate: true,
+            seed: 0,
+        };
+        let mut trainer = Trainer::new(model, corpus, train).unwrap();
+        trainer.step().unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "splitgrad-train-unit-{}.safetensors",
+            std::process::id()
+        ));
+        let e = trainer.save(&path).unwrap_err();
+        match e.kind() {
+            ErrorKind::Diverged { step, message } => {
+                assert_eq!(*step, 0);
+                assert!(
+                    message.starts_with("optimiser state `optimizer."),
+                    "{message}"
+                );
+                assert!(message.contains(".exp_avg_sq` has inf"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!path.exists());
+    }
+}

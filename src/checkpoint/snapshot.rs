@@ -1,0 +1,177 @@
+//! Checkpoints of modules and optimisers in one call, by name.
+//!
+//! [`save_state`] writes the state of any set of [`Module`]s, an optimiser
+//! (under `optimizer.`), any extra tensors and string metadata to one
+//! safetensors file, atomically. [`Snapshot::read`] reads one back;
+//! [`Snapshot::restore`] checks every tensor of every module and of the
+//! optimiser (names, dtypes, shapes, finiteness, second moments ≥ 0, the
+//! index of a split vocabulary) before it changes anything, then loads
+//! them. [`load_state`] is both in one call.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::{Checkpoint, save};
+use crate::error::{Error, ErrorKind, Result};
+use crate::kernels::Real;
+use crate::optim::Optimizer;
+use crate::param::Parameter;
+use crate::state::{Module, StateDict, TensorRef};
+
+/// The prefix of the optimiser's entries in a checkpoint.
+pub const OPTIMIZER: &str = "optimizer.";
+
+/// Writes the state of `modules`, of `optimizer` (its entries under
+/// [`OPTIMIZER`]), the `extra` tensors and `metadata` to `path`,
+/// atomically: the previous file stays intact if anything fails. Two
+/// tensors of one name are an error.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use splitgrad::checkpoint::{load_state, save_state};
+/// use splitgrad::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings};
+/// use splitgrad::optim::{Adam, AdamConfig};
+/// use splitgrad::prelude::*;
+/// # fn main() -> splitgrad::Result<()> {
+/// # let path = std::env::temp_dir().join(format!("splitgrad-doc-state-{}.safetensors", std::process::id()));
+/// let mut emb = SplitTokenEmbeddings::<f32>::new(&[("orig", 6)], &["orig"], 4)?;
+/// let mut head = SplitLanguageModellingHead::<f32>::new(&[("orig", 6)], &["orig"], 4)?;
+/// emb.reset_parameters(&mut Rng::new(0));
+/// head.reset_parameters(&mut Rng::new(1));
+/// let opt = Adam::<f32>::new(AdamConfig::default())?;
+/// save_state(&path, &[&emb, &head], Some(&opt), &[], &BTreeMap::new())?;
+///
+/// let mut emb2 = SplitTokenEmbeddings::<f32>::new(&[("orig", 6)], &["orig"], 4)?;
+/// let mut head2 = SplitLanguageModellingHead::<f32>::new(&[("orig", 6)], &["orig"], 4)?;
+/// let mut opt2 = Adam::<f32>::new(AdamConfig::default())?;
+/// load_state(&path, &mut [&mut emb2, &mut head2], Some(&mut opt2))?;
+/// assert_eq!(emb2.state_dict(), emb.state_dict());
+/// assert_eq!(head2.state_dict(), head.state_dict());
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+pub fn save_state<T: Real>(
+    path: impl AsRef<Path>,
+    modules: &[&dyn Module<T>],
+    optimizer: Option<&dyn Optimizer<T>>,
+    extra: &[(String, TensorRef<'_>)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let opt_state = optimizer.map(|o| o.state_dict());
+    let held: Vec<Vec<(String, TensorRef<'_>)>> = modules.iter().map(|m| m.state_refs()).collect();
+    // Views are invariant in their lifetime: reborrow every one for this call.
+    let mut entries: Vec<(&str, TensorRef<'_>)> = Vec::new();
+    for refs in &held {
+        entries.extend(refs.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    }
+    let opt_names: Vec<(String, TensorRef<'_>)> = opt_state
+        .iter()
+        .flat_map(|sd| {
+            sd.iter()
+                .map(|(n, t)| (format!("{OPTIMIZER}{n}"), t.view()))
+        })
+        .collect();
+    entries.extend(opt_names.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    entries.extend(extra.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    save(path, &entries, metadata)
+}
+
+/// A checkpoint read back: every tensor, decoded, and the metadata.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Every tensor of the file (errors about them name the file).
+    pub state: StateDict,
+    /// The string metadata.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Snapshot {
+    /// Reads and validates the file at `path` and decodes every tensor.
+    pub fn read(path: impl AsRef<Path>) -> Result<Snapshot> {
+        let path = path.as_ref();
+        let ck = Checkpoint::open(path)?;
+        let mut state = StateDict::from_file(path);
+        for name in ck.names() {
+            state.insert(name, ck.get(name)?);
+        }
+        Ok(Snapshot {
+            state,
+            metadata: ck.metadata().clone(),
+        })
+    }
+
+    /// A metadata value, or an error naming the key and the file.
+    pub fn meta(&self, key: &str) -> Result<&str> {
+        self.metadata.get(key).map(String::as_str).ok_or_else(|| {
+            let e = Error::new(ErrorKind::Missing).in_array(format!("metadata `{key}`"));
+            match self.state.source() {
+                Some(p) => e.in_file(p),
+                None => e,
+            }
+        })
+    }
+
+    /// A metadata value parsed, or an error naming the key, the value and
+    /// the file.
+    pub fn meta_parse<V: std::str::FromStr>(&self, key: &str) -> Result<V> {
+        let raw = self.meta(key)?;
+        raw.parse().map_err(|_| {
+            let e = Error::format(format!("metadata `{key}` = {raw:?} does not parse"));
+            match self.state.source() {
+                Some(p) => e.in_file(p),
+                None => e,
+            }
+        })
+    }
+
+    /// Loads `modules` and, when given, `optimizer` from this checkpoint.
+    /// Every tensor is checked first — each module's
+    /// ([`Module::check_state_dict`]) and the optimiser's (dtypes,
+    /// finiteness, second moments ≥ 0, one state per parameter of the
+    /// modules, shapes) — so on an error nothing is changed. Returns the
+    /// tensors that belong to none of them (a run's history, say).
+    pub fn restore<T: Real>(
+        &self,
+        modules: &mut [&mut dyn Module<T>],
+        optimizer: Option<&mut dyn Optimizer<T>>,
+    ) -> Result<StateDict> {
+        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        for m in modules.iter() {
+            m.check_state_dict(&self.state)?;
+            claimed.extend(m.state_refs().into_iter().map(|(n, _)| n));
+        }
+        if let Some(opt) = optimizer {
+            let sub = self.state.prefixed(OPTIMIZER);
+            let params: Vec<&Parameter<T>> = modules.iter().flat_map(|m| m.parameters()).collect();
+            opt.load_state_dict(&sub, &params)
+                .map_err(|e| e.prefix_array(OPTIMIZER))?;
+            claimed.extend(sub.names().map(|n| format!("{OPTIMIZER}{n}")));
+        }
+        for m in modules.iter_mut() {
+            m.load_state_dict(&self.state)?;
+        }
+        let mut rest = StateDict::new();
+        if let Some(p) = self.state.source() {
+            rest = StateDict::from_file(p);
+        }
+        for (name, t) in self.state.iter() {
+            if !claimed.contains(name) {
+                rest.insert(name, t.clone());
+            }
+        }
+        Ok(rest)
+    }
+}
+
+/// [`Snapshot::read`] then [`Snapshot::restore`]: loads modules and an
+/// optimiser saved by [`save_state`] in one call, and returns the
+/// snapshot's metadata and the tensors that belong to none of them.
+pub fn load_state<T: Real>(
+    path: impl AsRef<Path>,
+    modules: &mut [&mut dyn Module<T>],
+    optimizer: Option<&mut dyn Optimizer<T>>,
+) -> Result<(BTreeMap<String, String>, StateDict)> {
+    let snap = Snapshot::read(path)?;
+    let rest = snap.restore(modules, optimizer)?;
+    Ok((snap.metadata, rest))
+}

@@ -1,0 +1,33 @@
+//! Kernels: the loops under the ops, on plain slices and `ndarray` views.
+//!
+//! Nothing here knows the tape, an op or a layer: a kernel takes arrays and
+//! returns arrays, and panics only on a caller's bug (shapes that disagree,
+//! an index out of range), which the layers rule out before calling. Each
+//! fast kernel has a naive twin the tests hold it equal to, bit for bit
+//! where the docs say so.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`real`] | the element types `f32`/`f64` and their `matrixmultiply` gemm |
+//! | [`exp`] | the vectorised softmax arithmetic (row max, `Σ exp`, scaled `exp`) |
+//! | [`reduce`] | the blocked inner product, scaled copies and adds |
+//! | [`rows`] | row copies (gathers) and dense row scatter-adds |
+//! | [`scatter`] | coalescing a row scatter-add into a [`RowSparse`](scatter::RowSparse) array |
+//! | [`pool`] | a pool of large buffers, reused across training steps |
+//! | [`routing`] | global id → (split, local row) for split vocabularies |
+//! | `stream` | copies with streaming (non-temporal) stores |
+
+pub mod exp;
+pub mod pool;
+pub mod real;
+pub mod reduce;
+pub mod routing;
+pub mod rows;
+pub mod scatter;
+pub(crate) mod stream;
+
+pub use real::Real;
+
+/// Below this many elements a kernel runs serially: rayon's fork costs more
+/// than it saves.
+pub const PAR_MIN_ELEMS: usize = 1 << 15;

@@ -1,0 +1,203 @@
+//! A pool of large buffers, reused from one training step to the next.
+//!
+//! A training step allocates the same big arrays every time: gathered rows,
+//! gradient buffers, coalesced row gradients, the head's gradients. Freed
+//! and allocated again, an array of 32 MiB or more is given back to the
+//! kernel by glibc's `malloc` and mapped afresh on the next step, where the
+//! kernel faults in and zeroes every page: for the embedding workloads that
+//! is most of the step. A [`Pool`] keeps such buffers instead and hands them
+//! out again, so a loop that keeps one pool allocates its big arrays once,
+//! with no process-wide allocator setting.
+//!
+//! Only buffers of at least [`Pool::MIN_BYTES`] are kept; smaller ones go
+//! back to the allocator, which reuses them well. The pool holds at most
+//! [`Pool::MAX_BUFFERS`] buffers and gives the oldest back when more come.
+//! A request takes the smallest held buffer that fits and is at most twice
+//! the size asked for.
+//!
+//! A `Pool` is a handle: cloning it shares the same buffers (it is `Send`
+//! and `Sync`, so tasks on other threads may take from it too).
+
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::sync::{Arc, Mutex};
+
+use ndarray::{Array, ArrayD, IxDyn};
+
+use super::Real;
+
+/// A shared pool of large buffers of `T`.
+///
+/// ```
+/// use splitgrad::kernels::pool::Pool;
+/// let pool = Pool::<f32>::new();
+/// let a = pool.zeros(&[1024, 1024]); // 4 MiB: pooled when given back
+/// let ptr = a.as_ptr();
+/// pool.give(a);
+/// assert_eq!(pool.held_bytes(), 4 << 20);
+/// let b = pool.zeros(&[1024, 1000]); // fits in the same buffer
+/// assert_eq!(b.as_ptr(), ptr);
+/// assert!(b.iter().all(|&x| x == 0.0));
+/// ```
+pub struct Pool<T> {
+    inner: Arc<Mutex<Vec<Vec<T>>>>,
+}
+
+impl<T> Clone for Pool<T> {
+    fn clone(&self) -> Self {
+        Pool {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Pool {
+            inner: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Pool<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("buffers", &self.lock().len())
+            .finish()
+    }
+}
+
+impl<T> Pool<T> {
+    /// Buffers smaller than this (bytes) are not kept.
+    pub const MIN_BYTES: usize = 1 << 20;
+    /// At most this many buffers are kept.
+    pub const MAX_BUFFERS: usize = 64;
+
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<T>>> {
+        // A panic while the lock was held left only a list of free buffers
+        // behind, which is still valid.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An empty `Vec` with room for at least `n` elements: a held buffer
+    /// when one fits (at most twice `n`), else a new allocation.
+    pub fn take_vec(&self, n: usize) -> Vec<T> {
+        if n * std::mem::size_of::<T>() >= Self::MIN_BYTES {
+            let mut free = self.lock();
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let mut v = free.swap_remove(i);
+                v.clear();
+                return v;
+            }
+        }
+        Vec::with_capacity(n)
+    }
+
+    /// Keeps `v`'s allocation for later requests (or frees it when it is
+    /// small or the pool is full).
+    pub fn give_vec(&self, mut v: Vec<T>) {
+        if v.capacity() * std::mem::size_of::<T>() < Self::MIN_BYTES {
+            return;
+        }
+        v.clear();
+        let mut free = self.lock();
+        if free.len() >= Self::MAX_BUFFERS {
+            free.remove(0);
+        }
+        free.push(v);
+    }
+
+    /// Keeps the allocation of an owned array.
+    pub fn give<D: ndarray::Dimension>(&self, a: Array<T, D>) {
+        let (v, _) = a.into_raw_vec_and_offset();
+        self.give_vec(v);
+    }
+
+    /// Bytes of the buffers held now.
+    pub fn held_bytes(&self) -> usize {
+        self.lock()
+            .iter()
+            .map(|v| v.capacity() * std::mem::size_of::<T>())
+            .sum()
+    }
+
+    /// An array of `shape` whose elements are not yet written, in a pooled
+    /// buffer when one fits. Write every element, then `assume_init`.
+    pub fn uninit(&self, shape: &[usize]) -> Array<MaybeUninit<T>, IxDyn> {
+        let n = shape.iter().product::<usize>();
+        let mut v = ManuallyDrop::new(self.take_vec(n));
+        let (ptr, cap) = (v.as_mut_ptr(), v.capacity());
+        // SAFETY: `MaybeUninit<T>` has the size and alignment of `T`, so the
+        // allocation of `v` (capacity `cap` ≥ n, never dropped as a `Vec<T>`
+        // thanks to `ManuallyDrop`) is a valid allocation of `cap`
+        // `MaybeUninit<T>`; a length of n ≤ cap needs no initialised element.
+        let u = unsafe { Vec::from_raw_parts(ptr.cast::<MaybeUninit<T>>(), n, cap) };
+        Array::from_shape_vec(IxDyn(shape), u).expect("n elements for the shape")
+    }
+}
+
+impl<T: Real> Pool<T> {
+    /// An array of zeros of `shape`, in a pooled buffer when one fits.
+    pub fn zeros(&self, shape: &[usize]) -> ArrayD<T> {
+        let n = shape.iter().product::<usize>();
+        let mut v = self.take_vec(n);
+        v.resize(n, T::zero());
+        ArrayD::from_shape_vec(IxDyn(shape), v).expect("n elements for the shape")
+    }
+
+    /// A copy of `a` in standard layout, in a pooled buffer when one fits.
+    pub fn copy_of(&self, a: ndarray::ArrayViewD<'_, T>) -> ArrayD<T> {
+        let mut v = self.take_vec(a.len());
+        match a.as_slice() {
+            Some(s) => v.extend_from_slice(s),
+            None => v.extend(a.iter().copied()),
+        }
+        ArrayD::from_shape_vec(a.raw_dim(), v).expect("one element per element")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_buffers_are_not_kept_and_big_ones_are_reused() {
+        let pool = Pool::<f64>::new();
+        pool.give(ArrayD::<f64>::zeros(IxDyn(&[10])));
+        assert_eq!(pool.held_bytes(), 0);
+        let big = pool.zeros(&[1 << 18]); // 2 MiB
+        let p = big.as_ptr();
+        pool.give(big);
+        // Too small a request for that buffer: a new one.
+        let small = pool.take_vec(1 << 10);
+        assert_ne!(small.as_ptr(), p);
+        let mut u = pool.uninit(&[1 << 17, 2]);
+        assert_eq!(u.as_ptr().cast::<f64>(), p);
+        u.fill(MaybeUninit::new(1.5));
+        // SAFETY: every element was written just above.
+        let a = unsafe { u.assume_init() };
+        assert!(a.iter().all(|&x| x == 1.5));
+        assert_eq!(pool.held_bytes(), 0);
+        pool.give(a);
+        assert_eq!(pool.held_bytes(), 2 << 20);
+    }
+
+    #[test]
+    fn the_pool_keeps_a_bounded_number_of_buffers() {
+        let pool = Pool::<f32>::new();
+        for _ in 0..Pool::<f32>::MAX_BUFFERS + 5 {
+            pool.give_vec(Vec::<f32>::with_capacity(1 << 18));
+        }
+        assert_eq!(pool.held_bytes(), Pool::<f32>::MAX_BUFFERS << 20);
+    }
+}

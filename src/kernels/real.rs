@@ -1,0 +1,194 @@
+//! The element types the engine computes in: `f32` and `f64`.
+//!
+//! [`Real`] is sealed: it adds to [`ndarray::NdFloat`] the few things the
+//! engine needs that `num-traits` does not give — exact conversions to and
+//! from `f64`, the dtype name, little-endian bytes, the view of an array as
+//! its concrete type, and the `matrixmultiply` kernel for the type.
+
+use ndarray::{ArrayView2, ArrayViewMut2, NdFloat};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// A floating-point element type: `f32` or `f64`.
+///
+/// Gradient checks run in `f64`; training and the benchmarks run in `f32`.
+///
+/// ```
+/// use splitgrad::Real;
+/// assert_eq!(<f32 as Real>::NAME, "f32");
+/// assert_eq!(f64::from_f64(0.5), 0.5);
+/// ```
+pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
+    /// `"f32"` or `"f64"`.
+    const NAME: &'static str;
+    /// Rounds an `f64` to this type.
+    fn from_f64(x: f64) -> Self;
+    /// Widens this value to `f64` (exact).
+    fn to_f64(self) -> f64;
+    /// Little-endian bytes of one value.
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads one value from exactly `size_of::<Self>()` little-endian bytes.
+    fn read_le(bytes: &[u8]) -> Self;
+
+    /// The view as the concrete type it is (for writers that store `f32`
+    /// and `f64` apart).
+    fn real_view(a: ndarray::ArrayViewD<'_, Self>) -> RealView<'_>;
+
+    /// The array as the concrete type it is.
+    fn into_real_array(a: ndarray::ArrayD<Self>) -> RealArray;
+
+    /// A view of this type, if `v` holds one.
+    fn from_real_view(v: RealView<'_>) -> Option<ndarray::ArrayViewD<'_, Self>>;
+
+    /// `c ← α·a·b + β·c` through `matrixmultiply`.
+    ///
+    /// a: (m, k), b: (k, n), c: (m, n); any strides.
+    ///
+    /// **Panics** if the shapes do not agree.
+    #[track_caller]
+    fn gemm(
+        alpha: Self,
+        a: ArrayView2<'_, Self>,
+        b: ArrayView2<'_, Self>,
+        beta: Self,
+        c: ArrayViewMut2<'_, Self>,
+    );
+}
+
+macro_rules! impl_real {
+    ($t:ty, $name:literal, $variant:ident, $gemm:path) => {
+        impl Real for $t {
+            const NAME: &'static str = $name;
+            #[inline]
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[inline]
+            fn read_le(bytes: &[u8]) -> Self {
+                let mut b = [0u8; std::mem::size_of::<$t>()];
+                b.copy_from_slice(bytes);
+                <$t>::from_le_bytes(b)
+            }
+            fn real_view(a: ndarray::ArrayViewD<'_, Self>) -> RealView<'_> {
+                RealView::$variant(a)
+            }
+            fn into_real_array(a: ndarray::ArrayD<Self>) -> RealArray {
+                RealArray::$variant(a)
+            }
+            fn from_real_view(v: RealView<'_>) -> Option<ndarray::ArrayViewD<'_, Self>> {
+                match v {
+                    RealView::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            #[track_caller]
+            fn gemm(
+                alpha: Self,
+                a: ArrayView2<'_, Self>,
+                b: ArrayView2<'_, Self>,
+                beta: Self,
+                mut c: ArrayViewMut2<'_, Self>,
+            ) {
+                let (m, k) = a.dim();
+                let (k2, n) = b.dim();
+                assert!(
+                    k == k2 && c.dim() == (m, n),
+                    "gemm: shapes ({m}, {k}) · ({k2}, {n}) → {:?} do not agree",
+                    c.dim()
+                );
+                if m == 0 || n == 0 {
+                    return;
+                }
+                let (rsa, csa) = (a.strides()[0], a.strides()[1]);
+                let (rsb, csb) = (b.strides()[0], b.strides()[1]);
+                let (rsc, csc) = (c.strides()[0], c.strides()[1]);
+                // SAFETY: the three views are valid for their shapes and
+                // strides (ndarray guarantees it), `c` is a unique mutable
+                // view so it aliases neither input, and the dimensions passed
+                // are exactly the views' dimensions, checked above.
+                unsafe {
+                    $gemm(
+                        m,
+                        k,
+                        n,
+                        alpha,
+                        a.as_ptr(),
+                        rsa,
+                        csa,
+                        b.as_ptr(),
+                        rsb,
+                        csb,
+                        beta,
+                        c.as_mut_ptr(),
+                        rsc,
+                        csc,
+                    );
+                }
+            }
+        }
+    };
+}
+
+impl_real!(f32, "f32", F32, matrixmultiply::sgemm);
+impl_real!(f64, "f64", F64, matrixmultiply::dgemm);
+
+/// An owned array of a [`Real`] type, as the type it is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RealArray {
+    /// An `f32` array.
+    F32(ndarray::ArrayD<f32>),
+    /// An `f64` array.
+    F64(ndarray::ArrayD<f64>),
+}
+
+/// A view of an array of a [`Real`] type, as the type it is.
+#[derive(Clone, Debug)]
+pub enum RealView<'a> {
+    /// An `f32` array.
+    F32(ndarray::ArrayViewD<'a, f32>),
+    /// An `f64` array.
+    F64(ndarray::ArrayViewD<'a, f64>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array2, array};
+
+    #[test]
+    fn gemm_matches_hand_product() {
+        let a = array![[1.0f64, 2.0], [3.0, 4.0], [5.0, 6.0]];
+        let b = array![[1.0f64, 0.0, 2.0], [0.0, 1.0, 3.0]];
+        let mut c = Array2::<f64>::ones((3, 3));
+        f64::gemm(1.0, a.view(), b.view(), 2.0, c.view_mut());
+        assert_eq!(
+            c,
+            array![[3.0, 4.0, 10.0], [5.0, 6.0, 20.0], [7.0, 8.0, 30.0]]
+        );
+        // Transposed views (column-major strides) work too.
+        let mut d = Array2::<f64>::zeros((2, 2));
+        f64::gemm(1.0, a.t(), a.view(), 0.0, d.view_mut());
+        assert_eq!(d, array![[35.0, 44.0], [44.0, 56.0]]);
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let mut v = Vec::new();
+        1.5f32.write_le(&mut v);
+        (-2.25f64).write_le(&mut v);
+        assert_eq!(f32::read_le(&v[..4]), 1.5);
+        assert_eq!(f64::read_le(&v[4..]), -2.25);
+    }
+}

@@ -1,0 +1,381 @@
+//! Coalescing a scatter-add into a row-sparse gradient.
+//!
+//! Given contributions `(ids[k], values[k])`, the gradient of row `r` is
+//! `Σ_{k : ids[k] = r} values[k]`, summed **in increasing k**. Fixing the
+//! order makes the result identical bit for bit whatever the number of
+//! threads: the kernel sorts positions by id to find the unique rows, cuts
+//! them into ranges of about equal contribution counts, and gives each range
+//! to one task, which walks its contributions in position order (so each
+//! row still adds its contributions in increasing k, and the sources are
+//! read front to back). No V × H dense buffer is ever touched.
+//!
+//! [`coalesce_sources`] reads the contributions where they already are (rows
+//! of the output gradient routed to one split, or a gradient `c·R` never
+//! materialised) instead of a stacked copy; [`coalesce_rows`] is its
+//! one-array form.
+
+use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
+
+use super::Real;
+use super::pool::Pool;
+
+/// A row-sparse array of shape `(n_rows, width)`: the gradient of a table
+/// whose other rows received nothing.
+///
+/// `rows` is sorted and unique; `values[i]` is the gradient of row
+/// `rows[i]`; every other row's gradient is zero.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSparse<T> {
+    /// Rows of the table.
+    pub n_rows: usize,
+    /// The sorted unique rows that carry gradient.
+    pub rows: Vec<usize>,
+    /// One gradient row per entry of `rows`: (rows.len(), width).
+    pub values: Array2<T>,
+}
+
+impl<T: Real> RowSparse<T> {
+    /// The dense `(n_rows, width)` gradient.
+    pub fn to_dense(&self) -> Array2<T> {
+        let mut out = Array2::zeros((self.n_rows, self.values.ncols()));
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            out.row_mut(r).assign(&v);
+        }
+        out
+    }
+
+    /// The gradient row of table row `r`, if it carries one.
+    pub fn row(&self, r: usize) -> Option<ndarray::ArrayView1<'_, T>> {
+        self.rows.binary_search(&r).ok().map(|i| self.values.row(i))
+    }
+
+    /// Adds this gradient into a dense `(n_rows, width)` buffer.
+    ///
+    /// **Panics** if `dense` has another shape.
+    #[track_caller]
+    pub fn add_to(&self, mut dense: ndarray::ArrayViewMut2<'_, T>) {
+        assert_eq!(
+            dense.dim(),
+            (self.n_rows, self.values.ncols()),
+            "RowSparse::add_to: shape mismatch"
+        );
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            let mut d = dense.row_mut(r);
+            d += &v;
+        }
+    }
+}
+
+/// Sorted unique rows and their summed gradients (the fast kernel).
+///
+/// ids: (n), values: (n, width), every id < n_rows.
+///
+/// **Panics** if the lengths differ or an id is ≥ n_rows.
+#[track_caller]
+pub fn coalesce_rows<T: Real>(
+    n_rows: usize,
+    ids: &[usize],
+    values: ArrayView2<'_, T>,
+) -> RowSparse<T> {
+    assert_eq!(
+        ids.len(),
+        values.nrows(),
+        "coalesce_rows: {} ids for {} rows",
+        ids.len(),
+        values.nrows()
+    );
+    coalesce_sources(n_rows, values.ncols(), ids, &[RowSource::all(values)])
+}
+
+/// Where contributions are read from: rows of a 2-D array, all of them in
+/// order or the ones listed, each optionally times a scalar. This lets a
+/// backward pass hand over `∂out`'s rows of one split (`rows`), or a
+/// gradient known to be `c·R` (`scale`), without copying them out first.
+#[derive(Clone, Debug)]
+pub struct RowSource<'a, T> {
+    /// The array the rows are read from.
+    pub values: ArrayView2<'a, T>,
+    /// The rows of `values` in contribution order; `None`: every row.
+    pub rows: Option<&'a [usize]>,
+    /// Each row times this when given.
+    pub scale: Option<T>,
+}
+
+impl<'a, T: Real> RowSource<'a, T> {
+    /// Every row of `values` in order, unscaled.
+    pub fn all(values: ArrayView2<'a, T>) -> Self {
+        RowSource {
+            values,
+            rows: None,
+            scale: None,
+        }
+    }
+
+    /// Number of contributions.
+    pub fn len(&self) -> usize {
+        self.rows.map_or(self.values.nrows(), <[usize]>::len)
+    }
+
+    /// Whether it has no contribution.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// [`coalesce_rows`] over contributions read from several sources in turn:
+/// contribution k is the k-th row listed across `sources`, `ids[k]` its
+/// destination row. The sum of each row is in increasing k, as in
+/// [`coalesce_rows`], and a scaled contribution adds `scale·row`.
+///
+/// **Panics** if the sources do not hold `ids.len()` rows of `width`, a
+/// listed row is out of range, or an id is ≥ n_rows.
+#[track_caller]
+pub fn coalesce_sources<T: Real>(
+    n_rows: usize,
+    width: usize,
+    ids: &[usize],
+    sources: &[RowSource<'_, T>],
+) -> RowSparse<T> {
+    coalesce_sources_in(&Pool::new(), n_rows, width, ids, sources)
+}
+
+/// [`coalesce_sources`] writing its rows into a buffer from `pool`.
+///
+/// **Panics** as [`coalesce_sources`].
+#[track_caller]
+pub fn coalesce_sources_in<T: Real>(
+    pool: &Pool<T>,
+    n_rows: usize,
+    width: usize,
+    ids: &[usize],
+    sources: &[RowSource<'_, T>],
+) -> RowSparse<T> {
+    let total: usize = sources.iter().map(RowSource::len).sum();
+    assert_eq!(
+        ids.len(),
+        total,
+        "coalesce_sources: {} ids for {total} rows",
+        ids.len()
+    );
+    if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
+        panic!("coalesce_rows: id {bad} is out of range 0..{n_rows}");
+    }
+    assert!(
+        ids.len() <= u32::MAX as usize,
+        "coalesce_rows: more than 2^32 contributions"
+    );
+    // Contribution k → (source, row of its values).
+    let mut at: Vec<(u32, u32)> = Vec::with_capacity(ids.len());
+    for (s, src) in sources.iter().enumerate() {
+        assert_eq!(
+            src.values.ncols(),
+            width,
+            "coalesce_sources: source {s} has width {}, expected {width}",
+            src.values.ncols()
+        );
+        let n = src.values.nrows();
+        match src.rows {
+            Some(rows) => {
+                if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+                    panic!("coalesce_sources: row {bad} of source {s} is out of range 0..{n}");
+                }
+                at.extend(rows.iter().map(|&r| (s as u32, r as u32)));
+            }
+            None => at.extend((0..n).map(|r| (s as u32, r as u32))),
+        }
+    }
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    if ids.len() >= 1 << 12 {
+        order.par_sort_by_key(|&k| ids[k as usize]);
+    } else {
+        order.sort_by_key(|&k| ids[k as usize]);
+    }
+    // Group boundaries: starts[j]..starts[j + 1] is the j-th unique id.
+    let mut starts = Vec::with_capacity(ids.len() + 1);
+    for (p, &k) in order.iter().enumerate() {
+        if p == 0 || ids[k as usize] != ids[order[p - 1] as usize] {
+            starts.push(p);
+        }
+    }
+    starts.push(order.len());
+    let n_unique = starts.len() - 1;
+    let rows: Vec<usize> = starts[..n_unique]
+        .iter()
+        .map(|&p| ids[order[p] as usize])
+        .collect();
+    let mut out = pool
+        .zeros(&[n_unique, width])
+        .into_dimensionality::<ndarray::Ix2>()
+        .expect("2-D");
+    // Contiguous source rows are summed as slices (the loop vectorises);
+    // other layouts go through ndarray's row views.
+    let flat: Vec<Option<&[T]>> = sources.iter().map(|s| s.values.to_slice()).collect();
+    // The contiguous row of contribution k, if its source is contiguous.
+    let row_slice = |k: u32| {
+        let (s, r) = at[k as usize];
+        flat[s as usize].map(|v| &v[r as usize * width..(r as usize + 1) * width])
+    };
+    if width > 0 && n_unique > 0 {
+        // slot[k]: the unique row that contribution k adds into.
+        let mut slot = vec![0u32; ids.len()];
+        for j in 0..n_unique {
+            for &k in &order[starts[j]..starts[j + 1]] {
+                slot[k as usize] = j as u32;
+            }
+        }
+        // The unique rows cut into ranges of about equal contribution
+        // counts, one task each. Each task walks its contributions in
+        // position order: every row of the result still sums its
+        // contributions in increasing k, so the cut changes no bit, and
+        // the sources are read front to back rather than group by group.
+        let n_parts = if ids.len() * width >= super::PAR_MIN_ELEMS {
+            4 * rayon::current_num_threads()
+        } else {
+            1
+        };
+        let mut cuts = vec![0usize];
+        let mut seen = 0;
+        for j in 0..n_unique - 1 {
+            seen += starts[j + 1] - starts[j];
+            if seen * n_parts >= ids.len() * cuts.len() {
+                cuts.push(j + 1);
+            }
+        }
+        cuts.push(n_unique);
+        let mut part_of = vec![0u32; n_unique];
+        for (q, w) in cuts.windows(2).enumerate() {
+            part_of[w[0]..w[1]].fill(q as u32);
+        }
+        let mut mine: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() - 1];
+        for (k, &j) in slot.iter().enumerate() {
+            mine[part_of[j as usize] as usize].push(k as u32);
+        }
+        let mut parts: Vec<(usize, &mut [T])> = Vec::with_capacity(mine.len());
+        let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
+        for w in cuts.windows(2) {
+            let (head, tail) = rest.split_at_mut((w[1] - w[0]) * width);
+            parts.push((w[0], head));
+            rest = tail;
+        }
+        let sum_part = |((j0, dst), ks): ((usize, &mut [T]), Vec<u32>)| {
+            for (p, &k) in ks.iter().enumerate() {
+                let j = slot[k as usize] as usize - j0;
+                let dst = &mut dst[j * width..(j + 1) * width];
+                let (s, r) = at[k as usize];
+                let (src, r) = (&sources[s as usize], r as usize);
+                // Rows are often one page each, where the hardware
+                // prefetcher starts over: ask for the next row while this
+                // one is summed.
+                let next = ks.get(p + 1).and_then(|&k| row_slice(k));
+                match (flat[s as usize], src.scale) {
+                    (Some(v), None) => {
+                        add_row(dst, &v[r * width..(r + 1) * width], next, |x| x);
+                    }
+                    (Some(v), Some(c)) => {
+                        add_row(dst, &v[r * width..(r + 1) * width], next, |x| c * x);
+                    }
+                    (None, scale) => {
+                        for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
+                            *d += scale.map_or(x, |c| c * x);
+                        }
+                    }
+                }
+            }
+        };
+        if parts.len() > 1 {
+            parts.into_par_iter().zip(mine).for_each(sum_part);
+        } else {
+            parts.into_iter().zip(mine).for_each(sum_part);
+        }
+    }
+    RowSparse {
+        n_rows,
+        rows,
+        values: out,
+    }
+}
+
+/// `dst[i] += f(src[i])`, one cache line at a time, prefetching the same
+/// line of `next` (the row summed after this one).
+#[inline(always)]
+fn add_row<T: Real>(dst: &mut [T], src: &[T], next: Option<&[T]>, f: impl Fn(T) -> T) {
+    let line = (64 / std::mem::size_of::<T>()).max(1);
+    for (c, (d, s)) in dst.chunks_mut(line).zip(src.chunks(line)).enumerate() {
+        if let Some(n) = next {
+            prefetch(n.as_ptr().wrapping_add(c * line));
+        }
+        for (d, &x) in d.iter_mut().zip(s) {
+            *d += f(x);
+        }
+    }
+}
+
+/// A hint to load the cache line at `p` (no effect elsewhere than x86-64).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees,
+    // whatever the address; SSE is part of x86-64.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The naive twin of [`coalesce_rows`]: one pass in position order into a
+/// map from row to sum. Same result, bit for bit.
+pub fn coalesce_rows_naive<T: Real>(
+    n_rows: usize,
+    ids: &[usize],
+    values: ArrayView2<'_, T>,
+) -> RowSparse<T> {
+    let mut acc: std::collections::BTreeMap<usize, Vec<T>> = Default::default();
+    for (k, &id) in ids.iter().enumerate() {
+        assert!(
+            id < n_rows,
+            "coalesce_rows_naive: id {id} is out of range 0..{n_rows}"
+        );
+        let row = acc
+            .entry(id)
+            .or_insert_with(|| vec![T::zero(); values.ncols()]);
+        for (d, &s) in row.iter_mut().zip(values.row(k).iter()) {
+            *d += s;
+        }
+    }
+    let rows: Vec<usize> = acc.keys().copied().collect();
+    let mut out = Array2::<T>::zeros((rows.len(), values.ncols()));
+    for (mut o, v) in out.outer_iter_mut().zip(acc.values()) {
+        o.assign(&ndarray::ArrayView1::from(v.as_slice()));
+    }
+    RowSparse {
+        n_rows,
+        rows,
+        values: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn hand_case() {
+        let v = array![[1.0f64, 1.0], [2.0, 2.0], [4.0, 4.0], [8.0, 8.0]];
+        let rs = coalesce_rows(10, &[7, 2, 7, 7], v.view());
+        assert_eq!(rs.rows, vec![2, 7]);
+        assert_eq!(rs.values, array![[2.0, 2.0], [13.0, 13.0]]);
+        assert_eq!(rs, coalesce_rows_naive(10, &[7, 2, 7, 7], v.view()));
+    }
+
+    #[test]
+    fn empty() {
+        let v = Array2::<f32>::zeros((0, 3));
+        let rs = coalesce_rows(4, &[], v.view());
+        assert!(rs.rows.is_empty());
+        assert_eq!(rs.values.dim(), (0, 3));
+    }
+}

@@ -1,0 +1,492 @@
+//! The summed fused cross-entropy of the LM head: `ℒ = Σ_n loss_n` as one
+//! scalar, with its gradients formed during the forward.
+//!
+//! When the per-token losses are only summed, every token's upstream
+//! gradient is the same scalar gy, so the gradient is known at forward time
+//! up to that one factor. The forward walks chunks of tokens against the
+//! whole vocabulary, once:
+//!
+//! ```text
+//! Z_c     = h_c·Wᵀ                                (chunk_tokens × V, the workspace; one gemm per split)
+//! loss_n  = (m_n − z_{n,y_n}) + ln Σ_v e^{z_nv − m_n}   m_n = max_v z_nv; 0 for y_n = −100
+//! G_c     = softmax(Z_c) − onehot(y_c)            (in place; ignored tokens are left out)
+//! ∂h_c    = G_c·W                                 ∂W_k += G_{c,k}ᵀ·h_c   (β = 1)
+//! ```
+//!
+//! and the backward only scales: `∂h += gy·∂h°`, `∂W_k += gy·∂W_k°`
+//! ([`fused_ce_sum_backward`]). That is 6·N·V·H flops, against 8·N·V·H for
+//! the per-token kernel of [`super::fused_ce`], which must recompute the
+//! logits in its backward; the price is ∂W (V × H), held from the forward
+//! to the backward. Derivation:
+//! `docs/gradients.md#summed-fused-cross-entropy`.
+//!
+//! Each row's softmax is computed by one rayon task in a fixed order, and
+//! matrixmultiply's threads split only the output of a product, never its
+//! inner sum, so the result is the same bits for any thread count.
+
+use ndarray::parallel::prelude::*;
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, s};
+
+use super::fused_ce::as_rows;
+use crate::kernels::Real;
+use crate::kernels::exp;
+use crate::kernels::pool::Pool;
+use crate::ops::cross_entropy::IGNORE_INDEX;
+use crate::tape::{Backward, Flow, Grads, Tape, Var};
+
+/// Token chunks of the summed kernel. A chunk's logits against the whole
+/// vocabulary (`chunk_tokens × V`) are its workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SumChunks {
+    /// As many tokens as a block of logits of at most this many bytes
+    /// holds, `budget / (V·size_of::<T>())`, rounded down to a multiple of
+    /// [`SumChunks::ALIGN`] when it is at least that, and at least 1.
+    Budget(usize),
+    /// Exactly this many tokens (at least 1), whatever the workspace.
+    Tokens(usize),
+}
+
+impl Default for SumChunks {
+    /// A budget of 32 MiB: 256 tokens of a 32256-word vocabulary in f32.
+    fn default() -> Self {
+        SumChunks::Budget(32 << 20)
+    }
+}
+
+impl SumChunks {
+    /// The multiple a budgeted chunk is rounded down to: matrixmultiply
+    /// sums the inner dimension in blocks of 256, and the inner dimension
+    /// of `∂W_k += G_{c,k}ᵀ·h_c` is the chunk's token count, so a chunk of
+    /// 260 tokens would cost a second pass over ∂W (V × H) for 4 tokens.
+    pub const ALIGN: usize = 256;
+
+    /// Tokens per chunk for a vocabulary of `v` words in `T`: at least 1.
+    ///
+    /// ```
+    /// use splitgrad::ops::fused_ce_sum::SumChunks;
+    /// assert_eq!(SumChunks::default().tokens::<f32>(32256), 256);
+    /// assert_eq!(SumChunks::Budget(100 * 5 * 8).tokens::<f64>(5), 100);
+    /// assert_eq!(SumChunks::Budget(0).tokens::<f64>(5), 1);
+    /// assert_eq!(SumChunks::Tokens(3).tokens::<f32>(32256), 3);
+    /// ```
+    pub fn tokens<T: Real>(&self, v: usize) -> usize {
+        match *self {
+            SumChunks::Budget(bytes) => {
+                let t = bytes / (v.max(1) * std::mem::size_of::<T>());
+                if t >= Self::ALIGN {
+                    t / Self::ALIGN * Self::ALIGN
+                } else {
+                    t.max(1)
+                }
+            }
+            SumChunks::Tokens(t) => t.max(1),
+        }
+    }
+
+    /// Bytes of workspace the kernel allocates for at most `n` tokens, a
+    /// vocabulary of `v` words and hidden size `h` in `T`: the block of
+    /// logits (`chunk × V`) and two `chunk × H` blocks (the chunk's hidden
+    /// rows and their gradient), where the chunk is [`Self::tokens`] but
+    /// never more than N. Bounded independently of N; the gradients the
+    /// kernel returns are not counted.
+    ///
+    /// ```
+    /// use splitgrad::ops::fused_ce_sum::SumChunks;
+    /// let c = SumChunks::default();
+    /// assert_eq!(c.workspace_bytes::<f32>(2048, 32256, 512), (256 * 32256 + 2 * 256 * 512) * 4);
+    /// assert_eq!(c.workspace_bytes::<f32>(10, 32256, 512), (10 * 32256 + 2 * 10 * 512) * 4);
+    /// ```
+    pub fn workspace_bytes<T: Real>(&self, n: usize, v: usize, h: usize) -> usize {
+        let t = self.tokens::<T>(v).min(n).max(1);
+        (t * v + 2 * t * h) * std::mem::size_of::<T>()
+    }
+}
+
+/// The gradients of `Σ_n loss_n` formed by [`fused_ce_sum_forward`], not
+/// yet scaled by the upstream gradient.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SumGrads<T> {
+    /// ∂ℒ/∂h (N, H), when asked for; rows of ignored tokens are 0.
+    pub hidden: Option<Array2<T>>,
+    /// ∂ℒ/∂W_k (size_k, H) for each split, when asked for.
+    pub weights: Vec<Option<Array2<T>>>,
+}
+
+/// `Σ_n loss_n` and, when asked for, its gradients (the fast kernel).
+///
+/// h: (N, H), `weights[k]`: (size_k, H), labels: (N) in `[0, V)` or −100;
+/// `want_hidden` and `want_weights[k]` say which gradients to form. With
+/// none wanted only the loss is computed (the same bits). The loss is
+/// summed in token order in f64 and rounded to `T` once.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
+/// // One token, z = [0, 0]: loss ln 2, ∂h = ½·W_0 + ½·W_1 − W_1.
+/// let h = array![[1.0f64, 0.0]];
+/// let w = array![[0.0, 1.0], [0.0, -1.0]];
+/// let (loss, g) = fused_ce_sum_forward(h.view(), &[w.view()], &[1], SumChunks::default(), true, &[true]);
+/// assert!((loss - 2f64.ln()).abs() < 1e-15);
+/// assert_eq!(g.hidden.unwrap(), array![[0.0, 1.0]]);
+/// assert_eq!(g.weights[0].as_ref().unwrap(), array![[0.5, 0.0], [-0.5, 0.0]]);
+/// ```
+///
+/// **Panics** if labels and h have different lengths, `want_weights` and
+/// `weights` differ in length, or a label is outside `[0, V)` and not −100.
+#[track_caller]
+pub fn fused_ce_sum_forward<T: Real>(
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    labels: &[i64],
+    chunks: SumChunks,
+    want_hidden: bool,
+    want_weights: &[bool],
+) -> (T, SumGrads<T>) {
+    fused_ce_sum_forward_in(
+        &Pool::new(),
+        h,
+        weights,
+        labels,
+        chunks,
+        want_hidden,
+        want_weights,
+    )
+}
+
+/// [`fused_ce_sum_forward`] with its gradients and workspace in buffers
+/// from `pool` (the workspace is given back before it returns).
+///
+/// **Panics** as [`fused_ce_sum_forward`].
+#[track_caller]
+pub fn fused_ce_sum_forward_in<T: Real>(
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    labels: &[i64],
+    chunks: SumChunks,
+    want_hidden: bool,
+    want_weights: &[bool],
+) -> (T, SumGrads<T>) {
+    let (n, width) = h.dim();
+    let v: usize = weights.iter().map(|w| w.nrows()).sum();
+    assert_eq!(
+        labels.len(),
+        n,
+        "fused_ce_sum: {} labels for {n} rows",
+        labels.len()
+    );
+    assert_eq!(
+        want_weights.len(),
+        weights.len(),
+        "fused_ce_sum: one wish per weight"
+    );
+    let active: Vec<usize> = (0..n).filter(|&i| labels[i] != IGNORE_INDEX).collect();
+    if let Some(&i) = active
+        .iter()
+        .find(|&&i| labels[i] < 0 || labels[i] as usize >= v)
+    {
+        panic!(
+            "fused_ce_sum: label {} of row {i} is outside 0..{v}",
+            labels[i]
+        );
+    }
+    let zeros2 = |r: usize, c: usize| -> Array2<T> {
+        pool.zeros(&[r, c])
+            .into_dimensionality::<Ix2>()
+            .expect("2-D")
+    };
+    let mut grads = SumGrads {
+        hidden: want_hidden.then(|| zeros2(n, width)),
+        weights: weights
+            .iter()
+            .zip(want_weights)
+            .map(|(w, &want)| want.then(|| zeros2(w.nrows(), w.ncols())))
+            .collect(),
+    };
+    let want_grad = want_hidden || want_weights.iter().any(|&w| w);
+    let tc = chunks.tokens::<T>(v).min(active.len()).max(1);
+    let mut hc_buf = Array2::<T>::zeros((tc, width));
+    let mut z_buf = zeros2(tc, v);
+    let mut ghc_buf = Array2::<T>::zeros((if want_hidden { tc } else { 0 }, width));
+    let mut total = 0f64;
+    for idx in active.chunks(tc) {
+        let r = idx.len();
+        let mut hc = hc_buf.slice_mut(s![..r, ..]);
+        for (i, &p) in idx.iter().enumerate() {
+            hc.row_mut(i).assign(&h.row(p));
+        }
+        let hc = hc.view();
+        let mut z = z_buf.slice_mut(s![..r, ..]);
+        // Z_cᵀ = W_k·h_cᵀ, one split's columns at a time. W is the left
+        // side, so matrixmultiply packs it on every thread, block by block
+        // (it packs the right side on one thread).
+        let mut start = 0;
+        for w in weights {
+            let cols = s![.., start..start + w.nrows()];
+            T::gemm(
+                T::one(),
+                w.view(),
+                hc.t(),
+                T::zero(),
+                z.slice_mut(cols).reversed_axes(),
+            );
+            start += w.nrows();
+        }
+        // Each row: its loss, and softmax − onehot in place.
+        let losses: Vec<T> = z
+            .axis_iter_mut(Axis(0))
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, mut row)| {
+                let zs = row
+                    .as_slice_mut()
+                    .expect("rows of the block are contiguous");
+                row_loss(zs, labels[idx[i]] as usize, want_grad)
+            })
+            .collect();
+        for l in losses {
+            total += l.to_f64();
+        }
+        if !want_grad {
+            continue;
+        }
+        let g = z.view();
+        if let Some(gh) = grads.hidden.as_mut() {
+            // ∂h_c = Σ_k G_{c,k}·W_k.
+            let mut ghc = ghc_buf.slice_mut(s![..r, ..]);
+            let (mut start, mut first) = (0, true);
+            for w in weights.iter().filter(|w| w.nrows() > 0) {
+                let beta = if first { T::zero() } else { T::one() };
+                let cols = s![.., start..start + w.nrows()];
+                T::gemm(
+                    T::one(),
+                    w.t(),
+                    g.slice(cols).t(),
+                    beta,
+                    ghc.view_mut().reversed_axes(),
+                );
+                (start, first) = (start + w.nrows(), false);
+            }
+            for (i, &p) in idx.iter().enumerate() {
+                gh.row_mut(p).assign(&ghc.row(i));
+            }
+        }
+        // ∂W_k += G_{c,k}ᵀ·h_c.
+        let mut start = 0;
+        for (w, gw) in weights.iter().zip(grads.weights.iter_mut()) {
+            if let Some(gw) = gw.as_mut() {
+                let cols = s![.., start..start + w.nrows()];
+                T::gemm(T::one(), g.slice(cols).t(), hc, T::one(), gw.view_mut());
+            }
+            start += w.nrows();
+        }
+    }
+    pool.give(z_buf);
+    (T::from_f64(total), grads)
+}
+
+/// One token's row of logits z (V) with label y: returns
+/// `(m − z_y) + ln Σ_v e^{z_v − m}`, and when `grad` turns z into
+/// `softmax(z) − onehot(y)` in place. The shift by m and by ln Σ are
+/// applied one after the other, so that neither rounds at the scale of m
+/// (logits in the thousands keep the loss of a confident token).
+fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
+    let m = exp::max(z);
+    let log_sum = exp::sum_exp(z, m).ln();
+    let loss = (m - z[y]) + log_sum;
+    if grad {
+        for x in z.iter_mut() {
+            *x -= m;
+        }
+        exp::scaled_exp(z, log_sum, T::one());
+        z[y] -= T::one();
+    }
+    loss
+}
+
+/// `∂x += gy·d°` for every input x whose gradient d° [`fused_ce_sum_forward`]
+/// formed: handed to the tape as the pairs `(gy, d°)`, written out only
+/// when something needs the array (with gy = 1 that is `d°` bit for bit).
+pub fn fused_ce_sum_backward<'a, T: Real>(
+    held: impl Iterator<Item = (Var, ArrayViewD<'a, T>)>,
+    gy: T,
+    grads: &mut Grads<'a, T>,
+) {
+    for (v, d) in held {
+        grads.add_scaled(v, gy, d);
+    }
+}
+
+/// The saved state of the summed head: the gradients of `Σ_n loss_n`
+/// formed in the forward, each beside the node it belongs to.
+struct FusedCeSum<T: Real> {
+    /// The hidden states' node and ∂ℒ/∂hidden (…, H), when it needs one.
+    hidden: (Var, Option<ArrayD<T>>),
+    /// Each weight's node and ∂ℒ/∂W_k (size_k, H), when it needs one.
+    weights: Vec<(Var, Option<ArrayD<T>>)>,
+    /// Where the gradients go back when the tape is dropped.
+    pool: Pool<T>,
+}
+
+impl<T: Real> Drop for FusedCeSum<T> {
+    fn drop(&mut self) {
+        for (_, d) in std::iter::once(&mut self.hidden).chain(&mut self.weights) {
+            if let Some(d) = d.take() {
+                self.pool.give(d);
+            }
+        }
+    }
+}
+
+impl<T: Real> Backward<T> for FusedCeSum<T> {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        let held = std::iter::once(&self.hidden)
+            .chain(&self.weights)
+            .filter_map(|(v, d)| d.as_ref().map(|d| (*v, d.view())));
+        fused_ce_sum_backward(held, gy.first(), grads);
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// The summed cross-entropy `Σ_n loss_n` of hidden rows (…, H) against
+    /// split weights `weights[k]` (size_k, H), labels (N) in `[0, V)` or
+    /// −100 → a 0-D loss. The gradients of hidden and of the weights that
+    /// need one are formed here (6·N·V·H flops in all) and held by the node
+    /// until the tape is dropped; the backward only scales them.
+    ///
+    /// **Panics** if the shapes disagree or a label is outside `[0, V)`
+    /// and not −100 (the head checks its inputs first).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{ops::fused_ce_sum::SumChunks, Tape};
+    /// let mut t = Tape::<f64>::new();
+    /// let h = t.input(array![[1.0, 0.0]].into_dyn());
+    /// let w = t.input(array![[0.0, 1.0], [0.0, -1.0]].into_dyn());
+    /// let loss = t.fused_cross_entropy_sum(h, &[w], &[1], SumChunks::default());
+    /// assert!((t.scalar(loss) - 2f64.ln()).abs() < 1e-15);
+    /// let g = t.backward(loss);
+    /// assert_eq!(g.input(h).unwrap(), &array![[0.0, 1.0]].into_dyn());
+    /// ```
+    #[track_caller]
+    pub fn fused_cross_entropy_sum(
+        &mut self,
+        hidden: Var,
+        weights: &[Var],
+        labels: &[i64],
+        chunks: SumChunks,
+    ) -> Var {
+        let want_hidden = self.is_recording() && self.requires_grad(hidden);
+        let want_weights: Vec<bool> = weights
+            .iter()
+            .map(|&w| self.is_recording() && self.requires_grad(w))
+            .collect();
+        let (loss, sums) = {
+            let h = as_rows(self.value(hidden));
+            let ws: Vec<ArrayView2<'_, T>> = weights
+                .iter()
+                .map(|&w| {
+                    self.value(w)
+                        .into_dimensionality::<Ix2>()
+                        .expect("fused_ce_sum: weights must be 2-D")
+                })
+                .collect();
+            fused_ce_sum_forward_in(
+                self.pool(),
+                h.view(),
+                &ws,
+                labels,
+                chunks,
+                want_hidden,
+                &want_weights,
+            )
+        };
+        let hidden_shape = self.value(hidden).shape().to_vec();
+        let saved = FusedCeSum {
+            hidden: (
+                hidden,
+                sums.hidden.map(|g| {
+                    g.into_shape_with_order(IxDyn(&hidden_shape))
+                        .expect("(N, H) rows reshape to hidden's shape")
+                }),
+            ),
+            weights: weights
+                .iter()
+                .zip(sums.weights)
+                .map(|(&w, g)| (w, g.map(|g| g.into_dyn())))
+                .collect(),
+            pool: self.pool().clone(),
+        };
+        let mut inputs = weights.to_vec();
+        inputs.push(hidden);
+        self.push_op(ArrayD::from_elem(IxDyn(&[]), loss), &inputs, saved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+    use crate::ops::fused_ce::{ChunkSizes, Targets, fused_ce_backward, fused_ce_forward};
+    use ndarray::ArrayViewMut2;
+
+    /// The per-token kernel with gy = 1, summed: the reference.
+    fn per_token(
+        h: ArrayView2<'_, f64>,
+        ws: &[ArrayView2<'_, f64>],
+        labels: &[i64],
+    ) -> (f64, Array2<f64>, Vec<Array2<f64>>) {
+        let t = Targets::per_token(labels.to_vec());
+        let c = ChunkSizes::default();
+        let (loss, stats) = fused_ce_forward(h, ws, &t, c);
+        let mut gh = Array2::zeros(h.dim());
+        let mut gws: Vec<Array2<f64>> = ws.iter().map(|w| Array2::zeros(w.dim())).collect();
+        let mut views: Vec<Option<ArrayViewMut2<'_, f64>>> =
+            gws.iter_mut().map(|g| Some(g.view_mut())).collect();
+        let ones = vec![1.0; labels.len()];
+        fused_ce_backward(h, ws, &t, &stats, &ones, c, Some(gh.view_mut()), &mut views);
+        drop(views);
+        (loss.iter().sum(), gh, gws)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn equals_the_per_token_kernel_for_every_chunk() {
+        let mut rng = Rng::new(11);
+        let (n, width, sizes) = (9, 4, [6usize, 0, 5]);
+        let h = Array2::from_shape_fn((n, width), |_| 3.0 * rng.normal());
+        let ws: Vec<Array2<f64>> = sizes
+            .iter()
+            .map(|&s| Array2::from_shape_fn((s, width), |_| rng.normal()))
+            .collect();
+        let wv: Vec<ArrayView2<'_, f64>> = ws.iter().map(|w| w.view()).collect();
+        let labels = [3i64, -100, 10, 0, 5, -100, 7, 1, 9];
+        let (l0, gh0, gw0) = per_token(h.view(), &wv, &labels);
+        for tokens in [1, 2, 3, 7, 8, 100] {
+            let c = SumChunks::Tokens(tokens);
+            let (l, g) = fused_ce_sum_forward(h.view(), &wv, &labels, c, true, &[true; 3]);
+            assert!(close(l, l0), "{tokens}: {l} vs {l0}");
+            let gh = g.hidden.unwrap();
+            assert!(gh.iter().zip(&gh0).all(|(a, b)| close(*a, *b)), "{tokens}");
+            for (a, b) in g.weights.iter().zip(&gw0) {
+                let a = a.as_ref().unwrap();
+                assert!(a.iter().zip(b).all(|(a, b)| close(*a, *b)), "{tokens}");
+            }
+            let (l2, none) = fused_ce_sum_forward(h.view(), &wv, &labels, c, false, &[false; 3]);
+            assert_eq!(l2.to_bits(), l.to_bits(), "the loss alone is the same bits");
+            assert!(none.hidden.is_none() && none.weights.iter().all(Option::is_none));
+        }
+    }
+
+    #[test]
+    fn backward_with_unit_upstream_adds_exactly() {
+        let d = ndarray::array![0.1f32, -0.3, 7.0].into_dyn();
+        let mut g = ndarray::array![0.2f32, 0.0, -1.0].into_dyn();
+        let want = &g + &d;
+        crate::kernels::reduce::add_scaled(1.0, d.view(), &mut g);
+        assert_eq!(g, want);
+    }
+}

@@ -1,0 +1,174 @@
+//! Routed gather: each id read from the split that owns it,
+//! `out[n] = table_{k(n)}[local(n)]`.
+//!
+//! Backward sends each row of `∂out` to its owner's row and nowhere else
+//! ([`split_gather_backward`]): split k receives the rows of the tokens
+//! routed to it, read in place from `∂out` (or from a lazy `c·R`). A
+//! frozen split gets nothing. Derivation: `docs/gradients.md#split-routing`.
+
+use std::rc::Rc;
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use crate::kernels::Real;
+use crate::kernels::pool::Pool;
+use crate::kernels::routing::Routed;
+use crate::kernels::rows::rows_from_in;
+use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
+
+/// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
+/// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
+/// `(*ids_shape, H)`.
+///
+/// **Panics** if the tables are not 2-D of one width, a local row is out of
+/// range, or `ids_shape` does not hold N ids.
+#[track_caller]
+pub fn split_gather_forward<T: Real>(
+    tables: &[ArrayViewD<'_, T>],
+    routed: &Routed,
+    ids_shape: &[usize],
+) -> ArrayD<T> {
+    split_gather_forward_in(&Pool::new(), tables, routed, ids_shape)
+}
+
+/// [`split_gather_forward`] into a buffer from `pool`.
+///
+/// **Panics** as [`split_gather_forward`].
+#[track_caller]
+pub fn split_gather_forward_in<T: Real>(
+    pool: &Pool<T>,
+    tables: &[ArrayViewD<'_, T>],
+    routed: &Routed,
+    ids_shape: &[usize],
+) -> ArrayD<T> {
+    let n = routed.n_ids();
+    assert_eq!(
+        ids_shape.iter().product::<usize>(),
+        n,
+        "split_gather: shape {ids_shape:?} does not hold {n} ids"
+    );
+    assert_eq!(
+        tables.len(),
+        routed.positions.len(),
+        "split_gather: {} tables for {} splits",
+        tables.len(),
+        routed.positions.len()
+    );
+    let width = tables
+        .first()
+        .map_or(0, |t| t.shape().get(1).copied().unwrap_or(0));
+    let flat: Vec<ndarray::ArrayView2<'_, T>> = tables
+        .iter()
+        .map(|t| {
+            t.view()
+                .into_dimensionality::<ndarray::Ix2>()
+                .expect("split_gather: tables must be 2-D")
+        })
+        .collect();
+    for (k, t) in flat.iter().enumerate() {
+        assert_eq!(
+            t.ncols(),
+            width,
+            "split_gather: table {k} has width {}, expected {width}",
+            t.ncols()
+        );
+        if let Some(&bad) = routed.local[k].iter().find(|&&l| l >= t.nrows()) {
+            panic!(
+                "split_gather: row {bad} is out of range 0..{} of table {k}",
+                t.nrows()
+            );
+        }
+    }
+    let mut shape = ids_shape.to_vec();
+    shape.push(width);
+    let owners = routed.owners();
+    let flat_tables: Option<Vec<&[T]>> = flat.iter().map(|t| t.to_slice()).collect();
+    if let Some(srcs) = flat_tables {
+        let out = rows_from_in(pool, &[n, width], width, |i| {
+            let (k, l) = owners[i];
+            &srcs[k][l * width..(l + 1) * width]
+        });
+        return out
+            .into_shape_with_order(IxDyn(&shape))
+            .expect("standard layout reshapes");
+    }
+    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
+    if width == 0 || n == 0 {
+        return out;
+    }
+    let dst = out.as_slice_mut().expect("fresh array is contiguous");
+    for (o, &(k, l)) in dst.chunks_mut(width).zip(&owners) {
+        o.iter_mut()
+            .zip(flat[k].row(l).iter())
+            .for_each(|(d, &s)| *d = s);
+    }
+    out
+}
+
+/// Sends row n of `gy` to row `local(n)` of split `k(n)`'s table, for every
+/// split that wants a gradient: one [`RowPart`] per split, all reading the
+/// same `gy` in place.
+pub fn split_gather_backward<'a, T: Real>(
+    tables: &[Var],
+    routed: &'a Routed,
+    gy: Flow<'a, T>,
+    grads: &mut Grads<'a, T>,
+) {
+    let src = Rc::new(gy);
+    for (k, &t) in tables.iter().enumerate() {
+        if grads.wants(t) && !routed.positions[k].is_empty() {
+            let part = RowPart::routed(
+                &routed.local[k],
+                &routed.positions[k],
+                routed.n_ids(),
+                Rc::clone(&src),
+            );
+            grads.add_rows(t, part);
+        }
+    }
+}
+
+/// The saved state of `split_gather`: the tables and the routing.
+struct SplitGather {
+    tables: Vec<Var>,
+    routed: Routed,
+}
+
+impl<T: Real> Backward<T> for SplitGather {
+    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+        split_gather_backward(&self.tables, &self.routed, gy, grads);
+    }
+}
+
+impl<'p, T: Real> Tape<'p, T> {
+    /// Gathers each id's row from the split that owns it (the routed form of
+    /// [`Tape::gather`]): `out[n] = tables[k(n)][local(n)]`.
+    ///
+    /// tables: (size_k, H) each; `routed` from
+    /// [`SplitRouting::route_all`](crate::kernels::routing::SplitRouting::route_all)
+    /// → `(*ids_shape, H)`. A token routed to split k sends gradient to split
+    /// k only; a 2-D parameter table gets a row-sparse gradient.
+    ///
+    /// **Panics** if the tables disagree with the routing (a caller bug).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{kernels::routing::SplitRouting, Tape};
+    /// let mut t = Tape::<f64>::new();
+    /// let a = t.input(array![[1.0], [2.0]].into_dyn());
+    /// let b = t.input(array![[30.0]].into_dyn());
+    /// let routed = SplitRouting::new(&[2, 1]).route_all(&[2, 0, 1, 2])?;
+    /// let y = t.split_gather(&[a, b], &routed, &[2, 2]);
+    /// assert_eq!(t.value(y), array![[[30.0], [1.0]], [[2.0], [30.0]]].into_dyn());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn split_gather(&mut self, tables: &[Var], routed: &Routed, ids_shape: &[usize]) -> Var {
+        let views: Vec<ArrayViewD<'_, T>> = tables.iter().map(|&t| self.value(t)).collect();
+        let out = split_gather_forward_in(self.pool(), &views, routed, ids_shape);
+        self.push_op_with(out, tables, || SplitGather {
+            tables: tables.to_vec(),
+            routed: routed.clone(),
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! Crash safety: `train` killed with SIGKILL at many random moments always
+//! leaves a checkpoint that loads (or none yet), `--resume` goes on from
+//! it, and the run ends with the weights of a run that was never killed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use splitgrad::Rng;
+use splitgrad::app::train::load_model;
+use splitgrad::checkpoint::Checkpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+const STEPS: u64 = 2500;
+const ARGS: &[&str] = &["--batch", "256", "--dim", "8", "--checkpoint-every", "3"];
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("splitgrad-crash-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn command(out: &Path, resume: bool) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["train", "--steps", &STEPS.to_string(), "--out"])
+        .arg(out)
+        .args(ARGS);
+    if resume {
+        c.arg("--resume");
+    }
+    c
+}
+
+#[test]
+fn sigkill_at_random_moments_never_loses_the_last_checkpoint() {
+    let dir = scratch("kill");
+    let whole = dir.join("whole");
+    let started = std::time::Instant::now();
+    let status = command(&whole, false)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Kills land within a tenth of a whole run's time after each start, so
+    // about twenty of them fit in one run whatever the machine's speed.
+    let window = (started.elapsed().as_micros() as u64 / 10).max(1);
+
+    let cut = dir.join("cut");
+    let ckpt = cut.join("model.safetensors");
+    let mut rng = Rng::new(2024);
+    let mut last_step = 0u64;
+    let mut kills = 0;
+    let mut mid_run = 0;
+    while kills < 24 {
+        let resume = ckpt.exists();
+        let mut child = command(&cut, resume)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Anywhere from start-up (corpus generation) to deep in training.
+        let wait = Duration::from_micros(rng.below(window));
+        std::thread::sleep(wait);
+        child.kill().unwrap(); // SIGKILL
+        let status = child.wait().unwrap();
+        kills += 1;
+        if ckpt.exists() {
+            let step: u64 = Checkpoint::open(&ckpt)
+                .unwrap_or_else(|e| panic!("kill {kills}: the checkpoint does not open: {e}"))
+                .metadata()["step"]
+                .parse()
+                .unwrap();
+            let saved = load_model::<f32>(&ckpt)
+                .unwrap_or_else(|e| panic!("kill {kills}: the checkpoint does not load: {e}"));
+            assert_eq!(saved.history.len() as u64, step);
+            assert!(
+                step >= last_step,
+                "kill {kills}: step went back {last_step} → {step}"
+            );
+            if status.code().is_none() && step < STEPS {
+                mid_run += 1;
+            }
+            last_step = step;
+        }
+    }
+    eprintln!(
+        "{kills} kills, {mid_run} after a checkpoint and before the end, last checkpoint at step {last_step}"
+    );
+    assert!(mid_run >= 10, "only {mid_run} kills landed mid-run");
+    let status = command(&cut, ckpt.exists())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (a, b) = (
+        Checkpoint::open(whole.join("model.safetensors")).unwrap(),
+        Checkpoint::open(&ckpt).unwrap(),
+    );
+    for name in a.names() {
+        assert_eq!(a.get(name).unwrap(), b.get(name).unwrap(), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

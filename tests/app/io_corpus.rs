@@ -1,0 +1,336 @@
+//! The corpus: loading (every error naming file, array, position, value),
+//! sequence starts, round trips, and bigrams that never cross a sequence.
+
+use std::path::PathBuf;
+
+use crate::io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
+use splitgrad::ErrorKind;
+use splitgrad::app::corpus::{Corpus, load_corpus, save_corpus};
+
+fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
+    let path = scratch(test).join("corpus.npz");
+    write_npz(&path, members);
+    let (e, m) = message(load_corpus(&path));
+    assert_eq!(e.file(), Some(path.as_path()), "{m}");
+    (path, e, m)
+}
+
+fn ids(tokens: &[i64], languages: &[i64]) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("token_ids", i64_member(tokens)),
+        ("language_ids", i64_member(languages)),
+    ]
+}
+
+#[test]
+fn without_sequence_starts_the_corpus_is_one_sequence() {
+    let path = scratch("corpus_one").join("corpus.npz");
+    write_npz(
+        &path,
+        &[
+            (
+                "token_ids",
+                npy(&dict("<u2", "(4,)"), &[7, 0, 8, 0, 9, 0, 0xff, 0xff]),
+            ),
+            ("language_ids", npy(&dict("|i1", "(4,)"), &[1, 1, 0, 2])),
+        ],
+    );
+    let corpus = load_corpus(&path).unwrap();
+    assert_eq!(corpus.token_ids, [7, 8, 9, 65535]);
+    assert_eq!(corpus.language_ids, [1, 1, 0, 2]);
+    assert_eq!(corpus.sequence_starts, [0]);
+    assert_eq!((corpus.vocab_size(), corpus.n_languages()), (65536, 3));
+    assert_eq!(
+        corpus.bigrams().collect::<Vec<_>>(),
+        [(0, 1), (1, 2), (2, 3)]
+    );
+    corpus.validate(65536, 3).unwrap();
+}
+
+#[test]
+fn zero_is_prepended_to_sequence_starts() {
+    let dir = scratch("corpus_starts");
+    let mut members = ids(&[1, 2, 3, 4, 5, 6], &[0; 6]);
+    members.push(("sequence_starts", i64_member(&[2, 3, 5])));
+    write_npz(&dir.join("a.npz"), &members);
+    let corpus = load_corpus(dir.join("a.npz")).unwrap();
+    assert_eq!(corpus.sequence_starts, [0, 2, 3, 5]);
+    assert_eq!(
+        corpus.sequences().collect::<Vec<_>>(),
+        [0..2, 2..3, 3..5, 5..6]
+    );
+    assert_eq!(corpus.bigrams().collect::<Vec<_>>(), [(0, 1), (3, 4)]);
+    assert_eq!(corpus.n_bigrams(), 2);
+
+    let mut members = ids(&[1, 2, 3], &[0; 3]);
+    members.push(("sequence_starts", i64_member(&[0, 1])));
+    write_npz(&dir.join("b.npz"), &members);
+    assert_eq!(
+        load_corpus(dir.join("b.npz")).unwrap().sequence_starts,
+        [0, 1]
+    );
+
+    let mut members = ids(&[1, 2, 3], &[0; 3]);
+    members.push(("sequence_starts", i64_member(&[])));
+    write_npz(&dir.join("c.npz"), &members);
+    assert_eq!(load_corpus(dir.join("c.npz")).unwrap().sequence_starts, [0]);
+}
+
+#[test]
+fn bigrams_never_cross_a_sequence_start() {
+    let n = 1000;
+    let starts: Vec<usize> = (0..n).filter(|p| p % 7 == 0 || p % 11 == 3).collect();
+    let corpus = Corpus {
+        token_ids: (0..n as u32).collect(),
+        language_ids: vec![0; n],
+        sequence_starts: starts.clone(),
+    };
+    corpus.validate(n, 1).unwrap();
+    let bigrams: Vec<(usize, usize)> = corpus.bigrams().collect();
+    let expected: Vec<(usize, usize)> = (1..n)
+        .filter(|p| !starts.contains(p))
+        .map(|p| (p - 1, p))
+        .collect();
+    assert_eq!(bigrams, expected);
+    assert_eq!(corpus.n_bigrams(), n - starts.len());
+}
+
+#[test]
+fn round_trip() {
+    let path = scratch("corpus_round_trip").join("corpus.npz");
+    let corpus = Corpus {
+        token_ids: vec![0, u32::MAX, 5, 5, 9],
+        language_ids: vec![3, 3, 0, 1, 1],
+        sequence_starts: vec![0, 2, 4],
+    };
+    save_corpus(&path, &corpus).unwrap();
+    assert_eq!(load_corpus(&path).unwrap(), corpus);
+}
+
+#[test]
+fn missing_arrays() {
+    let (path, e, m) = load_err(
+        "corpus_missing_tokens",
+        &[("language_ids", i64_member(&[0]))],
+    );
+    assert!(matches!(e.kind(), ErrorKind::Missing));
+    assert_eq!(
+        m,
+        format!("{}: array `token_ids`: is missing", path.display())
+    );
+    let (path, e, m) = load_err(
+        "corpus_missing_languages",
+        &[("token_ids", i64_member(&[0]))],
+    );
+    assert!(matches!(e.kind(), ErrorKind::Missing));
+    assert_eq!(
+        m,
+        format!("{}: array `language_ids`: is missing", path.display())
+    );
+}
+
+#[test]
+fn not_one_dimensional_or_not_integer() {
+    let (path, e, m) = load_err(
+        "corpus_2d",
+        &[
+            (
+                "token_ids",
+                npy(&dict("<i8", "()"), &crate::io_common::le_i64(&[4])),
+            ),
+            ("language_ids", i64_member(&[0])),
+        ],
+    );
+    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `token_ids`: token_ids has shape [], expected 1-D",
+            path.display()
+        )
+    );
+
+    let (path, e, m) = load_err(
+        "corpus_float",
+        &[
+            ("token_ids", i64_member(&[1])),
+            ("language_ids", npy(&dict("<f8", "(1,)"), &le_f64(&[0.0]))),
+        ],
+    );
+    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `language_ids`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)",
+            path.display()
+        )
+    );
+
+    let mut members = ids(&[1, 2], &[0, 0]);
+    members.push(("sequence_starts", npy(&dict("|b1", "(1,)"), &[1])));
+    let (path, e, m) = load_err("corpus_bool_starts", &members);
+    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
+    assert!(
+        m.starts_with(&format!(
+            "{}: array `sequence_starts`: has dtype bool",
+            path.display()
+        )),
+        "{m}"
+    );
+}
+
+#[test]
+fn lengths_differ() {
+    let (path, e, m) = load_err("corpus_lengths", &ids(&[1, 2, 3], &[0, 0]));
+    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `language_ids`: language_ids has shape [2], expected (3,), the length of token_ids",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn empty_corpus() {
+    let (path, e, m) = load_err("corpus_empty", &ids(&[], &[]));
+    assert!(matches!(e.kind(), ErrorKind::Empty));
+    assert_eq!(
+        m,
+        format!("{}: array `token_ids`: is empty", path.display())
+    );
+}
+
+#[test]
+fn negative_or_too_large_ids() {
+    let (path, e, m) = load_err("corpus_negative", &ids(&[1, 2, 3], &[0, -2, 0]));
+    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -2, .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `language_ids`: language id -2 at position [1] is out of range 0..4294967296",
+            path.display()
+        )
+    );
+    let (path, e, m) = load_err("corpus_too_large", &ids(&[1, 1 << 32], &[0, 0]));
+    assert!(matches!(
+        e.kind(),
+        ErrorKind::OutOfRange {
+            value: 4294967296,
+            ..
+        }
+    ));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `token_ids`: token id 4294967296 at position [1] is out of range 0..4294967296",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn bad_sequence_starts() {
+    let with = |starts: &[i64]| {
+        let mut members = ids(&[1, 2, 3, 4], &[0; 4]);
+        members.push(("sequence_starts", i64_member(starts)));
+        members
+    };
+    let (path, e, m) = load_err("starts_range", &with(&[0, 2, 4]));
+    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: 4, .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `sequence_starts`: sequence start 4 at position [2] is out of range 0..4",
+            path.display()
+        )
+    );
+    let (path, e, m) = load_err("starts_negative", &with(&[-1, 2]));
+    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -1, .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `sequence_starts`: sequence start -1 at position [0] is out of range 0..4",
+            path.display()
+        )
+    );
+    let (path, e, m) = load_err("starts_order", &with(&[0, 2, 2]));
+    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `sequence_starts`: sequence start 2 at position [2] does not exceed the one before it, 2",
+            path.display()
+        )
+    );
+    let two_d = vec![
+        ("token_ids", i64_member(&[1, 2])),
+        ("language_ids", i64_member(&[0, 0])),
+        (
+            "sequence_starts",
+            npy(&dict("<i8", "(1, 1)"), &crate::io_common::le_i64(&[0])),
+        ),
+    ];
+    let (_, e, _) = load_err("starts_2d", &two_d);
+    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
+}
+
+#[test]
+fn validate_checks_ids_against_the_model() {
+    let corpus = Corpus {
+        token_ids: vec![1, 2, 3],
+        language_ids: vec![0, 2, 1],
+        sequence_starts: vec![0, 2],
+    };
+    corpus.validate(4, 3).unwrap();
+    let cases = [
+        (
+            (3, 3),
+            "array `token_ids`: token id 3 at position [2] is out of range 0..3",
+        ),
+        (
+            (4, 2),
+            "array `language_ids`: language id 2 at position [1] is out of range 0..2",
+        ),
+    ];
+    for ((v, l), expected) in cases {
+        assert_eq!(corpus.validate(v, l).unwrap_err().to_string(), expected);
+    }
+    let bad_starts = [
+        (
+            vec![1, 2],
+            "array `sequence_starts`: the first sequence must start at 0",
+        ),
+        (
+            vec![0, 3],
+            "array `sequence_starts`: sequence start 3 at position [1] is out of range 0..3",
+        ),
+        (
+            vec![0, 2, 1],
+            "array `sequence_starts`: sequence start 1 at position [2] does not exceed the one before it, 2",
+        ),
+    ];
+    for (starts, expected) in bad_starts {
+        let c = Corpus {
+            sequence_starts: starts,
+            ..corpus.clone()
+        };
+        assert_eq!(c.validate(4, 3).unwrap_err().to_string(), expected);
+    }
+    let short = Corpus {
+        language_ids: vec![0],
+        ..corpus.clone()
+    };
+    assert_eq!(
+        short.validate(4, 3).unwrap_err().to_string(),
+        "array `language_ids`: language_ids has shape [1], expected (3,), the length of token_ids"
+    );
+    assert_eq!(
+        Corpus::new(vec![], vec![])
+            .validate(4, 3)
+            .unwrap_err()
+            .to_string(),
+        "array `token_ids`: is empty"
+    );
+}

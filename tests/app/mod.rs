@@ -1,0 +1,15 @@
+//! Tests of the application: golden vectors, the corpus file, the bench
+//! workloads, and (with the `cli` feature) the command line end to end.
+
+mod bench_smoke;
+mod fuzz_replay;
+mod io_corpus;
+
+#[cfg(feature = "cli")]
+mod bad_inputs;
+#[cfg(feature = "cli")]
+mod cli_crash;
+#[cfg(feature = "cli")]
+mod cli_train;
+#[cfg(feature = "cli")]
+mod golden;

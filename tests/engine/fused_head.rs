@@ -1,0 +1,203 @@
+//! The fused head equals the naive one: `SplitLanguageModellingHead::forward`
+//! (chunked, online log-sum-exp, no N × V logits) against `forward_naive`
+//! (the full logits through the tape's primitive ops), in f64 and f32, for
+//! loss values and every gradient, on random sizes, chunk sizes, ignored
+//! labels and logits from O(1) to the thousands. The memory side is in
+//! `fused_head_memory.rs` (it needs a binary to itself).
+
+use crate::common::{array, config, head_inputs};
+use ndarray::ArrayD;
+use proptest::prelude::*;
+use splitgrad::layers::SplitLanguageModellingHead;
+use splitgrad::ops::fused_ce::ChunkSizes;
+use splitgrad::state::Module;
+use splitgrad::{Real, Tape};
+
+#[derive(Clone, Debug)]
+struct Case {
+    sizes: Vec<usize>,
+    hidden_size: usize,
+    weights: Vec<ArrayD<f64>>,
+    /// (…, H)
+    hidden: ArrayD<f64>,
+    /// (…)
+    labels: ArrayD<i64>,
+    /// (…), the upstream gradient of each token's loss.
+    upstream: ArrayD<f64>,
+    chunks: ChunkSizes,
+    frozen: Option<usize>,
+}
+
+/// Loss (…), ∂hidden (…, H) and ∂W_k (dense, zeros if frozen), as f64.
+struct Pass {
+    loss: ArrayD<f64>,
+    grads: Vec<ArrayD<f64>>,
+}
+
+fn pass<T: Real>(c: &Case, naive: bool) -> Pass {
+    let names: Vec<String> = (0..c.sizes.len()).map(|k| format!("s{k}")).collect();
+    let sizes: Vec<(&str, usize)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(c.sizes.iter().copied())
+        .collect();
+    let mut head = SplitLanguageModellingHead::<T>::new(&sizes, &names, c.hidden_size).unwrap();
+    for (p, w) in head.parameters_mut().iter_mut().zip(&c.weights) {
+        *p.value_mut() = w.mapv(T::from_f64);
+    }
+    if let Some(k) = c.frozen {
+        head.set_trainable(&names[k], false).unwrap();
+    }
+    head.set_chunks(c.chunks);
+    let mut tape = Tape::new();
+    let h = tape.input(c.hidden.mapv(T::from_f64));
+    let loss = if naive {
+        head.forward_naive(&mut tape, h, c.labels.view())
+    } else {
+        head.forward(&mut tape, h, c.labels.view())
+    }
+    .unwrap();
+    let loss_value = tape.value(loss).mapv(Real::to_f64);
+    let total = tape.dot_const(loss, c.upstream.mapv(T::from_f64));
+    let g = tape.backward(total);
+    let mut grads = vec![g.input(h).unwrap().mapv(Real::to_f64)];
+    for (k, p) in head.parameters().iter().enumerate() {
+        assert_eq!(g.param(p).is_none(), c.frozen == Some(k));
+        grads.push(g.dense(p).mapv(Real::to_f64));
+    }
+    Pass {
+        loss: loss_value,
+        grads,
+    }
+}
+
+/// The rounding a pass in `T` may commit, as absolute bounds for the
+/// loss, ∂hidden and ∂W.
+///
+/// Logits are `z = h·W_v` with |z| ≤ Z = H·max|h|·max|W|; each is computed
+/// to about ε·Z, and so are lse and the loss. A softmax entry `exp(z − lse)`
+/// then has relative error about ε·Z, so `∂h_n = u_n·Σ_v (p_v − δ)·W_v`
+/// (Σ_v p_v = 1) is off by about `|u|·ε·Z·max|W|`, and
+/// `∂W_v = Σ_n u_n·(p_nv − δ)·h_n` by up to `N·|u|·ε·Z·max|h|`. A factor
+/// 16 leaves room for the two paths' different summation orders.
+fn tolerance(c: &Case, eps: f64) -> [f64; 3] {
+    let max = |a: &ArrayD<f64>| a.iter().fold(0f64, |m, &x| m.max(x.abs()));
+    let mh = max(&c.hidden);
+    let mw = c.weights.iter().map(max).fold(0.0, f64::max);
+    let mu = max(&c.upstream);
+    let v: usize = c.sizes.iter().sum();
+    let z = c.hidden_size as f64 * mh * mw + (v as f64).ln();
+    let n = c.labels.len() as f64;
+    let e = 16.0 * eps * (1.0 + z);
+    [e, e * (1.0 + mw) * mu, e * (1.0 + mh) * mu * n]
+}
+
+fn assert_close(
+    a: &ArrayD<f64>,
+    b: &ArrayD<f64>,
+    tol: f64,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.shape(), b.shape());
+    for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+        prop_assert!(x.is_finite() && y.is_finite(), "{}: {} vs {}", what, x, y);
+        prop_assert!(
+            (x - y).abs() <= tol,
+            "{} element {}: fused {} naive {} (tol {})",
+            what,
+            i,
+            x,
+            y,
+            tol
+        );
+    }
+    Ok(())
+}
+
+fn fused_equals_naive<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseError> {
+    let fused = pass::<T>(c, false);
+    let naive = pass::<T>(c, true);
+    let [tol_loss, tol_hidden, tol_weight] = tolerance(c, eps);
+    assert_close(&fused.loss, &naive.loss, tol_loss, "loss")?;
+    for (l, (&label, &x)) in c.labels.iter().zip(fused.loss.iter()).enumerate() {
+        if label == -100 {
+            prop_assert_eq!(x, 0.0, "ignored token {} has a loss", l);
+        }
+    }
+    for (k, (a, b)) in fused.grads.iter().zip(&naive.grads).enumerate() {
+        let (what, tol) = if k == 0 {
+            ("∂hidden".to_string(), tol_hidden)
+        } else {
+            (format!("∂W_{}", k - 1), tol_weight)
+        };
+        assert_close(a, b, tol, &what)?;
+    }
+    Ok(())
+}
+
+/// Random heads ([`common::head_inputs`]) with chunks from 1 to past N
+/// and V, an upstream gradient per token, sometimes a frozen split.
+fn case() -> impl Strategy<Value = Case> {
+    head_inputs()
+        .prop_flat_map(|inputs| {
+            let (n, v) = (inputs.n_tokens(), inputs.vocab_size());
+            let chunks =
+                (1..=n + 3, 1..=v + 3).prop_map(|(tokens, vocab)| ChunkSizes { tokens, vocab });
+            let frozen = prop_oneof![3 => Just(None), 1 => (0..inputs.sizes.len()).prop_map(Some)];
+            let upstream = array(inputs.labels.shape().to_vec(), -1.0, 1.0);
+            (Just(inputs), upstream, chunks, frozen)
+        })
+        .prop_map(|(inputs, upstream, chunks, frozen)| Case {
+            sizes: inputs.sizes,
+            hidden_size: inputs.hidden_size,
+            weights: inputs.weights,
+            hidden: inputs.hidden,
+            labels: inputs.labels,
+            upstream,
+            chunks,
+            frozen,
+        })
+}
+
+proptest! {
+    #![proptest_config(config(64, "proptest-regressions/fused_head.txt"))]
+
+    #[test]
+    fn fused_equals_naive_f64(c in case()) {
+        fused_equals_naive::<f64>(&c, f64::EPSILON)?;
+    }
+
+    #[test]
+    fn fused_equals_naive_f32(c in case()) {
+        fused_equals_naive::<f32>(&c, f32::EPSILON as f64)?;
+    }
+}
+
+#[test]
+fn logits_in_the_thousands_one_token() {
+    // z = [3000, 2990, −3000]: lse = 3000 + ln(1 + e^−10) (+ e^−6000, 0);
+    // naive exp(3000) overflows, the stable forms do not.
+    let c = Case {
+        sizes: vec![2, 1],
+        hidden_size: 1,
+        weights: vec![
+            ndarray::array![[3000.0], [2990.0]].into_dyn(),
+            ndarray::array![[-3000.0]].into_dyn(),
+        ],
+        hidden: ndarray::array![[1.0]].into_dyn(),
+        labels: ndarray::array![1i64].into_dyn(),
+        upstream: ndarray::array![1.0].into_dyn(),
+        chunks: ChunkSizes {
+            tokens: 1,
+            vocab: 1,
+        },
+        frozen: None,
+    };
+    let want = 10.0 + (-10f64).exp().ln_1p();
+    let f = pass::<f64>(&c, false);
+    assert!((f.loss[[0]] - want).abs() < 1e-12, "{}", f.loss);
+    fused_equals_naive::<f64>(&c, f64::EPSILON).unwrap();
+    let f = pass::<f32>(&c, false);
+    assert!((f.loss[[0]] - want).abs() < 1e-3, "{}", f.loss);
+    fused_equals_naive::<f32>(&c, f32::EPSILON as f64).unwrap();
+}

@@ -1,0 +1,596 @@
+//! Reading and writing `.npz` files: every integer dtype, reals, 0-d and
+//! Fortran-order arrays, round trips, and damaged files (errors, never
+//! panics).
+
+use crate::io_common::{
+    dict, i64_member, le_f64, le_i64, message, npy, scratch, write_npz, zip_bytes,
+};
+use ndarray::{Array, ArrayD, IxDyn, arr0, arr1, arr2};
+use npyz::zip::CompressionMethod;
+use splitgrad::io::{DtypeKind, NpzReader, NpzWriter, RealDtype};
+use splitgrad::{ErrorKind, Rng};
+
+/// Bytes of each value through `f`, concatenated.
+fn bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(|&v| f(v)).collect()
+}
+
+#[test]
+fn every_integer_dtype_reads_as_i64() {
+    let dir = scratch("every_integer_dtype");
+    let path = dir.join("ints.npz");
+    let cases: Vec<(&str, &str, Vec<u8>, Vec<i64>)> = vec![
+        (
+            "i1",
+            "|i1",
+            bytes(&[-128i8, -1, 127], |v| v.to_le_bytes()),
+            vec![-128, -1, 127],
+        ),
+        (
+            "u1",
+            "|u1",
+            bytes(&[0u8, 200, 255], |v| v.to_le_bytes()),
+            vec![0, 200, 255],
+        ),
+        (
+            "i2le",
+            "<i2",
+            bytes(&[i16::MIN, -2, 300], |v| v.to_le_bytes()),
+            vec![-32768, -2, 300],
+        ),
+        (
+            "i2be",
+            ">i2",
+            bytes(&[i16::MIN, -2, 300], |v| v.to_be_bytes()),
+            vec![-32768, -2, 300],
+        ),
+        (
+            "u2le",
+            "<u2",
+            bytes(&[0u16, 258, u16::MAX], |v| v.to_le_bytes()),
+            vec![0, 258, 65535],
+        ),
+        (
+            "u2be",
+            ">u2",
+            bytes(&[0u16, 258, u16::MAX], |v| v.to_be_bytes()),
+            vec![0, 258, 65535],
+        ),
+        (
+            "i4le",
+            "<i4",
+            bytes(&[i32::MIN, -7, 70000], |v| v.to_le_bytes()),
+            vec![-2147483648, -7, 70000],
+        ),
+        (
+            "i4be",
+            ">i4",
+            bytes(&[i32::MIN, -7, 70000], |v| v.to_be_bytes()),
+            vec![-2147483648, -7, 70000],
+        ),
+        (
+            "u4le",
+            "<u4",
+            bytes(&[1u32, 65536, u32::MAX], |v| v.to_le_bytes()),
+            vec![1, 65536, 4294967295],
+        ),
+        (
+            "u4be",
+            ">u4",
+            bytes(&[1u32, 65536, u32::MAX], |v| v.to_be_bytes()),
+            vec![1, 65536, 4294967295],
+        ),
+        (
+            "i8le",
+            "<i8",
+            bytes(&[i64::MIN, -1, i64::MAX], |v| v.to_le_bytes()),
+            vec![i64::MIN, -1, i64::MAX],
+        ),
+        (
+            "i8be",
+            ">i8",
+            bytes(&[i64::MIN, -1, i64::MAX], |v| v.to_be_bytes()),
+            vec![i64::MIN, -1, i64::MAX],
+        ),
+        (
+            "u8le",
+            "<u8",
+            bytes(&[0u64, 1 << 40, i64::MAX as u64], |v| v.to_le_bytes()),
+            vec![0, 1 << 40, i64::MAX],
+        ),
+        (
+            "u8be",
+            ">u8",
+            bytes(&[0u64, 1 << 40, i64::MAX as u64], |v| v.to_be_bytes()),
+            vec![0, 1 << 40, i64::MAX],
+        ),
+    ];
+    let members: Vec<(&str, Vec<u8>)> = cases
+        .iter()
+        .map(|(name, descr, data, _)| (*name, npy(&dict(descr, "(3,)"), data)))
+        .collect();
+    write_npz(&path, &members);
+    let mut r = NpzReader::open(&path).unwrap();
+    for (name, descr, _, expected) in &cases {
+        let dtype = r.dtype(name).unwrap();
+        assert_eq!(dtype.descr(), *descr);
+        assert_eq!(dtype.is_big_endian(), descr.starts_with('>'), "{name}");
+        let kind = if descr.contains('u') {
+            DtypeKind::UInt
+        } else {
+            DtypeKind::Int
+        };
+        assert_eq!(dtype.kind(), kind, "{name}");
+        assert_eq!(r.ints(name).unwrap(), arr1(expected).into_dyn(), "{name}");
+        assert_eq!(r.ints_1d(name).unwrap(), *expected, "{name}");
+    }
+}
+
+#[test]
+fn uint64_above_i64_max_is_an_error_naming_position_and_value() {
+    let dir = scratch("uint64_too_large");
+    let path = dir.join("big.npz");
+    let data = bytes(&[5u64, 6, 7, 1 << 63], |v| v.to_le_bytes());
+    // The same bytes in Fortran order: the fourth stored value is still at
+    // [1, 1]; the second stored one would be at [1, 0].
+    let fortran = "{'descr': '<u8', 'fortran_order': True, 'shape': (2, 2), }";
+    let data_f = bytes(&[5u64, 1 << 63, 6, 7], |v| v.to_le_bytes());
+    write_npz(
+        &path,
+        &[
+            ("big", npy(&dict("<u8", "(2, 2)"), &data)),
+            ("bigf", npy(fortran, &data_f)),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    let (_, m) = message(r.ints("bigf"));
+    assert!(
+        m.contains("value 9223372036854775808 at position [1, 0]"),
+        "{m}"
+    );
+    let (e, m) = message(r.ints("big"));
+    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `big`: uint64 value 9223372036854775808 at position [1, 1] does not fit in int64 \
+             (range -9223372036854775808..=9223372036854775807)",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn bool_float_and_other_dtypes_are_not_integers() {
+    let dir = scratch("not_integers");
+    let path = dir.join("x.npz");
+    write_npz(
+        &path,
+        &[
+            ("b", npy(&dict("|b1", "(2,)"), &[1, 0])),
+            ("f", npy(&dict("<f8", "(1,)"), &le_f64(&[1.0]))),
+            ("u", npy(&dict("<U3", "(1,)"), &[0; 12])),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    for (name, found) in [("b", "bool"), ("f", "float64"), ("u", "'<U3'")] {
+        let (e, m) = message(r.ints(name));
+        assert!(matches!(e.kind(), ErrorKind::Dtype { .. }), "{name}");
+        assert_eq!(
+            m,
+            format!(
+                "{}: array `{name}`: has dtype {found}, expected an integer dtype (int8 … int64, uint8 … uint64)",
+                path.display()
+            )
+        );
+    }
+}
+
+#[test]
+fn reals_accept_f4_and_f8_of_either_byte_order_and_nothing_else() {
+    let dir = scratch("reals");
+    let path = dir.join("r.npz");
+    let f4 = bytes(&[1.5f32, -0.1], |v| v.to_be_bytes());
+    let f8 = bytes(&[0.1f64, -2.5e300], |v| v.to_le_bytes());
+    write_npz(
+        &path,
+        &[
+            ("f4", npy(&dict(">f4", "(2,)"), &f4)),
+            ("f8", npy(&dict("<f8", "(2,)"), &f8)),
+            ("f2", npy(&dict("<f2", "(1,)"), &[0, 0x3c])),
+            ("i", i64_member(&[1])),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    assert_eq!(
+        r.reals::<f32>("f4").unwrap(),
+        arr1(&[1.5f32, -0.1]).into_dyn()
+    );
+    assert_eq!(
+        r.reals::<f64>("f4").unwrap(),
+        arr1(&[1.5, f64::from(-0.1f32)]).into_dyn()
+    );
+    assert_eq!(
+        r.reals::<f64>("f8").unwrap(),
+        arr1(&[0.1, -2.5e300]).into_dyn()
+    );
+    assert_eq!(
+        r.reals::<f32>("f8").unwrap(),
+        arr1(&[0.1f32, f32::NEG_INFINITY]).into_dyn()
+    );
+    assert_eq!(r.real_dtype("f4").unwrap(), RealDtype::F32);
+    assert_eq!(r.real_dtype("f8").unwrap(), RealDtype::F64);
+    for (name, found) in [("f2", "float16"), ("i", "int64")] {
+        for (e, m) in [message(r.reals::<f64>(name)), message(r.real_dtype(name))] {
+            assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
+            assert_eq!(
+                m,
+                format!(
+                    "{}: array `{name}`: has dtype {found}, expected float32 or float64",
+                    path.display()
+                )
+            );
+        }
+    }
+}
+
+#[test]
+fn scalars_and_fortran_order_read_correctly() {
+    let dir = scratch("scalar_fortran");
+    let path = dir.join("s.npz");
+    // Column-major storage of [[0, 1, 2], [3, 4, 5]].
+    let fortran = "{'descr': '<i8', 'fortran_order': True, 'shape': (2, 3), }";
+    let f3 = "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 2, 2), }";
+    write_npz(
+        &path,
+        &[
+            ("n", npy(&dict("<i8", "()"), &le_i64(&[3]))),
+            ("x", npy(&dict("<f4", "()"), &0.25f32.to_le_bytes())),
+            ("m", npy(fortran, &le_i64(&[0, 3, 1, 4, 2, 5]))),
+            (
+                "t",
+                npy(f3, &le_f64(&[0.0, 4.0, 2.0, 6.0, 1.0, 5.0, 3.0, 7.0])),
+            ),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    assert_eq!(r.shape("n").unwrap(), Vec::<usize>::new());
+    assert_eq!(r.ints("n").unwrap(), arr0(3i64).into_dyn());
+    assert_eq!(r.reals::<f64>("x").unwrap(), arr0(0.25).into_dyn());
+    let m = r.ints("m").unwrap();
+    assert_eq!(m, arr2(&[[0i64, 1, 2], [3, 4, 5]]).into_dyn());
+    assert!(m.is_standard_layout());
+    let t = r.reals::<f64>("t").unwrap();
+    assert_eq!(
+        t,
+        Array::from_shape_fn((2, 2, 2), |(a, b, c)| (4 * a + 2 * b + c) as f64).into_dyn()
+    );
+}
+
+#[test]
+fn writer_round_trips_every_dtype_and_rank() {
+    let dir = scratch("round_trip");
+    let path = dir.join("rt.npz");
+    let i = Array::from_shape_fn((2, 3, 4), |(a, b, c)| {
+        (a as i64 - 1) * 1_000_000_007 * (b * 4 + c) as i64
+    });
+    let u = arr2(&[[0u8, 1, 255], [7, 8, 9]]);
+    let f = arr2(&[[1.5f32, -0.0, f32::MAX], [f32::MIN_POSITIVE, 3.25, -1e-30]]);
+    let d = arr1(&[std::f64::consts::PI, -1e308, 5e-324]);
+    let transposed = f.t().to_owned();
+    let mut w = NpzWriter::new(&path);
+    w.add("i", &i)
+        .add("u", &u)
+        .add("f", &f)
+        .add("d", &d)
+        .add("ft", &f.t())
+        .add("empty", &Array::<f64, _>::zeros((0, 3)))
+        .add_scalar("i0", -5i64)
+        .add_scalar("u0", 200u8)
+        .add_scalar("f0", 0.5f32)
+        .add_scalar("d0", -0.125f64);
+    w.finish().unwrap();
+    let mut r = NpzReader::open(&path).unwrap();
+    assert_eq!(
+        r.names(),
+        ["d", "d0", "empty", "f", "f0", "ft", "i", "i0", "u", "u0"]
+    );
+    assert_eq!(r.ints("i").unwrap(), i.into_dyn());
+    assert_eq!(r.ints("u").unwrap(), u.mapv(i64::from).into_dyn());
+    assert_eq!(r.dtype("u").unwrap().to_string(), "uint8");
+    assert_eq!(r.reals::<f32>("f").unwrap(), f.clone().into_dyn());
+    assert_eq!(r.reals::<f32>("ft").unwrap(), transposed.into_dyn());
+    assert_eq!(r.reals::<f64>("f").unwrap(), f.mapv(f64::from).into_dyn());
+    assert_eq!(r.reals::<f64>("d").unwrap(), d.into_dyn());
+    assert_eq!(r.shape("empty").unwrap(), [0, 3]);
+    assert_eq!(
+        r.reals::<f64>("empty").unwrap(),
+        ArrayD::<f64>::zeros(IxDyn(&[0, 3]))
+    );
+    assert_eq!(r.ints("i0").unwrap(), arr0(-5i64).into_dyn());
+    assert_eq!(r.ints("u0").unwrap(), arr0(200i64).into_dyn());
+    assert_eq!(r.reals::<f32>("f0").unwrap(), arr0(0.5f32).into_dyn());
+    assert_eq!(r.reals::<f64>("d0").unwrap(), arr0(-0.125).into_dyn());
+    for (name, descr) in [("i", "<i8"), ("u", "|u1"), ("f", "<f4"), ("d0", "<f8")] {
+        assert_eq!(r.dtype(name).unwrap().descr(), descr);
+    }
+    // The same arrays give the same bytes (fixed timestamps).
+    let first = std::fs::read(&path).unwrap();
+    let mut again = std::io::Cursor::new(Vec::new());
+    let mut w = NpzWriter::new("unused");
+    w.add("x", &arr1(&[1i64]));
+    w.write_to(&mut again).unwrap();
+    let mut w2 = NpzWriter::new(dir.join("x.npz"));
+    w2.add("x", &arr1(&[1i64]));
+    w2.finish().unwrap();
+    assert_eq!(
+        std::fs::read(dir.join("x.npz")).unwrap(),
+        again.into_inner()
+    );
+    assert!(!first.is_empty());
+}
+
+#[test]
+fn missing_array_names_file_and_array() {
+    let dir = scratch("missing");
+    let path = dir.join("m.npz");
+    write_npz(&path, &[("a", i64_member(&[1]))]);
+    let mut r = NpzReader::open(&path).unwrap();
+    assert!(r.contains("a") && !r.contains("b"));
+    for (e, m) in [
+        message(r.ints("b")),
+        message(r.shape("b")),
+        message(r.reals::<f32>("b")),
+    ] {
+        assert!(matches!(e.kind(), ErrorKind::Missing));
+        assert_eq!(e.file(), Some(path.as_path()));
+        assert_eq!(e.array(), Some("b"));
+        assert_eq!(m, format!("{}: array `b`: is missing", path.display()));
+    }
+}
+
+#[test]
+fn unreadable_non_zip_and_non_npz_files_are_errors_naming_the_file() {
+    let dir = scratch("not_npz");
+    let absent = dir.join("absent.npz");
+    let (e, m) = message(NpzReader::open(&absent));
+    assert!(matches!(e.kind(), ErrorKind::Io(_)));
+    assert!(m.starts_with(&format!("{}: ", absent.display())), "{m}");
+
+    let text = dir.join("text.npz");
+    std::fs::write(&text, "token_index,language_index\n1,2\n").unwrap();
+    let empty = dir.join("empty.npz");
+    std::fs::write(&empty, "").unwrap();
+    for path in [&text, &empty] {
+        let (e, m) = message(NpzReader::open(path));
+        assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{m}");
+        assert!(
+            m.starts_with(&format!("{}: not an npz file", path.display())),
+            "{m}"
+        );
+    }
+
+    let plain_zip = dir.join("plain.zip");
+    std::fs::write(
+        &plain_zip,
+        zip_bytes(&[("readme.txt", b"hi".to_vec())], CompressionMethod::Stored),
+    )
+    .unwrap();
+    let (e, m) = message(NpzReader::open(&plain_zip));
+    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
+    assert_eq!(
+        m,
+        format!(
+            "{}: not an npz file: a zip archive with no `.npy` member",
+            plain_zip.display()
+        )
+    );
+}
+
+/// A small valid archive for the damage tests.
+fn sample_archive() -> Vec<u8> {
+    let mut w = NpzWriter::new("unused");
+    w.add("ids", &arr1(&[1i64, 2, 3, 4]))
+        .add("x", &arr2(&[[0.5f64, 1.5], [2.5, 3.5]]))
+        .add_scalar("n", 9u8);
+    let mut out = std::io::Cursor::new(Vec::new());
+    w.write_to(&mut out).unwrap();
+    out.into_inner()
+}
+
+/// Reads every array every way; returns how many reads failed.
+fn read_everything(bytes: Vec<u8>) -> usize {
+    let Ok(mut r) = NpzReader::from_bytes("damaged.npz", bytes) else {
+        return 1;
+    };
+    let mut failures = 0;
+    for name in ["ids", "x", "n"] {
+        failures += usize::from(r.ints(name).is_err());
+        failures += usize::from(r.reals::<f64>(name).is_err());
+        failures += usize::from(r.shape(name).is_err());
+    }
+    failures
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let full = sample_archive();
+    assert_eq!(
+        read_everything(full.clone()),
+        3,
+        "ids and n are not reals, x is not ints"
+    );
+    for len in 0..full.len() {
+        let (e, m) = message(NpzReader::from_bytes("cut.npz", full[..len].to_vec()));
+        assert!(
+            matches!(e.kind(), ErrorKind::Format { .. }),
+            "length {len}: {m}"
+        );
+        assert!(
+            m.starts_with("cut.npz: not an npz file"),
+            "length {len}: {m}"
+        );
+    }
+}
+
+#[test]
+fn a_corrupt_member_is_a_format_error() {
+    let full = sample_archive();
+    let npy_start = full.windows(6).position(|w| w == b"\x93NUMPY").unwrap();
+    let ids_data = npy_start
+        + full[npy_start..]
+            .windows(8)
+            .position(|w| w == 3i64.to_le_bytes())
+            .unwrap();
+    let mut flipped = full.clone();
+    flipped[ids_data] ^= 0x40;
+    let mut r = NpzReader::from_bytes("crc.npz", flipped).unwrap();
+    let (e, m) = message(r.ints("ids"));
+    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
+    assert!(m.starts_with("crc.npz: array `ids`: corrupt member"), "{m}");
+    assert!(m.contains("checksum"), "{m}");
+    assert_eq!(
+        r.reals::<f64>("x").unwrap()[[1, 1]],
+        3.5,
+        "other members still read"
+    );
+}
+
+#[test]
+fn a_header_that_disagrees_with_the_data_is_a_format_error() {
+    let dir = scratch("short_data");
+    let path = dir.join("s.npz");
+    write_npz(
+        &path,
+        &[
+            ("short", npy(&dict("<i8", "(4,)"), &le_i64(&[1, 2, 3]))),
+            ("long", npy(&dict("<i8", "(2,)"), &le_i64(&[1, 2, 3]))),
+            ("huge", npy(&dict("<i8", "(4294967296, 4294967296)"), &[])),
+            (
+                "bad",
+                npy("{'descr': '<i8', 'shape': (1,), }", &le_i64(&[1])),
+            ),
+            ("neg", npy(&dict("<i8", "(-1,)"), &[])),
+            ("deep", npy(&"(".repeat(5000), &[])),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    let expected = [
+        (
+            "short",
+            "corrupt member: 24 bytes of data follow the header, but shape [4] of int64 needs 32",
+        ),
+        (
+            "long",
+            "corrupt member: 24 bytes of data follow the header, but shape [2] of int64 needs 16",
+        ),
+        (
+            "huge",
+            "npy shape [4294967296, 4294967296] has too many elements",
+        ),
+        ("bad", "malformed npy header: no `fortran_order` key"),
+        (
+            "neg",
+            "malformed npy header: shape (-1,) is not a tuple of non-negative integers",
+        ),
+        (
+            "deep",
+            "malformed npy header: nesting too deep at byte 17 of the header text",
+        ),
+    ];
+    for (name, why) in expected {
+        let (e, m) = message(r.ints(name));
+        assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{name}");
+        assert_eq!(m, format!("{}: array `{name}`: {why}", path.display()));
+    }
+}
+
+#[test]
+fn headers_numpy_might_write_are_understood() {
+    let dir = scratch("header_variants");
+    let path = dir.join("h.npz");
+    // Keys in another order, double quotes, a Python 2 long, no trailing comma.
+    let odd = "{\"shape\": (2L, 1), \"fortran_order\": False, \"descr\": \"<i8\"}";
+    // Version 2.0: a 4-byte header length.
+    let mut v2 = b"\x93NUMPY\x02\x00".to_vec();
+    let text = format!("{:<115}\n", dict("<i8", "(1,)"));
+    v2.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    v2.extend_from_slice(text.as_bytes());
+    v2.extend_from_slice(&le_i64(&[42]));
+    assert_eq!(v2.len() % 16, 8);
+    write_npz(&path, &[("odd", npy(odd, &le_i64(&[7, 8]))), ("v2", v2)]);
+    let mut r = NpzReader::open(&path).unwrap();
+    assert_eq!(r.ints("odd").unwrap(), arr2(&[[7i64], [8]]).into_dyn());
+    assert_eq!(r.ints("v2").unwrap(), arr1(&[42i64]).into_dyn());
+}
+
+#[test]
+fn compressed_members_read_and_unsupported_methods_are_errors() {
+    let member = i64_member(&[5, 6]);
+    let deflated = zip_bytes(&[("a.npy", member.clone())], CompressionMethod::Deflated);
+    let mut r = NpzReader::from_bytes("z.npz", deflated).unwrap();
+    assert_eq!(r.ints_1d("a").unwrap(), [5, 6]);
+
+    // Patch the method of the stored member to 14 (LZMA), which numpy
+    // never writes, in the local and the central header.
+    let mut lzma = zip_bytes(&[("a.npy", member)], CompressionMethod::Stored);
+    let local = lzma.windows(4).position(|w| w == b"PK\x03\x04").unwrap();
+    let central = lzma.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    lzma[local + 8..local + 10].copy_from_slice(&14u16.to_le_bytes());
+    lzma[central + 10..central + 12].copy_from_slice(&14u16.to_le_bytes());
+    let mut r = NpzReader::from_bytes("lzma.npz", lzma).unwrap();
+    let (e, m) = message(r.ints("a"));
+    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
+    assert_eq!(
+        m,
+        "lzma.npz: array `a`: member is compressed with Unsupported(14); \
+         stored, deflated and bzip2 members are read"
+    );
+}
+
+#[test]
+fn random_damage_never_panics() {
+    let full = sample_archive();
+    let mut rng = Rng::new(2024);
+    let mut failed = 0;
+    for _ in 0..3000 {
+        let mut bytes = full.clone();
+        for _ in 0..1 + rng.next_u64() % 4 {
+            let at = (rng.next_u64() % bytes.len() as u64) as usize;
+            bytes[at] = rng.next_u64() as u8;
+        }
+        failed += usize::from(read_everything(bytes) > 3);
+    }
+    // Most single-byte damage is caught by a header check or the CRC.
+    assert!(failed > 1000, "only {failed} damaged archives were noticed");
+}
+
+#[test]
+fn finite_reals_names_the_first_non_finite_value() {
+    let dir = scratch("finite");
+    let path = dir.join("f.npz");
+    let mut w = NpzWriter::new(&path);
+    w.add("x", &arr2(&[[1.0f32, 2.0], [3.0, f32::NEG_INFINITY]]))
+        .add("ok", &arr1(&[0.0f64]));
+    w.finish().unwrap();
+    let mut r = NpzReader::open(&path).unwrap();
+    assert_eq!(
+        r.finite_reals::<f64>("ok").unwrap(),
+        arr1(&[0.0]).into_dyn()
+    );
+    let (e, m) = message(r.finite_reals::<f64>("x"));
+    match e.kind() {
+        ErrorKind::NonFinite { position, value } => {
+            assert_eq!(position, &[1, 1]);
+            assert_eq!(*value, f64::NEG_INFINITY);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(
+        m,
+        format!(
+            "{}: array `x`: non-finite value -inf at position [1, 1]",
+            path.display()
+        )
+    );
+}

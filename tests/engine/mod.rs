@@ -1,0 +1,16 @@
+//! Tests of the engine: each op's gradient, each layer end to end, the
+//! fast kernels against their twins, optimisers, files and checkpoints.
+
+mod checkpoint;
+mod f32_vs_f64;
+mod fast_paths;
+mod fused_head;
+mod fused_head_sum;
+mod grad_hand;
+mod grad_layers;
+mod grad_ops;
+mod io_atomic;
+mod io_index;
+mod io_npz;
+mod optim;
+mod spec_errors;
