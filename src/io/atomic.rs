@@ -5,9 +5,16 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: fail the next `write_atomic` of this thread after the
+    /// temporary file is written and synced, just before the rename.
+    pub(crate) static FAIL_BEFORE_RENAME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Removes the temporary file unless disarmed, so that neither an error nor
 /// a panic in the caller's closure leaves it behind.
@@ -75,6 +82,12 @@ fn write_atomic_inner(
             "the path names no file",
         )));
     };
+    if path.is_dir() {
+        return Err(Error::from(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a folder, not a file",
+        )));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -96,6 +109,13 @@ fn write_atomic_inner(
     file.sync_all()
         .map_err(|e| io_error("cannot sync to disk".into(), e))?;
     drop(file);
+    #[cfg(test)]
+    if FAIL_BEFORE_RENAME.with(|f| f.replace(false)) {
+        return Err(io_error(
+            "cannot rename".into(),
+            std::io::Error::other("injected failure before rename"),
+        ));
+    }
     std::fs::rename(&temp, path)
         .map_err(|e| io_error(format!("cannot rename {} over it", temp.display()), e))?;
     guard.path = None;

@@ -25,6 +25,8 @@ mod npz;
 mod pylit;
 mod writer;
 
+#[cfg(test)]
+pub(crate) use atomic::FAIL_BEFORE_RENAME;
 pub use atomic::write_atomic;
 pub use index::{SplitIndex, load_index, save_index};
 pub use lookup::PairLookup;

@@ -147,6 +147,20 @@ impl<T> Pool<T> {
 }
 
 impl<T: Real> Pool<T> {
+    /// [`Pool::uninit`] for a 2-D shape.
+    pub fn uninit_2d(&self, (rows, cols): (usize, usize)) -> ndarray::Array2<MaybeUninit<T>> {
+        self.uninit(&[rows, cols])
+            .into_dimensionality()
+            .expect("a 2-D shape")
+    }
+
+    /// [`Pool::zeros`] for a 2-D shape.
+    pub fn zeros_2d(&self, (rows, cols): (usize, usize)) -> ndarray::Array2<T> {
+        self.zeros(&[rows, cols])
+            .into_dimensionality()
+            .expect("a 2-D shape")
+    }
+
     /// An array of zeros of `shape`, in a pooled buffer when one fits.
     pub fn zeros(&self, shape: &[usize]) -> ArrayD<T> {
         let n = shape.iter().product::<usize>();

@@ -21,10 +21,11 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
+use ndarray::{Array1, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
 use rayon::prelude::*;
 
 use crate::kernels::Real;
+use crate::kernels::pool::Pool;
 use crate::tape::{Backward, Flow, Grads, Tape, Var};
 
 /// A partition of `n_rows` rows into groups, kept both ways: the group of
@@ -249,6 +250,7 @@ pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups)
 /// **Panics** if the shapes disagree.
 #[track_caller]
 pub fn fusion_penalty_backward<T: Real>(
+    pool: &Pool<T>,
     x: ArrayViewD<'_, T>,
     groups: &RowGroups,
     norms: &[T],
@@ -262,7 +264,7 @@ pub fn fusion_penalty_backward<T: Real>(
     assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
     let x = x.as_standard_layout();
     let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
-    let mut out = Array2::<T>::uninit((n, width));
+    let mut out = pool.uninit_2d((n, width));
     if width > 0 {
         let dst = out.as_slice_mut().expect("fresh array is contiguous");
         let mut by_row: Vec<Option<&mut [MaybeUninit<T>]>> =
@@ -340,8 +342,13 @@ impl<T: Real> Backward<T> for FusionPenalty<'_, T> {
     fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
         if grads.wants(self.x) {
             let gy = gy.into_owned();
-            let d =
-                fusion_penalty_backward(grads.value(self.x), self.groups, &self.norms, gy.view());
+            let d = fusion_penalty_backward(
+                grads.pool(),
+                grads.value(self.x),
+                self.groups,
+                &self.norms,
+                gy.view(),
+            );
             grads.add(self.x, d);
         }
     }
@@ -384,6 +391,7 @@ impl<'p, T: Real> Tape<'p, T> {
 mod tests {
     use super::*;
     use crate::Rng;
+    use ndarray::Array2;
     use rayon::ThreadPoolBuilder;
 
     /// Rows in `n_groups` groups (some empty, some single, some with equal

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::Real;
+use crate::kernels::pool::Pool;
 use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
 
 /// The row of a token that has none.
@@ -49,6 +50,7 @@ impl<T: Real> Backward<T> for GatedMix {
         };
         let gate = self.gate.map(|g| grads.value(g));
         let (gs, row_contrib, gg) = gated_mix_backward(
+            grads.pool(),
             &self.row_of,
             grads.value(self.shared),
             grads.value(self.rows),
@@ -111,7 +113,7 @@ impl<'p, T: Real> Tape<'p, T> {
                 .value(rows)
                 .into_dimensionality::<Ix2>()
                 .expect("gated_mix: rows must be 2-D");
-            gated_mix_forward(s, r, g.as_deref(), &row_of)
+            gated_mix_forward_in(self.pool(), s, r, g.as_deref(), &row_of)
         };
         let mut inputs = vec![shared, rows];
         inputs.extend(gate);
@@ -178,6 +180,20 @@ pub fn gated_mix_forward<T: Real>(
     gate: Option<&[T]>,
     row_of: &[u32],
 ) -> Array2<T> {
+    gated_mix_forward_in(&Pool::new(), shared, rows, gate, row_of)
+}
+
+/// [`gated_mix_forward`] into a buffer from `pool`.
+///
+/// **Panics** as [`gated_mix_forward`].
+#[track_caller]
+pub fn gated_mix_forward_in<T: Real>(
+    pool: &Pool<T>,
+    shared: ArrayView2<'_, T>,
+    rows: ArrayView2<'_, T>,
+    gate: Option<&[T]>,
+    row_of: &[u32],
+) -> Array2<T> {
     let (n, d) = shared.dim();
     assert_eq!(row_of.len(), n, "gated_mix: one row id per token");
     assert_eq!(rows.ncols(), d, "gated_mix: rows and shared widths");
@@ -187,7 +203,7 @@ pub fn gated_mix_forward<T: Real>(
         shared.as_slice().expect("standard layout"),
         rows.as_slice().expect("standard layout"),
     );
-    let mut out = Array2::<T>::uninit((n, d));
+    let mut out = pool.uninit_2d((n, d));
     if d > 0 {
         let dst = out.as_slice_mut().expect("fresh array is contiguous");
         let mix = |(k, o): (usize, &mut [MaybeUninit<T>])| {
@@ -289,6 +305,7 @@ pub struct Want {
 /// **Panics** if the shapes disagree.
 #[track_caller]
 pub fn gated_mix_backward<T: Real>(
+    pool: &Pool<T>,
     row_of: &[u32],
     shared: ArrayViewD<'_, T>,
     rows: ArrayViewD<'_, T>,
@@ -315,7 +332,7 @@ pub fn gated_mix_backward<T: Real>(
 
     // Row contributions and the gate's per-token sums, read from ∂out
     // before it becomes ∂shared.
-    let mut contrib = want.rows.then(|| Array2::<T>::zeros((with_row.len(), d)));
+    let mut contrib = want.rows.then(|| pool.zeros_2d((with_row.len(), d)));
     let mut acc = vec![T::zero(); if want_gate { with_row.len() } else { 0 }];
     if d > 0 && (want.rows || want_gate) {
         let gys = gy.as_slice().expect("standard layout");
@@ -590,6 +607,7 @@ mod tests {
                             .unwrap();
                         let (s1, r1, g1) = pool.install(|| {
                             gated_mix_backward(
+                                &crate::kernels::pool::Pool::new(),
                                 &c.row_of,
                                 c.shared.view().into_dyn(),
                                 c.rows.view().into_dyn(),

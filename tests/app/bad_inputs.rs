@@ -718,7 +718,7 @@ fn r31_checkpoint_path_is_a_folder() {
     assert_error(
         &line,
         &dir,
-        "{dir}/out/model.safetensors: Is a directory (os error 21)",
+        "{dir}/out/model.safetensors: is a folder, not a file",
     );
     let names: Vec<_> = fs::read_dir(&out)
         .unwrap()
