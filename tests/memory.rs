@@ -1,4 +1,4 @@
-//! The fused head's extra memory does not grow with N × V (SPEC 1.2: "the
+//! The fused head's extra memory does not grow with N × V (`docs/spec.md#22-splitlanguagemodellinghead`: "the
 //! N × V logits matrix is never materialised").
 //!
 //! A counting global allocator (the System allocator plus atomics for the

@@ -911,7 +911,7 @@ fn diff_gated_mix(b: &mut Bytes) {
     let loss = tape.dot_const(out, c.upstream.clone().into_dyn());
     let grads = tape.backward(loss);
 
-    // The naive twin: token by token, from the formulas of SPEC 1.3.
+    // The naive twin: token by token, from the formulas of `docs/spec.md#23-splitvocabulary`.
     let rows = sv
         .rows()
         .value()

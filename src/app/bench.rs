@@ -1,4 +1,4 @@
-//! The four benchmark workloads of SPEC section 3, timed step by step.
+//! The four benchmark workloads of `docs/spec.md#5-benchmark-workloads`, timed step by step.
 //!
 //! One step is a forward pass on a [`Tape`], the backward pass and the
 //! optimiser update, in `f32`, with the real layers and optimisers:
@@ -20,7 +20,7 @@
 //!
 //! The head's weights get dense [`Adam`]: their gradient is dense (every
 //! vocabulary row takes softmax mass from every token), so they are the
-//! "dense parameters" of SPEC section 3, as `nn.Linear` weights are in
+//! "dense parameters" of `docs/spec.md#5-benchmark-workloads`, as `nn.Linear` weights are in
 //! PyTorch. Lazy Adam would update the same rows, every one of them, with
 //! `SparseAdam`'s ε. The split rows of `splitvocab` use [`LazyAdam`] as a
 //! table, but the fusion penalty reads every row, so their gradient is
@@ -56,7 +56,7 @@ use workloads::build;
 /// Bytes of one `f32`.
 const F32: u64 = 4;
 
-/// One of the four workloads of SPEC section 3.
+/// One of the four workloads of `docs/spec.md#5-benchmark-workloads`.
 ///
 /// ```
 /// use splitgrad::app::bench::Workload;
@@ -79,7 +79,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    /// All four, in the order of SPEC section 3.
+    /// All four, in the order of `docs/spec.md#5-benchmark-workloads`.
     pub const ALL: [Workload; 4] = [
         Workload::EmbedPrompt,
         Workload::EmbedFull,
@@ -154,7 +154,7 @@ pub struct BenchConfig {
     /// `matrixmultiply` reads once per process.
     pub threads: Option<usize>,
     /// Every size divided by this (at least 1 each): 1 is the workload of
-    /// SPEC section 3, larger values make a quick smoke run.
+    /// `docs/spec.md#5-benchmark-workloads`, larger values make a quick smoke run.
     pub scale: usize,
 }
 

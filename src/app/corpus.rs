@@ -1,4 +1,4 @@
-//! The training corpus (SPEC 4): [`Corpus`], [`load_corpus`],
+//! The training corpus (`docs/spec.md#61-corpus`): [`Corpus`], [`load_corpus`],
 //! [`save_corpus`].
 
 use std::ops::Range;

@@ -1,4 +1,4 @@
-//! The split-vocabulary index (SPEC 1.3, 4): [`SplitIndex`],
+//! The split-vocabulary index (`docs/spec.md#23-splitvocabulary`, `#62-index`): [`SplitIndex`],
 //! [`load_index`], [`save_index`].
 
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! - [`NpzWriter`] writes one that `numpy.load` reads, atomically
 //!   ([`write_atomic`]).
 //! - [`SplitIndex`] and [`load_index`] / [`save_index`]: the
-//!   `(language, token)` pairs of a split vocabulary (SPEC 1.3), and
+//!   `(language, token)` pairs of a split vocabulary (`docs/spec.md#23-splitvocabulary`), and
 //!   [`PairLookup`], their O(1) map to rows.
 //!
 //! Input from files never panics. Every error names the file, the array

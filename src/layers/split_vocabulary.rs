@@ -102,7 +102,7 @@ pub struct SplitVocabulary<T> {
 
 impl<T: Real> SplitVocabulary<T> {
     /// Builds the layer from an index of pairs; `rows` start at zero,
-    /// `gate_logit` at `gate_init`. Errors: an index that SPEC 1.3 rejects
+    /// `gate_logit` at `gate_init`. Errors: an index that `docs/spec.md#23-splitvocabulary` rejects
     /// (empty, a language ≥ L, a token ≥ V, a duplicate pair), `dim` 0, or a
     /// non-finite `gate_init`.
     ///

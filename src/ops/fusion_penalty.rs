@@ -8,7 +8,7 @@
 //! ```
 //!
 //! It replaces the composition segment mean → gather → sub → row norm →
-//! mean ([`SplitVocabulary::fusion_penalty_var_naive`]), which writes
+//! mean (the split vocabulary's `fusion_penalty_var_naive`), which writes
 //! several (n, D) arrays and gradient buffers, with one pass over the rows
 //! forward and one backward. The forward keeps only the n norms; the
 //! backward recomputes the centroids and deviations from the rows, which it
@@ -16,8 +16,6 @@
 //! in increasing row order by one task, so the result is the same bit for
 //! bit for any number of threads. Derivation:
 //! `docs/gradients.md#the-fused-fusion-penalty`.
-//!
-//! [`SplitVocabulary::fusion_penalty_var_naive`]: crate::layers::SplitVocabulary::fusion_penalty_var_naive
 
 use std::mem::MaybeUninit;
 

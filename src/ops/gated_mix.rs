@@ -1,4 +1,4 @@
-//! The gated mix, the op of [`SplitVocabulary`](crate::layers::SplitVocabulary):
+//! The gated mix, the op of the split vocabulary layer (`SplitVocabulary`):
 //! its forward and backward kernels, and their serial twins.
 //!
 //! ```text

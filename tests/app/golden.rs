@@ -1,4 +1,4 @@
-//! Golden vectors (SPEC §2): generation and evaluation agree bit for bit,
+//! Golden vectors (`docs/spec.md#4-golden-vectors`): generation and evaluation agree bit for bit,
 //! malformed cases are reported by name without stopping the others, and
 //! small hand cases have the results worked out in the comments.
 

@@ -83,6 +83,55 @@ pub struct Report {
     pub max_abs_grad: f64,
 }
 
+/// The checks of one property test, counted across its cases: a case may
+/// be vacuous (every label ignored, a softmax saturated past what finite
+/// differences resolve), the test may not. Declare one per test, `static T:
+/// Tally = Tally::new();`, and pass each case's report to [`Tally::count`].
+pub struct Tally {
+    runs: std::sync::atomic::AtomicU32,
+    nonzero: std::sync::atomic::AtomicU32,
+}
+
+impl Tally {
+    /// No case yet.
+    pub const fn new() -> Self {
+        Tally {
+            runs: std::sync::atomic::AtomicU32::new(0),
+            nonzero: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// Counts one passing case; at the `cases`-th, an error unless at least
+    /// one case compared a non-zero derivative.
+    pub fn count(&self, report: &Report, cases: u32) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if report.checked > 0 && report.max_abs_grad > 0.0 {
+            self.nonzero.fetch_add(1, Relaxed);
+        }
+        let runs = self.runs.fetch_add(1, Relaxed) + 1;
+        if runs == cases && self.nonzero.load(Relaxed) == 0 {
+            return Err(format!(
+                "vacuous property test: none of {runs} cases compared a non-zero derivative"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The report, or an error when the check compared nothing or only
+    /// zeros: a gradient check that cannot fail is not a check.
+    pub fn non_vacuous(self) -> Result<Report, String> {
+        if self.checked == 0 || self.max_abs_grad == 0.0 {
+            return Err(format!(
+                "vacuous gradient check: {} derivatives compared, every one 0",
+                self.checked
+            ));
+        }
+        Ok(self)
+    }
+}
+
 /// The upstream constant R for an output of this shape: standard normal
 /// draws from a fixed seed, so every evaluation of a check uses the same
 /// R, rounded to f32 so that f32 and f64 tapes can share it exactly.
@@ -199,11 +248,10 @@ where
             }
         }
     }
-    if failures.is_empty() {
-        Ok(report)
-    } else {
-        Err(failures.join("\n"))
+    if !failures.is_empty() {
+        return Err(failures.join("\n"));
     }
+    Ok(report)
 }
 
 /// A proptest configuration of `cases` cases that saves failing seeds
@@ -299,11 +347,10 @@ where
             }
         }
     }
-    if failures.is_empty() {
-        Ok(report)
-    } else {
-        Err(failures.join("\n"))
+    if !failures.is_empty() {
+        return Err(failures.join("\n"));
     }
+    Ok(report)
 }
 
 /// A random split head's inputs (see [`head_inputs`]).

@@ -1,20 +1,22 @@
 //! The three layers end to end against central finite differences in f64
 //! (the harness is in `common`): every parameter and every differentiable
-//! input, with the loss of the golden vectors (SPEC 2):
+//! input, with the loss of the golden vectors (`docs/spec.md#4-golden-vectors`):
 //!
 //! - SplitTokenEmbeddings: `L = Σ out ⊙ R`;
 //! - SplitVocabulary: `L = Σ out ⊙ R + w_p·penalty + w_f·fusion_penalty`;
 //! - SplitLanguageModellingHead: `L = Σ_n u_n·loss_n` (per-token
 //!   cross-entropy times an upstream gradient).
 //!
-//! Besides the random cases, the edge cases SPEC 1 names: ids of rank 0 to
+//! Besides the random cases, the edge cases `docs/spec.md#2-layers` names: ids of rank 0 to
 //! 3, repeated ids, a split of size 0, frozen splits, a token that sends
 //! nothing to the splits that do not own it; `seed_from` making the output
 //! `shared` bit for bit; the fusion penalty's zero-deviation rule; fusion
 //! mode; a batch without split rows; ignored labels; logits in the
 //! thousands; the fused head's chunk boundaries.
 
-use crate::common::{array, check_grads, config, split_head, upstream, with_trainable};
+use crate::common::{
+    Report, Tally, array, check_grads, config, split_head, upstream, with_trainable,
+};
 use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::io::SplitIndex;
@@ -25,6 +27,9 @@ use splitgrad::ops::fused_ce::ChunkSizes;
 use splitgrad::state::Module;
 use splitgrad::{Grad, Real, Tape};
 
+/// Cases of each property test (the head's: fewer, they are slower).
+const CASES: u32 = 64;
+const HEAD_CASES: u32 = 48;
 /// Split names `s0`, `s1`, … .
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|k| format!("s{k}")).collect()
@@ -148,9 +153,9 @@ fn emb_case() -> impl Strategy<Value = EmbCase> {
         })
 }
 
-/// Everything SPEC 1.1 says of one case: the output rows, the gradient
+/// Everything `docs/spec.md#21-splittokenembeddings` says of one case: the output rows, the gradient
 /// against finite differences, frozen splits, row-sparse routing.
-fn check_embeddings(c: &EmbCase) -> Result<(), TestCaseError> {
+fn check_embeddings(c: &EmbCase) -> Result<Report, TestCaseError> {
     let e = c.layer(&c.tables);
     let (out, _, grads) = emb_pass(&e, &c.ids);
     let mut shape = c.ids.shape().to_vec();
@@ -207,18 +212,19 @@ fn check_embeddings(c: &EmbCase) -> Result<(), TestCaseError> {
     check_grads(&values, &analytic, |v| {
         emb_pass(&c.layer(&c.with_trainable(v)), &c.ids).1
     })
-    .map(|_| ())
     .map_err(TestCaseError::fail)
 }
 
 proptest! {
-    #![proptest_config(config(64, "proptest-regressions/grad_layers.txt"))]
+    #![proptest_config(config(CASES, "proptest-regressions/grad_layers.txt"))]
 
     /// Random splits (some of size 0, some frozen), ids of rank 0 to 3 with
     /// repeats.
     #[test]
     fn split_embeddings_match_finite_differences(c in emb_case()) {
-        check_embeddings(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_embeddings(&c)?;
+        TALLY.count(&report, CASES).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -248,7 +254,8 @@ fn split_embeddings_ids_of_rank_0_to_3() {
     ];
     for ids in ids {
         let c = emb_fixed(&sizes, 2, &[true, true, true], ids.clone());
-        check_embeddings(&c).unwrap_or_else(|e| panic!("ids {ids}: {e}"));
+        let report = check_embeddings(&c).unwrap_or_else(|e| panic!("ids {ids}: {e}"));
+        report.non_vacuous().unwrap();
         let (out, _, _) = emb_pass(&c.layer(&c.tables), &ids);
         let mut shape = ids.shape().to_vec();
         shape.push(2);
@@ -291,7 +298,7 @@ fn split_embeddings_repeated_id_sums_its_upstream_rows() {
     for (a, b) in rs.values.row(0).iter().zip(want.iter()) {
         assert!((a - b).abs() <= 1e-15, "{a} vs {b}");
     }
-    check_embeddings(&c).unwrap();
+    check_embeddings(&c).unwrap().non_vacuous().unwrap();
 }
 
 #[test]
@@ -305,7 +312,7 @@ fn split_embeddings_prompt_tuning_freezes_orig() {
         panic!("{:?}", grads[1])
     };
     assert_eq!(rs.rows, vec![0, 1]);
-    check_embeddings(&c).unwrap();
+    check_embeddings(&c).unwrap().non_vacuous().unwrap();
     // All frozen: no gradient at all.
     let c = emb_fixed(&[5, 2], 3, &[false, false], c.ids.clone());
     let (_, _, grads) = emb_pass(&c.layer(&c.tables), &c.ids);
@@ -410,9 +417,9 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// The output, penalties and gradient of one case against SPEC 1.3's
+/// The output, penalties and gradient of one case against `docs/spec.md#23-splitvocabulary`'s
 /// formulas and finite differences.
-fn check_split_vocabulary(c: &SvCase) -> Result<(), TestCaseError> {
+fn check_split_vocabulary(c: &SvCase) -> Result<Report, TestCaseError> {
     let values = c.values();
     let p = c.pass(&values);
     let d = c.dim;
@@ -477,9 +484,7 @@ fn check_split_vocabulary(c: &SvCase) -> Result<(), TestCaseError> {
             .clone()
             .unwrap_or_else(|| ArrayD::zeros(c.shared.raw_dim())),
     ];
-    check_grads(&values, &analytic, |v| c.pass(v).loss)
-        .map(|_| ())
-        .map_err(TestCaseError::fail)
+    check_grads(&values, &analytic, |v| c.pass(v).loss).map_err(TestCaseError::fail)
 }
 
 /// A random subset (non-empty) of the L × V pairs, in random order.
@@ -588,19 +593,23 @@ fn seeded_output_is_shared<T: Real>(c: &SvCase, seed: u64) -> Result<(), TestCas
 }
 
 proptest! {
-    #![proptest_config(config(64, "proptest-regressions/grad_layers.txt"))]
+    #![proptest_config(config(CASES, "proptest-regressions/grad_layers.txt"))]
 
     /// Gated and fusion mode, with and without the penalties.
     #[test]
     fn split_vocabulary_matches_finite_differences(c in sv_case(any::<bool>())) {
-        check_split_vocabulary(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_split_vocabulary(&c)?;
+        TALLY.count(&report, CASES).map_err(TestCaseError::fail)?;
     }
 
     /// Fusion mode (no gate): `gate_logit` gets gradient from the penalty
     /// alone; `shared` none where a token has a row, all of R elsewhere.
     #[test]
     fn split_vocabulary_fusion_mode(c in sv_case(Just(false))) {
-        check_split_vocabulary(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_split_vocabulary(&c)?;
+        TALLY.count(&report, CASES).map_err(TestCaseError::fail)?;
         let c = SvCase { penalty_weight: 0.0, fusion_weight: 0.0, ..c };
         let p = c.pass(&c.values());
         prop_assert!(none_or_zero(p.gate_logit.as_ref()), "{:?}", p.gate_logit);
@@ -644,10 +653,12 @@ proptest! {
                 );
             }
         }
-        check_grads(std::slice::from_ref(&c.rows), &[analytic], |v| {
+        static TALLY: Tally = Tally::new();
+        let report = check_grads(std::slice::from_ref(&c.rows), &[analytic], |v| {
             c.layer(&v[0], &c.gate_logit).fusion_penalty()
         })
         .map_err(TestCaseError::fail)?;
+        TALLY.count(&report, CASES).map_err(TestCaseError::fail)?;
     }
 
     /// A batch where no token has a row: out is shared bit for bit, shared's
@@ -673,7 +684,9 @@ proptest! {
             fusion_weight: 0.0,
             ..c
         };
-        check_split_vocabulary(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_split_vocabulary(&c)?;
+        TALLY.count(&report, CASES).map_err(TestCaseError::fail)?;
         let p = c.pass(&c.values());
         prop_assert_eq!(bits(&p.out), bits(&c.shared));
         prop_assert_eq!(p.shared.unwrap(), upstream(c.shared.shape()));
@@ -707,13 +720,13 @@ fn split_vocabulary_tokens_of_a_single_row() {
         penalty_weight: 0.5,
         fusion_weight: 1.5,
     };
-    check_split_vocabulary(&c).unwrap();
+    check_split_vocabulary(&c).unwrap().non_vacuous().unwrap();
     for use_gate in [true, false] {
         let c = SvCase {
             use_gate,
             ..c.clone()
         };
-        check_split_vocabulary(&c).unwrap();
+        check_split_vocabulary(&c).unwrap().non_vacuous().unwrap();
         // Without the penalties only row 2 is touched, and (gated) gate 2.
         let c = SvCase {
             penalty_weight: 0.0,
@@ -797,7 +810,7 @@ fn split_vocabulary_fusion_penalty_through_the_centroid() {
             );
         }
     }
-    check_split_vocabulary(&c).unwrap();
+    check_split_vocabulary(&c).unwrap().non_vacuous().unwrap();
 }
 
 #[test]
@@ -914,7 +927,7 @@ impl HeadCase {
 }
 
 /// Finite differences, ignored labels, frozen splits for one head case.
-fn check_head(c: &HeadCase) -> Result<(), TestCaseError> {
+fn check_head(c: &HeadCase) -> Result<Report, TestCaseError> {
     let values = c.values();
     let p = c.pass(&values, false);
     prop_assert_eq!(p.loss.shape(), c.labels.shape());
@@ -943,9 +956,7 @@ fn check_head(c: &HeadCase) -> Result<(), TestCaseError> {
             prop_assert!(g.is_none(), "frozen split {} got a gradient", k);
         }
     }
-    check_grads(&values, &c.analytic(&p), |v| c.pass(v, false).total)
-        .map(|_| ())
-        .map_err(TestCaseError::fail)
+    check_grads(&values, &c.analytic(&p), |v| c.pass(v, false).total).map_err(TestCaseError::fail)
 }
 
 /// Random heads: 1–3 splits of 0–5 rows (V ≥ 1), H ≤ 4, labels of rank
@@ -1014,19 +1025,23 @@ fn all_close(a: &ArrayD<f64>, b: &ArrayD<f64>, tol: f64) -> Result<(), TestCaseE
 }
 
 proptest! {
-    #![proptest_config(config(48, "proptest-regressions/grad_layers.txt"))]
+    #![proptest_config(config(HEAD_CASES, "proptest-regressions/grad_layers.txt"))]
 
     /// O(1) logits, random chunks, frozen splits, ignored labels.
     #[test]
     fn lm_head_matches_finite_differences(c in head_case(2.0)) {
-        check_head(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_head(&c)?;
+        TALLY.count(&report, HEAD_CASES).map_err(TestCaseError::fail)?;
     }
 
     /// Logits up to a few hundred (weights × 40): a near one-hot softmax,
     /// still within reach of finite differences.
     #[test]
     fn lm_head_scaled_logits_match_finite_differences(c in head_case(40.0)) {
-        check_head(&c)?;
+        static TALLY: Tally = Tally::new();
+        let report = check_head(&c)?;
+        TALLY.count(&report, HEAD_CASES).map_err(TestCaseError::fail)?;
     }
 
     /// Logits in the thousands (weights × 3000): the loss is finite and
@@ -1084,7 +1099,8 @@ fn lm_head_chunk_boundaries() {
             chunks: ChunkSizes { tokens, vocab },
             ..base.clone()
         };
-        check_head(&c).unwrap_or_else(|e| panic!("chunks ({tokens}, {vocab}): {e}"));
+        let report = check_head(&c).unwrap_or_else(|e| panic!("chunks ({tokens}, {vocab}): {e}"));
+        report.non_vacuous().unwrap();
         let p = c.pass(&c.values(), false);
         all_close(&p.loss, &reference.loss, 1e-13).unwrap();
         for (a, b) in c.analytic(&p).iter().zip(&c.analytic(&reference)) {
@@ -1132,7 +1148,7 @@ fn lm_head_frozen_split_still_normalises() {
             vocab: 4,
         },
     };
-    check_head(&c).unwrap();
+    check_head(&c).unwrap().non_vacuous().unwrap();
     let p = c.pass(&c.values(), false);
     assert!(p.weights[0].is_none());
     assert!(p.weights[1].is_some());

@@ -3,21 +3,33 @@
 //! batches of one, width 1, repeated ids — and the integer machinery the
 //! layers build on: split routing and the row-sparse coalescing kernel.
 
-use crate::common::{Kind, Leaf, array, check, ids, input, matrix, param, sorted_unique};
+use crate::common::{Kind, Leaf, Tally, array, check, ids, input, matrix, param, sorted_unique};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::kernels::routing::SplitRouting;
 use splitgrad::kernels::scatter::{coalesce_rows, coalesce_rows_naive};
 use splitgrad::{ErrorKind, Grad, Parameter, Tape, Var};
 
-/// [`check`] as a proptest result.
-fn run<F>(leaves: &[Leaf], build: F) -> Result<(), TestCaseError>
+/// Cases of each property test (the slow ones: fewer).
+const CASES: u32 = 64;
+const SLOW_CASES: u32 = 4;
+
+/// [`check`] as a proptest result, counted in `tally` (a test of `cases`
+/// cases must compare a non-zero derivative in at least one).
+fn run<F>(tally: &Tally, cases: u32, leaves: &[Leaf], build: F) -> Result<(), TestCaseError>
 where
     F: for<'p> Fn(&mut Tape<'p, f64>, &[Var], &[&'p Parameter<f64>]) -> Var,
 {
-    check(leaves, build)
-        .map(|_| ())
-        .map_err(TestCaseError::fail)
+    let report = check(leaves, build).map_err(TestCaseError::fail)?;
+    tally.count(&report, cases).map_err(TestCaseError::fail)
+}
+
+/// `run` with a tally of its own for each test (`cases` cases).
+macro_rules! run {
+    ($cases:expr; $($arg:expr),+ $(,)?) => {{
+        static TALLY: Tally = Tally::new();
+        run(&TALLY, $cases, $($arg),+)
+    }};
 }
 
 /// A shape of 1 to 3 axes of 1 to 4 each.
@@ -68,7 +80,7 @@ fn wild() -> impl Strategy<Value = f64> {
 }
 
 proptest! {
-    #![proptest_config(crate::common::config(64, "proptest-regressions/grad_ops.txt"))]
+    #![proptest_config(crate::common::config(CASES, "proptest-regressions/grad_ops.txt"))]
 
     #[test]
     fn gather(
@@ -77,32 +89,32 @@ proptest! {
         })
     ) {
         let leaf = Leaf { kind, value: table };
-        run(&[leaf], |t, v, _| t.gather(v[0], &ids))?;
+        run!(CASES; &[leaf], |t, v, _| t.gather(v[0], &ids))?;
     }
 
     #[test]
     fn add((a, b) in pair()) {
-        run(&[input(a), input(b)], |t, v, _| t.add(v[0], v[1]))?;
+        run!(CASES; &[input(a), input(b)], |t, v, _| t.add(v[0], v[1]))?;
     }
 
     #[test]
     fn sub((a, b) in pair()) {
-        run(&[input(a), input(b)], |t, v, _| t.sub(v[0], v[1]))?;
+        run!(CASES; &[input(a), input(b)], |t, v, _| t.sub(v[0], v[1]))?;
     }
 
     #[test]
     fn mul((a, b) in pair()) {
-        run(&[input(a), input(b)], |t, v, _| t.mul(v[0], v[1]))?;
+        run!(CASES; &[input(a), input(b)], |t, v, _| t.mul(v[0], v[1]))?;
     }
 
     #[test]
     fn mul_same_value_twice(a in shape().prop_flat_map(|s| array(s, -2.0, 2.0))) {
-        run(&[input(a)], |t, v, _| t.mul(v[0], v[0]))?;
+        run!(CASES; &[input(a)], |t, v, _| t.mul(v[0], v[0]))?;
     }
 
     #[test]
     fn scale(a in shape().prop_flat_map(|s| array(s, -2.0, 2.0)), c in -3.0..3.0f64) {
-        run(&[input(a)], |t, v, _| t.scale(v[0], c))?;
+        run!(CASES; &[input(a)], |t, v, _| t.scale(v[0], c))?;
     }
 
     #[test]
@@ -111,12 +123,12 @@ proptest! {
             (array(with_rows(n, &tr), -2.0, 2.0), array(vec![n], -2.0, 2.0))
         })
     ) {
-        run(&[input(x), input(s)], |t, v, _| t.row_scale(v[0], v[1]))?;
+        run!(CASES; &[input(x), input(s)], |t, v, _| t.row_scale(v[0], v[1]))?;
     }
 
     #[test]
     fn sigmoid(x in shape().prop_flat_map(|s| array(s, -6.0, 6.0))) {
-        run(&[input(x)], |t, v, _| t.sigmoid(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.sigmoid(v[0]))?;
     }
 
     #[test]
@@ -126,17 +138,17 @@ proptest! {
             (array(s.clone(), -2.0, 2.0), array(s, -2.0, 2.0), prop::collection::vec(any::<bool>(), n))
         })
     ) {
-        run(&[input(a), input(b)], |t, v, _| t.select(&mask, v[0], v[1]))?;
+        run!(CASES; &[input(a), input(b)], |t, v, _| t.select(&mask, v[0], v[1]))?;
     }
 
     #[test]
     fn segment_sum((x, seg, n_seg) in segments()) {
-        run(&[input(x)], |t, v, _| t.segment_sum(v[0], &seg, n_seg))?;
+        run!(CASES; &[input(x)], |t, v, _| t.segment_sum(v[0], &seg, n_seg))?;
     }
 
     #[test]
     fn segment_mean((x, seg, n_seg) in segments()) {
-        run(&[input(x)], |t, v, _| t.segment_mean(v[0], &seg, n_seg))?;
+        run!(CASES; &[input(x)], |t, v, _| t.segment_mean(v[0], &seg, n_seg))?;
     }
 
     #[test]
@@ -151,7 +163,7 @@ proptest! {
                 *row.iter_mut().next().expect("rows are not empty") = 1.0;
             }
         }
-        run(&[input(x)], |t, v, _| t.row_norm(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.row_norm(v[0]))?;
     }
 
     #[test]
@@ -187,17 +199,17 @@ proptest! {
 
     #[test]
     fn sum(x in prop::collection::vec(1..=4usize, 0..=3).prop_flat_map(|s| array(s, -2.0, 2.0))) {
-        run(&[input(x)], |t, v, _| t.sum(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.sum(v[0]))?;
     }
 
     #[test]
     fn mean(x in prop::collection::vec(1..=4usize, 0..=3).prop_flat_map(|s| array(s, -2.0, 2.0))) {
-        run(&[input(x)], |t, v, _| t.mean(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.mean(v[0]))?;
     }
 
     #[test]
     fn dot_const((x, r) in pair()) {
-        run(&[input(x)], |t, v, _| t.dot_const(v[0], r.clone()))?;
+        run!(CASES; &[input(x)], |t, v, _| t.dot_const(v[0], r.clone()))?;
     }
 
     #[test]
@@ -209,12 +221,12 @@ proptest! {
         kb in kind(),
     ) {
         let leaves = [Leaf { kind: ka, value: a }, Leaf { kind: kb, value: b }];
-        run(&leaves, |t, v, _| t.matmul(v[0], v[1]))?;
+        run!(CASES; &leaves, |t, v, _| t.matmul(v[0], v[1]))?;
     }
 
     #[test]
     fn transpose(x in matrix(6, 6)) {
-        run(&[input(x)], |t, v, _| t.transpose(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.transpose(v[0]))?;
     }
 
     #[test]
@@ -229,7 +241,7 @@ proptest! {
             (array(vec![a, b, c], -2.0, 2.0), Just(target))
         })
     ) {
-        run(&[input(x)], |t, v, _| t.reshape(v[0], &target))?;
+        run!(CASES; &[input(x)], |t, v, _| t.reshape(v[0], &target))?;
     }
 
     #[test]
@@ -242,7 +254,7 @@ proptest! {
         // With `repeat_first`, part 0 appears twice: its gradient is the sum
         // of its two row blocks.
         let leaves: Vec<Leaf> = parts.into_iter().map(input).collect();
-        run(&leaves, |t, v, _| {
+        run!(CASES; &leaves, |t, v, _| {
             let mut vars = v.to_vec();
             if repeat_first {
                 vars.push(v[0]);
@@ -253,7 +265,7 @@ proptest! {
 
     #[test]
     fn logsumexp(x in logits()) {
-        run(&[input(x)], |t, v, _| t.logsumexp(v[0]))?;
+        run!(CASES; &[input(x)], |t, v, _| t.logsumexp(v[0]))?;
     }
 
     #[test]
@@ -264,7 +276,7 @@ proptest! {
             (Just(x), prop::collection::vec(label, n))
         })
     ) {
-        run(&[input(x)], |t, v, _| t.cross_entropy(v[0], &labels))?;
+        run!(CASES; &[input(x)], |t, v, _| t.cross_entropy(v[0], &labels))?;
     }
 
     #[test]
@@ -277,7 +289,7 @@ proptest! {
         // out = (1 − g)·shared + g·row, g = σ(gate[id]): gather from two
         // parameters (one of them 1-D), sigmoid, row_scale, sub, add.
         let leaves = [input(shared), param(table), param(gate)];
-        run(&leaves, |t, v, _| {
+        run!(CASES; &leaves, |t, v, _| {
             let row = t.gather(v[1], &ids);
             let logit = t.gather(v[2], &ids);
             let g = t.sigmoid(logit);
@@ -296,7 +308,7 @@ proptest! {
     ) {
         // Two registrations of one parameter, each gathered; optionally the
         // table itself is also used whole (the gradient becomes dense).
-        run(&[param(table)], |t, v, p| {
+        run!(CASES; &[param(table)], |t, v, p| {
             let again = t.param(p[0]);
             let a = t.gather(v[0], &ids_a);
             let b = t.gather(again, &ids_b);
@@ -413,7 +425,7 @@ proptest! {
 proptest! {
     // Large enough for the parallel sort (≥ 4096 ids) and the parallel
     // sums (≥ 32768 elements); few cases, as each is big.
-    #![proptest_config(crate::common::config(4, "proptest-regressions/grad_ops.txt"))]
+    #![proptest_config(crate::common::config(SLOW_CASES, "proptest-regressions/grad_ops.txt"))]
 
     #[test]
     fn coalesce_parallel_path_matches_naive_bit_for_bit(

@@ -1,4 +1,4 @@
-//! The split-vocabulary index: every error of SPEC 1.3, each naming the
+//! The split-vocabulary index: every error of `docs/spec.md#23-splitvocabulary`, each naming the
 //! file, the array, the position and the value; round trips; the lookup.
 
 use std::path::PathBuf;

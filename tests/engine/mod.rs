@@ -1,6 +1,7 @@
 //! Tests of the engine: each op's gradient, each layer end to end, the
 //! fast kernels against their twins, optimisers, files and checkpoints.
 
+mod architecture;
 mod checkpoint;
 mod f32_vs_f64;
 mod fast_paths;

@@ -1,5 +1,5 @@
-//! SPEC section 1's errors through the layers' public API, one test per
-//! error the SPEC lists: each asserts the [`ErrorKind`] and that the
+//! The errors of `docs/spec.md#2-layers` through the layers' public API, one test per
+//! error the specification lists: each asserts the [`ErrorKind`] and that the
 //! message names what it must (the split, the id and its range, the file,
 //! the array, the position, the value).
 

@@ -1,4 +1,4 @@
-//! `splitgrad bench`: times one workload of SPEC section 3 and relates it
+//! `splitgrad bench`: times one workload of `docs/spec.md#5-benchmark-workloads` and relates it
 //! to the memory copy and sgemm rates of the same process.
 
 use std::process::ExitCode;

@@ -98,7 +98,7 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
                 Some(ip) => {
                     // V and L are the corpus's (largest id + 1): a pair whose
                     // token or language never occurs could not learn anything,
-                    // so the index is checked against them (SPEC 1.3 errors).
+                    // so the index is checked against them (`docs/spec.md#23-splitvocabulary` errors).
                     load_index(ip, l, v)?
                 }
                 None => {

@@ -46,7 +46,7 @@ enum Command {
         #[command(subcommand)]
         command: GoldenCommand,
     },
-    /// Time one of the four benchmark workloads of SPEC section 3.
+    /// Time one of the four benchmark workloads of `docs/spec.md#5-benchmark-workloads`.
     Bench(bench::BenchArgs),
 }
 

@@ -1,4 +1,4 @@
-//! Golden vectors (SPEC §2): conformance cases that other implementations
+//! Golden vectors (`docs/spec.md#4-golden-vectors`): conformance cases that other implementations
 //! of the three layers (a GPU kernel, a PyTorch port) check themselves
 //! against.
 //!
@@ -38,10 +38,10 @@
 //!   in it (then all zeros); a frozen split gets none.
 //! - `split-vocabulary`: `vocab_size` V and `n_languages` L are 0-d
 //!   integers ≥ 1; row i of `rows` (n_rows, D) and `gate_logit` (n_rows)
-//!   belongs to the pair `(language_index[i], token_index[i])`, as in SPEC
-//!   1.3 (no duplicate pair, no empty index). `use_gate` is a 0-d 0 or 1;
+//!   belongs to the pair `(language_index[i], token_index[i])`, as in
+//!   `docs/spec.md#23-splitvocabulary` (no duplicate pair, no empty index). `use_gate` is a 0-d 0 or 1;
 //!   `penalty_weight` and `fusion_weight` are 0-d reals. `out` (N, D) as
-//!   SPEC 1.3; `penalty = mean(σ(gate_logit))`, `fusion_penalty` as SPEC 1.3
+//!   `docs/spec.md#23-splitvocabulary`; `penalty = mean(σ(gate_logit))`, `fusion_penalty` as `docs/spec.md#23-splitvocabulary`
 //!   (both 0-d); `loss = (Σ out ⊙ upstream + penalty_weight·penalty) +
 //!   fusion_weight·fusion_penalty` (0-d); `rows` and `gate_logit` are
 //!   parameters, `shared` an input.
@@ -58,7 +58,7 @@
 //! ([`ErrorKind::Shape`]), a real array of another dtype than the case's
 //! ([`ErrorKind::Dtype`]), an id, label, size or flag out of range
 //! ([`ErrorKind::OutOfRange`]), a NaN or infinity ([`ErrorKind::NonFinite`]),
-//! an index that SPEC 1.3 rejects (empty, duplicate pair), a file that is
+//! an index that `docs/spec.md#23-splitvocabulary` rejects (empty, duplicate pair), a file that is
 //! not an npz ([`ErrorKind::Format`]). No input makes evaluation panic.
 //!
 //! So that a hostile file cannot ask for unbounded memory or time, shapes
