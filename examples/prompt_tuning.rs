@@ -14,7 +14,17 @@
 //! `token_embedding.prompt.weight`, `lm_head.<split>.weight`), so d9d's
 //! modules load it by name.
 //!
-//! Run: `cargo run --release --example prompt_tuning`
+//! Run: `cargo run --release --example prompt_tuning [-- KEEP.safetensors]`
+//! (with a path, the checkpoint is kept there). In PyTorch, d9d's module
+//! loads it by name:
+//!
+//! ```text
+//! from safetensors.torch import load_file
+//! from d9d.module.block.embedding import SplitTokenEmbeddings
+//! emb = SplitTokenEmbeddings({"orig": 151936, "prompt": 16}, ["orig", "prompt"], 64)
+//! state = load_file("KEEP.safetensors")
+//! emb.load_state_dict({k: v for k, v in state.items() if k.startswith("token_embedding.")})
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -125,9 +135,10 @@ fn main() -> Result<()> {
     }
     let inputs = ids.slice(ndarray::s![.., ..len - 1]).to_owned().into_dyn();
     let labels = ids.slice(ndarray::s![.., 1..]).to_owned().into_dyn();
+    let keep = std::env::args().nth(1).map(std::path::PathBuf::from);
     let dir = std::env::temp_dir().join(format!("splitgrad-prompt-tuning-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join("prompt.safetensors");
+    let path = keep.clone().unwrap_or_else(|| dir.join("prompt.safetensors"));
 
     // 30 steps without a stop: the reference.
     let mut straight = Run::new()?;
