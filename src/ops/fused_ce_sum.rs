@@ -306,7 +306,7 @@ fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
 
 /// `∂x += gy·d°` for every input x whose gradient d° [`fused_ce_sum_forward`]
 /// formed: handed to the tape as the pairs `(gy, d°)`, written out only
-/// when something needs the array (with gy = 1 that is `d°` bit for bit).
+/// when something needs the array (as `gy·d° + 0`: with gy = 1 the values of `d°`, a −0 written as +0).
 pub fn fused_ce_sum_backward<'a, T: Real>(
     held: impl Iterator<Item = (Var, ArrayViewD<'a, T>)>,
     gy: T,
