@@ -1,5 +1,5 @@
-//! The training corpus (`docs/spec.md#61-corpus`): [`Corpus`], [`load_corpus`],
-//! [`save_corpus`].
+//! The training corpus (`docs/spec.md#61-corpus`): [`Corpus`] with its
+//! optional [`CorpusMeta`], [`load_corpus`], [`save_corpus`].
 
 use std::ops::Range;
 use std::path::Path;
@@ -31,16 +31,67 @@ pub struct Corpus {
     pub language_ids: Vec<u32>,
     /// Where each sequence begins: `[0, …]`, strictly increasing, each `< N`.
     pub sequence_starts: Vec<usize>,
+    /// What the file says about the vocabulary and the languages (empty
+    /// for a corpus made in code).
+    pub meta: CorpusMeta,
 }
 
+/// What a corpus file may state besides its ids, every part optional
+/// (`docs/spec.md#61-corpus`); `splitgrad tokenize` writes all of them.
+///
+/// When a part is present, [`Corpus::check_meta`] (and so
+/// [`load_corpus`]) holds the ids to it: a stated `vocab_size` exceeds
+/// every token id, a stated `n_languages` every language id,
+/// `language_names` has [`Corpus::n_languages`] entries and
+/// `token_strings` [`Corpus::vocab_size`].
+///
+/// ```
+/// use splitgrad::app::corpus::{Corpus, CorpusMeta};
+/// let mut corpus = Corpus::new(vec![5, 6], vec![0, 1]);
+/// assert_eq!((corpus.vocab_size(), corpus.n_languages()), (7, 2));
+/// corpus.meta = CorpusMeta {
+///     vocab_size: Some(2000),
+///     n_languages: Some(3),
+///     language_names: Some(vec!["en".into(), "fr".into(), "ja".into()]),
+///     ..CorpusMeta::default()
+/// };
+/// assert_eq!((corpus.vocab_size(), corpus.n_languages()), (2000, 3));
+/// corpus.check_meta().unwrap();
+/// corpus.meta.n_languages = Some(2);
+/// assert_eq!(
+///     corpus.check_meta().unwrap_err().to_string(),
+///     "array `language_names`: language_names has shape [3], expected (2,), one name per language"
+/// );
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CorpusMeta {
+    /// V, the size of the vocabulary the ids come from (`vocab_size`, a
+    /// 0-d integer); a tokenizer's can exceed the largest id seen.
+    pub vocab_size: Option<usize>,
+    /// L, the number of languages (`n_languages`, a 0-d integer).
+    pub n_languages: Option<usize>,
+    /// The name of each language id (`language_names`, 1-D unicode, `(L)`).
+    pub language_names: Option<Vec<String>>,
+    /// The decoded text of each token id (`token_strings`, 1-D unicode, `(V)`).
+    pub token_strings: Option<Vec<String>>,
+    /// Which tokenizer made the ids (`tokenizer_hash`, a 0-d unicode
+    /// string such as `fnv1a64:0123456789abcdef`, the hash of the bytes
+    /// of its `tokenizer.json`).
+    pub tokenizer_hash: Option<String>,
+}
+
+/// The largest token id a corpus can hold plus one: ids are `u32`.
+const MAX_SIZE: u64 = 1 << 32;
+
 impl Corpus {
-    /// A corpus that is one sequence. Nothing is checked until
-    /// [`validate`](Self::validate).
+    /// A corpus that is one sequence, with no metadata. Nothing is checked
+    /// until [`validate`](Self::validate).
     pub fn new(token_ids: Vec<u32>, language_ids: Vec<u32>) -> Self {
         Corpus {
             token_ids,
             language_ids,
             sequence_starts: vec![0],
+            meta: CorpusMeta::default(),
         }
     }
 
@@ -58,17 +109,20 @@ impl Corpus {
         self.token_ids.is_empty()
     }
 
-    /// The largest token id plus one (0 for an empty corpus).
+    /// V: the stated [`CorpusMeta::vocab_size`] if there is one, else the
+    /// largest token id plus one (0 for an empty corpus).
     pub fn vocab_size(&self) -> usize {
-        self.token_ids.iter().max().map_or(0, |&t| t as usize + 1)
+        self.meta
+            .vocab_size
+            .unwrap_or_else(|| max_plus_one(&self.token_ids))
     }
 
-    /// The largest language id plus one (0 for an empty corpus).
+    /// L: the stated [`CorpusMeta::n_languages`] if there is one, else the
+    /// largest language id plus one (0 for an empty corpus).
     pub fn n_languages(&self) -> usize {
-        self.language_ids
-            .iter()
-            .max()
-            .map_or(0, |&l| l as usize + 1)
+        self.meta
+            .n_languages
+            .unwrap_or_else(|| max_plus_one(&self.language_ids))
     }
 
     /// The token ranges of the sequences, in order.
@@ -110,14 +164,16 @@ impl Corpus {
     }
 
     /// Checks the corpus against a vocabulary of `vocab_size` and
-    /// `n_languages` languages.
+    /// `n_languages` languages, and its metadata against itself
+    /// ([`check_meta`](Self::check_meta)).
     ///
     /// Errors, each naming the array and the position and value at fault:
     /// [`ErrorKind::Shape`] if `language_ids` differs in length from
     /// `token_ids`; [`ErrorKind::Empty`] for no tokens;
     /// [`ErrorKind::OutOfRange`] for a token ≥ `vocab_size`, a language ≥
     /// `n_languages` or a sequence start ≥ N; [`ErrorKind::Format`] for
-    /// sequence starts that do not begin at 0 or do not increase.
+    /// sequence starts that do not begin at 0 or do not increase; those of
+    /// [`check_meta`](Self::check_meta).
     ///
     /// ```
     /// use splitgrad::app::corpus::Corpus;
@@ -165,8 +221,88 @@ impl Corpus {
             .iter()
             .map(|&s| i64::try_from(s).unwrap_or(i64::MAX))
             .collect();
-        check_starts(&starts, n)
+        check_starts(&starts, n)?;
+        self.check_meta()
     }
+
+    /// Checks the metadata that is present against the ids and itself.
+    ///
+    /// Errors, each naming the array at fault: [`ErrorKind::Format`] for a
+    /// stated `vocab_size` that does not exceed some token id, or
+    /// `n_languages` some language id (naming the first such id and its
+    /// position), or either above 2³²; [`ErrorKind::Shape`] for
+    /// `language_names` without [`n_languages`](Self::n_languages) entries
+    /// or `token_strings` without [`vocab_size`](Self::vocab_size).
+    ///
+    /// ```
+    /// use splitgrad::app::corpus::Corpus;
+    /// let mut corpus = Corpus::new(vec![1, 40, 3], vec![0, 0, 0]);
+    /// corpus.meta.vocab_size = Some(32);
+    /// assert_eq!(
+    ///     corpus.check_meta().unwrap_err().to_string(),
+    ///     "array `vocab_size`: 32 does not exceed token id 40 at position [1] of `token_ids`"
+    /// );
+    /// ```
+    pub fn check_meta(&self) -> Result<()> {
+        let stated = [
+            (
+                "vocab_size",
+                self.meta.vocab_size,
+                "token",
+                "token_ids",
+                &self.token_ids,
+            ),
+            (
+                "n_languages",
+                self.meta.n_languages,
+                "language",
+                "language_ids",
+                &self.language_ids,
+            ),
+        ];
+        for (array, size, what, ids_array, ids) in stated {
+            let Some(size) = size else { continue };
+            if size as u64 > MAX_SIZE {
+                return Err(Error::format(format!(
+                    "{size} is above 2^32, one more than the largest {what} id a corpus holds"
+                ))
+                .in_array(array));
+            }
+            if let Some(i) = ids.iter().position(|&x| x as usize >= size) {
+                return Err(Error::format(format!(
+                    "{size} does not exceed {what} id {} at position [{i}] of `{ids_array}`",
+                    ids[i]
+                ))
+                .in_array(array));
+            }
+        }
+        let lists = [
+            (
+                "language_names",
+                &self.meta.language_names,
+                self.n_languages(),
+                "one name per language",
+            ),
+            (
+                "token_strings",
+                &self.meta.token_strings,
+                self.vocab_size(),
+                "one string per token id",
+            ),
+        ];
+        for (array, list, want, why) in lists {
+            if let Some(list) = list.as_ref().filter(|l| l.len() != want) {
+                return Err(
+                    Error::shape(array, format!("({want},), {why}"), &[list.len()]).in_array(array),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn max_plus_one(ids: &[u32]) -> usize {
+    ids.iter().max().map_or(0, |&x| x as usize + 1)
 }
 
 /// Sequence starts must be in `0..n` and strictly increasing.
@@ -197,13 +333,18 @@ fn check_starts(starts: &[i64], n: usize) -> Result<()> {
 /// 1-D integer arrays (any integer dtype) of one length, and optionally
 /// `sequence_starts`, a 1-D integer array of strictly increasing offsets
 /// in `[0, N)`. Without it the corpus is one sequence; if the first start
-/// is not 0, 0 is prepended.
+/// is not 0, 0 is prepended. The optional [`CorpusMeta`] arrays are read
+/// when present: `vocab_size` and `n_languages` (0-d integers),
+/// `language_names` and `token_strings` (1-D unicode), `tokenizer_hash`
+/// (0-d unicode).
 ///
 /// Errors (each naming the file, the array, and the position and value at
 /// fault): the file unreadable or not an npz; an array missing, not 1-D
 /// or not integer; lengths that differ; no tokens; a negative id or one
 /// above `u32::MAX`; a sequence start out of range or not above the one
-/// before it.
+/// before it; a metadata array of the wrong dtype or rank, a negative
+/// size, a string that is not valid Unicode, or metadata that does not
+/// fit the ids ([`Corpus::check_meta`]).
 ///
 /// ```
 /// # fn main() -> splitgrad::Result<()> {
@@ -254,10 +395,59 @@ pub fn load_corpus(path: impl AsRef<Path>) -> Result<Corpus> {
     if sequence_starts.first() != Some(&0) {
         sequence_starts.insert(0, 0);
     }
-    Ok(Corpus {
+    let meta = load_meta(&mut npz).map_err(in_file)?;
+    let corpus = Corpus {
         token_ids,
         language_ids,
         sequence_starts,
+        meta,
+    };
+    corpus.check_meta().map_err(in_file)?;
+    Ok(corpus)
+}
+
+/// The metadata arrays that are present, each of the right dtype and rank.
+fn load_meta(npz: &mut NpzReader) -> Result<CorpusMeta> {
+    let mut meta = CorpusMeta::default();
+    for (array, field) in [
+        ("vocab_size", &mut meta.vocab_size),
+        ("n_languages", &mut meta.n_languages),
+    ] {
+        if npz.contains(array) {
+            *field = Some(size_scalar(npz, array)?);
+        }
+    }
+    for (array, field) in [
+        ("language_names", &mut meta.language_names),
+        ("token_strings", &mut meta.token_strings),
+    ] {
+        if npz.contains(array) {
+            *field = Some(npz.strings_1d(array)?);
+        }
+    }
+    if npz.contains("tokenizer_hash") {
+        meta.tokenizer_hash = Some(npz.string_scalar("tokenizer_hash")?);
+    }
+    Ok(meta)
+}
+
+/// A 0-d integer array holding a size (≥ 0).
+fn size_scalar(npz: &mut NpzReader, array: &str) -> Result<usize> {
+    let path = npz.path().to_path_buf();
+    let in_place = |e: Error| e.in_file(&path).in_array(array);
+    let values = npz.ints(array)?;
+    if values.ndim() != 0 {
+        return Err(in_place(Error::shape(
+            array,
+            "0-D (a scalar)",
+            values.shape(),
+        )));
+    }
+    let value = values.iter().next().copied().unwrap_or_default();
+    usize::try_from(value).map_err(|_| {
+        in_place(Error::format(format!(
+            "{value} is negative: a size is at least 0"
+        )))
     })
 }
 
@@ -272,8 +462,9 @@ fn to_u32(values: &[i64], what: &'static str) -> Result<Vec<u32>> {
 }
 
 /// Writes `corpus` as an `.npz` file (atomically): `token_ids`,
-/// `language_ids` and `sequence_starts`, all `int64`. The corpus is
-/// written as it is, valid or not.
+/// `language_ids` and `sequence_starts`, all `int64`, and each part of
+/// its [`CorpusMeta`] that is present (sizes as 0-d `int64`, strings as
+/// numpy unicode arrays). The corpus is written as it is, valid or not.
 ///
 /// Errors: [`ErrorKind::Io`] naming the path.
 ///
@@ -298,5 +489,25 @@ pub fn save_corpus(path: impl AsRef<Path>, corpus: &Corpus) -> Result<()> {
     npz.add("token_ids", &ids(&corpus.token_ids))
         .add("language_ids", &ids(&corpus.language_ids))
         .add("sequence_starts", &starts);
+    let meta = &corpus.meta;
+    for (array, size) in [
+        ("vocab_size", meta.vocab_size),
+        ("n_languages", meta.n_languages),
+    ] {
+        if let Some(size) = size {
+            npz.add_scalar(array, i64::try_from(size).unwrap_or(i64::MAX));
+        }
+    }
+    for (array, list) in [
+        ("language_names", &meta.language_names),
+        ("token_strings", &meta.token_strings),
+    ] {
+        if let Some(list) = list {
+            npz.add_strings(array, list);
+        }
+    }
+    if let Some(hash) = &meta.tokenizer_hash {
+        npz.add_string_scalar("tokenizer_hash", hash);
+    }
     npz.finish()
 }

@@ -33,7 +33,10 @@ pub enum DtypeKind {
     UInt,
     /// `f2`, `f4`, `f8`, ….
     Float,
-    /// Anything else: complex, strings, structured records, objects.
+    /// `U{n}`: numpy's fixed-width unicode strings, `n` UTF-32 code units
+    /// each, NUL-padded.
+    Unicode,
+    /// Anything else: complex, byte strings, structured records, objects.
     Other,
 }
 
@@ -102,7 +105,10 @@ impl Dtype {
             (Some('u'), Some(s @ (1 | 2 | 4 | 8))) => (DtypeKind::UInt, s),
             (Some('f'), Some(s @ (2 | 4 | 8 | 10 | 12 | 16))) => (DtypeKind::Float, s),
             // numpy's `U` counts UCS-4 characters, not bytes.
-            (Some('U'), Some(s)) => (DtypeKind::Other, s.saturating_mul(4)),
+            (Some('U'), Some(s)) => match s.checked_mul(4) {
+                Some(bytes) => (DtypeKind::Unicode, bytes),
+                None => (DtypeKind::Other, 0),
+            },
             (_, s) => (DtypeKind::Other, s.unwrap_or(0)),
         };
         Dtype {
@@ -122,7 +128,7 @@ impl fmt::Display for Dtype {
             DtypeKind::Int => write!(f, "int{bits}"),
             DtypeKind::UInt => write!(f, "uint{bits}"),
             DtypeKind::Float => write!(f, "float{bits}"),
-            DtypeKind::Other => write!(f, "'{}'", self.descr),
+            DtypeKind::Unicode | DtypeKind::Other => write!(f, "'{}'", self.descr),
         }
     }
 }
@@ -372,6 +378,63 @@ pub(crate) fn read_ints(r: &mut dyn Read, header: &Header) -> Result<Vec<i64>> {
     }
 }
 
+/// The elements of a `U{n}` array as strings, in storage order, each
+/// without its trailing NULs (numpy pads with them and strips them when it
+/// reads). The caller has checked the dtype.
+///
+/// Every code unit must be a Unicode scalar value (not a surrogate, not
+/// above U+10FFFF); the first that is not is an error naming the string's
+/// position, the character's index in it and the code unit. Strings grow
+/// only as their characters are read, so a header that lies about its
+/// size costs no memory.
+pub(crate) fn read_strings(r: &mut dyn Read, header: &Header) -> Result<Vec<String>> {
+    let (n, be) = (header.len, header.dtype.big_endian);
+    let width = header.dtype.size / 4;
+    if width == 0 {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        return Err(Error::format(format!(
+            "dtype {} holds no character (numpy writes `<U1` at least)",
+            header.dtype
+        )));
+    }
+    let units = n.checked_mul(width).ok_or_else(|| {
+        Error::format(format!(
+            "npy shape {:?} of {} has too many characters",
+            header.shape, header.dtype
+        ))
+    })?;
+    let mut out: Vec<String> = Vec::with_capacity(n.min(1 << 16));
+    let mut current = String::new();
+    // NULs seen since the last other character: kept if one follows.
+    let mut nuls = 0usize;
+    read_items::<4, ()>(r, units, |i, b| {
+        let unit = u32::from_le_bytes(le(b, be));
+        let (element, index) = (i / width, i % width);
+        if unit == 0 {
+            nuls += 1;
+        } else {
+            let c = char::from_u32(unit).ok_or_else(|| {
+                Error::format(format!(
+                    "string at position {:?}: code unit {unit:#x} (character {index}) \
+                     is not a Unicode scalar value",
+                    header.position(element)
+                ))
+            })?;
+            current.extend(std::iter::repeat_n('\0', nuls));
+            current.push(c);
+            nuls = 0;
+        }
+        if index + 1 == width {
+            out.push(std::mem::take(&mut current));
+            nuls = 0;
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// The elements of an `f4` or `f8` array as `T`, in storage order. The
 /// caller has checked the dtype.
 pub(crate) fn read_reals<T: Real>(r: &mut dyn Read, header: &Header) -> Result<Vec<T>> {
@@ -403,7 +466,17 @@ mod tests {
             ("<f2", DtypeKind::Float, 2, false, "float16"),
             (">f8", DtypeKind::Float, 8, true, "float64"),
             ("<c16", DtypeKind::Other, 16, false, "'<c16'"),
-            ("<U3", DtypeKind::Other, 12, false, "'<U3'"),
+            ("<U3", DtypeKind::Unicode, 12, false, "'<U3'"),
+            (">U1", DtypeKind::Unicode, 4, true, "'>U1'"),
+            ("<U", DtypeKind::Other, 0, false, "'<U'"),
+            (
+                "<U18446744073709551615",
+                DtypeKind::Other,
+                0,
+                false,
+                "'<U18446744073709551615'",
+            ),
+            ("|S3", DtypeKind::Other, 3, false, "'|S3'"),
             ("<i3", DtypeKind::Other, 3, false, "'<i3'"),
         ];
         for (descr, kind, size, big, name) in cases {

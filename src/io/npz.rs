@@ -239,9 +239,11 @@ impl NpzReader {
         // Only for the dtypes that are ever decoded: the others are rejected
         // by dtype, whatever their data.
         let decoded = header.dtype.kind() != DtypeKind::Other;
-        if let Some(need) = header.data_bytes().filter(|_| decoded) {
+        if decoded {
             let have = size - header.header_bytes;
-            if need != have {
+            let need = header.data_bytes();
+            if need != Some(have) {
+                let need = need.map_or("more than 2^64".to_string(), |n| n.to_string());
                 return Err(Error::format(format!(
                     "corrupt member: {have} bytes of data follow the header, \
                      but shape {:?} of {} needs {need}",
@@ -309,6 +311,59 @@ impl NpzReader {
         })
     }
 
+    /// Array `name`, which must be 1-D and of numpy's unicode dtype
+    /// (`<U{n}`, either byte order), as strings, each without the trailing
+    /// NULs that pad it (numpy strips them too).
+    ///
+    /// Errors, each naming the file and the array: [`ErrorKind::Dtype`]
+    /// for any other dtype (byte strings `S` included); [`ErrorKind::Shape`]
+    /// unless 1-D; [`ErrorKind::Format`] for a code unit that is not a
+    /// Unicode scalar value (a surrogate or one above U+10FFFF), naming the
+    /// string's position and the character's index, and for a truncated or
+    /// corrupt member. The data's size is checked against the member's
+    /// before anything is allocated.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let path = std::env::temp_dir().join(format!("splitgrad-doc-strings-{}.npz", std::process::id()));
+    /// let mut w = NpzWriter::new(&path);
+    /// w.add_strings("names", &["en", "日本語", ""]);
+    /// w.add_string_scalar("hash", "fnv1a64:0123456789abcdef");
+    /// w.finish()?;
+    /// let mut r = NpzReader::open(&path)?;
+    /// assert_eq!(r.dtype("names")?.descr(), "<U3");
+    /// assert_eq!(r.strings_1d("names")?, ["en", "日本語", ""]);
+    /// assert_eq!(r.string_scalar("hash")?, "fnv1a64:0123456789abcdef");
+    /// assert!(r.strings_1d("hash").unwrap_err().to_string().contains("expected 1-D"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn strings_1d(&mut self, name: &str) -> Result<Vec<String>> {
+        self.with_member(name, |r, h| {
+            check_unicode_dtype(&h.dtype)?;
+            if h.shape.len() != 1 {
+                return Err(Error::shape(name, "1-D", &h.shape));
+            }
+            npy::read_strings(r, h)
+        })
+    }
+
+    /// Array `name`, which must be 0-d (a numpy scalar) and of numpy's
+    /// unicode dtype, as a string; errors as for
+    /// [`strings_1d`](Self::strings_1d), with [`ErrorKind::Shape`] unless
+    /// 0-d.
+    pub fn string_scalar(&mut self, name: &str) -> Result<String> {
+        self.with_member(name, |r, h| {
+            check_unicode_dtype(&h.dtype)?;
+            if !h.shape.is_empty() {
+                return Err(Error::shape(name, "0-D (a scalar)", &h.shape));
+            }
+            let mut strings = npy::read_strings(r, h)?;
+            Ok(strings.pop().unwrap_or_default())
+        })
+    }
+
     /// Array `name`, of dtype `float32` or `float64`, converted to `T`.
     ///
     /// Errors: [`ErrorKind::Dtype`] for any other element type;
@@ -343,6 +398,16 @@ impl NpzReader {
         let array = self.reals(name)?;
         check_finite(array.view(), name).map_err(|e| e.in_file(&self.path))?;
         Ok(array)
+    }
+}
+
+fn check_unicode_dtype(dtype: &Dtype) -> Result<()> {
+    match dtype.kind() {
+        DtypeKind::Unicode => Ok(()),
+        _ => Err(Error::new(ErrorKind::Dtype {
+            expected: "a unicode string dtype (<U1, <U2, …)".into(),
+            found: dtype.to_string(),
+        })),
     }
 }
 

@@ -155,6 +155,76 @@ impl NpzWriter {
         self.add(name, &arr0(value))
     }
 
+    /// Adds `strings` as the 1-D array `name` of numpy's unicode dtype
+    /// `<U{w}`, `w` the most characters of any string (at least 1, as
+    /// numpy): `numpy.load` gives `array(['en', 'fr'], dtype='<U2')`.
+    /// Each string is stored as UTF-32LE code units, NUL-padded to `w`.
+    ///
+    /// numpy drops a string's trailing NULs when it reads it, and so does
+    /// [`NpzReader::strings_1d`](super::NpzReader::strings_1d): a string
+    /// that ends in `'\0'` does not come back whole.
+    ///
+    /// **Panics** if an array called `name` was already added.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let mut w = NpzWriter::new("unused.npz");
+    /// w.add_strings("language_names", &["en", "fr"]);
+    /// let mut bytes = std::io::Cursor::new(Vec::new());
+    /// w.write_to(&mut bytes)?;
+    /// let mut r = NpzReader::from_bytes("memory", bytes.into_inner())?;
+    /// assert_eq!(r.dtype("language_names")?.descr(), "<U2");
+    /// assert_eq!(r.strings_1d("language_names")?, ["en", "fr"]);
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn add_strings<S: AsRef<str>>(&mut self, name: &str, strings: &[S]) -> &mut Self {
+        self.add_unicode(name, &[strings.len()], strings)
+    }
+
+    /// Adds `value` as the 0-d array `name` of numpy's unicode dtype
+    /// `<U{w}` (`w` its number of characters, at least 1): `numpy.load`
+    /// gives `array('fnv1a64:…', dtype='<U24')`. Trailing NULs are lost as
+    /// for [`add_strings`](Self::add_strings).
+    ///
+    /// **Panics** if an array called `name` was already added.
+    #[track_caller]
+    pub fn add_string_scalar(&mut self, name: &str, value: &str) -> &mut Self {
+        self.add_unicode(name, &[], &[value])
+    }
+
+    #[track_caller]
+    fn add_unicode<S: AsRef<str>>(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        strings: &[S],
+    ) -> &mut Self {
+        assert!(
+            !self.members.iter().any(|(n, _)| n == name),
+            "NpzWriter::add: array `{name}` added twice"
+        );
+        let width = strings
+            .iter()
+            .map(|s| s.as_ref().chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut bytes = npy_header(&format!("<U{width}"), shape);
+        bytes.reserve(strings.len() * width * 4);
+        for s in strings {
+            let mut chars = 0;
+            for c in s.as_ref().chars() {
+                bytes.extend_from_slice(&u32::from(c).to_le_bytes());
+                chars += 1;
+            }
+            bytes.resize(bytes.len() + (width - chars) * 4, 0);
+        }
+        self.members.push((name.to_string(), bytes));
+        self
+    }
+
     /// The names added so far, in order.
     ///
     /// ```
@@ -225,5 +295,39 @@ mod tests {
         assert!(String::from_utf8_lossy(&scalar).contains("'shape': (), }"));
         let matrix = npy_header("|u1", &[2, 30]);
         assert!(String::from_utf8_lossy(&matrix).contains("'shape': (2, 30), }"));
+    }
+
+    /// The bytes numpy 2.4 writes for `np.save(f, np.array(['en', 'fr', 'é']))`
+    /// and `np.save(f, np.array('ab'))`.
+    #[test]
+    fn strings_are_numpys_utf32_nul_padded() {
+        let mut w = NpzWriter::new("unused.npz");
+        w.add_strings("l", &["en", "fr", "é"])
+            .add_string_scalar("s", "ab")
+            .add_strings("none", &[] as &[&str])
+            .add_strings("empty", &[""]);
+        let member = |name: &str| &w.members.iter().find(|(n, _)| n == name).unwrap().1;
+        let l = member("l");
+        assert_eq!(&l[..128], npy_header("<U2", &[3]).as_slice());
+        let text = String::from_utf8_lossy(&l[..128]);
+        assert!(text.contains("{'descr': '<U2', 'fortran_order': False, 'shape': (3,), }"));
+        let units: Vec<u32> = l[128..]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(units, [0x65, 0x6e, 0x66, 0x72, 0xe9, 0]);
+        let s = member("s");
+        assert!(
+            String::from_utf8_lossy(s)
+                .contains("'descr': '<U2', 'fortran_order': False, 'shape': (), }")
+        );
+        assert_eq!(&s[s.len() - 8..], b"a\0\0\0b\0\0\0");
+        // numpy's dtype for no strings, or only empty ones, is `<U1`.
+        let none = member("none");
+        assert!(String::from_utf8_lossy(none).contains("'<U1'"));
+        assert_eq!(none.len(), 128);
+        let empty = member("empty");
+        assert!(String::from_utf8_lossy(empty).contains("'<U1'"));
+        assert_eq!(&empty[128..], [0, 0, 0, 0]);
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
 use splitgrad::ErrorKind;
-use splitgrad::app::corpus::{Corpus, load_corpus, save_corpus};
+use splitgrad::app::corpus::{Corpus, CorpusMeta, load_corpus, save_corpus};
 
 fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
     let path = scratch(test).join("corpus.npz");
@@ -84,6 +84,7 @@ fn bigrams_never_cross_a_sequence_start() {
         token_ids: (0..n as u32).collect(),
         language_ids: vec![0; n],
         sequence_starts: starts.clone(),
+        meta: CorpusMeta::default(),
     };
     corpus.validate(n, 1).unwrap();
     let bigrams: Vec<(usize, usize)> = corpus.bigrams().collect();
@@ -102,6 +103,7 @@ fn round_trip() {
         token_ids: vec![0, u32::MAX, 5, 5, 9],
         language_ids: vec![3, 3, 0, 1, 1],
         sequence_starts: vec![0, 2, 4],
+        meta: CorpusMeta::default(),
     };
     save_corpus(&path, &corpus).unwrap();
     assert_eq!(load_corpus(&path).unwrap(), corpus);
@@ -282,6 +284,7 @@ fn validate_checks_ids_against_the_model() {
         token_ids: vec![1, 2, 3],
         language_ids: vec![0, 2, 1],
         sequence_starts: vec![0, 2],
+        meta: CorpusMeta::default(),
     };
     corpus.validate(4, 3).unwrap();
     let cases = [
@@ -332,5 +335,163 @@ fn validate_checks_ids_against_the_model() {
             .unwrap_err()
             .to_string(),
         "array `token_ids`: is empty"
+    );
+}
+
+/// A 1-D `<U{width}` member of `strings`.
+fn unicode_member(strings: &[&str]) -> Vec<u8> {
+    let width = strings
+        .iter()
+        .map(|s| s.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut data = Vec::new();
+    for s in strings {
+        let mut units: Vec<u32> = s.chars().map(u32::from).collect();
+        units.resize(width, 0);
+        data.extend(units.iter().flat_map(|u| u.to_le_bytes()));
+    }
+    npy(
+        &dict(&format!("<U{width}"), &format!("({},)", strings.len())),
+        &data,
+    )
+}
+
+fn i64_scalar(value: i64) -> Vec<u8> {
+    npy(&dict("<i8", "()"), &value.to_le_bytes())
+}
+
+#[test]
+fn metadata_round_trips_and_states_v_and_l() {
+    let path = scratch("corpus_meta_round_trip").join("corpus.npz");
+    let mut corpus = Corpus::new(vec![3, 1, 2, 0], vec![0, 0, 1, 1]);
+    corpus.sequence_starts = vec![0, 2];
+    assert_eq!((corpus.vocab_size(), corpus.n_languages()), (4, 2));
+    corpus.meta = CorpusMeta {
+        vocab_size: Some(6),
+        n_languages: Some(3),
+        language_names: Some(vec!["en".into(), "日本語".into(), "ru".into()]),
+        token_strings: Some(
+            ["<|endoftext|>", "a", " the", "é", "\n", ""]
+                .map(String::from)
+                .to_vec(),
+        ),
+        tokenizer_hash: Some("fnv1a64:0123456789abcdef".into()),
+    };
+    assert_eq!((corpus.vocab_size(), corpus.n_languages()), (6, 3));
+    corpus.validate(6, 3).unwrap();
+    save_corpus(&path, &corpus).unwrap();
+    let loaded = load_corpus(&path).unwrap();
+    assert_eq!(loaded, corpus);
+    let mut npz = splitgrad::io::NpzReader::open(&path).unwrap();
+    assert_eq!(npz.dtype("language_names").unwrap().descr(), "<U3");
+    assert_eq!(npz.shape("vocab_size").unwrap(), Vec::<usize>::new());
+
+    // Each part alone is optional.
+    let mut partial = corpus.clone();
+    partial.meta = CorpusMeta {
+        n_languages: Some(2),
+        ..CorpusMeta::default()
+    };
+    save_corpus(&path, &partial).unwrap();
+    let loaded = load_corpus(&path).unwrap();
+    assert_eq!(loaded, partial);
+    assert_eq!((loaded.vocab_size(), loaded.n_languages()), (4, 2));
+}
+
+#[test]
+fn metadata_that_does_not_fit_the_ids_is_an_error() {
+    let base = || ids(&[0, 5, 2], &[0, 1, 1]);
+    let with = |extra: Vec<(&'static str, Vec<u8>)>| {
+        let mut m = base();
+        m.extend(extra);
+        m
+    };
+    type Members = Vec<(&'static str, Vec<u8>)>;
+    let cases: Vec<(&str, Members, &str)> = vec![
+        (
+            "meta_small_v",
+            with(vec![("vocab_size", i64_scalar(5))]),
+            "array `vocab_size`: 5 does not exceed token id 5 at position [1] of `token_ids`",
+        ),
+        (
+            "meta_small_l",
+            with(vec![("n_languages", i64_scalar(1))]),
+            "array `n_languages`: 1 does not exceed language id 1 at position [1] of `language_ids`",
+        ),
+        (
+            "meta_huge_v",
+            with(vec![("vocab_size", i64_scalar(1 << 40))]),
+            "array `vocab_size`: 1099511627776 is above 2^32, one more than the largest token id a corpus holds",
+        ),
+        (
+            "meta_negative",
+            with(vec![("n_languages", i64_scalar(-2))]),
+            "array `n_languages`: -2 is negative: a size is at least 0",
+        ),
+        (
+            "meta_v_1d",
+            with(vec![("vocab_size", i64_member(&[8]))]),
+            "array `vocab_size`: vocab_size has shape [1], expected 0-D (a scalar)",
+        ),
+        (
+            "meta_v_float",
+            with(vec![(
+                "vocab_size",
+                npy(&dict("<f8", "()"), &le_f64(&[8.0])),
+            )]),
+            "array `vocab_size`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)",
+        ),
+        (
+            "meta_names_short",
+            with(vec![("language_names", unicode_member(&["en"]))]),
+            "array `language_names`: language_names has shape [1], expected (2,), one name per language",
+        ),
+        (
+            "meta_names_stated_l",
+            with(vec![
+                ("n_languages", i64_scalar(3)),
+                ("language_names", unicode_member(&["en", "fr"])),
+            ]),
+            "array `language_names`: language_names has shape [2], expected (3,), one name per language",
+        ),
+        (
+            "meta_strings_long",
+            with(vec![
+                ("vocab_size", i64_scalar(6)),
+                ("token_strings", unicode_member(&["a"; 7])),
+            ]),
+            "array `token_strings`: token_strings has shape [7], expected (6,), one string per token id",
+        ),
+        (
+            "meta_names_ints",
+            with(vec![("language_names", i64_member(&[1, 2]))]),
+            "array `language_names`: has dtype int64, expected a unicode string dtype (<U1, <U2, …)",
+        ),
+        (
+            "meta_hash_1d",
+            with(vec![("tokenizer_hash", unicode_member(&["x"]))]),
+            "array `tokenizer_hash`: tokenizer_hash has shape [1], expected 0-D (a scalar)",
+        ),
+        (
+            "meta_bad_char",
+            with(vec![(
+                "language_names",
+                npy(&dict("<U1", "(2,)"), &[0x65, 0, 0, 0, 0x00, 0xd8, 0, 0]),
+            )]),
+            "array `language_names`: string at position [1]: code unit 0xd800 (character 0) is not a Unicode scalar value",
+        ),
+    ];
+    for (test, members, expected) in cases {
+        let (path, _, m) = load_err(test, &members);
+        assert_eq!(m, format!("{}: {expected}", path.display()), "{test}");
+    }
+    // The same checks hold for a corpus made in code.
+    let mut corpus = Corpus::new(vec![0, 5, 2], vec![0, 1, 1]);
+    corpus.meta.token_strings = Some(vec![String::new(); 5]);
+    assert_eq!(
+        corpus.validate(6, 2).unwrap_err().to_string(),
+        "array `token_strings`: token_strings has shape [5], expected (6,), one string per token id"
     );
 }

@@ -594,3 +594,236 @@ fn finite_reals_names_the_first_non_finite_value() {
         )
     );
 }
+
+/// UTF-32 code units, little- or big-endian, as numpy stores `U` arrays.
+fn utf32(units: &[u32], big_endian: bool) -> Vec<u8> {
+    units
+        .iter()
+        .flat_map(|u| {
+            if big_endian {
+                u.to_be_bytes()
+            } else {
+                u.to_le_bytes()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn string_arrays_round_trip() {
+    let dir = scratch("strings_round_trip");
+    let path = dir.join("s.npz");
+    let names = ["en", "日本語", "", "a\0b", "Ωmega😀", "русский"];
+    let mut w = NpzWriter::new(&path);
+    w.add_strings("names", &names)
+        .add_strings("none", &[] as &[String])
+        .add_strings("owned", &[String::from("x")])
+        .add_string_scalar("hash", "fnv1a64:0123456789abcdef")
+        .add_string_scalar("blank", "");
+    w.finish().unwrap();
+    let mut r = NpzReader::open(&path).unwrap();
+    let dtype = r.dtype("names").unwrap();
+    assert_eq!(
+        (dtype.kind(), dtype.descr(), dtype.size()),
+        (DtypeKind::Unicode, "<U7", 28)
+    );
+    assert_eq!(r.shape("names").unwrap(), [6]);
+    assert_eq!(r.strings_1d("names").unwrap(), names);
+    assert!(r.strings_1d("none").unwrap().is_empty());
+    assert_eq!(r.dtype("none").unwrap().descr(), "<U1");
+    assert_eq!(r.strings_1d("owned").unwrap(), ["x"]);
+    assert_eq!(r.shape("hash").unwrap(), Vec::<usize>::new());
+    assert_eq!(r.string_scalar("hash").unwrap(), "fnv1a64:0123456789abcdef");
+    assert_eq!(r.string_scalar("blank").unwrap(), "");
+    // Trailing NULs are padding, to numpy and to the reader alike.
+    let mut w = NpzWriter::new(dir.join("nul.npz"));
+    w.add_strings("t", &["ab\0\0", "\0"]);
+    w.finish().unwrap();
+    let mut r = NpzReader::open(dir.join("nul.npz")).unwrap();
+    assert_eq!(r.strings_1d("t").unwrap(), ["ab", ""]);
+}
+
+/// The files of `tests/data/npz/`, written by numpy (their README has the
+/// script), stored and deflated.
+#[test]
+fn numpy_string_arrays_read_back() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/npz");
+    for file in ["strings.npz", "strings_compressed.npz"] {
+        let mut r = NpzReader::open(data.join(file)).unwrap();
+        assert_eq!(
+            r.strings_1d("names").unwrap(),
+            ["en", "fr", "日本語", "", "a\0b", "Ωmega😀"],
+            "{file}"
+        );
+        assert_eq!(r.dtype("names").unwrap().descr(), "<U6");
+        assert_eq!(r.string_scalar("hash").unwrap(), "fnv1a64:0123456789abcdef");
+        assert_eq!(r.strings_1d("big").unwrap(), ["xy", "z"], "{file}");
+        assert!(r.dtype("big").unwrap().is_big_endian());
+        assert_eq!(r.ints_1d("ints").unwrap(), [0, 1, 2]);
+    }
+}
+
+#[test]
+fn string_arrays_of_either_byte_order_and_layout_read() {
+    let dir = scratch("strings_layouts");
+    let path = dir.join("s.npz");
+    let units = [0x61, 0, 0x1f600, 0x62];
+    let fortran = "{'descr': '<U2', 'fortran_order': True, 'shape': (2,), }";
+    write_npz(
+        &path,
+        &[
+            ("le", npy(&dict("<U2", "(2,)"), &utf32(&units, false))),
+            ("be", npy(&dict(">U2", "(2,)"), &utf32(&units, true))),
+            ("f", npy(fortran, &utf32(&units, false))),
+            ("zero", npy(&dict("<U0", "(0,)"), &[])),
+            (
+                "scalar",
+                npy(&dict("<U3", "()"), &utf32(&[0x6f, 0x6b, 0], false)),
+            ),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    for name in ["le", "be", "f"] {
+        assert_eq!(r.strings_1d(name).unwrap(), ["a", "😀b"], "{name}");
+    }
+    assert!(r.strings_1d("zero").unwrap().is_empty());
+    assert_eq!(r.string_scalar("scalar").unwrap(), "ok");
+}
+
+#[test]
+fn bad_string_arrays_are_errors_naming_file_array_and_position() {
+    let dir = scratch("strings_bad");
+    let path = dir.join("s.npz");
+    let p = path.display();
+    write_npz(
+        &path,
+        &[
+            (
+                "surrogate",
+                npy(
+                    &dict("<U2", "(3,)"),
+                    &utf32(&[0x61, 0, 0x62, 0xd800, 0, 0], false),
+                ),
+            ),
+            (
+                "above",
+                npy(&dict(">U1", "(2,)"), &utf32(&[0x61, 0x110000], true)),
+            ),
+            (
+                "matrix",
+                npy(&dict("<U1", "(1, 1)"), &utf32(&[0x61], false)),
+            ),
+            ("ints", i64_member(&[1, 2])),
+            ("bytes", npy(&dict("|S2", "(1,)"), b"ab")),
+            (
+                "short",
+                npy(&dict("<U2", "(3,)"), &utf32(&[0x61; 5], false)),
+            ),
+            ("long", npy(&dict("<U1", "(1,)"), &utf32(&[0x61; 2], false))),
+            ("huge", npy(&dict("<U4", "(1152921504606846976,)"), &[])),
+            (
+                "overflow",
+                npy(&dict("<U1099511627776", "(16777216,)"), &[]),
+            ),
+            ("nothing", npy(&dict("<U0", "(3,)"), &[])),
+        ],
+    );
+    let mut r = NpzReader::open(&path).unwrap();
+    type Read = fn(&mut NpzReader) -> splitgrad::Result<()>;
+    let cases: [(&str, Read, String); 12] = [
+        (
+            "surrogate",
+            |r| r.strings_1d("surrogate").map(drop),
+            format!(
+                "{p}: array `surrogate`: string at position [1]: code unit 0xd800 (character 1) \
+                 is not a Unicode scalar value"
+            ),
+        ),
+        (
+            "above",
+            |r| r.strings_1d("above").map(drop),
+            format!(
+                "{p}: array `above`: string at position [1]: code unit 0x110000 (character 0) \
+                 is not a Unicode scalar value"
+            ),
+        ),
+        (
+            "matrix",
+            |r| r.strings_1d("matrix").map(drop),
+            format!("{p}: array `matrix`: matrix has shape [1, 1], expected 1-D"),
+        ),
+        (
+            "vector as scalar",
+            |r| r.string_scalar("above").map(drop),
+            format!("{p}: array `above`: above has shape [2], expected 0-D (a scalar)"),
+        ),
+        (
+            "ints",
+            |r| r.strings_1d("ints").map(drop),
+            format!(
+                "{p}: array `ints`: has dtype int64, expected a unicode string dtype (<U1, <U2, …)"
+            ),
+        ),
+        (
+            "bytes",
+            |r| r.strings_1d("bytes").map(drop),
+            format!(
+                "{p}: array `bytes`: has dtype '|S2', expected a unicode string dtype (<U1, <U2, …)"
+            ),
+        ),
+        (
+            "strings as ints",
+            |r| r.ints("short").map(drop),
+            format!(
+                "{p}: array `short`: corrupt member: 20 bytes of data follow the header, \
+                 but shape [3] of '<U2' needs 24"
+            ),
+        ),
+        (
+            "short",
+            |r| r.strings_1d("short").map(drop),
+            format!(
+                "{p}: array `short`: corrupt member: 20 bytes of data follow the header, \
+                 but shape [3] of '<U2' needs 24"
+            ),
+        ),
+        (
+            "long",
+            |r| r.strings_1d("long").map(drop),
+            format!(
+                "{p}: array `long`: corrupt member: 8 bytes of data follow the header, \
+                 but shape [1] of '<U1' needs 4"
+            ),
+        ),
+        (
+            "huge",
+            |r| r.strings_1d("huge").map(drop),
+            format!(
+                "{p}: array `huge`: corrupt member: 0 bytes of data follow the header, \
+                 but shape [1152921504606846976] of '<U4' needs more than 2^64"
+            ),
+        ),
+        (
+            "overflow",
+            |r| r.strings_1d("overflow").map(drop),
+            format!(
+                "{p}: array `overflow`: corrupt member: 0 bytes of data follow the header, \
+                 but shape [16777216] of '<U1099511627776' needs more than 2^64"
+            ),
+        ),
+        (
+            "nothing",
+            |r| r.strings_1d("nothing").map(drop),
+            format!(
+                "{p}: array `nothing`: dtype '<U0' holds no character (numpy writes `<U1` at least)"
+            ),
+        ),
+    ];
+    for (what, f, expected) in cases {
+        let (e, m) = message(f(&mut r));
+        assert_eq!(m, expected, "{what}");
+        assert_eq!(e.file(), Some(path.as_path()), "{what}");
+    }
+    // A bad string leaves the other arrays readable.
+    assert_eq!(r.ints_1d("ints").unwrap(), [1, 2]);
+}

@@ -1,0 +1,695 @@
+//! Real text in: a folder of text files per language, encoded by a
+//! tokenizer into a [`Corpus`] with its metadata (`splitgrad tokenize`).
+//!
+//! Each language is a name and a folder ([`LanguageSource`], language ids
+//! `0..L` in the order given). Every regular file under the folder (sorted
+//! by path, recursively, hidden files and folders skipped) is one
+//! sequence of the corpus; an empty file contributes none. Text must be
+//! UTF-8: the first invalid byte is an error naming the file and its line.
+//!
+//! ```text
+//! Plan::new(&languages) ─► plan.tokenize(&encoder, &progress) ─► Tokenized { corpus, stats }
+//! ```
+//!
+//! The encoder is any [`TextEncoder`]; with the `cli` feature,
+//! [`HfTokenizer`] reads a Hugging Face `tokenizer.json` with the
+//! `tokenizers` crate.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::app::corpus::{Corpus, CorpusMeta};
+use crate::{Error, Result};
+
+/// Bytes of text read and encoded at once (in parallel, one file per task)
+/// before their ids are appended: what bounds the text held in memory.
+const BATCH_BYTES: u64 = 8 << 20;
+
+/// What turns text into token ids.
+pub trait TextEncoder: Sync {
+    /// V: every id [`encode`](Self::encode) returns is below it.
+    fn vocab_size(&self) -> usize;
+
+    /// The ids of `text`, with no special token added.
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+
+    /// The text of token `id` alone (for `token_strings`): one that
+    /// [`NpzWriter::add_strings`](crate::io::NpzWriter::add_strings) keeps
+    /// whole, so it does not end in NUL.
+    fn token_string(&self, id: u32) -> String;
+
+    /// What identifies the encoder (for `tokenizer_hash`), if anything.
+    fn fingerprint(&self) -> Option<String> {
+        None
+    }
+}
+
+/// One language of the corpus: its name and the folder of its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LanguageSource {
+    /// The name (`language_names`): non-empty, without `=`.
+    pub name: String,
+    /// The folder whose files are its sequences.
+    pub dir: PathBuf,
+}
+
+impl LanguageSource {
+    /// Parses `NAME=DIR` (split at the first `=`).
+    ///
+    /// Errors: [`Config`](crate::ErrorKind::Config) without `=`, with an
+    /// empty name or an empty folder.
+    ///
+    /// ```
+    /// use splitgrad::app::tokenize::LanguageSource;
+    /// let l = LanguageSource::parse("ja=text/ja")?;
+    /// assert_eq!((l.name.as_str(), l.dir.to_str()), ("ja", Some("text/ja")));
+    /// assert_eq!(
+    ///     LanguageSource::parse("text/ja").unwrap_err().to_string(),
+    ///     "language `text/ja`: expected NAME=DIR"
+    /// );
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn parse(arg: &str) -> Result<LanguageSource> {
+        let Some((name, dir)) = arg.split_once('=') else {
+            return Err(Error::config(format!(
+                "language `{arg}`: expected NAME=DIR"
+            )));
+        };
+        if name.is_empty() {
+            return Err(Error::config(format!(
+                "language `{arg}`: the name before `=` is empty"
+            )));
+        }
+        if dir.is_empty() {
+            return Err(Error::config(format!(
+                "language `{arg}`: the folder after `=` is empty"
+            )));
+        }
+        Ok(LanguageSource {
+            name: name.to_string(),
+            dir: PathBuf::from(dir),
+        })
+    }
+}
+
+/// Checks a list of languages: at least one, each name non-empty, without
+/// `=`, and used once.
+///
+/// Errors: [`Config`](crate::ErrorKind::Config) naming the language at fault.
+///
+/// ```
+/// use splitgrad::app::tokenize::{LanguageSource, check_languages};
+/// let langs: Vec<LanguageSource> = ["en=a", "fr=b", "en=c"]
+///     .iter()
+///     .map(|a| LanguageSource::parse(a))
+///     .collect::<splitgrad::Result<_>>()?;
+/// assert_eq!(
+///     check_languages(&langs).unwrap_err().to_string(),
+///     "language `en` is given twice (languages 0 and 2)"
+/// );
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn check_languages(languages: &[LanguageSource]) -> Result<()> {
+    if languages.is_empty() {
+        return Err(Error::config("no language given"));
+    }
+    for (i, l) in languages.iter().enumerate() {
+        if l.name.is_empty() || l.name.contains('=') {
+            return Err(Error::config(format!(
+                "language {i}: the name `{}` is empty or holds `=`",
+                l.name
+            )));
+        }
+        if let Some(j) = languages[..i].iter().position(|m| m.name == l.name) {
+            return Err(Error::config(format!(
+                "language `{}` is given twice (languages {j} and {i})",
+                l.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every regular file under `dir`, recursively, sorted by path; hidden
+/// entries (names beginning with `.`) are skipped, files and folders alike.
+/// A symbolic link to a file counts as the file; links to folders are not
+/// followed (so no cycle is walked).
+///
+/// Errors: [`Io`](crate::ErrorKind::Io) naming `dir` if it cannot be
+/// read (missing, say) or a folder under it that cannot;
+/// [`Format`](crate::ErrorKind::Format) if `dir` is not a folder.
+pub fn text_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let meta = std::fs::metadata(dir).map_err(|e| Error::from(e).in_file(dir))?;
+    if !meta.is_dir() {
+        return Err(Error::format("is not a folder").in_file(dir));
+    }
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        let entries = std::fs::read_dir(&folder).map_err(|e| Error::from(e).in_file(&folder))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::from(e).in_file(&folder))?;
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(|e| Error::from(e).in_file(&path))?;
+            let is_file = kind.is_file()
+                || (kind.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| m.is_file()));
+            if kind.is_dir() {
+                pending.push(path);
+            } else if is_file {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The text of `bytes` (the contents of `path`), which must be UTF-8.
+///
+/// Errors: [`Format`](crate::ErrorKind::Format) naming `path`, the line
+/// (1-based) and the byte offset of the first byte that is not UTF-8.
+///
+/// ```
+/// use splitgrad::app::tokenize::utf8_text;
+/// assert_eq!(utf8_text("a.txt".as_ref(), "héllo".as_bytes().to_vec())?, "héllo");
+/// let e = utf8_text("a.txt".as_ref(), b"one\ntwo\nth\xffree".to_vec()).unwrap_err();
+/// assert_eq!(
+///     e.to_string(),
+///     "a.txt: not UTF-8: byte 0xff at line 3 (byte offset 10) is not valid UTF-8"
+/// );
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+pub fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + bytes[..at].iter().filter(|&&b| b == b'\n').count();
+        let message = match e.utf8_error().error_len() {
+            Some(_) => format!(
+                "not UTF-8: byte {:#04x} at line {line} (byte offset {at}) is not valid UTF-8",
+                bytes[at]
+            ),
+            None => format!(
+                "not UTF-8: the file ends inside a character begun at line {line} (byte offset {at})"
+            ),
+        };
+        Error::format(message).in_file(path)
+    })
+}
+
+/// The text of the file at `path` ([`utf8_text`]).
+///
+/// Errors: [`Io`](crate::ErrorKind::Io) naming `path` if it cannot be
+/// read; those of [`utf8_text`].
+pub fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+    utf8_text(path, bytes)
+}
+
+/// FNV-1a, 64 bits, of `bytes`: the `tokenizer_hash` of a `tokenizer.json`
+/// is `fnv1a64:` and this in 16 hex digits.
+///
+/// ```
+/// use splitgrad::app::tokenize::fnv1a64;
+/// assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+/// assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+/// ```
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// One file to encode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextFile {
+    /// Its language id.
+    pub language: u32,
+    /// Where it is.
+    pub path: PathBuf,
+    /// Its size when listed.
+    pub bytes: u64,
+}
+
+/// The languages and the files of a corpus, listed but not yet read.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The languages, in id order.
+    pub languages: Vec<LanguageSource>,
+    /// Every file, language by language, each language's sorted by path.
+    pub files: Vec<TextFile>,
+}
+
+/// What was encoded for one language.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LanguageStats {
+    /// Files listed (empty ones included).
+    pub files: usize,
+    /// Sequences: the files that gave at least one token.
+    pub sequences: usize,
+    /// Tokens.
+    pub tokens: usize,
+    /// Bytes of text.
+    pub bytes: u64,
+}
+
+/// The result of [`Plan::tokenize`].
+#[derive(Clone, Debug)]
+pub struct Tokenized {
+    /// The corpus, with all of its [`CorpusMeta`].
+    pub corpus: Corpus,
+    /// Per language, in id order.
+    pub stats: Vec<LanguageStats>,
+}
+
+impl Plan {
+    /// Checks the languages ([`check_languages`]) and lists their files
+    /// ([`text_files`]).
+    ///
+    /// Errors: those two functions'; [`Config`](crate::ErrorKind::Config)
+    /// for more languages than `u32` ids, or a folder with no file.
+    pub fn new(languages: &[LanguageSource]) -> Result<Plan> {
+        check_languages(languages)?;
+        let mut files = Vec::new();
+        for (id, language) in languages.iter().enumerate() {
+            let id =
+                u32::try_from(id).map_err(|_| Error::config("more than 2^32 languages given"))?;
+            let listed = text_files(&language.dir)?;
+            if listed.is_empty() {
+                return Err(Error::config(format!(
+                    "language `{}`: no file under {}",
+                    language.name,
+                    language.dir.display()
+                )));
+            }
+            for path in listed {
+                let bytes = std::fs::metadata(&path)
+                    .map_err(|e| Error::from(e).in_file(&path))?
+                    .len();
+                files.push(TextFile {
+                    language: id,
+                    path,
+                    bytes,
+                });
+            }
+        }
+        Ok(Plan {
+            languages: languages.to_vec(),
+            files,
+        })
+    }
+
+    /// Bytes of text in all files, as listed.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+
+    /// Reads and encodes every file (several at once, on rayon's threads)
+    /// and builds the corpus: one sequence per file that gives a token, in
+    /// the plan's order; `vocab_size` the encoder's, `n_languages` the
+    /// plan's, `language_names`, `token_strings` (every id's
+    /// [`TextEncoder::token_string`]) and `tokenizer_hash` (its
+    /// [`fingerprint`](TextEncoder::fingerprint)) filled in.
+    /// `progress` is called, from the worker threads, with the listed size
+    /// of each file as it is encoded.
+    ///
+    /// Errors: a file that cannot be read or is not UTF-8 ([`read_text`]);
+    /// the encoder's, naming the file; [`Config`](crate::ErrorKind::Config)
+    /// if no file gives a token; [`OutOfRange`](crate::ErrorKind::OutOfRange)
+    /// for an id the encoder gives at or above its own vocabulary size,
+    /// naming the file. The first error in the plan's order is returned.
+    pub fn tokenize(
+        &self,
+        encoder: &dyn TextEncoder,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Tokenized> {
+        let vocab_size = encoder.vocab_size();
+        let mut token_ids: Vec<u32> = Vec::new();
+        let mut language_ids: Vec<u32> = Vec::new();
+        let mut sequence_starts: Vec<usize> = Vec::new();
+        let mut stats = vec![LanguageStats::default(); self.languages.len()];
+        for batch in batches(&self.files) {
+            let encoded: Vec<Result<(u64, Vec<u32>)>> = batch
+                .par_iter()
+                .map(|f| {
+                    let text = read_text(&f.path)?;
+                    let ids = encoder.encode(&text).map_err(|e| e.in_file(&f.path))?;
+                    progress(f.bytes);
+                    Ok((text.len() as u64, ids))
+                })
+                .collect();
+            for (file, result) in batch.iter().zip(encoded) {
+                let (bytes, ids) = result?;
+                if let Some(p) = ids.iter().position(|&id| id as usize >= vocab_size) {
+                    let high = i64::try_from(vocab_size).unwrap_or(i64::MAX);
+                    return Err(Error::out_of_range(
+                        "token id from the tokenizer",
+                        vec![p],
+                        i64::from(ids[p]),
+                        0,
+                        high,
+                    )
+                    .in_file(&file.path));
+                }
+                let s = &mut stats[file.language as usize];
+                s.files += 1;
+                s.bytes += bytes;
+                if !ids.is_empty() {
+                    s.sequences += 1;
+                    s.tokens += ids.len();
+                    sequence_starts.push(token_ids.len());
+                    language_ids.extend(std::iter::repeat_n(file.language, ids.len()));
+                    token_ids.extend_from_slice(&ids);
+                }
+            }
+        }
+        if token_ids.is_empty() {
+            return Err(Error::config(
+                "no text: every file under the language folders is empty",
+            ));
+        }
+        let token_strings = (0..vocab_size)
+            .map(|id| {
+                u32::try_from(id).map_or_else(|_| String::new(), |id| encoder.token_string(id))
+            })
+            .collect();
+        let meta = CorpusMeta {
+            vocab_size: Some(vocab_size),
+            n_languages: Some(self.languages.len()),
+            language_names: Some(self.languages.iter().map(|l| l.name.clone()).collect()),
+            token_strings: Some(token_strings),
+            tokenizer_hash: encoder.fingerprint(),
+        };
+        let corpus = Corpus {
+            token_ids,
+            language_ids,
+            sequence_starts,
+            meta,
+        };
+        corpus.validate(vocab_size, self.languages.len())?;
+        Ok(Tokenized { corpus, stats })
+    }
+}
+
+/// The files cut into runs of about [`BATCH_BYTES`] (at least one file each).
+fn batches(files: &[TextFile]) -> Vec<&[TextFile]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, f) in files.iter().enumerate() {
+        if i > start && bytes + f.bytes > BATCH_BYTES {
+            out.push(&files[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += f.bytes;
+    }
+    if start < files.len() {
+        out.push(&files[start..]);
+    }
+    out
+}
+
+#[cfg(feature = "cli")]
+pub use hf::HfTokenizer;
+
+#[cfg(feature = "cli")]
+mod hf {
+    use std::path::Path;
+
+    use super::{TextEncoder, fnv1a64};
+    use crate::{Error, Result};
+
+    /// A Hugging Face `tokenizer.json`, read with the `tokenizers` crate
+    /// (its pure-Rust pipelines: byte-level BPE and the like).
+    ///
+    /// Truncation and padding settings in the file are dropped: a file is
+    /// encoded whole. V is the vocabulary with the added tokens (or the
+    /// largest id plus one, if the ids have holes).
+    pub struct HfTokenizer {
+        tokenizer: tokenizers::Tokenizer,
+        vocab_size: usize,
+        hash: String,
+    }
+
+    impl std::fmt::Debug for HfTokenizer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("HfTokenizer")
+                .field("vocab_size", &self.vocab_size)
+                .field("hash", &self.hash)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// A `tokenizers` error as one line.
+    fn one_line(e: &dyn std::error::Error) -> String {
+        e.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    impl HfTokenizer {
+        /// Reads `tokenizer.json` at `path`.
+        ///
+        /// Errors, naming `path`: [`crate::ErrorKind::Io`] if it cannot be
+        /// read, [`crate::ErrorKind::Format`] if the `tokenizers` crate
+        /// does not take it.
+        pub fn from_file(path: impl AsRef<Path>) -> Result<HfTokenizer> {
+            let path = path.as_ref();
+            let bytes = std::fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+            Self::from_bytes(&bytes).map_err(|e| e.in_file(path))
+        }
+
+        /// Reads a `tokenizer.json` held in memory.
+        ///
+        /// Errors: [`crate::ErrorKind::Format`] if the `tokenizers` crate
+        /// does not take it.
+        pub fn from_bytes(bytes: &[u8]) -> Result<HfTokenizer> {
+            let mut tokenizer = tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| Error::format(format!("not a tokenizer.json: {}", one_line(&*e))))?;
+            tokenizer
+                .with_truncation(None)
+                .map_err(|e| Error::format(one_line(&*e)))?;
+            tokenizer.with_padding(None);
+            let largest = tokenizer.get_vocab(true).into_values().max();
+            let vocab_size = tokenizer
+                .get_vocab_size(true)
+                .max(largest.map_or(0, |id| id as usize + 1));
+            if vocab_size == 0 {
+                return Err(Error::format(
+                    "not a tokenizer.json: the vocabulary is empty",
+                ));
+            }
+            Ok(HfTokenizer {
+                tokenizer,
+                vocab_size,
+                hash: format!("fnv1a64:{:016x}", fnv1a64(bytes)),
+            })
+        }
+    }
+
+    impl TextEncoder for HfTokenizer {
+        fn vocab_size(&self) -> usize {
+            self.vocab_size
+        }
+
+        fn encode(&self, text: &str) -> Result<Vec<u32>> {
+            let encoding = self
+                .tokenizer
+                .encode_fast(text, false)
+                .map_err(|e| Error::format(format!("cannot encode: {}", one_line(&*e))))?;
+            Ok(encoding.get_ids().to_vec())
+        }
+
+        /// The id decoded alone; an id whose text is not whole (a fragment
+        /// of a UTF-8 character decodes to U+FFFD), ends in NUL, or does
+        /// not decode, gets its `id_to_token` form; an id with no token
+        /// (a hole in the vocabulary) gets the empty string.
+        fn token_string(&self, id: u32) -> String {
+            match self.tokenizer.decode(&[id], false) {
+                Ok(s) if !s.contains('\u{fffd}') && !s.ends_with('\0') => s,
+                _ => self.tokenizer.id_to_token(id).unwrap_or_default(),
+            }
+        }
+
+        fn fingerprint(&self) -> Option<String> {
+            Some(self.hash.clone())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    /// A scratch folder for one test.
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "splitgrad-tokenize-unit-{}-{test}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// One token per byte; V 256.
+    struct Bytes;
+
+    impl TextEncoder for Bytes {
+        fn vocab_size(&self) -> usize {
+            256
+        }
+        fn encode(&self, text: &str) -> Result<Vec<u32>> {
+            Ok(text.bytes().map(u32::from).collect())
+        }
+        fn token_string(&self, id: u32) -> String {
+            format!("<{id}>")
+        }
+    }
+
+    #[test]
+    fn files_are_sorted_recursive_and_not_hidden() {
+        let dir = scratch("walk");
+        for f in [
+            "b.txt",
+            "a/z.txt",
+            "a/b/c.txt",
+            ".hidden",
+            ".git/x",
+            "a/.y",
+            "a.txt",
+        ] {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "x").unwrap();
+        }
+        // A link to a file is the file; a link to a folder is not walked.
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(dir.join("b.txt"), dir.join("c.txt")).unwrap();
+            std::os::unix::fs::symlink(&dir, dir.join("a/loop")).unwrap();
+        }
+        let files: Vec<String> = text_files(&dir)
+            .unwrap()
+            .iter()
+            .map(|p| p.strip_prefix(&dir).unwrap().to_string_lossy().into_owned())
+            .collect();
+        let mut expected = vec!["a/b/c.txt", "a/z.txt", "a.txt", "b.txt"];
+        if cfg!(unix) {
+            expected.push("c.txt");
+        }
+        assert_eq!(files, expected);
+        let e = text_files(&dir.join("b.txt")).unwrap_err();
+        assert!(e.to_string().ends_with("b.txt: is not a folder"), "{e}");
+        let e = text_files(&dir.join("missing")).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Io(_)), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn utf8_errors_name_the_line() {
+        let p = Path::new("t.txt");
+        let e = utf8_text(p, b"\xe6\x97".to_vec()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.txt: not UTF-8: the file ends inside a character begun at line 1 (byte offset 0)"
+        );
+        let e = utf8_text(p, b"ok\n\n\xc3(".to_vec()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.txt: not UTF-8: byte 0xc3 at line 3 (byte offset 4) is not valid UTF-8"
+        );
+    }
+
+    #[test]
+    fn language_arguments() {
+        for (arg, message) in [
+            ("=x", "language `=x`: the name before `=` is empty"),
+            ("en=", "language `en=`: the folder after `=` is empty"),
+        ] {
+            assert_eq!(LanguageSource::parse(arg).unwrap_err().to_string(), message);
+        }
+        let l = LanguageSource::parse("en=a=b").unwrap();
+        assert_eq!((l.name.as_str(), l.dir.to_str()), ("en", Some("a=b")));
+        assert_eq!(
+            check_languages(&[]).unwrap_err().to_string(),
+            "no language given"
+        );
+        let bad = LanguageSource {
+            name: "a=b".into(),
+            dir: "x".into(),
+        };
+        assert!(check_languages(&[bad]).is_err());
+    }
+
+    #[test]
+    fn a_plan_encodes_file_by_file() {
+        let dir = scratch("plan");
+        for (f, text) in [
+            ("en/1.txt", "ab"),
+            ("en/2.txt", ""),
+            ("en/3.txt", "c"),
+            ("fr/x.txt", "dé"),
+        ] {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let langs = [
+            LanguageSource::parse(&format!("en={}", dir.join("en").display())).unwrap(),
+            LanguageSource::parse(&format!("fr={}", dir.join("fr").display())).unwrap(),
+        ];
+        let plan = Plan::new(&langs).unwrap();
+        assert_eq!(plan.files.len(), 4);
+        assert_eq!(plan.total_bytes(), 6);
+        let seen = std::sync::Mutex::new(Vec::new());
+        let out = plan
+            .tokenize(&Bytes, &|b| seen.lock().unwrap().push(b))
+            .unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1, 2, 3]);
+        let c = &out.corpus;
+        assert_eq!(c.token_ids, [97, 98, 99, 100, 0xc3, 0xa9]);
+        assert_eq!(c.language_ids, [0, 0, 0, 1, 1, 1]);
+        assert_eq!(c.sequence_starts, [0, 2, 3]);
+        assert_eq!((c.vocab_size(), c.n_languages()), (256, 2));
+        let names = c.meta.language_names.as_deref().unwrap();
+        assert_eq!(names, ["en", "fr"]);
+        assert_eq!(c.meta.token_strings.as_ref().unwrap()[7], "<7>");
+        assert_eq!(c.meta.tokenizer_hash, None);
+        assert_eq!(
+            out.stats[0],
+            LanguageStats {
+                files: 3,
+                sequences: 2,
+                tokens: 3,
+                bytes: 3
+            }
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn batches_cover_every_file_once() {
+        let file = |bytes| TextFile {
+            language: 0,
+            path: PathBuf::new(),
+            bytes,
+        };
+        let files: Vec<TextFile> = [BATCH_BYTES, 1, BATCH_BYTES - 1, 5, 0]
+            .into_iter()
+            .map(file)
+            .collect();
+        let lens: Vec<usize> = batches(&files).iter().map(|b| b.len()).collect();
+        assert_eq!(lens, [1, 2, 2]);
+        assert!(batches(&[]).is_empty());
+    }
+}

@@ -1,0 +1,406 @@
+//! `splitgrad tokenize` through the binary, on `tests/data/tokenize/`: the
+//! corpus decodes back to the text, file by file and language by
+//! language, with its metadata; bad input is a one-line error that leaves
+//! no file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use splitgrad::app::corpus::{Corpus, load_corpus};
+use splitgrad::app::tokenize::fnv1a64;
+use tokenizers::Tokenizer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+
+/// The languages of the test data, in the order they are given.
+const LANGS: [&str; 5] = ["en", "fr", "de", "ru", "ja"];
+
+/// The ids per language Python's `tokenizers` gives (`train_tokenizer.py`).
+const PYTHON_IDS: [usize; 5] = [6133, 5973, 6272, 7117, 6076];
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenize")
+}
+
+fn tokenizer_json() -> PathBuf {
+    data().join("tokenizer.json")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("splitgrad-tokenize-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `--lang NAME=DIR` for each pair.
+fn lang_args(langs: &[(&str, &Path)]) -> Vec<String> {
+    langs
+        .iter()
+        .flat_map(|(name, dir)| ["--lang".to_string(), format!("{name}={}", dir.display())])
+        .collect()
+}
+
+fn tokenize(tokenizer: &Path, langs: &[(&str, &Path)], out: &Path, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("tokenize")
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .args(lang_args(langs))
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "tokenize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The error line of a failed run, checked to be one line with status 1
+/// or 2 and no panic.
+#[track_caller]
+fn one_line_error(out: &Output) -> String {
+    assert!(
+        matches!(out.status.code(), Some(1 | 2)),
+        "status {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("splitgrad: error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn text_dirs() -> Vec<(&'static str, PathBuf)> {
+    LANGS
+        .iter()
+        .map(|&l| (l, data().join("text").join(l)))
+        .collect()
+}
+
+/// The files of a folder of the test data, sorted.
+fn files_of(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_test_data_becomes_a_corpus_that_decodes_back_to_its_text() {
+    let dir = scratch("data");
+    let out = dir.join("corpus.npz");
+    let dirs = text_dirs();
+    let langs: Vec<(&str, &Path)> = dirs.iter().map(|(l, d)| (*l, d.as_path())).collect();
+    let run = tokenize(&tokenizer_json(), &langs, &out, &[]);
+    assert_success(&run);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("15 files"), "{stdout}");
+    assert!(stdout.contains("V 2000"), "{stdout}");
+    for l in LANGS {
+        assert!(
+            stdout.lines().any(|line| line.trim_start().starts_with(l)),
+            "{stdout}"
+        );
+    }
+
+    let corpus = load_corpus(&out).unwrap();
+    let tok = Tokenizer::from_file(tokenizer_json()).unwrap();
+    assert_eq!((corpus.vocab_size(), corpus.n_languages()), (2000, 5));
+    assert_eq!(corpus.meta.vocab_size, Some(2000));
+    assert_eq!(corpus.meta.n_languages, Some(5));
+    assert_eq!(corpus.meta.language_names.as_deref().unwrap(), LANGS);
+    let hash = fnv1a64(&std::fs::read(tokenizer_json()).unwrap());
+    assert_eq!(
+        corpus.meta.tokenizer_hash.as_deref(),
+        Some(format!("fnv1a64:{hash:016x}").as_str())
+    );
+    corpus.validate(2000, 5).unwrap();
+
+    // One sequence per file, language by language, files sorted by path;
+    // each decodes back to its file and has the ids Python gives.
+    let mut sequences = corpus.sequences();
+    let mut seen = 0;
+    for (lang, (_, folder)) in dirs.iter().enumerate() {
+        let mut lang_tokens = 0;
+        for file in files_of(folder) {
+            let range = sequences.next().expect("a sequence per file");
+            let text = std::fs::read_to_string(&file).unwrap();
+            let ids = &corpus.token_ids[range.clone()];
+            assert_eq!(tok.decode(ids, false).unwrap(), text, "{}", file.display());
+            let expected = tok.encode(text.as_str(), false).unwrap();
+            assert_eq!(ids, expected.get_ids(), "{}", file.display());
+            assert!(
+                corpus.language_ids[range.clone()]
+                    .iter()
+                    .all(|&l| l as usize == lang)
+            );
+            lang_tokens += range.len();
+            seen += 1;
+        }
+        assert_eq!(lang_tokens, PYTHON_IDS[lang], "{}", LANGS[lang]);
+    }
+    assert_eq!(seen, 15);
+    assert!(sequences.next().is_none());
+    assert_eq!(corpus.len(), PYTHON_IDS.iter().sum::<usize>());
+
+    // token_strings: every id decoded alone, or its token where that is
+    // not whole text.
+    let strings = corpus.meta.token_strings.as_ref().unwrap();
+    assert_eq!(strings.len(), 2000);
+    assert_eq!(strings[0], "<|endoftext|>");
+    let mut fragments = 0;
+    for (id, s) in strings.iter().enumerate() {
+        let decoded = tok.decode(&[id as u32], false).unwrap();
+        if decoded.contains('\u{fffd}') || decoded.ends_with('\0') {
+            assert_eq!(Some(s.clone()), tok.id_to_token(id as u32), "id {id}");
+            fragments += 1;
+        } else {
+            assert_eq!(*s, decoded, "id {id}");
+        }
+    }
+    // Byte-level BPE: the bytes ≥ 0x80 alone are fragments, and NUL.
+    assert!(fragments >= 129, "{fragments}");
+    // Byte-level BPE spells a space `Ġ`.
+    let space_the = tok.token_to_id("Ġthe").unwrap() as usize;
+    assert_eq!(strings[space_the], " the");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn folders_are_walked_sorted_recursively_without_hidden_or_empty_files() {
+    let dir = scratch("walk");
+    let write = |rel: &str, text: &[u8]| {
+        let path = dir.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("a/z.txt", "Zeta – the last.\n".as_bytes());
+    write("a/sub/m.txt", "Middle, nested.".as_bytes());
+    write("a/empty.txt", b"");
+    write("a/.hidden.txt", b"not read \xff");
+    write("a/.git/objects/x", b"\xff\xfe");
+    write("b/only.txt", "Только это.\n".as_bytes());
+    let out = dir.join("out/nested/corpus.npz");
+    let run = tokenize(
+        &tokenizer_json(),
+        &[("one", &dir.join("a")), ("two", &dir.join("b"))],
+        &out,
+        &[],
+    );
+    assert_success(&run);
+    let corpus: Corpus = load_corpus(&out).unwrap();
+    let tok = Tokenizer::from_file(tokenizer_json()).unwrap();
+    let texts: Vec<String> = corpus
+        .sequences()
+        .map(|r| tok.decode(&corpus.token_ids[r], false).unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        ["Middle, nested.", "Zeta – the last.\n", "Только это.\n"]
+    );
+    let first_of_b = corpus.sequence_starts[2];
+    assert!(corpus.language_ids[..first_of_b].iter().all(|&l| l == 0));
+    assert!(corpus.language_ids[first_of_b..].iter().all(|&l| l == 1));
+    assert_eq!(
+        corpus.meta.language_names.as_deref().unwrap(),
+        ["one", "two"]
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("4 files, 3 sequences"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_named_with_its_line() {
+    let dir = scratch("utf8");
+    let lang = dir.join("en");
+    std::fs::create_dir_all(&lang).unwrap();
+    std::fs::write(lang.join("a.txt"), "fine\n").unwrap();
+    std::fs::write(lang.join("b.txt"), b"line one\nline two\nbad \xff here\n").unwrap();
+    let out = dir.join("corpus.npz");
+    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &lang)], &out, &[]));
+    let bad = lang.join("b.txt");
+    assert!(err.contains(&bad.display().to_string()), "{err}");
+    assert!(err.contains("not UTF-8"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
+    let dir = scratch("errors");
+    let en = data().join("text/en");
+    let out = dir.join("corpus.npz");
+
+    let missing = dir.join("no-such-folder");
+    let err = one_line_error(&tokenize(
+        &tokenizer_json(),
+        &[("en", &en), ("xx", &missing)],
+        &out,
+        &[],
+    ));
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    assert!(!out.exists());
+
+    let bad_json = dir.join("tokenizer.json");
+    std::fs::write(&bad_json, "{\"model\": {\"type\": \"BPE\", \"vocab\": 7}}").unwrap();
+    let err = one_line_error(&tokenize(&bad_json, &[("en", &en)], &out, &[]));
+    assert!(err.contains(&bad_json.display().to_string()), "{err}");
+    assert!(err.contains("not a tokenizer.json"), "{err}");
+    assert!(!out.exists());
+
+    let err = one_line_error(&tokenize(
+        &dir.join("absent.json"),
+        &[("en", &en)],
+        &out,
+        &[],
+    ));
+    assert!(err.contains("absent.json"), "{err}");
+
+    let err = one_line_error(&tokenize(
+        &tokenizer_json(),
+        &[("en", &en), ("fr", &en), ("en", &en)],
+        &out,
+        &[],
+    ));
+    assert!(err.contains("language `en` is given twice"), "{err}");
+    assert!(!out.exists());
+
+    for arg in ["en", "=dir", "en="] {
+        let run = Command::new(BIN)
+            .arg("tokenize")
+            .arg("--tokenizer")
+            .arg(tokenizer_json())
+            .args(["--lang", arg, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = one_line_error(&run);
+        assert!(err.contains(&format!("language `{arg}`")), "{err}");
+    }
+    assert!(!out.exists());
+
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &empty)], &out, &[]));
+    assert!(err.contains("no file under"), "{err}");
+    assert!(!out.exists());
+
+    // An existing --out is kept unless --force.
+    std::fs::write(&out, b"keep me").unwrap();
+    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &en)], &out, &[]));
+    assert!(err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
+    assert_success(&tokenize(
+        &tokenizer_json(),
+        &[("en", &en)],
+        &out,
+        &["--force"],
+    ));
+    assert_eq!(load_corpus(&out).unwrap().n_languages(), 1);
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "corpus.npz" && n != "tokenizer.json" && n != "empty")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Real text through the whole job: tokenize, train (with a held-out part),
+/// report and export, with the language names and the decoded tokens in
+/// what a user reads.
+#[test]
+fn tokenize_train_report_and_export_on_real_text() {
+    let dir = scratch("job");
+    let dirs = text_dirs();
+    let langs: Vec<(&str, &Path)> = dirs.iter().map(|(n, d)| (*n, d.as_path())).collect();
+    let corpus = dir.join("corpus.npz");
+    assert_success(&tokenize(&tokenizer_json(), &langs, &corpus, &[]));
+    let run = dir.join("run");
+    let train = Command::new(BIN)
+        .args(["train", "--corpus"])
+        .arg(&corpus)
+        .arg("--out")
+        .arg(&run)
+        .args([
+            "--steps",
+            "200",
+            "--batch",
+            "1024",
+            "--heldout-fraction",
+            "0.34",
+        ])
+        .output()
+        .unwrap();
+    assert_success(&train);
+    let text = String::from_utf8_lossy(&train.stdout);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("report.json")).unwrap()).unwrap();
+    // V and L as the corpus states them, the names in the report.
+    let rows = report["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for e in rows {
+        assert!(LANGS.contains(&e["language_name"].as_str().unwrap()), "{e}");
+        assert!(e["token_string"].is_string(), "{e}");
+        assert!(e["heldout_gain"].is_number(), "{e}");
+    }
+    let per_language = report["heldout_per_language"].as_array().unwrap();
+    assert_eq!(per_language.len(), 5);
+    for l in per_language {
+        assert!(
+            l["n_tokens"].as_u64().unwrap() > 0,
+            "every language is held out: {l}"
+        );
+    }
+    assert!(
+        report["heldout_ce"].as_f64().unwrap() < report["heldout_ce_uniform"].as_f64().unwrap()
+    );
+    assert!(text.contains("held-out cross-entropy"), "{text}");
+    // `report` reads the same back from the checkpoint.
+    let again = Command::new(BIN)
+        .arg("report")
+        .arg(run.join("model.safetensors"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_success(&again);
+    let last = String::from_utf8_lossy(&again.stdout);
+    let json: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(json["rows"], report["rows"]);
+    // `export`: one table per language, named after it, and kept.json.
+    let out = dir.join("export");
+    let export = Command::new(BIN)
+        .arg("export")
+        .arg(run.join("model.safetensors"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_success(&export);
+    for name in LANGS {
+        let t = splitgrad::checkpoint::Checkpoint::open(out.join(format!("{name}.safetensors")))
+            .unwrap()
+            .get_real::<f32>("token_embedding.vocab.weight", &[2000, 64])
+            .unwrap();
+        assert!(t.iter().all(|x| x.is_finite()));
+    }
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("kept.json")).unwrap()).unwrap();
+    assert_eq!(kept["languages"], serde_json::json!(LANGS));
+    assert_eq!(kept["kept"], report["kept"]);
+}
