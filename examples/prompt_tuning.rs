@@ -138,7 +138,9 @@ fn main() -> Result<()> {
     let keep = std::env::args().nth(1).map(std::path::PathBuf::from);
     let dir = std::env::temp_dir().join(format!("splitgrad-prompt-tuning-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let path = keep.clone().unwrap_or_else(|| dir.join("prompt.safetensors"));
+    let path = keep
+        .clone()
+        .unwrap_or_else(|| dir.join("prompt.safetensors"));
 
     // 30 steps without a stop: the reference.
     let mut straight = Run::new()?;

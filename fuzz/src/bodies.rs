@@ -119,6 +119,8 @@ fn read_every_member(npz: &mut NpzReader) {
         let _ = npz.reals::<f32>(&name);
         let _ = npz.finite_reals::<f64>(&name);
         let _ = npz.real_dtype(&name);
+        let _ = npz.strings_1d(&name);
+        let _ = npz.string_scalar(&name);
     }
 }
 
@@ -345,7 +347,17 @@ fn index_from_bytes(
 /// sizes, have consistent sequences and bigrams, survive a save/load round
 /// trip, and train one small step when it holds a bigram.
 pub fn corpus_loader(data: &[u8]) {
-    let names = ["token_ids", "language_ids", "sequence_starts", "other"];
+    let names = [
+        "token_ids",
+        "language_ids",
+        "sequence_starts",
+        "other",
+        "vocab_size",
+        "n_languages",
+        "language_names",
+        "token_strings",
+        "tokenizer_hash",
+    ];
     let data: &[u8] = &if data.starts_with(b"PK") {
         data.to_vec()
     } else {

@@ -9,11 +9,14 @@
 
 pub mod bench;
 pub mod corpus;
+pub mod eval;
+pub mod export;
 pub mod golden;
 pub mod model;
 pub mod report;
 pub mod select;
 pub mod synthetic;
+pub mod tokenize;
 pub mod train;
 
 #[cfg(feature = "cli")]

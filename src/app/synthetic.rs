@@ -25,7 +25,7 @@
 use std::collections::HashSet;
 
 use crate::Rng;
-use crate::app::corpus::Corpus;
+use crate::app::corpus::{Corpus, CorpusMeta};
 use crate::io::SplitIndex;
 
 /// The numbers of the synthetic corpus.
@@ -206,6 +206,7 @@ pub fn generate(cfg: &SyntheticConfig) -> Synthetic {
             token_ids,
             language_ids,
             sequence_starts,
+            meta: CorpusMeta::default(),
         },
         contested,
         index,

@@ -13,6 +13,7 @@ use std::path::Path;
 use ndarray::Array2;
 
 use crate::app::corpus::Corpus;
+use crate::app::eval::HeldOut;
 use crate::app::model::{Batch, BigramModel, ModelConfig};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::error::{Error, ErrorKind, Result};
@@ -72,7 +73,67 @@ pub struct Trainer<T: Real> {
     pool: Pool<T>,
     step: u64,
     history: Vec<StepStats>,
+    /// What the run is about, for its reports (saved in the checkpoint).
+    labels: RunLabels,
+    /// Held-out cross-entropy at each evaluation: (step, model, all gates
+    /// closed).
+    heldout_curve: Vec<(u64, f64, f64)>,
+    /// The held-out evaluation of the trained model, once made.
+    evaluation: Option<HeldOut>,
 }
+
+/// What a run is about, kept with its checkpoint for the reports: the
+/// corpus's name, its language names and decoded token strings when it has
+/// them, and which rows are planted when the truth is known (the synthetic
+/// corpus).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunLabels {
+    /// The corpus, as the report names it.
+    pub corpus: String,
+    /// One name per language.
+    pub language_names: Option<Vec<String>>,
+    /// The decoded text of each token id.
+    pub token_strings: Option<Vec<String>>,
+    /// Whether each split row is a planted pair.
+    pub planted: Option<Vec<bool>>,
+}
+
+/// Strings joined for a metadata value: each escaped (`\\` for a
+/// backslash, `\s` for the unit separator U+001F, which byte-level
+/// vocabularies do hold as a token), then joined by U+001F.
+const SEP: char = '\u{1f}';
+
+fn join(v: &[String]) -> String {
+    let escape = |s: &String| s.replace('\\', "\\\\").replace(SEP, "\\s");
+    v.iter()
+        .map(escape)
+        .collect::<Vec<_>>()
+        .join(&SEP.to_string())
+}
+
+fn split_joined(s: &str) -> Vec<String> {
+    let unescape = |part: &str| {
+        let mut out = String::with_capacity(part.len());
+        let mut chars = part.chars();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('s') => out.push(SEP),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            }
+        }
+        out
+    };
+    s.split(SEP).map(unescape).collect()
+}
+
+/// The held-out curve, one row per evaluation: step, ce, ce with every gate
+/// closed.
+pub const HELDOUT_CURVE: &str = "train.heldout";
 
 /// A fingerprint of a corpus (FNV-1a over its arrays), kept in checkpoints
 /// so that a run is never resumed on other data.
@@ -126,6 +187,56 @@ pub struct SavedModel<T> {
     pub metadata: BTreeMap<String, String>,
     /// The loss terms of every step run.
     pub history: Vec<StepStats>,
+    /// What the run is about.
+    pub labels: RunLabels,
+    /// Held-out cross-entropy at each evaluation: (step, model, closed).
+    pub heldout_curve: Vec<(u64, f64, f64)>,
+    /// The held-out evaluation of the trained model, if the run ended.
+    pub evaluation: Option<HeldOut>,
+}
+
+/// A run's labels, held-out curve and evaluation.
+type Record = (RunLabels, Vec<(u64, f64, f64)>, Option<HeldOut>);
+
+/// The run's labels, held-out curve and evaluation, from a checkpoint.
+fn record_from(
+    snap: &Snapshot,
+    rest: &crate::state::StateDict,
+    n_rows: usize,
+    n_languages: usize,
+) -> Result<Record> {
+    let meta = |k: &str| snap.metadata.get(k).map(String::as_str);
+    let mut labels = RunLabels {
+        corpus: meta("corpus").unwrap_or("a corpus").to_string(),
+        language_names: meta("language_names").map(split_joined),
+        token_strings: meta("token_strings").map(split_joined),
+        planted: None,
+    };
+    if rest.contains("eval.planted") {
+        let p = rest.i64s("eval.planted", &[n_rows])?;
+        labels.planted = Some(p.iter().map(|&x| x != 0).collect());
+    }
+    let curve = match rest.get(HELDOUT_CURVE) {
+        Some(t) => {
+            let k = t.shape().first().copied().unwrap_or(0);
+            let c = rest.real::<f64>(HELDOUT_CURVE, &[k, 3])?;
+            (0..k)
+                .map(|i| (c[[i, 0]] as u64, c[[i, 1]], c[[i, 2]]))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let evaluation = if rest.contains("eval.rows") {
+        Some(HeldOut::from_state(
+            rest,
+            &snap.metadata,
+            n_rows,
+            n_languages,
+        )?)
+    } else {
+        None
+    };
+    Ok((labels, curve, evaluation))
 }
 
 /// The history of `step` steps from a checkpoint's tensor.
@@ -159,10 +270,15 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
     let rest = snap.restore(&mut [&mut model], None)?;
     let step: u64 = snap.meta_parse("step")?;
     let history = history_from(&rest, step)?;
+    let (labels, heldout_curve, evaluation) =
+        record_from(&snap, &rest, model.split.n_rows(), config.n_languages)?;
     Ok(SavedModel {
         model,
         metadata: snap.metadata,
         history,
+        labels,
+        heldout_curve,
+        evaluation,
     })
 }
 
@@ -204,6 +320,14 @@ pub fn index_of(state: &crate::state::StateDict) -> Result<SplitIndex> {
 }
 
 impl<T: Real> Trainer<T> {
+    /// Binds the run to its held-out text as well: a checkpoint then resumes
+    /// only with the same training and held-out parts (the same corpus and
+    /// held-out split), so that the held-out curve stays one curve.
+    pub fn bind_heldout(&mut self, heldout: &Corpus) {
+        let h = corpus_fingerprint(heldout);
+        self.fingerprint = (self.fingerprint ^ h.rotate_left(29)).wrapping_mul(0x0100_0000_01b3);
+    }
+
     /// A trainer at step 0. The corpus must fit the model (ids below V and
     /// L) and hold at least one bigram.
     pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
@@ -237,6 +361,9 @@ impl<T: Real> Trainer<T> {
             pool: Pool::new(),
             step: 0,
             history: Vec::new(),
+            labels: RunLabels::default(),
+            heldout_curve: Vec::new(),
+            evaluation: None,
         })
     }
 
@@ -258,6 +385,39 @@ impl<T: Real> Trainer<T> {
     /// Loss terms of every step run so far (also across a resume).
     pub fn history(&self) -> &[StepStats] {
         &self.history
+    }
+
+    /// What the run is about.
+    pub fn labels(&self) -> &RunLabels {
+        &self.labels
+    }
+
+    /// Sets what the run is about (saved with every checkpoint).
+    pub fn set_labels(&mut self, labels: RunLabels) {
+        self.labels = labels;
+    }
+
+    /// Held-out cross-entropy at each evaluation so far.
+    pub fn heldout_curve(&self) -> &[(u64, f64, f64)] {
+        &self.heldout_curve
+    }
+
+    /// Records a held-out evaluation at the current step (replacing one
+    /// already recorded at this step).
+    pub fn record_heldout(&mut self, ce: f64, ce_closed: f64) {
+        self.heldout_curve.retain(|&(s, _, _)| s != self.step);
+        self.heldout_curve.push((self.step, ce, ce_closed));
+    }
+
+    /// The held-out evaluation of the trained model, once made.
+    pub fn evaluation(&self) -> Option<&HeldOut> {
+        self.evaluation.as_ref()
+    }
+
+    /// Sets the held-out evaluation of the trained model (saved with the
+    /// checkpoint).
+    pub fn set_evaluation(&mut self, e: HeldOut) {
+        self.evaluation = Some(e);
     }
 
     /// Whether every step has run.
@@ -386,14 +546,39 @@ impl<T: Real> Trainer<T> {
             let s = &self.history[i];
             [s.total, s.ce, s.penalty, s.fusion][j]
         });
-        let extra = [(HISTORY.to_string(), TensorRef::from(&hist))];
-        save_state(
-            path,
-            &[&self.model],
-            Some(&self.optimizer),
-            &extra,
-            &self.metadata(),
-        )
+        let curve = Array2::from_shape_fn((self.heldout_curve.len(), 3), |(i, j)| {
+            let (s, a, b) = self.heldout_curve[i];
+            [s as f64, a, b][j]
+        });
+        let planted = self.labels.planted.as_ref().map(|p| {
+            p.iter()
+                .map(|&x| i64::from(x))
+                .collect::<ndarray::Array1<i64>>()
+        });
+        let eval = self.evaluation.as_ref().map(HeldOut::to_state);
+        let mut extra = vec![
+            (HISTORY.to_string(), TensorRef::from(&hist)),
+            (HELDOUT_CURVE.to_string(), TensorRef::from(&curve)),
+        ];
+        if let Some(p) = &planted {
+            extra.push(("eval.planted".to_string(), TensorRef::from(p)));
+        }
+        if let Some((rows, langs)) = &eval {
+            extra.push(("eval.rows".to_string(), TensorRef::from(rows)));
+            extra.push(("eval.languages".to_string(), TensorRef::from(langs)));
+        }
+        let mut meta = self.metadata();
+        meta.insert("corpus".into(), self.labels.corpus.clone());
+        if let Some(n) = &self.labels.language_names {
+            meta.insert("language_names".into(), join(n));
+        }
+        if let Some(t) = &self.labels.token_strings {
+            meta.insert("token_strings".into(), join(t));
+        }
+        if let Some(e) = &self.evaluation {
+            e.to_metadata(&mut meta);
+        }
+        save_state(path, &[&self.model], Some(&self.optimizer), &extra, &meta)
     }
 
     /// Restores the weights, the optimisers, the step and the history from
@@ -407,9 +592,10 @@ impl<T: Real> Trainer<T> {
         let snap = Snapshot::read(path)?;
         let fp = format!("{:016x}", self.fingerprint);
         if snap.meta("corpus_fingerprint")? != fp {
-            return Err(
-                Error::config("the checkpoint was written for another corpus").in_file(path),
-            );
+            return Err(Error::config(
+                "the checkpoint was written for another corpus (or another held-out split of it)",
+            )
+            .in_file(path));
         }
         // Resuming is exact only with the same settings; `steps` may grow.
         let ours = self.metadata();
@@ -445,10 +631,19 @@ impl<T: Real> Trainer<T> {
                 .in_array(HISTORY));
         }
         let history = history_from(&snap.state, step)?;
+        let cfg = self.model.config();
+        let (_, curve, _) = record_from(
+            &snap,
+            &snap.state,
+            self.model.split.n_rows(),
+            cfg.n_languages,
+        )?;
         let mut optimizer = optimizer(self.config.lr)?;
         // `restore` checks every tensor before it changes the model.
         snap.restore(&mut [&mut self.model], Some(&mut optimizer))?;
         self.optimizer = optimizer;
+        self.heldout_curve = curve;
+        self.evaluation = None;
         self.step = step;
         self.history = history;
         Ok(())
@@ -457,6 +652,16 @@ impl<T: Real> Trainer<T> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn joined_strings_round_trip_any_text() {
+        let v: Vec<String> = ["", "\u{1f}", "\\", "\\s", "a\u{1f}b\\", " the", "\n"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(split_joined(&join(&v)), v);
+    }
+
     use super::*;
     use crate::app::model::ModelConfig;
     use crate::io::SplitIndex;

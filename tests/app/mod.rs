@@ -13,3 +13,7 @@ mod cli_crash;
 mod cli_train;
 #[cfg(feature = "cli")]
 mod golden;
+#[cfg(feature = "cli")]
+mod heldout;
+#[cfg(feature = "cli")]
+mod tokenize;

@@ -1,9 +1,12 @@
-//! The data a run trains on: a corpus and an index, from files or from the
+//! The data a run trains and is evaluated on: a corpus split into a
+//! training part and a held-out part, and an index, from files or from the
 //! built-in synthetic generator.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use crate::app::corpus::{Corpus, load_corpus};
+use crate::app::eval::split_heldout;
 use crate::app::synthetic::{SyntheticConfig, generate};
 use crate::io::{SplitIndex, load_index};
 
@@ -11,8 +14,14 @@ use super::{CliResult, TrainArgs};
 
 /// A corpus, its index and, for the synthetic corpus, the planted truth.
 pub struct Data {
+    /// The run's name: `synthetic`, or the corpus file's stem.
     pub name: String,
+    /// The part trained on.
     pub corpus: Corpus,
+    /// The part evaluated on (never trained on, never used to choose pairs).
+    pub heldout: Corpus,
+    /// How the held-out part was made, for the report.
+    pub heldout_source: String,
     pub index: SplitIndex,
     pub vocab_size: usize,
     pub n_languages: usize,
@@ -22,7 +31,7 @@ pub struct Data {
 
 /// Every (language, token) pair seen at least `min_count` times as a
 /// context, in (language, token) order.
-pub fn index_from_counts(corpus: &Corpus, vocab_size: usize, min_count: usize) -> SplitIndex {
+pub fn index_from_counts(corpus: &Corpus, min_count: usize) -> SplitIndex {
     let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     for (i, _) in corpus.bigrams() {
         *counts
@@ -32,7 +41,6 @@ pub fn index_from_counts(corpus: &Corpus, vocab_size: usize, min_count: usize) -
             ))
             .or_default() += 1;
     }
-    let _ = vocab_size;
     let pairs: Vec<(usize, usize)> = counts
         .into_iter()
         .filter(|&(_, c)| c >= min_count.max(1))
@@ -44,45 +52,58 @@ pub fn index_from_counts(corpus: &Corpus, vocab_size: usize, min_count: usize) -
     )
 }
 
-/// Loads (or generates) the corpus and the index of a run.
+/// The training and held-out parts of `corpus`: a fraction of its
+/// sequences (seeded), or a held-out corpus file.
+fn heldout_of(corpus: Corpus, args: &TrainArgs) -> CliResult<(Corpus, Corpus, String)> {
+    if let Some(path) = &args.heldout {
+        let heldout = load_corpus(path)?;
+        if heldout.n_bigrams() == 0 {
+            return Err(format!(
+                "{}: no bigram to evaluate on: every sequence holds a single token",
+                path.display()
+            )
+            .into());
+        }
+        return Ok((corpus, heldout, path.display().to_string()));
+    }
+    let f = args.heldout_fraction;
+    if !(f > 0.0 && f < 1.0) {
+        return Err(format!("--heldout-fraction must be in (0, 1), got {f}").into());
+    }
+    let (train, heldout) = split_heldout(&corpus, f, args.seed)?;
+    let how = format!(
+        "{} of {} sequences ({f} of the corpus, seed {})",
+        heldout.n_sequences(),
+        corpus.n_sequences(),
+        args.seed
+    );
+    Ok((train, heldout, how))
+}
+
+/// Loads (or generates) the corpus, holds out its evaluation part, and
+/// loads the index (or makes one from the training part's counts).
 pub fn load(args: &TrainArgs) -> CliResult<Data> {
-    match &args.corpus {
+    let (name, corpus, truth, index, v, l) = match &args.corpus {
         None => {
-            if let Some(index_path) = &args.index {
-                // An index for the synthetic corpus (e.g. from `select`).
-                let s = generate(&SyntheticConfig {
-                    seed: args.seed,
-                    ..SyntheticConfig::default()
-                });
-                let (v, l) = (
-                    s.corpus
-                        .vocab_size()
-                        .max(SyntheticConfig::default().vocab_size),
-                    SyntheticConfig::default().n_languages,
-                );
-                let index = load_index(index_path, l, v)?;
-                return Ok(Data {
-                    name: "synthetic".into(),
-                    corpus: s.corpus,
-                    index,
-                    vocab_size: v,
-                    n_languages: l,
-                    truth: Some(s.contested),
-                });
-            }
             let cfg = SyntheticConfig {
                 seed: args.seed,
                 ..SyntheticConfig::default()
             };
             let s = generate(&cfg);
-            Ok(Data {
-                name: "synthetic".into(),
-                corpus: s.corpus,
-                index: s.index,
-                vocab_size: cfg.vocab_size,
-                n_languages: cfg.n_languages,
-                truth: Some(s.contested),
-            })
+            let (v, l) = (cfg.vocab_size, cfg.n_languages);
+            // An index given for the synthetic corpus (e.g. from `select`).
+            let index = match &args.index {
+                Some(p) => Some(load_index(p, l, v)?),
+                None => Some(s.index),
+            };
+            (
+                "synthetic".to_string(),
+                s.corpus,
+                Some(s.contested),
+                index,
+                v,
+                l,
+            )
         }
         Some(path) => {
             let corpus = load_corpus(path)?;
@@ -93,38 +114,45 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
                 )
                 .into());
             }
+            // V and L as the corpus states them, or its largest ids + 1.
             let (v, l) = (corpus.vocab_size(), corpus.n_languages());
             let index = match &args.index {
-                Some(ip) => {
-                    // V and L are the corpus's (largest id + 1): a pair whose
-                    // token or language never occurs could not learn anything,
-                    // so the index is checked against them (`docs/spec.md#23-splitvocabulary` errors).
-                    load_index(ip, l, v)?
-                }
-                None => {
-                    let idx = index_from_counts(&corpus, v, args.min_count);
-                    if idx.token_index.is_empty() {
-                        return Err(format!(
-                            "{}: no (language, token) pair occurs {} times; lower --min-count",
-                            path.display(),
-                            args.min_count
-                        )
-                        .into());
-                    }
-                    idx
-                }
+                Some(ip) => Some(load_index(ip, l, v)?),
+                None => None,
             };
             let name = path
                 .file_stem()
                 .map_or("corpus".into(), |s| s.to_string_lossy().into_owned());
-            Ok(Data {
-                name,
-                corpus,
-                index,
-                vocab_size: v,
-                n_languages: l,
-                truth: None,
-            })
+            (name, corpus, None, index, v, l)
         }
-    }
+    };
+    let (train, heldout, heldout_source) = heldout_of(corpus, args)?;
+    heldout
+        .validate(v, l)
+        .map_err(|e| format!("the held-out corpus does not fit the training corpus: {e}"))?;
+    let index = match index {
+        Some(i) => i,
+        None => {
+            let idx = index_from_counts(&train, args.min_count);
+            if idx.token_index.is_empty() {
+                return Err(format!(
+                    "{}: no (language, token) pair occurs {} times in the training part; lower --min-count",
+                    args.corpus.as_deref().unwrap_or(Path::new("the corpus")).display(),
+                    args.min_count
+                )
+                .into());
+            }
+            idx
+        }
+    };
+    Ok(Data {
+        name,
+        corpus: train,
+        heldout,
+        heldout_source,
+        index,
+        vocab_size: v,
+        n_languages: l,
+        truth,
+    })
 }

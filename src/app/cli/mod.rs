@@ -5,11 +5,13 @@
 
 mod bench;
 mod data;
+mod export;
 mod golden;
 mod plots;
 mod report;
 mod select;
 mod sweep;
+mod tokenize;
 mod train;
 
 use std::path::PathBuf;
@@ -48,6 +50,12 @@ enum Command {
     },
     /// Time one of the four benchmark workloads of `docs/spec.md#5-benchmark-workloads`.
     Bench(bench::BenchArgs),
+    /// Encode text files, one folder per language, with a tokenizer.json
+    /// into a corpus `.npz`.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Write each language's effective embedding table and the kept pairs
+    /// of a trained checkpoint.
+    Export(export::ExportArgs),
 }
 
 /// Options of `splitgrad train`.
@@ -61,9 +69,17 @@ pub struct TrainArgs {
     /// it, every (language, token) pair seen at least `--min-count` times.
     #[arg(long)]
     pub index: Option<PathBuf>,
-    /// Pairs seen at least this often get a row when there is no `--index`.
+    /// Pairs seen at least this often (in the training part) get a row when
+    /// there is no `--index`.
     #[arg(long, default_value_t = 20)]
     pub min_count: usize,
+    /// Fraction of the corpus's sequences held out for evaluation (chosen by
+    /// the seed; a corpus of one sequence gives up its tail).
+    #[arg(long, default_value_t = 0.1)]
+    pub heldout_fraction: f64,
+    /// A held-out corpus to evaluate on, instead of a fraction of `--corpus`.
+    #[arg(long, conflicts_with = "heldout_fraction")]
+    pub heldout: Option<PathBuf>,
     /// Output folder (checkpoint, report.json, plots); default `runs/<name>`.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -208,6 +224,8 @@ pub fn run(cli: Cli) -> CliResult<ExitCode> {
         Command::Report(args) => report::run(args),
         Command::Sweep(args) => sweep::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Export(args) => export::run(args),
         Command::Golden { command } => match command {
             GoldenCommand::Gen {
                 layer,

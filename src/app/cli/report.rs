@@ -1,17 +1,32 @@
 //! The report of a trained model (printed and as JSON), and
 //! `splitgrad report CHECKPOINT`.
+//!
+//! The answer of a gated run is which split rows to keep, by the rule of
+//! [`Rule`]: a row is kept when it saves held-out loss beyond noise. The
+//! report gives every row's gate and held-out gain, the kept rows ranked by
+//! gain, the held-out cross-entropy of the model and of the same model
+//! with every gate closed (overall and per language), and the effective
+//! number of vocabularies under the rule. On the synthetic corpus it adds
+//! the agreement of the kept rows with the planted pairs and the
+//! threshold-free ROC AUC and average precision of the gates. A fusion-mode
+//! run reports fusion statistics instead: distinct rows per token, each
+//! row's distance to its token's centroid, held-out cross-entropy.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::app::model::BigramModel;
-use crate::app::report::{OPEN_THRESHOLD, effective_vocabularies, precision_recall_f1, spearman};
-use crate::app::synthetic::{SyntheticConfig, generate};
-use crate::app::train::{StepStats, corpus_fingerprint, load_model};
-use crate::io::write_atomic;
 use clap::Args;
 use serde_json::{Value, json};
+
+use crate::app::eval::{HeldOut, Rule};
+use crate::app::model::BigramModel;
+use crate::app::report::{
+    agreement, average_precision, centroid_distances, effective_vocabularies, roc_auc, spearman,
+    vocabularies_kept,
+};
+use crate::app::train::{RunLabels, StepStats, load_model};
+use crate::io::write_atomic;
 
 use super::CliResult;
 
@@ -19,35 +34,78 @@ use super::CliResult;
 pub struct ReportInput<'a> {
     pub model: &'a BigramModel<f32>,
     pub history: &'a [StepStats],
-    pub corpus: &'a str,
-    /// The planted pairs, sorted, when the corpus is the synthetic one.
-    pub truth: Option<&'a [(usize, usize)]>,
+    pub labels: &'a RunLabels,
+    /// (step, held-out ce, with every gate closed) at each evaluation.
+    pub heldout_curve: &'a [(u64, f64, f64)],
+    pub evaluation: Option<&'a HeldOut>,
     pub use_gate: bool,
     pub tokens_per_second: Option<f64>,
     pub threads: Option<usize>,
     pub checkpoint: &'a Path,
 }
 
-/// The report as JSON: every gate, the most open and most closed, how many
-/// are open, agreement with the planted truth and with the index's score,
-/// the effective number of vocabularies, the speed.
+/// A number with three decimals, or "undefined".
+pub fn fmt3(x: Option<f64>) -> String {
+    x.map_or_else(|| "undefined".to_string(), |v| format!("{v:.3}"))
+}
+
+/// A JSON number, or null for NaN and infinities.
+fn num(x: f64) -> Value {
+    if x.is_finite() { json!(x) } else { Value::Null }
+}
+
+/// The held-out cross-entropy must be at least this much (nats) below that
+/// of a uniform guess over the vocabulary, `ln V`, and below the untrained
+/// model's, for the report to say something was learned.
+const LEARNED: f64 = 0.01;
+
+/// The report as JSON (see the module docs for what it holds).
 pub fn build(r: &ReportInput<'_>) -> Value {
     let model = r.model;
     let index = model.split.index();
+    let n_rows = model.split.n_rows();
     let gates: Vec<f64> = model.split.gate().iter().map(|&g| g as f64).collect();
-    let planted: Option<Vec<bool>> = r.truth.map(|truth| {
-        (0..gates.len())
-            .map(|i| {
-                truth
-                    .binary_search(&(index.language_index[i], index.token_index[i]))
-                    .is_ok()
-            })
-            .collect()
-    });
+    let names = r.labels.language_names.as_deref();
+    let strings = r.labels.token_strings.as_deref();
+    let planted = r.labels.planted.as_deref();
+    let last = r.history.last();
+    let rule = Rule::default();
+    let kept: Vec<bool> = match (r.use_gate, r.evaluation) {
+        (true, Some(e)) => rule.keep(&e.rows),
+        _ => vec![false; n_rows],
+    };
+    let distances = centroid_distances(model);
+    let evidence: Vec<f64> = match r.evaluation {
+        Some(e) => rule.evidence(&e.rows),
+        None => vec![f64::NAN; n_rows],
+    };
     let entry = |i: usize| {
         let (l, t) = (index.language_index[i], index.token_index[i]);
-        let mut e = json!({"language": l, "token": t, "gate": gates[i]});
-        if let Some(p) = &planted {
+        let mut e = json!({"language": l, "token": t});
+        if let Some(n) = names.and_then(|n| n.get(l)) {
+            e["language_name"] = json!(n);
+        }
+        if let Some(s) = strings.and_then(|s| s.get(t)) {
+            e["token_string"] = json!(s);
+        }
+        if r.use_gate {
+            e["gate"] = json!(gates[i]);
+        } else {
+            e["distance_to_centroid"] = num(distances[i]);
+        }
+        if let Some(ev) = r.evaluation {
+            let row = &ev.rows[i];
+            e["heldout_gain"] = json!(row.gain);
+            e["heldout_gain_per_token"] = json!(row.gain_per_token);
+            e["heldout_gain_se"] = num(row.gain_se);
+            e["heldout_tokens"] = json!(row.n_tokens);
+            e["heldout_gain_null"] = json!(row.null_mean * row.n_tokens as f64);
+            e["heldout_evidence"] = num(evidence[i]);
+        }
+        if r.use_gate {
+            e["kept"] = json!(kept[i]);
+        }
+        if let Some(p) = planted {
             e["planted"] = json!(p[i]);
         }
         if let Some(score) = &index.score {
@@ -55,53 +113,104 @@ pub fn build(r: &ReportInput<'_>) -> Value {
         }
         e
     };
-    let mut order: Vec<usize> = (0..gates.len()).collect();
-    order.sort_by(|&a, &b| gates[b].total_cmp(&gates[a]).then(a.cmp(&b)));
-    let open: Vec<bool> = gates.iter().map(|&g| g > OPEN_THRESHOLD).collect();
-    let n_open = open.iter().filter(|&&o| o).count();
-    let last = r.history.last();
-    let ev = effective_vocabularies(model, r.use_gate, 0.05);
+    let gains: Option<Vec<f64>> = r
+        .evaluation
+        .map(|e| e.rows.iter().map(|row| row.gain).collect());
+    // Rows ranked by held-out gain (by gate without an evaluation).
+    let mut order: Vec<usize> = (0..n_rows).collect();
+    let key = |i: usize| gains.as_ref().map_or(gates[i], |g| g[i]);
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    let initial = r.heldout_curve.iter().find(|c| c.0 == 0).map(|c| c.1);
+    let uniform = (model.config().vocab_size as f64).ln();
+    let learned = r
+        .evaluation
+        .map(|e| e.ce < uniform - LEARNED && initial.is_none_or(|i| e.ce < i - LEARNED));
     let mut report = json!({
-        "corpus": r.corpus,
+        "corpus": r.labels.corpus,
         "steps": r.history.len(),
-        "n_rows": gates.len(),
+        "n_rows": n_rows,
         "use_gate": r.use_gate,
-        "open_threshold": OPEN_THRESHOLD,
-        "n_open": n_open,
-        "most_open": order.iter().take(10).map(|&i| entry(i)).collect::<Vec<_>>(),
-        "most_closed": order.iter().rev().take(10).map(|&i| entry(i)).collect::<Vec<_>>(),
         "final_loss": last.map(|s| s.total),
         "final_ce": last.map(|s| s.ce),
         "final_penalty": last.map(|s| s.penalty),
         "final_fusion_penalty": last.map(|s| s.fusion),
-        "effective_vocabularies": ev.mean,
+        "heldout_curve": r.heldout_curve.iter().map(|&(s, c, k)| json!({"step": s, "ce": num(c), "ce_closed": num(k)})).collect::<Vec<_>>(),
+        "heldout_ce_initial": initial,
+        "heldout_ce_uniform": uniform,
+        "learned": learned,
         "tokens_per_second": r.tokens_per_second,
         "threads": r.threads,
         "checkpoint": r.checkpoint.display().to_string(),
-        "gates": (0..gates.len()).map(entry).collect::<Vec<_>>(),
+        "rows": (0..n_rows).map(entry).collect::<Vec<_>>(),
     });
-    if let (Some(truth), Some(planted)) = (r.truth, &planted) {
-        let (p, rc, f1) = precision_recall_f1(&open, planted);
-        let decoys_open = open.iter().zip(planted).filter(|&(&o, &p)| o && !p).count();
-        let extreme = |want: bool, pick: fn(f64, f64) -> f64, start: f64| {
-            let v = (0..gates.len())
-                .filter(|&i| planted[i] == want)
-                .map(|i| gates[i])
-                .fold(start, pick);
-            v.is_finite().then_some(v)
-        };
-        report["planted"] = json!({
-            "precision": p,
-            "recall": rc,
-            "f1": f1,
-            "n_planted": truth.len(),
-            "decoys_open": decoys_open,
-            "lowest_planted_gate": extreme(true, f64::min, f64::INFINITY),
-            "highest_decoy_gate": extreme(false, f64::max, f64::NEG_INFINITY),
-        });
+    if let Some(e) = r.evaluation {
+        report["heldout_tokens"] = json!(e.n_tokens);
+        report["heldout_ce"] = json!(e.ce);
+        report["heldout_ce_closed"] = json!(e.ce_closed);
+        report["heldout_per_language"] = e
+            .per_language
+            .iter()
+            .enumerate()
+            .map(|(l, le)| {
+                let mut v = json!({"language": l, "n_tokens": le.n_tokens, "ce": num(le.ce), "ce_closed": num(le.ce_closed)});
+                if let Some(n) = names.and_then(|n| n.get(l)) {
+                    v["language_name"] = json!(n);
+                }
+                v
+            })
+            .collect();
     }
-    if let Some(score) = &index.score {
-        report["gate_score_spearman"] = json!(spearman(&gates, score));
+    if r.use_gate {
+        report["rule"] = json!({
+            "description": "a row is kept when its held-out tokens do not follow the shared row's distribution (their total saving exceeds its expectation under that distribution by more than Bennett's bound at the family-wise level alpha, Bonferroni over all rows: heldout_evidence > 1), it saves more than margin nats a token, and it was seen at least min_count times on held-out text",
+            "alpha": rule.alpha,
+            "min_count": rule.min_count,
+            "margin": rule.margin,
+        });
+        report["kept"] = order
+            .iter()
+            .filter(|&&i| kept[i])
+            .map(|&i| entry(i))
+            .collect();
+        report["n_kept"] = json!(kept.iter().filter(|&&k| k).count());
+        report["effective_vocabularies"] =
+            json!(vocabularies_kept(index, &kept, model.config().n_languages));
+        report["gate_mean"] = json!(gates.iter().sum::<f64>() / gates.len().max(1) as f64);
+        if let Some(g) = &gains {
+            report["spearman_gain_gate"] = json!(spearman(g, &gates));
+            if let Some(score) = &index.score {
+                report["spearman_gain_score"] = json!(spearman(g, score));
+            }
+        }
+        if let Some(score) = &index.score {
+            report["spearman_gate_score"] = json!(spearman(&gates, score));
+        }
+        if let Some(p) = planted {
+            let a = agreement(&kept, p);
+            report["f1"] = json!(a.f1);
+            report["auc"] = json!(roc_auc(&gates, p));
+            report["planted"] = json!({
+                "n_planted": p.iter().filter(|&&x| x).count(),
+                "precision": a.precision,
+                "recall": a.recall,
+                "f1": a.f1,
+                "decoys_kept": a.false_positives,
+                "gate_auc": roc_auc(&gates, p),
+                "gate_average_precision": average_precision(&gates, p),
+                "gain_auc": gains.as_ref().and_then(|g| roc_auc(g, p)),
+            });
+        }
+    } else {
+        let ev = effective_vocabularies(model, false, 0.05);
+        report["distinct_rows_per_token"] = json!(ev.mean);
+        let finite: Vec<f64> = distances
+            .iter()
+            .copied()
+            .filter(|d| d.is_finite())
+            .collect();
+        let mean = finite.iter().sum::<f64>() / finite.len().max(1) as f64;
+        report["mean_distance_to_centroid"] = json!(mean);
+        report["effective_vocabularies"] = json!(ev.mean);
     }
     report
 }
@@ -113,73 +222,158 @@ pub fn write_json(path: &Path, report: &Value) -> CliResult<()> {
     Ok(())
 }
 
+/// "language 2" or "language 2 (fr)"; "token 17" or "token 17 ' the'".
+fn describe(e: &Value) -> String {
+    let lang = match e.get("language_name").and_then(Value::as_str) {
+        Some(n) => format!("{n:<6}"),
+        None => format!("language {:>3}", e["language"]),
+    };
+    let tok = match e.get("token_string").and_then(Value::as_str) {
+        Some(s) => format!("token {:>6} {:<12}", e["token"], format!("{s:?}")),
+        None => format!("token {:>6}", e["token"]),
+    };
+    format!("{lang}  {tok}")
+}
+
 /// Prints the report for a person.
 pub fn print(r: &Value) {
+    let gated = r["use_gate"].as_bool() != Some(false);
     println!(
         "splitgrad: {} steps on {} ({} split rows, {})",
         r["steps"],
         r["corpus"].as_str().unwrap_or("?"),
         r["n_rows"],
-        if r["use_gate"].as_bool() == Some(false) {
-            "fusion mode"
-        } else {
-            "gated"
-        }
+        if gated { "gated" } else { "fusion mode" }
     );
     println!(
-        "  final loss {:.4} (cross-entropy {:.4})",
+        "  final training loss {:.4} (cross-entropy {:.4})",
         r["final_loss"].as_f64().unwrap_or(f64::NAN),
         r["final_ce"].as_f64().unwrap_or(f64::NAN)
     );
-    println!(
-        "  open gates (σ > {}): {} of {}",
-        r["open_threshold"], r["n_open"], r["n_rows"]
-    );
-    if let Some(p) = r.get("planted") {
+    if let Some(ce) = r["heldout_ce"].as_f64() {
         println!(
-            "  against the planted pairs: precision {:.3}, recall {:.3}, F1 {:.3}; decoys open: {}",
-            p["precision"].as_f64().unwrap_or(0.0),
-            p["recall"].as_f64().unwrap_or(0.0),
-            p["f1"].as_f64().unwrap_or(0.0),
-            p["decoys_open"]
+            "  held-out cross-entropy {ce:.4} on {} tokens; every gate closed {:.4}{}",
+            r["heldout_tokens"],
+            r["heldout_ce_closed"].as_f64().unwrap_or(f64::NAN),
+            r["heldout_ce_initial"]
+                .as_f64()
+                .map(|i| format!("; before training {i:.4}"))
+                .unwrap_or_default()
         );
-        if let (Some(lo), Some(hi)) = (
-            p["lowest_planted_gate"].as_f64(),
-            p["highest_decoy_gate"].as_f64(),
-        ) {
-            println!("  lowest planted gate {lo:.3}, highest other gate {hi:.3}");
-        }
+        let langs: Vec<String> = r["heldout_per_language"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["n_tokens"].as_u64() > Some(0))
+            .map(|l| {
+                let name = l
+                    .get("language_name")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| l["language"].to_string(), str::to_string);
+                format!(
+                    "{name} {:.3}/{:.3}",
+                    l["ce"].as_f64().unwrap_or(f64::NAN),
+                    l["ce_closed"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!("  per language (model/closed): {}", langs.join("  "));
     }
-    if let Some(s) = r.get("gate_score_spearman").and_then(Value::as_f64) {
-        println!("  rank correlation (Spearman) of gates with the index's score: {s:.3}");
+    if r["learned"].as_bool() == Some(false) {
+        println!(
+            "  nothing was learned: the held-out cross-entropy is not below ln V = {:.4}, a uniform guess{}",
+            r["heldout_ce_uniform"].as_f64().unwrap_or(f64::NAN),
+            if r["n_kept"].as_u64() == Some(0) {
+                "; no row is kept"
+            } else {
+                ""
+            }
+        );
     }
-    println!(
-        "  effective number of vocabularies: {:.3}",
-        r["effective_vocabularies"].as_f64().unwrap_or(0.0)
-    );
-    let show = |title: &str, list: &Value| {
-        println!("  {title}:");
-        for e in list.as_array().into_iter().flatten().take(5) {
-            let planted = match e.get("planted").and_then(Value::as_bool) {
-                Some(true) => "  planted",
-                Some(false) => "  not planted",
-                None => "",
-            };
-            let score = e
-                .get("score")
-                .and_then(Value::as_f64)
-                .map(|s| format!("  score {s:.4}"))
-                .unwrap_or_default();
+    if !gated {
+        println!(
+            "  distinct rows per token: {:.3}; mean distance of a row to its token's centroid {:.4}",
+            r["distinct_rows_per_token"].as_f64().unwrap_or(f64::NAN),
+            r["mean_distance_to_centroid"].as_f64().unwrap_or(f64::NAN)
+        );
+    } else {
+        println!(
+            "  kept rows: {} of {} (their held-out text does not follow the shared row, beyond chance over all rows, and they save > {} nats a token); effective number of vocabularies {:.3}",
+            r["n_kept"],
+            r["n_rows"],
+            r["rule"]["margin"],
+            r["effective_vocabularies"].as_f64().unwrap_or(f64::NAN)
+        );
+        if let Some(p) = r.get("planted") {
             println!(
-                "    language {:>3}  token {:>6}  gate {:.3}{score}{planted}",
-                e["language"],
-                e["token"],
-                e["gate"].as_f64().unwrap_or(0.0)
+                "  against the planted pairs: precision {}, recall {}, F1 {}; decoys kept: {}",
+                fmt3(p["precision"].as_f64()),
+                fmt3(p["recall"].as_f64()),
+                fmt3(p["f1"].as_f64()),
+                p["decoys_kept"]
+            );
+            println!(
+                "  gates against the planted pairs, with no threshold: ROC AUC {}, average precision {}",
+                fmt3(p["gate_auc"].as_f64()),
+                fmt3(p["gate_average_precision"].as_f64())
             );
         }
-    };
-    show("most open", &r["most_open"]);
-    show("most closed", &r["most_closed"]);
+        if let Some(s) = r.get("spearman_gain_gate").and_then(Value::as_f64) {
+            println!("  rank correlation of held-out gains with the gates: {s:.3}");
+        }
+        if let Some(s) = r.get("spearman_gain_score").and_then(Value::as_f64) {
+            println!("  … with the index's score: {s:.3}");
+        }
+        let show = |title: &str, list: Vec<&Value>| {
+            if list.is_empty() {
+                return;
+            }
+            println!("  {title}:");
+            for e in list {
+                let planted = match e.get("planted").and_then(Value::as_bool) {
+                    Some(true) => "  planted",
+                    Some(false) => "  not planted",
+                    None => "",
+                };
+                let gain = e
+                    .get("heldout_gain")
+                    .and_then(Value::as_f64)
+                    .map(|g| {
+                        format!(
+                            "  held-out gain {g:>9.3} nats ({} tokens, evidence {})",
+                            e["heldout_tokens"],
+                            e["heldout_evidence"]
+                                .as_f64()
+                                .map_or("–".to_string(), |x| format!("{x:.2}"))
+                        )
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "    {}  gate {:.3}{gain}{planted}",
+                    describe(e),
+                    e["gate"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+        };
+        let kept: Vec<&Value> = r["kept"].as_array().into_iter().flatten().collect();
+        show(
+            "kept, most useful first",
+            kept.iter().take(5).copied().collect(),
+        );
+        let rows: Vec<&Value> = r["rows"].as_array().into_iter().flatten().collect();
+        let mut rest: Vec<&Value> = rows
+            .into_iter()
+            .filter(|e| e["kept"].as_bool() != Some(true))
+            .collect();
+        rest.sort_by(|a, b| {
+            let g = |e: &Value| e["heldout_evidence"].as_f64().unwrap_or(f64::NEG_INFINITY);
+            g(b).total_cmp(&g(a))
+        });
+        show(
+            "not kept, closest to the rule",
+            rest.into_iter().take(3).collect(),
+        );
+    }
     if let Some(tps) = r["tokens_per_second"].as_f64() {
         println!("  {tps:.0} tokens/s on {} threads", r["threads"]);
     }
@@ -198,29 +392,13 @@ pub struct ReportArgs {
 /// `splitgrad report CHECKPOINT`.
 pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
     let saved = load_model::<f32>(&args.checkpoint)?;
-    let meta = &saved.metadata;
-    let use_gate = meta.get("use_gate").map(String::as_str) != Some("false");
-    // The synthetic corpus is recognised by regenerating it from the seed
-    // and comparing fingerprints; then the planted truth is known.
-    let cfg = saved.model.config();
-    let default = SyntheticConfig::default();
-    let mut truth = None;
-    let mut corpus = "a corpus file".to_string();
-    if let Some(seed) = meta.get("seed").and_then(|s| s.parse::<u64>().ok())
-        && (cfg.vocab_size, cfg.n_languages) == (default.vocab_size, default.n_languages)
-    {
-        let s = generate(&SyntheticConfig { seed, ..default });
-        let fp = format!("{:016x}", corpus_fingerprint(&s.corpus));
-        if meta.get("corpus_fingerprint") == Some(&fp) {
-            truth = Some(s.contested);
-            corpus = "synthetic".into();
-        }
-    }
+    let use_gate = saved.metadata.get("use_gate").map(String::as_str) != Some("false");
     let report = build(&ReportInput {
         model: &saved.model,
         history: &saved.history,
-        corpus: &corpus,
-        truth: truth.as_deref(),
+        labels: &saved.labels,
+        heldout_curve: &saved.heldout_curve,
+        evaluation: saved.evaluation.as_ref(),
         use_gate,
         tokens_per_second: None,
         threads: None,

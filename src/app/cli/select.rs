@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use super::report::fmt3;
 use crate::Rng;
 use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::report::precision_recall_f1;
+use crate::app::report::agreement;
 use crate::app::select::{Selection, interference, select};
 use crate::app::train::{TrainConfig, Trainer};
 use crate::checkpoint::{Snapshot, save_state};
@@ -219,13 +220,15 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
             .iter()
             .map(|p| truth.binary_search(&(p.language, p.token)).is_ok())
             .collect();
-        let (pr, rc, f1) = precision_recall_f1(&chosen, &planted);
+        let a = agreement(&chosen, &planted);
         println!(
-            "  against the planted pairs: precision {pr:.3}, recall {rc:.3}, F1 {f1:.3} ({} planted)",
+            "  against the planted pairs: precision {}, recall {}, F1 {} ({} planted)",
+            fmt3(a.precision),
+            fmt3(a.recall),
+            fmt3(a.f1),
             truth.len()
         );
-        summary["planted"] =
-            json!({"precision": pr, "recall": rc, "f1": f1, "n_planted": truth.len()});
+        summary["planted"] = json!({"precision": a.precision, "recall": a.recall, "f1": a.f1, "n_planted": truth.len()});
     }
     println!("  wrote {}", out.display());
     if args.checkpoint.is_none() {

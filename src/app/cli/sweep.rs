@@ -15,8 +15,11 @@ use clap::Args;
 use serde_json::json;
 
 use super::data::{self, index_from_counts};
+use super::plots::{self, SweepPoint};
+use super::report::write_json;
 use super::train::{check_run_flags, run_to_end};
 use super::{CliResult, TrainArgs, set_threads};
+use crate::app::eval::evaluate;
 
 /// Options of `splitgrad sweep`.
 #[derive(Args, Debug, Clone)]
@@ -52,6 +55,10 @@ pub struct SweepArgs {
     /// Seed of the corpus, the weights and the batches.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Output folder for sweep.json and sweep.svg (default
+    /// `runs/<name>/sweep`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Print the table as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
@@ -75,7 +82,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         args.min_count,
         args.seed,
     ))?;
-    let index = index_from_counts(&data.corpus, data.vocab_size, args.min_count);
+    let index = index_from_counts(&data.corpus, args.min_count);
     if index.token_index.is_empty() {
         return Err(format!(
             "no (language, token) pair is seen {} times or more: lower --min-count",
@@ -92,10 +99,17 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         args.steps
     );
     println!(
-        "  {:>8}  {:>10}  {:>8}  languages apart (mean fraction of tokens on which a language differs from the others)",
-        "weight", "effective", "CE"
+        "  {:>8}  {:>10}  {:>8}  {:>8}  languages apart (mean fraction of tokens on which a language differs from the others)",
+        "weight", "effective", "CE", "held-out"
     );
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&data.name).join("sweep"));
+    std::fs::create_dir_all(&out)
+        .map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
     let mut rows = Vec::new();
+    let mut points = Vec::new();
     for &w in &args.weights {
         let config = ModelConfig {
             vocab_size: data.vocab_size,
@@ -127,36 +141,47 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
             })
             .collect();
         let ce = trainer.history().last().map_or(f64::NAN, |s| s.ce);
+        let held = evaluate(trainer.model(), &data.heldout, false)?;
         let apart_text: Vec<String> = per_language
             .iter()
             .enumerate()
             .map(|(a, f)| format!("{a}:{f:.2}"))
             .collect();
         println!(
-            "  {w:>8}  {:>10.3}  {ce:>8.4}  {}",
+            "  {w:>8}  {:>10.3}  {ce:>8.4}  {:>8.4}  {}",
             ev.mean,
+            held.ce,
             apart_text.join(" ")
         );
+        points.push(SweepPoint {
+            weight: w,
+            effective: ev.mean,
+            heldout_ce: held.ce,
+        });
         rows.push(json!({
             "fusion_weight": w,
             "effective_vocabularies": ev.mean,
             "final_ce": ce,
+            "heldout_ce": held.ce,
+            "heldout_ce_shared_only": held.ce_closed,
             "language_apart": per_language,
             "apart": ev.apart.outer_iter().map(|r| r.to_vec()).collect::<Vec<_>>(),
         }));
     }
+    let summary = json!({
+        "corpus": data.name,
+        "n_rows": index.token_index.len(),
+        "n_languages": l,
+        "steps": args.steps,
+        "tolerance": args.tolerance,
+        "heldout": data.heldout_source,
+        "sweep": rows,
+    });
+    write_json(&out.join("sweep.json"), &summary)?;
+    plots::sweep(&out.join("sweep.svg"), &points)?;
+    println!("  wrote sweep.json and sweep.svg in {}", out.display());
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&json!({
-                "corpus": data.name,
-                "n_rows": index.token_index.len(),
-                "n_languages": l,
-                "steps": args.steps,
-                "tolerance": args.tolerance,
-                "sweep": rows,
-            }))?
-        );
+        println!("{}", serde_json::to_string(&summary)?);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::Rng;
+use crate::app::eval::evaluate;
 use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::train::{TrainConfig, Trainer};
+use crate::app::train::{RunLabels, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::data;
@@ -60,6 +61,9 @@ fn validate(args: &TrainArgs) -> CliResult<()> {
     if args.checkpoint_every == 0 {
         return Err("--checkpoint-every must be at least 1".into());
     }
+    if args.steps == 0 {
+        return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
+    }
     Ok(())
 }
 
@@ -94,6 +98,7 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         seed: args.seed,
     };
     let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
+    trainer.bind_heldout(&data.heldout);
     if args.resume {
         if ckpt.exists() {
             trainer.load(&ckpt)?;
@@ -106,42 +111,83 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         }
     }
 
+    let labels = RunLabels {
+        corpus: data.name.clone(),
+        language_names: data.corpus.meta.language_names.clone(),
+        token_strings: data.corpus.meta.token_strings.clone(),
+        planted: data.truth.as_ref().map(|truth| {
+            let index = trainer.model().split.index();
+            (0..index.token_index.len())
+                .map(|i| {
+                    truth
+                        .binary_search(&(index.language_index[i], index.token_index[i]))
+                        .is_ok()
+                })
+                .collect()
+        }),
+    };
+    trainer.set_labels(labels);
+    let use_gate = !args.no_gate;
+    if trainer.step_index() == 0 {
+        let e = evaluate(trainer.model(), &data.heldout, use_gate)?;
+        trainer.record_heldout(e.ce, e.ce_closed);
+    }
+
     let bar = progress_bar(args.steps, trainer.step_index());
     let started = Instant::now();
     let first = trainer.step_index();
+    let mut heldout_ce = trainer.heldout_curve().last().map_or(f64::NAN, |c| c.1);
     while !trainer.is_done() {
         let s = trainer.step()?;
-        bar.set_position(trainer.step_index());
+        let step = trainer.step_index();
+        if step.is_power_of_two() && !trainer.is_done() {
+            let e = evaluate(trainer.model(), &data.heldout, use_gate)?;
+            trainer.record_heldout(e.ce, e.ce_closed);
+            heldout_ce = e.ce;
+        }
+        bar.set_position(step);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
-        let tps = (trainer.step_index() - first) as f64 * args.batch as f64 / secs;
-        bar.set_message(format!("loss {:.4}  {:.0} tok/s", s.total, tps));
-        if trainer.step_index() % args.checkpoint_every == 0 && !trainer.is_done() {
+        let tps = (step - first) as f64 * args.batch as f64 / secs;
+        bar.set_message(format!(
+            "loss {:.4}  held-out {heldout_ce:.4}  {tps:.0} tok/s",
+            s.total
+        ));
+        if step % args.checkpoint_every == 0 && !trainer.is_done() {
             trainer.save(&ckpt)?;
         }
     }
     bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
-    trainer.save(&ckpt)?;
     let steps_run = trainer.step_index() - first;
     let tokens_per_second = if steps_run > 0 {
         steps_run as f64 * args.batch as f64 / elapsed
     } else {
         0.0
     };
+    let evaluation = evaluate(trainer.model(), &data.heldout, use_gate)?;
+    trainer.record_heldout(evaluation.ce, evaluation.ce_closed);
+    trainer.set_evaluation(evaluation);
+    trainer.save(&ckpt)?;
 
     let report = report::build(&ReportInput {
         model: trainer.model(),
         history: trainer.history(),
-        corpus: &data.name,
-        truth: data.truth.as_deref(),
-        use_gate: !args.no_gate,
+        labels: trainer.labels(),
+        heldout_curve: trainer.heldout_curve(),
+        evaluation: trainer.evaluation(),
+        use_gate,
         tokens_per_second: Some(tokens_per_second),
         threads: Some(threads),
         checkpoint: &ckpt,
     });
+    let mut report = report;
+    report["heldout_source"] = serde_json::json!(data.heldout_source);
     report::write_json(&out.join("report.json"), &report)?;
-    let losses: Vec<f64> = trainer.history().iter().map(|s| s.total).collect();
-    plots::loss_curve(&out.join("loss.svg"), &losses)?;
+    plots::loss_curve(
+        &out.join("loss.svg"),
+        trainer.history(),
+        trainer.heldout_curve(),
+    )?;
     plots::gate_histogram(
         &out.join("gates.svg"),
         &trainer
@@ -151,10 +197,12 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
             .iter()
             .map(|&g| g as f64)
             .collect::<Vec<_>>(),
+        trainer.labels().planted.as_deref(),
     )?;
     report::print(&report);
     println!(
-        "  wrote {CHECKPOINT}, report.json, loss.svg, gates.svg in {}",
+        "  held-out: {}; wrote {CHECKPOINT}, report.json, loss.svg, gates.svg in {}",
+        data.heldout_source,
         out.display()
     );
     if args.json {

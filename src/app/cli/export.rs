@@ -1,0 +1,145 @@
+//! `splitgrad export CHECKPOINT --out DIR`: the results of a run, in forms
+//! a user takes away.
+//!
+//! For each language, `DIR/<language>.safetensors` holds the (V, D)
+//! embedding table that language sees (the shared row, or the gated mix
+//! where the pair has a row) as `token_embedding.vocab.weight`, d9d's name
+//! for a one-split embedding. `DIR/kept.json` lists the rows the decision
+//! rule keeps, with their gates and held-out gains (and the language names
+//! and decoded token strings where the corpus had them), and every row
+//! besides.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::json;
+
+use super::CliResult;
+use super::report::{ReportInput, build};
+use crate::app::export::language_table;
+use crate::app::train::load_model;
+use crate::checkpoint::save;
+use crate::state::TensorRef;
+
+/// Options of `splitgrad export`.
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// A checkpoint written by `splitgrad train` (at the end of its run).
+    pub checkpoint: PathBuf,
+    /// The folder to write (one safetensors file per language and kept.json).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace files already in the folder.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// A file name for a language: its name where the corpus has one (letters,
+/// digits, `-` and `_` kept), else `language-<l>`.
+fn file_stem(names: Option<&[String]>, l: usize) -> String {
+    match names.and_then(|n| n.get(l)) {
+        Some(n) => {
+            let clean: String = n
+                .chars()
+                .map(|c| {
+                    if c.is_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            if clean.is_empty() {
+                format!("language-{l}")
+            } else {
+                clean
+            }
+        }
+        None => format!("language-{l}"),
+    }
+}
+
+/// `splitgrad export`.
+pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
+    let saved = load_model::<f32>(&args.checkpoint)?;
+    let Some(evaluation) = saved.evaluation.as_ref() else {
+        return Err(format!(
+            "{}: the checkpoint has no held-out evaluation (its run did not reach its last step); finish it with `splitgrad train --resume`",
+            args.checkpoint.display()
+        )
+        .into());
+    };
+    let use_gate = saved.metadata.get("use_gate").map(String::as_str) != Some("false");
+    let model = &saved.model;
+    let l = model.config().n_languages;
+    let names = saved.labels.language_names.as_deref();
+    let stems: Vec<String> = (0..l).map(|i| file_stem(names, i)).collect();
+    let mut files: Vec<PathBuf> = stems
+        .iter()
+        .map(|s| args.out.join(format!("{s}.safetensors")))
+        .collect();
+    files.push(args.out.join("kept.json"));
+    if !args.force {
+        if let Some(f) = files.iter().find(|f| f.exists()) {
+            return Err(format!(
+                "{}: already exists; pass --force to replace the export in {}",
+                f.display(),
+                args.out.display()
+            )
+            .into());
+        }
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| {
+        format!(
+            "{}: cannot create the output folder: {e}",
+            args.out.display()
+        )
+    })?;
+    for (lang, path) in files.iter().take(l).enumerate() {
+        let table = language_table(model, lang, use_gate)?;
+        let meta = BTreeMap::from([
+            ("language".to_string(), lang.to_string()),
+            ("source".to_string(), args.checkpoint.display().to_string()),
+        ]);
+        save(
+            path,
+            &[("token_embedding.vocab.weight", TensorRef::from(&table))],
+            &meta,
+        )?;
+    }
+    let report = build(&ReportInput {
+        model,
+        history: &saved.history,
+        labels: &saved.labels,
+        heldout_curve: &saved.heldout_curve,
+        evaluation: Some(evaluation),
+        use_gate,
+        tokens_per_second: None,
+        threads: None,
+        checkpoint: &args.checkpoint,
+    });
+    let kept = json!({
+        "checkpoint": args.checkpoint.display().to_string(),
+        "use_gate": use_gate,
+        "rule": report.get("rule"),
+        "heldout_ce": evaluation.ce,
+        "heldout_ce_closed": evaluation.ce_closed,
+        "languages": stems,
+        "kept": report.get("kept"),
+        "rows": report["rows"],
+    });
+    let text = serde_json::to_string_pretty(&kept)? + "\n";
+    crate::io::write_atomic(&files[l], |w| Ok(w.write_all(text.as_bytes())?))?;
+    println!(
+        "splitgrad export: {l} embedding tables ({} × {}) and kept.json ({} kept of {} rows) in {}",
+        model.config().vocab_size,
+        model.config().dim,
+        report["kept"].as_array().map_or(0, Vec::len),
+        model.split.n_rows(),
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

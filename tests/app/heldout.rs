@@ -1,0 +1,190 @@
+//! The main job's answers on held-out text, through the binary: the rule
+//! keeps exactly the planted pairs of the synthetic corpus, keeps nothing
+//! on a corpus where the language carries no information, says so when
+//! training learned nothing, and `export` writes what a user takes away.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use splitgrad::app::corpus::save_corpus;
+use splitgrad::app::synthetic::{SyntheticConfig, generate};
+use splitgrad::checkpoint::Checkpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("splitgrad-heldout-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `train` and returns its report.json.
+fn train(out: &Path, extra: &[&str]) -> Value {
+    let run = Command::new(BIN)
+        .args(["train", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "train failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap()
+}
+
+fn rows(r: &Value) -> &Vec<Value> {
+    r["rows"].as_array().expect("rows")
+}
+
+#[test]
+fn the_default_run_keeps_exactly_the_planted_pairs_on_two_seeds() {
+    let dir = scratch("default");
+    for seed in ["0", "1"] {
+        let r = train(&dir.join(seed), &["--seed", seed]);
+        let planted: Vec<bool> = rows(&r).iter().map(|e| e["planted"] == true).collect();
+        let kept: Vec<bool> = rows(&r).iter().map(|e| e["kept"] == true).collect();
+        assert_eq!(planted.iter().filter(|&&p| p).count(), 40);
+        assert_eq!(
+            kept, planted,
+            "seed {seed}: the kept rows are the planted ones"
+        );
+        assert_eq!(r["f1"], 1.0, "seed {seed}");
+        assert_eq!(r["auc"], 1.0, "seed {seed}");
+        let (ce, closed) = (
+            r["heldout_ce"].as_f64().unwrap(),
+            r["heldout_ce_closed"].as_f64().unwrap(),
+        );
+        assert!(
+            ce < closed,
+            "seed {seed}: held-out {ce} vs every gate closed {closed}"
+        );
+        assert_eq!(r["learned"], true);
+        // Every kept row is in `kept`, with the fields of `rows`.
+        let listed = r["kept"].as_array().unwrap();
+        assert_eq!(listed.len(), 40);
+        for e in listed {
+            for field in ["language", "token", "gate", "heldout_gain"] {
+                assert!(e.get(field).is_some(), "kept entry without {field}: {e}");
+            }
+            assert!(e["heldout_gain"].as_f64().unwrap() > 0.0);
+        }
+        // A kept row's gain is its tokens' loss with its one gate closed,
+        // less their loss: positive, and the planted pairs rank first.
+        let first = &listed[0];
+        assert_eq!(first["planted"], true);
+    }
+}
+
+#[test]
+fn a_corpus_where_the_language_carries_nothing_keeps_no_row() {
+    let dir = scratch("noise");
+    // Every pair follows the shared distribution: no planted pair.
+    let s = generate(&SyntheticConfig {
+        n_contested: 0,
+        seed: 5,
+        ..SyntheticConfig::default()
+    });
+    let corpus = dir.join("noise.npz");
+    save_corpus(&corpus, &s.corpus).unwrap();
+    let r = train(
+        &dir.join("run"),
+        &["--corpus", corpus.to_str().unwrap(), "--seed", "5"],
+    );
+    assert!(rows(&r).len() > 1000, "every frequent pair has a row");
+    assert_eq!(r["n_kept"], 0, "{}", r["kept"]);
+    assert_eq!(r["effective_vocabularies"], 1.0);
+    // No held-out gain is positive beyond noise: every row's evidence
+    // against the shared distribution is below the bar.
+    for e in rows(&r) {
+        let evidence = e["heldout_evidence"].as_f64().unwrap_or(0.0);
+        assert!(
+            evidence <= 1.0 || e["heldout_gain_per_token"].as_f64().unwrap() < 0.25,
+            "a row beyond noise: {e}"
+        );
+    }
+    let (ce, closed) = (
+        r["heldout_ce"].as_f64().unwrap(),
+        r["heldout_ce_closed"].as_f64().unwrap(),
+    );
+    assert!((ce - closed).abs() < 0.02, "{ce} vs {closed}");
+}
+
+#[test]
+fn a_run_too_short_to_learn_says_so() {
+    let dir = scratch("short");
+    // Two steps of a learning rate too small to move anything.
+    let r = train(&dir.join("run"), &["--steps", "2", "--lr", "1e-7"]);
+    assert_eq!(r["learned"], false);
+    assert_eq!(r["n_kept"], 0);
+    let out = Command::new(BIN)
+        .arg("report")
+        .arg(dir.join("run/model.safetensors"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("nothing was learned"), "{text}");
+    assert!(!text.contains("NaN"), "{text}");
+}
+
+#[test]
+fn export_writes_each_languages_table_and_the_kept_pairs() {
+    let dir = scratch("export");
+    let run = dir.join("run");
+    let r = train(&run, &["--steps", "300"]);
+    let ckpt = run.join("model.safetensors");
+    let out = dir.join("export");
+    let ok = Command::new(BIN)
+        .args(["export"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let kept: Value =
+        serde_json::from_slice(&std::fs::read(out.join("kept.json")).unwrap()).unwrap();
+    assert_eq!(kept["kept"], r["kept"]);
+    // Each language's table: the shared row, or the gated mix where the
+    // pair has a row (language 0's rows differ from the shared table there).
+    let model = Checkpoint::open(&ckpt).unwrap();
+    let shared = model
+        .get_real::<f32>("token_embedding.vocab.weight", &[500, 64])
+        .unwrap();
+    for l in 0..4 {
+        let t = Checkpoint::open(out.join(format!("language-{l}.safetensors")))
+            .unwrap()
+            .get_real::<f32>("token_embedding.vocab.weight", &[500, 64])
+            .unwrap();
+        let with_row: Vec<usize> = rows(&r)
+            .iter()
+            .filter(|e| e["language"] == l)
+            .map(|e| e["token"].as_u64().unwrap() as usize)
+            .collect();
+        for tok in 0..500 {
+            let same =
+                t.index_axis(ndarray::Axis(0), tok) == shared.index_axis(ndarray::Axis(0), tok);
+            assert_eq!(same, !with_row.contains(&tok), "language {l}, token {tok}");
+        }
+    }
+    // A second export into the same folder is refused, and changes nothing.
+    let before = std::fs::read(out.join("kept.json")).unwrap();
+    let again = Command::new(BIN)
+        .args(["export"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+    assert_eq!(std::fs::read(out.join("kept.json")).unwrap(), before);
+}
