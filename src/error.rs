@@ -90,6 +90,18 @@ pub enum ErrorKind {
         /// What the parser said.
         message: String,
     },
+    /// Something a file or a flag asks for would take more memory than
+    /// the machine has (checked before it is allocated).
+    TooLarge {
+        /// What would be allocated, and where its size came from.
+        what: String,
+        /// The bytes it would take (`u64::MAX` when that overflows).
+        bytes: u64,
+        /// The bytes available.
+        available: u64,
+        /// What changes it (a flag), or empty.
+        hint: String,
+    },
     /// An operating-system error while reading or writing.
     Io(std::io::Error),
 }
@@ -267,9 +279,52 @@ impl fmt::Display for Error {
                 write!(f, "training diverged at step {step}: {message}")
             }
             ErrorKind::Format { message } => write!(f, "{message}"),
+            ErrorKind::TooLarge {
+                what,
+                bytes,
+                available,
+                hint,
+            } => {
+                let need = if *bytes == u64::MAX {
+                    "more than 16.0 EiB".to_string()
+                } else {
+                    human_bytes(*bytes)
+                };
+                write!(
+                    f,
+                    "{what} needs {need}, more than the {} of memory available",
+                    human_bytes(*available)
+                )?;
+                if !hint.is_empty() {
+                    write!(f, "; {hint}")?;
+                }
+                Ok(())
+            }
             ErrorKind::Io(e) => write!(f, "{e}"),
         }
     }
+}
+
+/// A byte count for a person: `512 B`, `3.2 MiB`, `8.0 TiB`.
+///
+/// ```
+/// use splitgrad::io::human_bytes;
+/// assert_eq!(human_bytes(512), "512 B");
+/// assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+/// assert_eq!(human_bytes(8_000_000_000_000), "7.3 TiB");
+/// ```
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut x = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while x >= 1024.0 && unit + 1 < UNITS.len() {
+        x /= 1024.0;
+        unit += 1;
+    }
+    format!("{x:.1} {}", UNITS[unit])
 }
 
 impl std::error::Error for Error {

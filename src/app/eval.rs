@@ -43,9 +43,11 @@
 //! saves loss on held-out text, and a gate that opened on noise does not.
 //!
 //! Cost: the model's hidden state depends only on the context (l, t), so
-//! there are at most V + n_rows distinct hidden rows, open and closed
-//! together. Their log-sum-exp is computed once, with the fused head's
-//! kernel (no V × n logits), and each token's loss is then one dot product:
+//! the held-out tokens read at most one shared row per distinct context
+//! token and one mixed row per split row they visit (never more than V +
+//! n_rows, and rows no held-out token visits cost nothing). Their
+//! log-sum-exp is computed once, with the fused head's kernel (no V × n
+//! logits), and each token's loss is then one dot product:
 //! `loss_n = (m_h − h·W_y) + ln Σ_v e^{z_hv − m_h}`. Tokens run in parallel
 //! in chunks whose sums are added in a fixed order, so the figures do not
 //! depend on the thread count.
@@ -343,8 +345,36 @@ pub fn evaluate<T: Real>(
     let split = &model.split;
     let n_rows = split.n_rows();
 
-    // The distinct hidden rows: the V shared rows, then each split row as
-    // the model mixes it.
+    // The distinct hidden rows the held-out tokens read: the shared row of
+    // every token seen as a context, then every split row seen, as the
+    // model mixes it. Rows never seen cost nothing (an index may hold
+    // millions of pairs the held-out text never visits).
+    let row_of = |l: usize, t: usize| split.row_of(l, t);
+    let mut seen_shared = vec![false; v];
+    let mut seen_row = vec![false; n_rows];
+    for &(i, _) in &bigrams {
+        let (t, l) = (
+            heldout.token_ids[i] as usize,
+            heldout.language_ids[i] as usize,
+        );
+        seen_shared[t] = true;
+        if let Some(r) = row_of(l, t) {
+            seen_row[r] = true;
+        }
+    }
+    let shared_ids: Vec<usize> = (0..v).filter(|&t| seen_shared[t]).collect();
+    let row_ids: Vec<usize> = (0..n_rows).filter(|&r| seen_row[r]).collect();
+    drop((seen_shared, seen_row));
+    // Slot of each hidden row: shared token t → slot_of_shared[t], split row
+    // r → slot_of_row[r] (u32::MAX where unseen).
+    let mut slot_of_shared = vec![u32::MAX; v];
+    for (k, &t) in shared_ids.iter().enumerate() {
+        slot_of_shared[t] = k as u32;
+    }
+    let mut slot_of_row = vec![u32::MAX; n_rows];
+    for (k, &r) in row_ids.iter().enumerate() {
+        slot_of_row[r] = (shared_ids.len() + k) as u32;
+    }
     let table = model
         .shared_table()
         .value()
@@ -357,12 +387,14 @@ pub fn evaluate<T: Real>(
         .view()
         .into_dimensionality::<Ix2>()
         .expect("2-D rows");
-    let mut hidden = Array2::<T>::zeros((v + n_rows, d));
-    hidden.slice_mut(ndarray::s![..v, ..]).assign(&table);
+    let mut hidden = Array2::<T>::zeros((shared_ids.len() + row_ids.len(), d));
+    for (k, &t) in shared_ids.iter().enumerate() {
+        hidden.row_mut(k).assign(&table.row(t));
+    }
     let gate_logit = split.gate_logit().value();
-    for r in 0..n_rows {
+    for (k, &r) in row_ids.iter().enumerate() {
         let t = split.index().token_index[r];
-        let mut h = hidden.row_mut(v + r);
+        let mut h = hidden.row_mut(shared_ids.len() + k);
         let (s, x) = (table.row(t), rows.row(r));
         if use_gate {
             let g = sigmoid(gate_logit[[r]]);
@@ -391,11 +423,10 @@ pub fn evaluate<T: Real>(
         ((stats.max[h] - z) + stats.log_sum[h]).to_f64()
     };
     // Per token: (language, open loss, closed loss, row or none).
-    let row_of = |l: usize, t: usize| split.row_of(l, t);
     struct Part {
         ce: f64,
         ce_closed: f64,
-        per_language: Vec<(usize, f64, f64)>,
+        per_language: LangSums,
         with_row: Vec<(usize, f64)>,
     }
     let n_lang = cfg.n_languages;
@@ -405,7 +436,7 @@ pub fn evaluate<T: Real>(
             let mut p = Part {
                 ce: 0.0,
                 ce_closed: 0.0,
-                per_language: vec![(0, 0.0, 0.0); n_lang],
+                per_language: LangSums::new(n_lang),
                 with_row: Vec::new(),
             };
             for &(i, j) in chunk {
@@ -414,10 +445,10 @@ pub fn evaluate<T: Real>(
                     heldout.language_ids[i] as usize,
                     heldout.token_ids[j] as usize,
                 );
-                let closed = loss(t, y);
+                let closed = loss(slot_of_shared[t] as usize, y);
                 let open = match row_of(l, t) {
                     Some(r) => {
-                        let o = loss(v + r, y);
+                        let o = loss(slot_of_row[r] as usize, y);
                         p.with_row.push((r, closed - o));
                         o
                     }
@@ -425,10 +456,7 @@ pub fn evaluate<T: Real>(
                 };
                 p.ce += open;
                 p.ce_closed += closed;
-                let e = &mut p.per_language[l];
-                e.0 += 1;
-                e.1 += open;
-                e.2 += closed;
+                p.per_language.add(l, open, closed);
             }
             p
         })
@@ -441,11 +469,7 @@ pub fn evaluate<T: Real>(
     for p in parts {
         ce += p.ce;
         ce_closed += p.ce_closed;
-        for (a, b) in lang.iter_mut().zip(p.per_language) {
-            a.0 += b.0;
-            a.1 += b.1;
-            a.2 += b.2;
-        }
+        p.per_language.add_into(&mut lang);
         for (r, dn) in p.with_row {
             let s = &mut sums[r];
             s.0 += 1;
@@ -453,7 +477,21 @@ pub fn evaluate<T: Real>(
             s.2 += dn * dn;
         }
     }
-    let nulls = null_distributions(&hidden, &w, &stats, split.index(), v, use_gate);
+    // The null of each row seen (a row never seen has nothing to test).
+    let pairs: Vec<(usize, usize)> = row_ids
+        .iter()
+        .map(|&r| {
+            let t = split.index().token_index[r];
+            (slot_of_row[r] as usize, slot_of_shared[t] as usize)
+        })
+        .collect();
+    let mut nulls = vec![(0.0, 0.0, 0.0); n_rows];
+    for (&r, null) in row_ids
+        .iter()
+        .zip(null_distributions(&hidden, &w, &stats, &pairs))
+    {
+        nulls[r] = null;
+    }
     let rows = sums
         .into_iter()
         .zip(nulls)
@@ -492,27 +530,66 @@ pub fn evaluate<T: Real>(
     })
 }
 
-/// For each split row: the mean, variance and largest excess of the saving
-/// `d(y) = ln q(y) − ln q°(y)` of one token drawn from q°, the shared row's
-/// distribution (q the row's own). `hidden` holds the V shared rows then
-/// the split rows; `stats` their log-sum-exp.
+/// Per-language sums of one task: (tokens, open loss, closed loss). A
+/// dense vector for a few languages; a map of the languages seen when L is
+/// large (a task of 2¹⁴ tokens would otherwise carry L entries).
+enum LangSums {
+    Dense(Vec<(usize, f64, f64)>),
+    Sparse(std::collections::BTreeMap<usize, (usize, f64, f64)>),
+}
+
+impl LangSums {
+    fn new(n_languages: usize) -> Self {
+        if n_languages <= 1024 {
+            LangSums::Dense(vec![(0, 0.0, 0.0); n_languages])
+        } else {
+            LangSums::Sparse(Default::default())
+        }
+    }
+
+    fn add(&mut self, l: usize, open: f64, closed: f64) {
+        let e = match self {
+            LangSums::Dense(v) => &mut v[l],
+            LangSums::Sparse(m) => m.entry(l).or_insert((0, 0.0, 0.0)),
+        };
+        e.0 += 1;
+        e.1 += open;
+        e.2 += closed;
+    }
+
+    /// Adds these sums into `total` (one entry per language).
+    fn add_into(self, total: &mut [(usize, f64, f64)]) {
+        let mut add = |l: usize, b: (usize, f64, f64)| {
+            let a = &mut total[l];
+            a.0 += b.0;
+            a.1 += b.1;
+            a.2 += b.2;
+        };
+        match self {
+            LangSums::Dense(v) => v.into_iter().enumerate().for_each(|(l, b)| add(l, b)),
+            LangSums::Sparse(m) => m.into_iter().for_each(|(l, b)| add(l, b)),
+        }
+    }
+}
+
+/// For each (open, closed) pair of hidden rows: the mean, variance and
+/// largest excess of the saving `d(y) = ln q(y) − ln q°(y)` of one token
+/// drawn from q°, the closed row's distribution (q the open row's).
+/// `stats` holds the log-sum-exp of every row of `hidden`.
 fn null_distributions<T: Real>(
     hidden: &Array2<T>,
     w: &Array2<T>,
     stats: &crate::ops::fused_ce::RowStats<T>,
-    index: &crate::io::SplitIndex,
-    v: usize,
-    use_gate: bool,
+    pairs: &[(usize, usize)],
 ) -> Vec<(f64, f64, f64)> {
-    let _ = use_gate;
-    let n_rows = index.token_index.len();
+    let n_rows = pairs.len();
     let blocks: Vec<usize> = (0..n_rows).step_by(ROWS_PER_BLOCK).collect();
     blocks
         .par_iter()
         .flat_map_iter(|&r0| {
             let r1 = (r0 + ROWS_PER_BLOCK).min(n_rows);
-            let open_rows: Vec<usize> = (r0..r1).map(|r| v + r).collect();
-            let closed_rows: Vec<usize> = (r0..r1).map(|r| index.token_index[r]).collect();
+            let open_rows: Vec<usize> = pairs[r0..r1].iter().map(|p| p.0).collect();
+            let closed_rows: Vec<usize> = pairs[r0..r1].iter().map(|p| p.1).collect();
             let h_open = hidden.select(Axis(0), &open_rows);
             let h_closed = hidden.select(Axis(0), &closed_rows);
             let mut z_open = Array2::<T>::zeros((r1 - r0, w.nrows()));

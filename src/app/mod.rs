@@ -13,6 +13,7 @@ pub mod eval;
 pub mod export;
 pub mod golden;
 pub mod model;
+pub mod plan;
 pub mod report;
 pub mod select;
 pub mod synthetic;

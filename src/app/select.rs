@@ -192,6 +192,17 @@ pub enum Selection {
     Relative(f64),
 }
 
+impl std::fmt::Display for Selection {
+    /// `the 80 highest scores`, `every score ≥ 0.3`, `every score ≥ 0.6 of the highest`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::Top(k) => write!(f, "the {k} highest scores"),
+            Selection::Threshold(x) => write!(f, "every score ≥ {x}"),
+            Selection::Relative(r) => write!(f, "every score ≥ {r} of the highest"),
+        }
+    }
+}
+
 /// The index of the selected pairs, with their scores, in decreasing score
 /// order. `scores` must be sorted as [`interference`] returns them.
 ///

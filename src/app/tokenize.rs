@@ -208,7 +208,7 @@ pub fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String> {
 /// Errors: [`Io`](crate::ErrorKind::Io) naming `path` if it cannot be
 /// read; those of [`utf8_text`].
 pub fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+    let bytes = crate::io::read_regular(path, "the text file")?;
     utf8_text(path, bytes)
 }
 
@@ -461,7 +461,7 @@ mod hf {
         /// does not take it.
         pub fn from_file(path: impl AsRef<Path>) -> Result<HfTokenizer> {
             let path = path.as_ref();
-            let bytes = std::fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+            let bytes = crate::io::read_regular(path, "the tokenizer")?;
             Self::from_bytes(&bytes).map_err(|e| e.in_file(path))
         }
 

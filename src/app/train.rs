@@ -266,6 +266,19 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         gate_init: snap.meta_parse("gate_init")?,
     };
     let index = index_of(&snap.state)?;
+    crate::app::plan::Plan {
+        vocab_size: config.vocab_size,
+        vocab_source: "the checkpoint's metadata".into(),
+        n_languages: config.n_languages,
+        languages_source: "the checkpoint's metadata".into(),
+        dim: config.dim,
+        n_rows: index.token_index.len(),
+        real_bytes: std::mem::size_of::<T>(),
+        action: "loading",
+        ..Default::default()
+    }
+    .check("")
+    .map_err(|e| e.in_file(path))?;
     let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
     let rest = snap.restore(&mut [&mut model], None)?;
     let step: u64 = snap.meta_parse("step")?;

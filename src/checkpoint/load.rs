@@ -2,7 +2,6 @@
 //! the dtype and shape the caller expects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
@@ -75,7 +74,7 @@ impl Checkpoint {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let bytes = fs::read(path).map_err(|e| Error::from(e).in_file(path))?;
+        let bytes = crate::io::read_regular(path, "the checkpoint")?;
         let bad = |message: String| Error::format(message).in_file(path);
         if offsets_could_overflow(&bytes) {
             return Err(bad(
@@ -492,6 +491,7 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use super::*;
 
     fn temp_dir(tag: &str) -> PathBuf {

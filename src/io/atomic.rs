@@ -123,6 +123,68 @@ fn write_atomic_inner(
     Ok(())
 }
 
+/// Removes the temporary files that [`write_atomic`] left in `dir` when its
+/// process was killed mid-write (SIGKILL, power loss): files named
+/// `.<name>.tmp-<pid>-<n>` whose process is gone. Those of a live process
+/// (another run writing into the same folder right now) are left alone.
+/// Returns the files removed.
+///
+/// Errors: [`crate::ErrorKind::Io`] naming `dir` if it cannot be listed.
+///
+/// ```
+/// # fn main() -> splitgrad::Result<()> {
+/// use splitgrad::io::remove_stale_temporaries;
+/// let dir = std::env::temp_dir().join(format!("splitgrad-doc-stale-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// // A temporary of a process that no longer exists (pid 2^31 − 2 never runs).
+/// let stale = dir.join(".model.safetensors.tmp-2147483646-0");
+/// std::fs::write(&stale, b"half a checkpoint")?;
+/// std::fs::write(dir.join("model.safetensors"), b"the checkpoint")?;
+/// assert_eq!(remove_stale_temporaries(&dir)?, vec![stale.clone()]);
+/// assert!(!stale.exists() && dir.join("model.safetensors").exists());
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+pub fn remove_stale_temporaries(dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
+    let dir = dir.as_ref();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::from(e).in_file(dir))?;
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_owner(&name.to_string_lossy()) else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) && entry.path().is_file() {
+            let path = entry.path();
+            if std::fs::remove_file(&path).is_ok() {
+                removed.push(path);
+            }
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// The pid in a temporary's name `.<name>.tmp-<pid>-<n>`, if it is one.
+fn temp_owner(file_name: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix('.')?;
+    let at = rest.rfind(".tmp-")?;
+    let mut parts = rest[at + 5..].split('-');
+    let pid = parts.next()?.parse().ok()?;
+    parts.next()?.parse::<u64>().ok()?;
+    parts.next().is_none().then_some(pid)
+}
+
+/// Whether process `pid` exists (Linux: `/proc/<pid>`; elsewhere a
+/// temporary is assumed to be in use).
+fn process_alive(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return true;
+    }
+    proc.join(pid.to_string()).exists()
+}
+
 /// Creates a fresh temporary file in `dir`, never reusing an existing name.
 fn create_temp(dir: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
     let pid = std::process::id();

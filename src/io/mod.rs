@@ -19,16 +19,22 @@
 
 mod atomic;
 mod index;
+mod limits;
 mod lookup;
 mod npy;
 mod npz;
 mod pylit;
 mod writer;
 
+pub use crate::error::human_bytes;
 #[cfg(test)]
 pub(crate) use atomic::FAIL_BEFORE_RENAME;
-pub use atomic::write_atomic;
+pub use atomic::{remove_stale_temporaries, write_atomic};
 pub use index::{SplitIndex, load_index, save_index};
+pub use limits::{
+    MEMORY_LIMIT_VAR, bytes_of, check_memory, memory_available, open_regular, read_regular,
+    regular_file,
+};
 pub use lookup::PairLookup;
 pub use npy::{Dtype, DtypeKind};
 pub use npz::{NpzReader, RealDtype};

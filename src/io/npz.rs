@@ -66,6 +66,8 @@ struct Entry {
     index: usize,
     method: CompressionMethod,
     size: u64,
+    /// Where the member's (compressed) data ends in the archive.
+    data_end: u64,
 }
 
 /// An open `.npz` archive (a zip of `.npy` members, as `numpy.savez`
@@ -99,6 +101,8 @@ struct Entry {
 /// ```
 pub struct NpzReader {
     path: PathBuf,
+    /// The archive's size in bytes.
+    archive_len: u64,
     zip: ZipArchive<Source>,
     names: Vec<String>,
     entries: HashMap<String, Entry>,
@@ -120,7 +124,7 @@ impl NpzReader {
     /// if it is not a zip archive, or a zip holding no `.npy` member.
     pub fn open(path: impl AsRef<Path>) -> Result<NpzReader> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::from(e).in_file(path))?;
+        let file = super::open_regular(path)?;
         Self::from_source(path, Source::File(BufReader::new(file)))
     }
 
@@ -135,8 +139,12 @@ impl NpzReader {
         Self::from_source(label.as_ref(), Source::Memory(Cursor::new(bytes)))
     }
 
-    fn from_source(path: &Path, source: Source) -> Result<NpzReader> {
+    fn from_source(path: &Path, mut source: Source) -> Result<NpzReader> {
         let in_file = |e: Error| e.in_file(path);
+        let archive_len = source
+            .seek(SeekFrom::End(0))
+            .and_then(|n| source.seek(SeekFrom::Start(0)).map(|_| n))
+            .map_err(|e| in_file(Error::from(e)))?;
         let mut zip = ZipArchive::new(source)
             .map_err(|e| zip_error(e, "not an npz file (no readable zip directory)"))
             .map_err(in_file)?;
@@ -163,6 +171,7 @@ impl NpzReader {
                         index,
                         method: member.compression(),
                         size: member.size(),
+                        data_end: member.data_start().saturating_add(member.compressed_size()),
                     };
                     entries.insert(name.to_string(), entry);
                 }
@@ -170,6 +179,7 @@ impl NpzReader {
         }
         Ok(NpzReader {
             path: path.to_path_buf(),
+            archive_len,
             zip,
             names,
             entries,
@@ -227,6 +237,13 @@ impl NpzReader {
                 entry.method
             )));
         }
+        if entry.data_end > self.archive_len {
+            return Err(Error::format(format!(
+                "truncated archive: the member's data would end at byte {}, \
+                 past the end of the file ({} bytes)",
+                entry.data_end, self.archive_len
+            )));
+        }
         let size = entry.size;
         // An empty password is discarded for an unencrypted member; asking
         // for it keeps the zip crate from unwrapping a password error.
@@ -251,7 +268,25 @@ impl NpzReader {
                 )));
             }
         }
-        f(&mut member, &header)
+        // Every element is decoded into at most 8 bytes (i64, f64): refuse
+        // a shape whose array would not fit before reading any of it. The
+        // reader is capped at the bytes the shape promises (and one more,
+        // to see that the member ends there), whatever the stream inflates to.
+        if decoded {
+            let bytes = super::bytes_of(&[header.len as u64, 8]);
+            super::check_memory(
+                || {
+                    format!(
+                        "shape {:?} of {} ({} elements)",
+                        header.shape, header.dtype, header.len
+                    )
+                },
+                bytes,
+                "",
+            )?;
+        }
+        let cap = header.data_bytes().unwrap_or(u64::MAX).saturating_add(1);
+        f(&mut (&mut member).take(cap), &header)
     }
 
     /// The element type of array `name`.

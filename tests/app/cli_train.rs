@@ -211,9 +211,11 @@ fn select_then_train_then_report() {
 
 #[test]
 fn sweep_tabulates_every_weight() {
+    let dir = scratch("sweep");
     let out = Command::new(BIN)
         .args(["sweep", "--steps", "5", "--batch", "256", "--dim", "4"])
-        .args(["--weights", "0,1", "--min-count", "400", "--json"])
+        .args(["--weights", "0,1", "--min-count", "400", "--json", "--out"])
+        .arg(&dir)
         .output()
         .unwrap();
     assert!(

@@ -16,4 +16,6 @@ mod golden;
 #[cfg(feature = "cli")]
 mod heldout;
 #[cfg(feature = "cli")]
+mod resources;
+#[cfg(feature = "cli")]
 mod tokenize;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::app::corpus::{Corpus, load_corpus};
 use crate::app::eval::split_heldout;
+use crate::app::plan::Plan;
 use crate::app::synthetic::{SyntheticConfig, generate};
 use crate::io::{SplitIndex, load_index};
 
@@ -25,8 +26,40 @@ pub struct Data {
     pub index: SplitIndex,
     pub vocab_size: usize,
     pub n_languages: usize,
+    /// Where V and L came from, for errors about the sizes they imply.
+    pub vocab_source: String,
+    pub languages_source: String,
     /// The planted contested pairs, sorted (synthetic corpus only).
     pub truth: Option<Vec<(usize, usize)>>,
+}
+
+impl Data {
+    /// The memory plan of a model of width `dim` with `n_rows` split rows
+    /// trained `batch` bigrams a step on this data.
+    pub fn plan(&self, dim: usize, n_rows: usize, batch: usize) -> Plan {
+        Plan {
+            vocab_size: self.vocab_size,
+            vocab_source: self.vocab_source.clone(),
+            n_languages: self.n_languages,
+            languages_source: self.languages_source.clone(),
+            dim,
+            n_rows,
+            batch,
+            n_bigrams: self.corpus.n_bigrams(),
+            real_bytes: 4,
+            action: "training",
+        }
+    }
+}
+
+/// Where a corpus's V or L came from: stated in the file, or its largest
+/// id + 1.
+fn source_of(path: &Path, stated: bool, ids: &str) -> String {
+    if stated {
+        format!("stated by {}", path.display())
+    } else {
+        format!("the largest {ids} of {} + 1", path.display())
+    }
 }
 
 /// Every (language, token) pair seen at least `min_count` times as a
@@ -83,7 +116,7 @@ fn heldout_of(corpus: Corpus, args: &TrainArgs) -> CliResult<(Corpus, Corpus, St
 /// Loads (or generates) the corpus, holds out its evaluation part, and
 /// loads the index (or makes one from the training part's counts).
 pub fn load(args: &TrainArgs) -> CliResult<Data> {
-    let (name, corpus, truth, index, v, l) = match &args.corpus {
+    let (name, corpus, truth, index, v, l, sources) = match &args.corpus {
         None => {
             let cfg = SyntheticConfig {
                 seed: args.seed,
@@ -103,6 +136,10 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
                 index,
                 v,
                 l,
+                (
+                    "the synthetic corpus".to_string(),
+                    "the synthetic corpus".to_string(),
+                ),
             )
         }
         Some(path) => {
@@ -123,7 +160,11 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
             let name = path
                 .file_stem()
                 .map_or("corpus".into(), |s| s.to_string_lossy().into_owned());
-            (name, corpus, None, index, v, l)
+            let sources = (
+                source_of(path, corpus.meta.vocab_size.is_some(), "token id"),
+                source_of(path, corpus.meta.n_languages.is_some(), "language id"),
+            );
+            (name, corpus, None, index, v, l, sources)
         }
     };
     let (train, heldout, heldout_source) = heldout_of(corpus, args)?;
@@ -153,6 +194,8 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
         index,
         vocab_size: v,
         n_languages: l,
+        vocab_source: sources.0,
+        languages_source: sources.1,
         truth,
     })
 }

@@ -120,6 +120,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         tokens_per_second: None,
         threads: None,
         checkpoint: &args.checkpoint,
+        kept_limit: usize::MAX,
     });
     let kept = json!({
         "checkpoint": args.checkpoint.display().to_string(),
@@ -130,6 +131,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         "languages": stems,
         "kept": report.get("kept"),
         "rows": report["rows"],
+        "rows_listed": report["rows_listed"],
     });
     let text = serde_json::to_string_pretty(&kept)? + "\n";
     crate::io::write_atomic(&files[l], |w| Ok(w.write_all(text.as_bytes())?))?;

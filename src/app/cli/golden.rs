@@ -52,11 +52,27 @@ pub fn evaluate(inputs: &Path, out: &Path) -> CliResult<ExitCode> {
     for f in &summary.failed {
         eprintln!("{}/{}: {}", f.layer, f.name, f.error);
     }
+    for (path, why) in &summary.skipped {
+        eprintln!("{}: skipped: {why}", path.display());
+    }
     println!(
-        "evaluated {} case(s): {} ok, {} failed; results in {}",
+        "evaluated {} case(s): {} ok, {} failed{}; results in {}",
         summary.total(),
         summary.ok.len(),
         summary.failed.len(),
+        if summary.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} other entr{} skipped (listed above)",
+                summary.skipped.len(),
+                if summary.skipped.len() == 1 {
+                    "y"
+                } else {
+                    "ies"
+                }
+            )
+        },
         out.display()
     );
     Ok(if summary.all_ok() {

@@ -7,6 +7,7 @@ mod bench;
 mod data;
 mod export;
 mod golden;
+mod outdir;
 mod plots;
 mod report;
 mod select;
@@ -80,7 +81,8 @@ pub struct TrainArgs {
     /// A held-out corpus to evaluate on, instead of a fraction of `--corpus`.
     #[arg(long, conflicts_with = "heldout_fraction")]
     pub heldout: Option<PathBuf>,
-    /// Output folder (checkpoint, report.json, plots); default `runs/<name>`.
+    /// Output folder (checkpoint, report.json, plots); default
+    /// `runs/synthetic`, or `runs/<corpus stem>-<hash of its path>`.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Training steps.
@@ -111,8 +113,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Continue from the checkpoint in the output folder.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "force")]
     pub resume: bool,
+    /// Replace a run already in the output folder.
+    #[arg(long)]
+    pub force: bool,
     /// Write a checkpoint every this many steps (and at the end).
     #[arg(long, default_value_t = 100)]
     pub checkpoint_every: u64,
@@ -166,13 +171,28 @@ enum GoldenCommand {
     },
 }
 
+/// The most worker threads a command starts.
+const MAX_THREADS: usize = 1024;
+
 /// Sets the worker threads of rayon and of the matrix products.
 pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let n = match threads {
         Some(0) => return Err("--threads must be at least 1".into()),
+        Some(n) if n > MAX_THREADS => {
+            return Err(format!(
+                "--threads {n} is more than {MAX_THREADS}; this machine has {cores} cores"
+            )
+            .into());
+        }
         Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => cores,
     };
+    if n > cores {
+        eprintln!(
+            "splitgrad: {n} threads on {cores} cores: the extra threads only wait their turn (results are the same for any count)"
+        );
+    }
     // SAFETY: called once at start-up, before any other thread exists, so
     // nothing reads the environment concurrently.
     unsafe { std::env::set_var("MATMUL_NUM_THREADS", n.to_string()) };

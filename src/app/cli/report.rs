@@ -42,6 +42,9 @@ pub struct ReportInput<'a> {
     pub tokens_per_second: Option<f64>,
     pub threads: Option<usize>,
     pub checkpoint: &'a Path,
+    /// The most kept rows listed in `kept` ([`ROWS_LISTED`] in a report;
+    /// `export` lists them all).
+    pub kept_limit: usize,
 }
 
 /// A number with three decimals, or "undefined".
@@ -53,6 +56,13 @@ pub fn fmt3(x: Option<f64>) -> String {
 fn num(x: f64) -> Value {
     if x.is_finite() { json!(x) } else { Value::Null }
 }
+
+/// The most rows a report lists (in `rows` and in `kept`): every row when
+/// there are no more, else the most useful by held-out gain. An index of
+/// millions of pairs would otherwise make a report of gigabytes; every
+/// row's figures stay in the checkpoint (`eval.rows`) and `export` writes
+/// every kept pair.
+pub const ROWS_LISTED: usize = 10_000;
 
 /// The held-out cross-entropy must be at least this much (nats) below that
 /// of a uniform guess over the vocabulary, `ln V`, and below the untrained
@@ -74,7 +84,11 @@ pub fn build(r: &ReportInput<'_>) -> Value {
         (true, Some(e)) => rule.keep(&e.rows),
         _ => vec![false; n_rows],
     };
-    let distances = centroid_distances(model);
+    let distances = if r.use_gate {
+        Vec::new()
+    } else {
+        centroid_distances(model)
+    };
     let evidence: Vec<f64> = match r.evaluation {
         Some(e) => rule.evidence(&e.rows),
         None => vec![f64::NAN; n_rows],
@@ -141,8 +155,15 @@ pub fn build(r: &ReportInput<'_>) -> Value {
         "tokens_per_second": r.tokens_per_second,
         "threads": r.threads,
         "checkpoint": r.checkpoint.display().to_string(),
-        "rows": (0..n_rows).map(entry).collect::<Vec<_>>(),
     });
+    // Every row in index order, or the most useful ROWS_LISTED.
+    let listed: Vec<usize> = if n_rows <= ROWS_LISTED {
+        (0..n_rows).collect()
+    } else {
+        order[..ROWS_LISTED].to_vec()
+    };
+    report["rows"] = listed.iter().map(|&i| entry(i)).collect();
+    report["rows_listed"] = json!(listed.len());
     if let Some(e) = r.evaluation {
         report["heldout_tokens"] = json!(e.n_tokens);
         report["heldout_ce"] = json!(e.ce);
@@ -151,6 +172,7 @@ pub fn build(r: &ReportInput<'_>) -> Value {
             .per_language
             .iter()
             .enumerate()
+            .filter(|(_, le)| le.n_tokens > 0)
             .map(|(l, le)| {
                 let mut v = json!({"language": l, "n_tokens": le.n_tokens, "ce": num(le.ce), "ce_closed": num(le.ce_closed)});
                 if let Some(n) = names.and_then(|n| n.get(l)) {
@@ -170,6 +192,7 @@ pub fn build(r: &ReportInput<'_>) -> Value {
         report["kept"] = order
             .iter()
             .filter(|&&i| kept[i])
+            .take(r.kept_limit)
             .map(|&i| entry(i))
             .collect();
         report["n_kept"] = json!(kept.iter().filter(|&&k| k).count());
@@ -403,6 +426,7 @@ pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
         tokens_per_second: None,
         threads: None,
         checkpoint: &args.checkpoint,
+        kept_limit: ROWS_LISTED,
     });
     print(&report);
     if args.json {

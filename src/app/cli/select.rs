@@ -13,6 +13,8 @@ use crate::app::select::{Selection, interference, select};
 use crate::app::train::{TrainConfig, Trainer};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::io::save_index;
+
+use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use clap::Args;
 use serde_json::json;
 
@@ -45,9 +47,13 @@ pub struct SelectArgs {
     /// as the other languages of their tokens, so 0.6 separates them.
     #[arg(long, default_value_t = 0.6)]
     pub relative: f64,
-    /// The index to write (default `runs/<name>/select/index.npz`).
+    /// The index to write, an `.npz` (default `select/index.npz` in the
+    /// corpus's run folder); `shared.safetensors` is written beside it.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Replace an index (and shared model) already there.
+    #[arg(long)]
+    pub force: bool,
     /// Training steps of the shared-only model.
     #[arg(long, default_value_t = 1000)]
     pub steps: u64,
@@ -114,10 +120,13 @@ fn shared_model(args: &SelectArgs, data: &Data) -> CliResult<BigramModel<f32>> {
                 .into());
             }
         };
+        data.plan(dim, 0, 0).check("")?;
         let mut model = BigramModel::<f32>::shared_only(ModelConfig { dim, ..config })?;
         snap.restore(&mut [&mut model.embeddings, &mut model.head], None)?;
         return Ok(model);
     }
+    data.plan(args.dim, 0, args.batch)
+        .check("--dim or --batch")?;
     let mut model = BigramModel::<f32>::shared_only(config)?;
     model.reset_parameters(&mut Rng::new(args.seed))?;
     let tcfg = TrainConfig {
@@ -162,18 +171,26 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
         args.seed,
     ))?;
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from("runs")
-            .join(&data.name)
+        default_run_folder(&data.name, args.corpus.as_deref())
             .join("select")
             .join("index.npz")
     });
+    if out.extension().is_none_or(|x| x != "npz") {
+        return Err(format!("{}: --out must name an .npz file", out.display()).into());
+    }
+    let shared_path = out.with_file_name("shared.safetensors");
+    let mut outputs = vec![out.as_path()];
+    if args.checkpoint.is_none() {
+        outputs.push(&shared_path);
+    }
+    refuse_existing(&outputs, args.force)?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("{}: cannot create the output folder: {e}", dir.display()))?;
+        report_removed(&crate::io::remove_stale_temporaries(dir)?);
     }
     let started = Instant::now();
     let model = shared_model(&args, &data)?;
-    let shared_path = out.with_file_name("shared.safetensors");
     if args.checkpoint.is_none() {
         save_shared(&model, &shared_path)?;
     }
@@ -183,7 +200,7 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
     let elapsed = started.elapsed().as_secs_f64();
 
     println!(
-        "splitgrad select: {} pairs scored on {}, {} selected ({how:?}) in {elapsed:.1} s on {threads} threads",
+        "splitgrad select: {} pairs scored on {}, {} selected ({how}) in {elapsed:.1} s on {threads} threads",
         scores.len(),
         data.name,
         index.token_index.len()

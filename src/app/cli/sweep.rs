@@ -15,6 +15,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::data::{self, index_from_counts};
+use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::plots::{self, SweepPoint};
 use super::report::write_json;
 use super::train::{check_run_flags, run_to_end};
@@ -55,10 +56,13 @@ pub struct SweepArgs {
     /// Seed of the corpus, the weights and the batches.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Output folder for sweep.json and sweep.svg (default
-    /// `runs/<name>/sweep`).
+    /// Output folder for sweep.json and sweep.svg (default `sweep/` in the
+    /// corpus's run folder).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Replace a sweep already there.
+    #[arg(long)]
+    pub force: bool,
     /// Print the table as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
@@ -90,6 +94,19 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         )
         .into());
     }
+    data.plan(args.dim, index.token_index.len(), args.batch)
+        .check("--dim or --batch")?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_run_folder(&data.name, args.corpus.as_deref()).join("sweep"));
+    if out.exists() && !out.is_dir() {
+        return Err(format!("{}: --out must be a folder; this is a file", out.display()).into());
+    }
+    refuse_existing(
+        &[&out.join("sweep.json"), &out.join("sweep.svg")],
+        args.force,
+    )?;
     let l = data.n_languages;
     println!(
         "splitgrad sweep: fusion mode on {}, {} rows (every pair seen ≥ {} times), {} steps per weight, {threads} threads",
@@ -102,12 +119,9 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         "  {:>8}  {:>10}  {:>8}  {:>8}  languages apart (mean fraction of tokens on which a language differs from the others)",
         "weight", "effective", "CE", "held-out"
     );
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&data.name).join("sweep"));
     std::fs::create_dir_all(&out)
         .map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
+    report_removed(&crate::io::remove_stale_temporaries(&out)?);
     let mut rows = Vec::new();
     let mut points = Vec::new();
     for &w in &args.weights {

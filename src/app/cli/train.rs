@@ -1,8 +1,10 @@
 //! `splitgrad train`: the main job.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::Rng;
@@ -12,6 +14,7 @@ use crate::app::train::{RunLabels, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::data;
+use super::outdir::{default_run_folder, prepare_run_folder, report_removed};
 use super::report::{self, ReportInput};
 use super::{CliResult, TrainArgs, plots, set_threads};
 
@@ -67,18 +70,74 @@ fn validate(args: &TrainArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// Set by SIGINT or SIGTERM: the run finishes its step, writes a
+/// checkpoint and stops. A second signal while that happens exits at once
+/// (with 130 or 143), leaving the last checkpoint, written atomically,
+/// intact.
+struct Stop {
+    interrupt: Arc<AtomicBool>,
+    terminate: Arc<AtomicBool>,
+}
+
+impl Stop {
+    fn install() -> CliResult<Stop> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::flag::{register, register_conditional_shutdown};
+        let any = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let terminate = Arc::new(AtomicBool::new(false));
+        // The exit on a second signal is registered first, so that it sees
+        // the flag the first signal sets.
+        register_conditional_shutdown(SIGINT, 130, Arc::clone(&any))?;
+        register_conditional_shutdown(SIGTERM, 143, Arc::clone(&any))?;
+        register(SIGINT, Arc::clone(&any))?;
+        register(SIGTERM, Arc::clone(&any))?;
+        register(SIGINT, Arc::clone(&interrupt))?;
+        register(SIGTERM, Arc::clone(&terminate))?;
+        Ok(Stop {
+            interrupt,
+            terminate,
+        })
+    }
+
+    /// The exit code to stop with, once a signal has come.
+    fn requested(&self) -> Option<u8> {
+        if self.terminate.load(Ordering::Relaxed) {
+            Some(143)
+        } else if self.interrupt.load(Ordering::Relaxed) {
+            Some(130)
+        } else {
+            None
+        }
+    }
+}
+
 /// Runs `train` and prints the report.
 pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     validate(&args)?;
+    let stop = Stop::install()?;
     let threads = set_threads(args.threads)?;
     let data = data::load(&args)?;
+    data.plan(args.dim, data.index.token_index.len(), args.batch)
+        .check("--dim or --batch")?;
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&data.name));
-    std::fs::create_dir_all(&out)
-        .map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
+        .unwrap_or_else(|| default_run_folder(&data.name, args.corpus.as_deref()));
     let ckpt = out.join(CHECKPOINT);
+    if args.resume && !ckpt.exists() {
+        return Err(format!(
+            "{}: --resume, but there is no checkpoint to resume from",
+            ckpt.display()
+        )
+        .into());
+    }
+    report_removed(&prepare_run_folder(
+        &out,
+        CHECKPOINT,
+        args.resume,
+        args.force,
+    )?);
 
     let mcfg = ModelConfig {
         vocab_size: data.vocab_size,
@@ -100,15 +159,13 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
     trainer.bind_heldout(&data.heldout);
     if args.resume {
-        if ckpt.exists() {
-            trainer.load(&ckpt)?;
-        } else {
-            return Err(format!(
-                "{}: --resume, but there is no checkpoint to resume from",
-                ckpt.display()
-            )
-            .into());
-        }
+        trainer.load(&ckpt)?;
+        println!(
+            "splitgrad: resumed {} from step {} of {}",
+            ckpt.display(),
+            trainer.step_index(),
+            args.steps
+        );
     }
 
     let labels = RunLabels {
@@ -138,6 +195,14 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let first = trainer.step_index();
     let mut heldout_ce = trainer.heldout_curve().last().map_or(f64::NAN, |c| c.1);
     while !trainer.is_done() {
+        if let Some(code) = stop.requested() {
+            bar.finish_and_clear();
+            return stopped(&mut trainer, &ckpt, first, code);
+        }
+        if let Some(code) = stop.requested() {
+            bar.finish_and_clear();
+            return stopped(&mut trainer, &ckpt, first, code);
+        }
         let s = trainer.step()?;
         let step = trainer.step_index();
         if step.is_power_of_two() && !trainer.is_done() {
@@ -179,6 +244,7 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         tokens_per_second: Some(tokens_per_second),
         threads: Some(threads),
         checkpoint: &ckpt,
+        kept_limit: super::report::ROWS_LISTED,
     });
     let mut report = report;
     report["heldout_source"] = serde_json::json!(data.heldout_source);
@@ -209,6 +275,27 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ends a run stopped by a signal: a checkpoint of the last finished step
+/// (unless no step was run), and how to go on.
+fn stopped(trainer: &mut Trainer<f32>, ckpt: &Path, first: u64, code: u8) -> CliResult<ExitCode> {
+    let step = trainer.step_index();
+    if step > first {
+        trainer.save(ckpt)?;
+        eprintln!(
+            "splitgrad: stopped at step {step}: resume with --resume (checkpoint {})",
+            ckpt.display()
+        );
+    } else if step > 0 {
+        eprintln!(
+            "splitgrad: stopped at step {step}, as resumed: {} is unchanged; resume with --resume",
+            ckpt.display()
+        );
+    } else {
+        eprintln!("splitgrad: stopped before the first step; no checkpoint was written");
+    }
+    Ok(ExitCode::from(code))
 }
 
 fn progress_bar(total: u64, at: u64) -> ProgressBar {

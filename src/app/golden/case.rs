@@ -180,15 +180,15 @@ impl Case {
     pub(super) fn reals<T: Real>(&mut self, name: &str, want: Want<'_>) -> Result<ArrayD<T>> {
         let dtype = self.npz.real_dtype(name)?;
         if dtype != self.dtype {
-            let e = Error::new(ErrorKind::Dtype {
-                expected: format!(
-                    "{}, the dtype of `{}` (the real arrays of a case share one dtype)",
-                    numpy_name(self.dtype),
-                    self.anchor
-                ),
-                found: numpy_name(dtype).into(),
-            });
-            return Err(self.fail(e, name));
+            // Neither array is the wrong one: they disagree. Name both.
+            return Err(Error::format(format!(
+                "real arrays differ in dtype: `{}` is {}, `{name}` is {}; \
+                 every real array of a case must be float32, or every one float64",
+                self.anchor,
+                numpy_name(self.dtype),
+                numpy_name(dtype)
+            ))
+            .in_file(&self.label));
         }
         self.check_shape(name, &want)?;
         self.npz.finite_reals(name)

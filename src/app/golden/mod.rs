@@ -404,6 +404,9 @@ pub struct EvalSummary {
     pub ok: Vec<CaseResult>,
     /// The cases that failed; none of them has a result file.
     pub failed: Vec<CaseFailure>,
+    /// The entries of the input folder that are not cases, each with why
+    /// (a folder that is not a layer's, a file that is not `.npz`, …).
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 impl EvalSummary {
@@ -418,24 +421,79 @@ impl EvalSummary {
     }
 }
 
-/// The `.npz` files of a folder, as (name without `.npz`, path), sorted by name.
-fn list_cases(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+/// The `.npz` entries of a layer's folder, as (name without `.npz`, path),
+/// sorted by name, and the other entries with why they are skipped. An
+/// `.npz` entry that is not a readable regular file (a FIFO, a dangling or
+/// looping link) is a case, and fails with the reason when it is read.
+/// A layer folder's cases (name, path) and skipped entries (path, why).
+type Listing = (Vec<(String, PathBuf)>, Vec<(PathBuf, String)>);
+
+fn list_cases(dir: &Path) -> Result<Listing> {
     let io = |e: std::io::Error| Error::from(e).in_file(dir);
     let mut cases = Vec::new();
+    let mut skipped = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let path = entry.map_err(io)?.path();
-        if path.extension().is_some_and(|x| x == "npz") && path.is_file() {
+        if path.extension().is_some_and(|x| x == "npz") {
             if let Some(stem) = path.file_stem() {
                 cases.push((stem.to_string_lossy().into_owned(), path));
+                continue;
             }
         }
+        let why = if path.is_dir() {
+            "a folder inside a layer's folder (cases are NAME.npz files)"
+        } else {
+            "not an .npz file"
+        };
+        skipped.push((path, why.to_string()));
     }
     cases.sort();
-    Ok(cases)
+    skipped.sort();
+    Ok((cases, skipped))
+}
+
+/// Why a top-level entry of the inputs is not a layer's folder.
+fn why_not_a_layer(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let squeezed: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
+    if let Some(layer) = Layer::ALL.iter().find(|l| {
+        l.name()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect::<String>()
+            == squeezed
+    }) {
+        return format!("not a layer's folder: did you mean `{}`?", layer.name());
+    }
+    let names: Vec<&str> = Layer::ALL.iter().map(|l| l.name()).collect();
+    if path.is_dir() {
+        format!("not a layer's folder (the layers are {})", names.join(", "))
+    } else {
+        format!(
+            "a file outside the layers' folders (cases are <layer>/NAME.npz, <layer> one of {})",
+            names.join(", ")
+        )
+    }
 }
 
 fn evaluate_file(layer: Layer, input: &Path, output: &Path) -> Result<()> {
-    let bytes = std::fs::read(input).map_err(|e| Error::from(e).in_file(input))?;
+    // A case's arrays hold at most MAX_CASE_ELEMENTS reals or ids of 8
+    // bytes; with the zip's own bytes a valid case file is far smaller
+    // than this, so a larger one is refused before it is read.
+    let limit = (MAX_CASE_ELEMENTS as u64) * 8 + (1 << 20);
+    let len = crate::io::regular_file(input)?.len();
+    if len > limit {
+        return Err(Error::format(format!(
+            "a case file of {} is larger than any case can be ({} at most: {MAX_CASE_ELEMENTS} elements)",
+            crate::io::human_bytes(len),
+            crate::io::human_bytes(limit)
+        ))
+        .in_file(input));
+    }
+    let bytes = crate::io::read_regular(input, "the golden case")?;
     let results = evaluate_bytes(layer, &input.display().to_string(), bytes)?;
     write_atomic(output, |f| Ok(f.write_all(&results)?))
 }
@@ -446,8 +504,9 @@ fn evaluate_file(layer: Layer, input: &Path, output: &Path) -> Result<()> {
 ///
 /// A case that fails is recorded with its error and the others still run;
 /// it gets no result file (a stale one from an earlier run is removed).
-/// Files not ending in `.npz` and folders other than the three are
-/// ignored; a layer folder may be absent.
+/// Every other entry (a file not ending in `.npz`, a folder other than the
+/// three) is listed in [`EvalSummary::skipped`] with why; a layer folder
+/// may be absent.
 ///
 /// Errors: `inputs` missing or not a folder ([`ErrorKind::Io`] naming
 /// it); no case under it at all ([`ErrorKind::Empty`] naming it); `out`
@@ -484,12 +543,25 @@ pub fn evaluate_dir(inputs: &Path, out: &Path) -> Result<EvalSummary> {
         }
     }
     let mut summary = EvalSummary::default();
+    let io = |e: std::io::Error| Error::from(e).in_file(inputs);
+    for entry in std::fs::read_dir(inputs).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        let is_layer = path
+            .file_name()
+            .is_some_and(|n| Layer::ALL.iter().any(|l| n == l.name()));
+        if !is_layer || !path.is_dir() {
+            let why = why_not_a_layer(&path);
+            summary.skipped.push((path, why));
+        }
+    }
+    summary.skipped.sort();
     for layer in Layer::ALL {
         let dir = inputs.join(layer.name());
         if !dir.is_dir() {
             continue;
         }
-        let cases = list_cases(&dir)?;
+        let (cases, skipped) = list_cases(&dir)?;
+        summary.skipped.extend(skipped);
         if cases.is_empty() {
             continue;
         }

@@ -1,0 +1,213 @@
+//! The memory a run will need, known before anything is allocated.
+//!
+//! V, L, D, the number of split rows and the batch come from files and
+//! flags; a corpus holding token id 4·10⁹ implies V = 4·10⁹ + 1, and
+//! `--dim 1000000000` means what it says. [`Plan::check`] adds up what the
+//! model, its optimiser state, one training step and the held-out
+//! evaluation take for those sizes and refuses, naming every size and where
+//! it came from, a run that the machine cannot hold, before the first
+//! allocation that depends on them.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::{bytes_of, human_bytes, memory_available};
+
+/// The sizes of a run and where they came from.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// V.
+    pub vocab_size: usize,
+    /// Where V came from ("stated by corpus.npz", "the largest token id of
+    /// corpus.npz + 1", …).
+    pub vocab_source: String,
+    /// L.
+    pub n_languages: usize,
+    /// Where L came from.
+    pub languages_source: String,
+    /// D.
+    pub dim: usize,
+    /// Split rows.
+    pub n_rows: usize,
+    /// Bigrams a step (0 when nothing is trained, as in `report`).
+    pub batch: usize,
+    /// Bigrams of the training corpus (kept as a list by the trainer).
+    pub n_bigrams: usize,
+    /// Bytes of one real (4 for `f32`).
+    pub real_bytes: usize,
+    /// What is done with the model, for the error: "training" (the
+    /// default, when empty) or "loading".
+    pub action: &'static str,
+}
+
+/// Workspace that does not grow with the sizes: the fused head's chunks,
+/// the evaluation's blocks, the pool's spare buffers.
+const FIXED: u64 = 96 << 20;
+
+impl Plan {
+    /// The bytes the run needs, by its largest parts (an upper estimate:
+    /// every table with its two Adam moments, the head's dense gradient,
+    /// a step's activations and gradients, the evaluation's hidden rows
+    /// and per-language sums). `u64::MAX` if that overflows.
+    pub fn bytes(&self) -> u64 {
+        let (v, l, d, n) = (
+            self.vocab_size as u64,
+            self.n_languages as u64,
+            self.dim as u64,
+            self.n_rows as u64,
+        );
+        let t = self.real_bytes as u64;
+        let parts = [
+            // Shared table and head, each with two moments; the head's
+            // dense gradient; the evaluation's copy of the head and its
+            // hidden rows (at most V + n of them).
+            bytes_of(&[9, v, d, t]),
+            // Split rows with two moments and their gradient, gates.
+            bytes_of(&[4, n, d, t]),
+            bytes_of(&[8, n, 8]),
+            // The index, its lookup and the evaluation's per-row figures.
+            bytes_of(&[n, 96]),
+            // Per language: the evaluation's sums.
+            bytes_of(&[l, 64]),
+            // A step: ids, gathered and mixed rows, their gradients.
+            bytes_of(&[self.batch as u64, 12 * d * t + 64]),
+            // The trainer's list of bigrams.
+            bytes_of(&[self.n_bigrams as u64, 12]),
+            FIXED,
+        ];
+        parts
+            .into_iter()
+            .try_fold(0u64, |acc, b| acc.checked_add(b))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The sizes in words, for an error.
+    fn describe(&self) -> String {
+        let mut s = format!("V {}", self.vocab_size);
+        if !self.vocab_source.is_empty() {
+            s += &format!(" ({})", self.vocab_source);
+        }
+        s += &format!(", L {}", self.n_languages);
+        if !self.languages_source.is_empty() {
+            s += &format!(" ({})", self.languages_source);
+        }
+        s += &format!(", D {}, {} split rows", self.dim, self.n_rows);
+        if self.batch > 0 {
+            s += &format!(", batch {}", self.batch);
+        }
+        s
+    }
+
+    /// Checks that the run fits in the memory available, before anything
+    /// of its size is allocated.
+    ///
+    /// Errors: [`ErrorKind::TooLarge`] naming every size, its source, the
+    /// bytes needed and available, and the flags that change them.
+    ///
+    /// ```
+    /// use splitgrad::app::plan::Plan;
+    /// let fits = Plan { vocab_size: 500, n_languages: 4, dim: 64, n_rows: 80, batch: 4096, real_bytes: 4, ..Plan::default() };
+    /// assert!(fits.check("--dim or --batch").is_ok());
+    /// let huge = Plan { vocab_size: 4_000_000_001, vocab_source: "the largest token id + 1".into(), ..fits };
+    /// let e = huge.check("--dim or --batch").unwrap_err().to_string();
+    /// assert!(e.starts_with("training this model (V 4000000001 (the largest token id + 1), L 4, D 64, 80 split rows, batch 4096) need"), "{e}");
+    /// ```
+    pub fn check(&self, flags: &str) -> Result<()> {
+        let bytes = self.bytes();
+        let available = memory_available();
+        if bytes <= available {
+            return Ok(());
+        }
+        Err(Error::new(ErrorKind::TooLarge {
+            what: format!(
+                "{} this model ({})",
+                if self.action.is_empty() {
+                    "training"
+                } else {
+                    self.action
+                },
+                self.describe()
+            ),
+            bytes,
+            available,
+            hint: if flags.is_empty() {
+                String::new()
+            } else {
+                format!("lower {flags}")
+            },
+        }))
+    }
+
+    /// The figure [`bytes`](Self::bytes) gives, for a person.
+    pub fn human(&self) -> String {
+        human_bytes(self.bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_run() -> Plan {
+        Plan {
+            vocab_size: 500,
+            n_languages: 4,
+            dim: 64,
+            n_rows: 80,
+            batch: 4096,
+            n_bigrams: 1 << 20,
+            real_bytes: 4,
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn the_default_run_needs_little() {
+        let b = default_run().bytes();
+        assert!(b < 256 << 20, "{}", human_bytes(b));
+        assert!(default_run().check("--dim").is_ok());
+    }
+
+    #[test]
+    fn every_size_from_outside_can_make_a_run_too_large() {
+        let cases = [
+            Plan {
+                vocab_size: 4_000_000_001,
+                ..default_run()
+            },
+            Plan {
+                n_languages: 4_000_000_001,
+                ..default_run()
+            },
+            Plan {
+                dim: 1_000_000_000,
+                ..default_run()
+            },
+            Plan {
+                batch: 1_000_000_000_000,
+                ..default_run()
+            },
+            Plan {
+                n_rows: usize::MAX,
+                ..default_run()
+            },
+        ];
+        for p in cases {
+            let e = p.check("--dim or --batch").unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::TooLarge { .. }), "{e}");
+            assert!(e.to_string().ends_with("; lower --dim or --batch"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_estimate_grows_with_the_work() {
+        let small = default_run().bytes();
+        let wide = Plan {
+            vocab_size: 32_000,
+            dim: 512,
+            ..default_run()
+        }
+        .bytes();
+        // The head, the table and their moments: 9 · V · D · 4 bytes at least.
+        assert!(wide >= 9 * 32_000 * 512 * 4);
+        assert!(wide > small);
+    }
+}
