@@ -356,7 +356,9 @@ def test_vocabulary_fused_adam_equals_torch_adam(index_file):
             loss = (m(token_ids, langs, shared) * r).sum() + 0.5 * m.penalty() + 0.3 * m.fusion_penalty()
             loss.backward()
         # a dense gradient is one with every row (the fusion penalty reads them all)
-        plain.rows.grad = torch.sparse_coo_tensor(torch.arange(20)[None], plain.rows.grad.to_dense(), (20, 5))
+        plain.rows.grad = torch.sparse_coo_tensor(
+            torch.arange(20)[None], plain.rows.grad.to_dense(), (20, 5), check_invariants=True
+        )
         for o in opts:
             o.step()
         assert fused.rows.grad is None and fused.gate_logit.grad is None
