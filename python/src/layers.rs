@@ -22,6 +22,7 @@ use splitgrad::kernels::scatter::{RowSource, coalesce_sources_in};
 use splitgrad::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
 };
+use splitgrad::ops::gated_mix::gated_mix_forward_in;
 use splitgrad::ops::split_gather::split_gather_forward_in;
 use splitgrad::param::{Grad, GradSource, ParamId, Parameter};
 use splitgrad::state::{Module, StateDict, TensorData};
@@ -997,6 +998,52 @@ fn vocab_forward<'py, T: PyReal>(
     let langs = ids_arg(args.1, "language_ids")?;
     let shared = real_arg::<T>(args.2, "shared")?;
     let sv_ = std_layout(shared.as_array());
+    if tokens.ndim() == 1 && langs.ndim() == 1 && sv_.ndim() == 2 {
+        // One row per token: the layer's checks, in its order and words,
+        // then the kernel straight into a pooled buffer (no copy of the
+        // output; the same bits as the tape's op).
+        if langs.shape() != tokens.shape() {
+            return Err(py_err(Error::shape(
+                "language_ids",
+                format!("{:?} like token_ids", tokens.shape()),
+                langs.shape(),
+            )));
+        }
+        let (t, l) = (
+            tokens.as_slice().expect("owned"),
+            langs.as_slice().expect("owned"),
+        );
+        let row_of = sv.rows_of(t, l).or_raise()?;
+        let want = [t.len(), sv.dim()];
+        if sv_.shape() != want {
+            return Err(py_err(Error::shape(
+                "shared",
+                format!("({}, {})", want[0], want[1]),
+                sv_.shape(),
+            )));
+        }
+        let out = py.detach(|| {
+            let gate = use_gate.then(|| sv.gate());
+            let s2 = sv_
+                .view()
+                .into_dimensionality::<ndarray::Ix2>()
+                .expect("2-D");
+            let r2 = sv
+                .rows()
+                .value()
+                .view()
+                .into_dimensionality::<ndarray::Ix2>()
+                .expect("rows are 2-D");
+            gated_mix_forward_in(
+                pool,
+                s2,
+                r2,
+                gate.as_ref().and_then(|g| g.as_slice()),
+                &row_of,
+            )
+        });
+        return Ok(to_numpy_pooled(py, out.into_dyn(), pool)?.into_any());
+    }
     let out = py.detach(|| -> splitgrad::Result<ArrayD<T>> {
         let mut tape = Tape::no_grad_with_pool(pool);
         let s = tape.constant_view(sv_.view());

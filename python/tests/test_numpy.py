@@ -255,6 +255,12 @@ def test_vocabulary_seed_forward_and_penalties():
         if r >= 0:
             ref[n] = shared[n] + g[r] * (rows_view[r] - shared[n])
     np.testing.assert_allclose(out, ref, rtol=1e-14)
+    # one token axis (the kernel straight) and two (through the tape): the same bits
+    for gate in (True, False):
+        np.testing.assert_array_equal(
+            sv.forward(tokens, langs, shared, gate),
+            sv.forward(tokens[None], langs[None], shared[None], gate)[0],
+        )
     fused = sv.forward(tokens, langs, shared, use_gate=False)
     ref2 = shared.copy()
     for n, r in enumerate(sv.rows_of(tokens, langs)):
