@@ -1,0 +1,378 @@
+"""A PyTorch training step (forward, backward, optimiser) with the splitgrad.torch
+modules against the same step with d9d's SplitTokenEmbeddings (sparse=True +
+SparseAdam) and plain-torch references, on the benchmark workloads of
+docs/spec.md §5, side by side in one process.
+
+Before timing, each workload runs one step of both sides from the same weights
+and reports the largest difference of the outputs and of every gradient. The
+timing alternates the two sides over rounds (a warm-up step first) and quotes
+the median step of each side and their ratio.
+
+    python python/bench.py [--threads 2] [--rounds 3] [--steps 5] [--workloads embed_prompt,...]
+                           [--scale 1] [--heap-kept] [--json]
+
+The embedding workloads' loss Σ out ⊙ R is one torch.dot on both sides; its
+forward and backward (which writes ∂out = R) are part of every step.
+
+Needs torch and d9d (pip install torch d9d) besides splitgrad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per side per round")
+    p.add_argument("--workloads", default="embed_prompt,embed_full,splitvocab,lmhead")
+    p.add_argument("--scale", type=int, default=1, help="divide every size by this (smoke runs; 1 is the spec's workload)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--heap-kept",
+        action="store_true",
+        help="run with glibc's malloc keeping large blocks in the heap (no fresh pages each step), for both sides",
+    )
+    return p.parse_args()
+
+
+ARGS = parse()
+HEAP_KEPT = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+if ARGS.heap_kept and os.environ.get("GLIBC_TUNABLES") != HEAP_KEPT:
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "GLIBC_TUNABLES": HEAP_KEPT})
+# matrixmultiply (the head's products) reads its thread count once per process.
+os.environ.setdefault("MATMUL_NUM_THREADS", str(ARGS.threads))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import splitgrad  # noqa: E402
+import splitgrad.torch as sgt  # noqa: E402
+
+torch.set_num_threads(ARGS.threads)
+try:
+    splitgrad.set_num_threads(ARGS.threads)
+except RuntimeError:
+    pass
+
+from d9d.module.block.embedding import SplitTokenEmbeddings as D9dEmbeddings  # noqa: E402
+
+LR = 1e-3
+
+
+def sz(n):
+    return max(1, n // ARGS.scale)
+
+
+def zipf(rng, n, size, s=1.2):
+    """k in 0..n with P(k) ∝ (k + 1)^−s."""
+    w = np.arange(1, n + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(w)
+    cdf /= cdf[-1]
+    return np.minimum(np.searchsorted(cdf, rng.random(size)), n - 1).astype(np.int64)
+
+
+def d9d_sparse(sizes, order, h):
+    m = D9dEmbeddings(split_vocab_size=sizes, split_order=order, hidden_size=h)
+    for e in m.token_embedding.values():
+        e.sparse = True
+    return m
+
+
+def inner(x, r):
+    """Σ x ⊙ r, the embedding workloads' loss, as one dot product on both sides."""
+    return torch.dot(x.reshape(-1), r.reshape(-1))
+
+
+def maxdiff(a, b):
+    a = a.to_dense() if a.is_sparse else a
+    b = b.to_dense() if b.is_sparse else b
+    return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
+
+
+# --- workloads: each returns (sides, check) ---------------------------------
+# a side is (name, step function); check() runs one step of both and returns
+# {what: max |difference|}.
+
+
+def embeddings_workload(sizes, order, trainable, ids, h):
+    rng = np.random.default_rng(1)
+    r = torch.from_numpy(rng.standard_normal((len(ids), h), dtype=np.float32))
+    ids = torch.from_numpy(ids)
+    torch.manual_seed(0)
+    theirs = d9d_sparse(sizes, order, h)
+    ours = sgt.SplitTokenEmbeddings(sizes, order, h)
+    ours.load_state_dict(theirs.state_dict())
+    fused = sgt.SplitTokenEmbeddings(sizes, order, h, fused_adam={"lr": LR})
+    fused.load_state_dict(theirs.state_dict())
+    for m in (theirs, ours, fused):
+        for s in order:
+            m.token_embedding[s].weight.requires_grad_(s in trainable)
+
+    def make(m):
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.SparseAdam(params, lr=LR) if m is not fused else None
+
+        def step():
+            if opt:
+                opt.zero_grad(set_to_none=True)
+            inner(m(ids), r).backward()
+            if opt:
+                opt.step()
+
+        return step
+
+    def check():
+        a, b = ours(ids), theirs(ids)
+        inner(a, r).backward()
+        inner(b, r).backward()
+        out = {"output": maxdiff(a, b)}
+        for s in trainable:
+            out[f"grad {s}"] = maxdiff(ours.token_embedding[s].weight.grad, theirs.token_embedding[s].weight.grad)
+        ours.zero_grad(set_to_none=True)
+        theirs.zero_grad(set_to_none=True)
+        return out
+
+    return [
+        ("d9d SplitTokenEmbeddings, sparse=True + SparseAdam", make(theirs)),
+        ("splitgrad.torch + SparseAdam", make(ours)),
+        ("splitgrad.torch, fused_adam", make(fused)),
+    ], check
+
+
+def embed_prompt():
+    n, v, p = sz(8192), sz(151936), sz(16)
+    rng = np.random.default_rng(0)
+    ids = zipf(rng, v, n)
+    prompt = np.arange(n) % 8 == 7
+    ids[prompt] = v + zipf(rng, p, int(prompt.sum()))
+    return embeddings_workload({"orig": v, "prompt": p}, ["orig", "prompt"], {"prompt"}, ids, sz(1024))
+
+
+def embed_full():
+    n = sz(8192)
+    sizes = {"orig": sz(32000), "special": sz(256), "prompt": sz(64)}
+    rng = np.random.default_rng(0)
+    ids = zipf(rng, sum(sizes.values()), n)
+    return embeddings_workload(sizes, list(sizes), set(sizes), ids, sz(1024))
+
+
+class ReferenceSplitVocabulary(torch.nn.Module):
+    """docs/spec.md §2.3 in plain torch (the reference module's computation)."""
+
+    def __init__(self, language_index, token_index, vocab_size, dim, n_languages):
+        super().__init__()
+        n = len(token_index)
+        self.lookup = torch.full((n_languages, vocab_size), -1, dtype=torch.long)
+        self.lookup[language_index, token_index] = torch.arange(n)
+        self.token_index = token_index
+        self.rows = torch.nn.Parameter(torch.zeros(n, dim))
+        self.gate_logit = torch.nn.Parameter(torch.zeros(n))
+
+    def penalty(self):
+        return torch.sigmoid(self.gate_logit).mean()
+
+    def fusion_penalty(self):
+        groups, which = torch.unique(self.token_index, return_inverse=True)
+        total = torch.zeros(len(groups), self.rows.shape[1]).index_add(0, which, self.rows)
+        count = torch.zeros(len(groups)).index_add(0, which, torch.ones(len(which)))
+        return (self.rows - (total / count.clamp(min=1)[:, None])[which]).norm(dim=1).mean()
+
+    def forward(self, token_ids, lang, shared):
+        row = self.lookup[lang, token_ids]
+        has = row >= 0
+        safe = row.clamp(min=0)
+        g = torch.sigmoid(self.gate_logit)[safe].unsqueeze(1) * has.unsqueeze(1)
+        return shared * (1.0 - g) + self.rows[safe] * g
+
+
+def splitvocab():
+    import tempfile
+
+    v, d, langs, n_rows, n = sz(32000), sz(512), 8, sz(20000), sz(8192)
+    rng = np.random.default_rng(0)
+    cells = np.sort(rng.choice(langs * v, size=min(n_rows, langs * v), replace=False))
+    li, ti = cells // v, cells % v
+    path = os.path.join(tempfile.mkdtemp(), "index.npz")
+    np.savez(path, language_index=li, token_index=ti)
+    tokens = torch.from_numpy(zipf(rng, v, n))
+    lang = torch.from_numpy(rng.integers(0, langs, n))
+    r = torch.from_numpy(rng.standard_normal((n, d), dtype=np.float32))
+    noise = torch.from_numpy(0.01 * rng.standard_normal((len(cells), d), dtype=np.float32))
+
+    torch.manual_seed(0)
+    shared_t = d9d_sparse({"vocab": v}, ["vocab"], d)
+    ref = ReferenceSplitVocabulary(torch.from_numpy(li), torch.from_numpy(ti), v, d, langs)
+    with torch.no_grad():
+        ref.rows.copy_(shared_t.token_embedding["vocab"].weight[torch.from_numpy(ti)] + noise)
+    shared_o = sgt.SplitTokenEmbeddings({"vocab": v}, ["vocab"], d)
+    shared_o.load_state_dict(shared_t.state_dict())
+    sv = sgt.SplitVocabulary(path, v, d, langs, 0.0)
+    sv.seed_from(shared_o.token_embedding["vocab"].weight)
+    with torch.no_grad():
+        sv.rows += noise
+    shared_f = sgt.SplitTokenEmbeddings({"vocab": v}, ["vocab"], d, fused_adam={"lr": LR})
+    shared_f.load_state_dict(shared_t.state_dict())
+    sv_f = sgt.SplitVocabulary(path, v, d, langs, 0.0, fused_adam={"lr": LR})
+    sv_f.load_state_dict(sv.state_dict())
+
+    def loss_of(emb, vocab):
+        return inner(vocab(tokens, lang, emb(tokens)), r) + 0.01 * vocab.penalty() + 0.01 * vocab.fusion_penalty()
+
+    def make(emb, vocab):
+        opts = [] if vocab is sv_f else [
+            torch.optim.SparseAdam(list(emb.parameters()), lr=LR),
+            torch.optim.Adam([vocab.rows, vocab.gate_logit], lr=LR, foreach=True),
+        ]
+
+        def step():
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            loss_of(emb, vocab).backward()
+            for o in opts:
+                o.step()
+
+        return step
+
+    def check():
+        a = sv(tokens, lang, shared_o(tokens))
+        b = ref(tokens, lang, shared_t(tokens))
+        out = {"output": maxdiff(a, b)}
+        loss_of(shared_o, sv).backward()
+        loss_of(shared_t, ref).backward()
+        out["grad shared table"] = maxdiff(
+            shared_o.token_embedding["vocab"].weight.grad, shared_t.token_embedding["vocab"].weight.grad
+        )
+        out["grad rows"] = maxdiff(sv.rows.grad, ref.rows.grad)
+        out["grad gate_logit"] = maxdiff(sv.gate_logit.grad, ref.gate_logit.grad)
+        for m in (shared_o, shared_t, sv, ref):
+            m.zero_grad(set_to_none=True)
+        return out
+
+    return [
+        ("d9d SplitTokenEmbeddings (sparse) + reference SplitVocabulary, SparseAdam/Adam", make(shared_t, ref)),
+        ("splitgrad.torch SplitTokenEmbeddings + SplitVocabulary, SparseAdam/Adam", make(shared_o, sv)),
+        ("splitgrad.torch SplitTokenEmbeddings + SplitVocabulary, fused_adam", make(shared_f, sv_f)),
+    ], check
+
+
+def lmhead():
+    sizes = {"orig": sz(32000), "new": sz(256)}
+    h, n = sz(512), sz(2048)
+    rng = np.random.default_rng(0)
+    labels = zipf(rng, sum(sizes.values()), n)
+    labels[rng.choice(n, size=round(n * 0.1), replace=False)] = -100
+    labels = torch.from_numpy(labels)
+    hidden0 = torch.from_numpy(rng.standard_normal((n, h), dtype=np.float32))
+    torch.manual_seed(0)
+    ours = sgt.SplitLanguageModellingHead(sizes, list(sizes), h)
+    ours.reset_parameters()
+    ref = torch.nn.ModuleDict({s: torch.nn.Linear(h, k, bias=False) for s, k in sizes.items()})
+    ref.load_state_dict({k.removeprefix("lm_head."): v for k, v in ours.state_dict().items()})
+
+    def ref_loss(x):
+        w = torch.cat([ref[s].weight for s in sizes])
+        return F.cross_entropy(x @ w.T, labels, ignore_index=-100, reduction="sum")
+
+    def make(loss_fn, params):
+        opt = torch.optim.Adam(params, lr=LR)
+        x = hidden0.clone().requires_grad_(True)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            x.grad = None
+            loss_fn(x).backward()
+            opt.step()
+
+        return step
+
+    def check():
+        x1 = hidden0.clone().requires_grad_(True)
+        x2 = hidden0.clone().requires_grad_(True)
+        a = ours.forward_sum(x1, labels)
+        b = ref_loss(x2)
+        a.backward()
+        b.backward()
+        la, lb = float(a.detach()), float(b.detach())
+        out = {"loss (relative)": abs(la - lb) / abs(lb), "grad hidden": maxdiff(x1.grad, x2.grad)}
+        for s in sizes:
+            out[f"grad {s}"] = maxdiff(ours.lm_head[s].weight.grad, ref[s].weight.grad)
+        per_token = ours(hidden0, labels).cross_entropy
+        x3 = hidden0.clone()
+        w = torch.cat([ref[s].weight for s in sizes])
+        want = F.cross_entropy(x3 @ w.T, labels, ignore_index=-100, reduction="none")
+        out["per-token loss"] = maxdiff(per_token.detach(), want.detach())
+        ours.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        return out
+
+    return [
+        ("torch: concatenated weights, full logits, F.cross_entropy, Adam", make(ref_loss, list(ref.parameters()))),
+        ("splitgrad.torch forward_sum, Adam", make(lambda x: ours.forward_sum(x, labels), list(ours.parameters()))),
+        (
+            "splitgrad.torch forward(...).cross_entropy.sum(), Adam",
+            make(lambda x: ours(x, labels).cross_entropy.sum(), list(ours.parameters())),
+        ),
+    ], check
+
+
+WORKLOADS = {"embed_prompt": embed_prompt, "embed_full": embed_full, "splitvocab": splitvocab, "lmhead": lmhead}
+
+
+def timed(step, k):
+    out = []
+    for _ in range(k):
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main():
+    report = {
+        "threads": ARGS.threads,
+        "scale": ARGS.scale,
+        "heap_kept": ARGS.heap_kept,
+        "torch": torch.__version__,
+        "workloads": {},
+    }
+    for name in ARGS.workloads.split(","):
+        sides, check = WORKLOADS[name]()
+        diffs = check()
+        steps = ARGS.steps if name != "lmhead" else max(1, min(ARGS.steps, 3))
+        times = {s: [] for s, _ in sides}
+        for _, step in sides:
+            step()  # warm-up: optimiser state, buffers
+        for _ in range(ARGS.rounds):
+            for s, step in sides:
+                times[s] += timed(step, steps)
+        med = {s: statistics.median(t) for s, t in times.items()}
+        base = sides[0][0]
+        report["workloads"][name] = {
+            "max_abs_difference": diffs,
+            "median_s": med,
+            "min_s": {s: min(t) for s, t in times.items()},
+            "speedup_vs_first": {s: med[base] / m for s, m in med.items()},
+            "steps_per_side": len(times[base]),
+        }
+        if not ARGS.json:
+            print(f"\n== {name} ({len(times[base])} steps per side, {ARGS.rounds} alternating rounds)")
+            print("   differences: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+            for s in med:
+                print(f"   {med[s] * 1e3:9.2f} ms  (min {min(times[s]) * 1e3:8.2f})  {med[base] / med[s]:6.1f}x  {s}")
+            sys.stdout.flush()
+        del sides, check
+    if ARGS.json:
+        print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""splitgrad for Python.
+
+The three layers of splitgrad over numpy arrays, their optimisers, checkpoints
+and golden vectors (this module), and PyTorch drop-ins for d9d's
+``SplitTokenEmbeddings`` / ``SplitLanguageModellingHead`` and the reference
+``SplitVocabulary`` (``splitgrad.torch``, importable when torch is installed).
+
+Errors of the Rust library are raised as ``ValueError`` (bad ids, shapes,
+dtypes, configurations), ``OSError`` (files that cannot be read or written)
+or ``FloatingPointError`` (a diverged training run), with the library's
+one-line message.
+"""
+
+from ._splitgrad import (
+    Gradients,
+    Optimizer,
+    SplitLanguageModellingHead,
+    SplitTokenEmbeddings,
+    SplitVocabulary,
+    load_checkpoint,
+    num_threads,
+    save_checkpoint,
+    set_num_threads,
+)
+from . import golden
+
+__all__ = [
+    "Adam",
+    "Gradients",
+    "LazyAdam",
+    "Optimizer",
+    "SGD",
+    "SplitLanguageModellingHead",
+    "SplitTokenEmbeddings",
+    "SplitVocabulary",
+    "golden",
+    "load_checkpoint",
+    "num_threads",
+    "save_checkpoint",
+    "set_num_threads",
+]
+
+__version__ = "0.1.0"
+
+
+def Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False, dtype="float32"):
+    """``torch.optim.Adam`` (``AdamW`` with ``decoupled_weight_decay=True``)."""
+    return Optimizer.adam(lr, tuple(betas), eps, weight_decay, decoupled_weight_decay, dtype)
+
+
+def LazyAdam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, dtype="float32"):
+    """``torch.optim.SparseAdam``: only the rows present in a gradient move."""
+    return Optimizer.lazy_adam(lr, tuple(betas), eps, dtype)
+
+
+def SGD(lr=1e-3, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, dtype="float32"):
+    """``torch.optim.SGD``."""
+    return Optimizer.sgd(lr, momentum, dampening, nesterov, weight_decay, dtype)

@@ -1,0 +1,505 @@
+"""PyTorch drop-ins whose forward and backward run splitgrad's kernels.
+
+- ``SplitTokenEmbeddings(split_vocab_size, split_order, hidden_size)`` and
+  ``SplitLanguageModellingHead(split_vocab_size, split_order, hidden_size)``:
+  d9d's constructors, parameter names (``token_embedding.<split>.weight``,
+  ``lm_head.<split>.weight``, one ``nn.Embedding`` / bias-free ``nn.Linear``
+  per split), ``reset_parameters`` (torch's initialisers, so a seeded run
+  draws what d9d draws), freezing by ``requires_grad_(False)`` and
+  ``state_dict`` compatibility.
+- ``SplitVocabulary(index_path, vocab_size, dim, n_languages, gate_init)``:
+  the reference module's constructor, parameters (``rows``, ``gate_logit``)
+  and methods (``seed_from``, ``gate``, ``penalty``, ``fusion_penalty``,
+  ``forward(token_ids, lang_per_token, shared, use_gate)``).
+
+Each parameter is a torch tensor over the kernels' own buffer (no copy): a
+torch optimiser, ``load_state_dict`` or ``DistributedDataParallel``'s
+broadcast write into it in place and the kernels see the change. The
+embedding tables' gradients reach torch as sparse coalesced COO tensors (one
+row per distinct id), so ``torch.optim.SparseAdam`` applies; with
+``fused_adam={"lr": ...}`` a row-sparse Adam (SparseAdam's update) moves the
+rows inside the backward instead, and torch sees no gradient for them.
+
+Differences from d9d, by design (docs/spec.md §2.1): an id outside the
+vocabulary raises ``ValueError`` (d9d returns a zero vector), a sized split
+missing from ``split_order`` is an error, and a token sends gradient only to
+the split that owns it. Tensors must be on the CPU.
+
+Importing this module needs torch; torch is not a dependency of splitgrad.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+try:
+    import torch
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - exercised where torch is absent
+    raise ImportError(
+        "splitgrad.torch needs PyTorch (pip install torch); torch is not a dependency of splitgrad"
+    ) from exc
+
+from . import _splitgrad as _sg
+
+__all__ = [
+    "SequenceCausalLMOutput",
+    "SplitLanguageModellingHead",
+    "SplitTokenEmbeddings",
+    "SplitVocabulary",
+]
+
+LM_IGNORE_INDEX = -100
+
+
+@dataclasses.dataclass
+class SequenceCausalLMOutput:
+    """What d9d's head returns: the per-token cross-entropy, 0 where ignored."""
+
+    cross_entropy: torch.Tensor
+
+
+def _np_dtype(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return "float32"
+    if dtype == torch.float64:
+        return "float64"
+    raise TypeError(f"splitgrad.torch layers are float32 or float64, not {dtype}")
+
+
+def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} is on {t.device}; splitgrad's kernels run on the CPU")
+    return t
+
+
+def _ids(t, what: str) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        _cpu(t, what)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected an integer dtype")
+        return t.detach().numpy()
+    return np.asarray(t)
+
+
+def _real(t: torch.Tensor, what: str) -> np.ndarray:
+    _cpu(t, what)
+    return t.detach().contiguous().numpy()
+
+
+def _shared(core, name: str) -> nn.Parameter:
+    return nn.Parameter(torch.from_numpy(core.parameter(name)))
+
+
+class _Bound:
+    """Keeps torch parameters on the kernels' buffers and their trainable flags in step."""
+
+    def _bind(self, pairs):
+        # pairs: [(torch module holding `.weight` or the module itself, attribute, kernel name)]
+        self._pairs = list(pairs)
+        self._ptrs = {n: self._param(o, a).data_ptr() for o, a, n in self._pairs}
+
+    @staticmethod
+    def _param(owner, attr) -> nn.Parameter:
+        return getattr(owner, attr)
+
+    def _sync(self):
+        for owner, attr, name in self._pairs:
+            p = self._param(owner, attr)
+            if p.data_ptr() != self._ptrs[name]:
+                self._rebind(p, name)
+            self._core.set_parameter_trainable(name, bool(p.requires_grad))
+
+    def _rebind(self, p: torch.Tensor, name: str):
+        buf = torch.from_numpy(self._core.parameter(name))
+        if p.dtype != buf.dtype or p.shape != buf.shape or p.device.type != "cpu":
+            raise TypeError(
+                f"parameter `{name}` is now {p.dtype} {tuple(p.shape)} on {p.device}; "
+                f"this layer computes in {buf.dtype} {tuple(buf.shape)} on the CPU "
+                "(build it with dtype=... instead of converting it)"
+            )
+        with torch.no_grad():
+            buf.copy_(p)
+        p.data = buf
+        self._ptrs[name] = buf.data_ptr()
+
+
+def _sparse(grads, name: str, shape) -> torch.Tensor:
+    """A row-sparse gradient as a coalesced sparse COO tensor (no copy of the values)."""
+    return torch.sparse_coo_tensor(
+        torch.from_numpy(grads.rows(name)).unsqueeze(0),
+        torch.from_numpy(grads.values(name)),
+        tuple(shape),
+        is_coalesced=True,
+        check_invariants=False,
+    )
+
+
+def _dense(grads, name: str, shape, dtype) -> torch.Tensor:
+    if name in grads:
+        if grads.is_sparse(name):
+            return torch.from_numpy(grads.dense(name))
+        return torch.from_numpy(grads.values(name))
+    return torch.zeros(tuple(shape), dtype=dtype)
+
+
+# --- SplitTokenEmbeddings -------------------------------------------------
+
+
+class _EmbeddingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, input_ids, *weights):
+        ids = _ids(input_ids, "input_ids")
+        out = module._core.forward(ids)
+        ctx.module = module
+        ctx.ids = ids
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        m = ctx.module
+        grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
+        if m._fused is not None:
+            m._fused.step(m._core, grads)
+            return (None, None) + (None,) * len(m._names)
+        out = []
+        for need, name, shape in zip(ctx.needs_input_grad[2:], m._names, m._shapes):
+            if not need:
+                out.append(None)
+            elif name in grads:
+                out.append(_sparse(grads, name, shape))
+            else:  # a trainable split the batch did not reach: an empty gradient
+                rows = torch.zeros((1, 0), dtype=torch.int64)
+                values = torch.zeros((0, shape[1]), dtype=grad_output.dtype)
+                out.append(
+                    torch.sparse_coo_tensor(rows, values, tuple(shape), is_coalesced=True, check_invariants=False)
+                )
+        return (None, None, *out)
+
+
+class SplitTokenEmbeddings(nn.Module, _Bound):
+    """d9d's ``SplitTokenEmbeddings`` on splitgrad's kernels.
+
+    ``fused_adam``: ``None`` (gradients go to torch, sparse), or a dict of
+    ``lr``, ``betas``, ``eps`` for a row-sparse Adam applied inside the
+    backward (SparseAdam's update; its state is ``fused_optimizer_state()``).
+    """
+
+    def __init__(self, split_vocab_size, split_order, hidden_size: int, *, dtype=None, fused_adam=None):
+        super().__init__()
+        dtype = dtype or torch.get_default_dtype()
+        sizes = dict(split_vocab_size)
+        self._core = _sg.SplitTokenEmbeddings(sizes, list(split_order), int(hidden_size), dtype=_np_dtype(dtype))
+        self.token_embedding = nn.ModuleDict()
+        for name, size in sizes.items():
+            w = torch.from_numpy(self._core.parameter(f"token_embedding.{name}.weight"))
+            # sparse=True tells DistributedDataParallel that the gradient is sparse
+            self.token_embedding[name] = nn.Embedding(size, hidden_size, _weight=w, sparse=True)
+        self._split_order = list(split_order)
+        self._names = [f"token_embedding.{s}.weight" for s in self._split_order]
+        self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
+        self._bind([(self.token_embedding[s], "weight", f"token_embedding.{s}.weight") for s in self._split_order])
+        self._fused = None
+        if fused_adam is not None:
+            cfg = dict(fused_adam)
+            self._fused = _sg.Optimizer.lazy_adam(
+                cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8), _np_dtype(dtype)
+            )
+            if cfg:
+                raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
+
+    def reset_parameters(self):
+        for e in self.token_embedding.values():
+            e.reset_parameters()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self._sync()
+        weights = [self.token_embedding[s].weight for s in self._split_order]
+        return _EmbeddingFunction.apply(self, input_ids, *weights)
+
+    def fused_optimizer_state(self):
+        """The fused Adam's state by parameter name (``exp_avg``, ``exp_avg_sq``, ``step``)."""
+        return None if self._fused is None else self._fused.state_dict()
+
+    def load_fused_optimizer_state(self, state):
+        self._fused.load_state_dict(state, self._core)
+
+
+# --- SplitLanguageModellingHead ----------------------------------------------
+
+
+class _HeadFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, hidden, labels, *weights):
+        h = _real(hidden, "hidden_states")
+        lab = _ids(labels, "labels")
+        loss = module._core.forward(h, lab)
+        ctx.module, ctx.h, ctx.labels = module, h, lab
+        return torch.from_numpy(loss)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        m, h, lab = ctx.module, ctx.h, ctx.labels
+        g = _real(grad_loss, "grad_loss")
+        want_h = ctx.needs_input_grad[1]
+        active = g[lab != LM_IGNORE_INDEX]
+        scale = float(active.flat[0]) if active.size else 0.0
+        if active.size == 0 or (active == active.flat[0]).all():
+            # sum or mean of the losses: the summed kernel (6·N·V·H flops), scaled
+            _, gh, grads = m._core.forward_sum_backward(h, lab, hidden_grad=want_h)
+        else:
+            gh, grads = m._core.backward(h, lab, g, hidden_grad=want_h)
+            scale = 1.0
+        out_h = None
+        if want_h:
+            out_h = torch.from_numpy(gh)
+            if scale != 1.0:
+                out_h = out_h.mul(scale)
+        out = []
+        for need, name, shape in zip(ctx.needs_input_grad[3:], m._names, m._shapes):
+            if not need:
+                out.append(None)
+                continue
+            w = _dense(grads, name, shape, grad_loss.dtype)
+            out.append(w.mul(scale) if scale != 1.0 else w)
+        return (None, out_h, None, *out)
+
+
+class _HeadSumFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, hidden, labels, *weights):
+        h = _real(hidden, "hidden_states")
+        lab = _ids(labels, "labels")
+        loss, gh, grads = module._core.forward_sum_backward(h, lab, hidden_grad=ctx.needs_input_grad[1])
+        ctx.module, ctx.gh, ctx.grads = module, gh, grads
+        return torch.tensor(loss, dtype=hidden.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        m, c = ctx.module, float(grad)
+        out_h = None
+        if ctx.needs_input_grad[1]:
+            out_h = torch.from_numpy(ctx.gh)
+            out_h = out_h.mul(c) if c != 1.0 else out_h
+        out = []
+        for need, name, shape in zip(ctx.needs_input_grad[3:], m._names, m._shapes):
+            if not need:
+                out.append(None)
+                continue
+            w = _dense(ctx.grads, name, shape, grad.dtype)
+            out.append(w.mul(c) if c != 1.0 else w)
+        return (None, out_h, None, *out)
+
+
+def _linear(core, name: str, hidden: int, size: int) -> nn.Linear:
+    lin = nn.Linear(hidden, size, bias=False, device="meta")
+    lin.weight = _shared(core, name)
+    return lin
+
+
+class SplitLanguageModellingHead(nn.Module, _Bound):
+    """d9d's ``SplitLanguageModellingHead`` on splitgrad's fused kernels.
+
+    ``forward(hidden_states, shared)`` → ``SequenceCausalLMOutput`` with the
+    per-token ``cross_entropy`` (0 at label −100); ``shared`` is anything with
+    ``.labels`` (d9d's ``SequenceCausalLMHeadShared``) or the labels tensor.
+    The N × V logits are never formed. When the upstream gradient is the same
+    for every token (the loss is their sum or mean) the backward is the summed
+    kernel's; ``forward_sum`` computes that loss and its gradients in one pass.
+    """
+
+    def __init__(self, split_vocab_size, split_order, hidden_size: int, *, dtype=None):
+        super().__init__()
+        dtype = dtype or torch.get_default_dtype()
+        sizes = dict(split_vocab_size)
+        self._core = _sg.SplitLanguageModellingHead(sizes, list(split_order), int(hidden_size), dtype=_np_dtype(dtype))
+        self.lm_head = nn.ModuleDict(
+            {name: _linear(self._core, f"lm_head.{name}.weight", hidden_size, size) for name, size in sizes.items()}
+        )
+        self._split_order = list(split_order)
+        self._names = [f"lm_head.{s}.weight" for s in self._split_order]
+        self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
+        self._bind([(self.lm_head[s], "weight", f"lm_head.{s}.weight") for s in self._split_order])
+
+    def reset_parameters(self):
+        for head in self.lm_head.values():
+            head.reset_parameters()
+
+    def _weights(self):
+        self._sync()
+        return [self.lm_head[s].weight for s in self._split_order]
+
+    def forward(self, hidden_states: torch.Tensor, shared) -> SequenceCausalLMOutput:
+        labels = shared.labels if hasattr(shared, "labels") else shared
+        losses = _HeadFunction.apply(self, hidden_states, labels, *self._weights())
+        return SequenceCausalLMOutput(cross_entropy=losses)
+
+    def forward_sum(self, hidden_states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``Σ_n cross_entropy_n`` (a 0-d tensor) with its gradients formed in the same pass."""
+        return _HeadSumFunction.apply(self, hidden_states, labels, *self._weights())
+
+
+# --- SplitVocabulary ---------------------------------------------------------
+
+
+class _VocabularyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, use_gate, token_ids, lang, shared, rows, gate_logit):
+        t = _ids(token_ids, "token_ids")
+        l_ = _ids(lang, "lang_per_token")
+        s = _real(shared, "shared")
+        out = module._core.forward(t, l_, s, use_gate)
+        ctx.module, ctx.args, ctx.use_gate = module, (t, l_, s), use_gate
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        m = ctx.module
+        t, l_, s = ctx.args
+        g = _real(grad, "grad_output")
+        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
+        out_s = torch.from_numpy(gs) if ctx.needs_input_grad[4] else None
+        if m._fused is not None:
+            m._defer(grads=grads)
+            return (None, None, None, None, out_s, None, None)
+        rows = None
+        if ctx.needs_input_grad[5]:
+            name = "split_vocabulary.rows"
+            if name in grads and grads.is_sparse(name):
+                rows = _sparse(grads, name, (m.n_rows, m.dim))
+            else:
+                rows = _dense(grads, name, (m.n_rows, m.dim), grad.dtype)
+        gate = None
+        if ctx.needs_input_grad[6]:
+            gate = _dense(grads, "split_vocabulary.gate_logit", (m.n_rows,), grad.dtype)
+        return (None, None, None, None, out_s, rows, gate)
+
+
+class _PenaltyFunction(torch.autograd.Function):
+    """mean(σ(gate_logit)) in fused mode: its gradient joins the fused step."""
+
+    @staticmethod
+    def forward(ctx, module, gate_logit):
+        ctx.module = module
+        return torch.tensor(module._core.penalty(), dtype=gate_logit.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.module._defer(penalty=float(grad))
+        return None, None
+
+
+class _FusionPenaltyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, rows):
+        ctx.module = module
+        return torch.tensor(module._core.fusion_penalty(), dtype=rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        m, c = ctx.module, float(grad)
+        if m._fused is not None:
+            m._defer(fusion=c)
+            return None, None
+        grads = m._core.penalty_backward(0.0, c) if c != 0.0 else None
+        if grads is None or "split_vocabulary.rows" not in grads:
+            return None, torch.zeros((m.n_rows, m.dim), dtype=grad.dtype)
+        return None, torch.from_numpy(grads.values("split_vocabulary.rows"))
+
+
+class SplitVocabulary(nn.Module, _Bound):
+    """The reference ``SplitVocabulary`` on splitgrad's kernels: chosen (language,
+    token) pairs get a private row, mixed with the shared row by a sigmoid gate.
+
+    ``forward(token_ids, lang_per_token, shared, use_gate=True)``:
+    ``shared + σ(gate)·(row − shared)`` where a pair has a row (``row`` alone
+    with ``use_gate=False``), ``shared`` elsewhere. ``penalty()`` is the mean
+    gate, ``fusion_penalty()`` the mean distance of each row to its token's
+    centroid (one fused kernel). Gradients reach ``shared``, ``rows`` (sparse:
+    the rows the batch used) and ``gate_logit``.
+
+    ``fused_adam``: ``None``, or a dict of ``lr``, ``betas``, ``eps``: then one
+    optimiser step at the end of each backward pass moves the rows (lazy Adam,
+    SparseAdam's update) and the gate logits (Adam) from the sum of the
+    gradients of every forward, ``penalty`` and ``fusion_penalty`` of that
+    pass, and torch sees no gradient for them.
+    """
+
+    def __init__(
+        self, index_path, vocab_size: int, dim: int, n_languages: int, gate_init: float = 0.0, *, dtype=None,
+        fused_adam=None,
+    ):
+        super().__init__()
+        dtype = dtype or torch.get_default_dtype()
+        self._core = _sg.SplitVocabulary.from_npz(
+            str(index_path), int(vocab_size), int(dim), int(n_languages), float(gate_init), _np_dtype(dtype)
+        )
+        self.n_rows = self._core.n_rows
+        self.dim = int(dim)
+        lang, tok = self._core.index()
+        self.register_buffer("row_language", torch.from_numpy(lang), persistent=False)
+        self.register_buffer("row_token", torch.from_numpy(tok), persistent=False)
+        self.rows = _shared(self._core, "split_vocabulary.rows")
+        self.gate_logit = _shared(self._core, "split_vocabulary.gate_logit")
+        self._initialised = False
+        self._bind([(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")])
+        self._fused = None
+        if fused_adam is not None:
+            cfg = dict(fused_adam)
+            lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
+            if cfg:
+                raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
+            name = _np_dtype(dtype)
+            self._fused = (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+        self._pending = None
+
+    def _defer(self, grads=None, penalty=0.0, fusion=0.0):
+        """Collects this backward pass's gradients; the step runs when it ends."""
+        if self._pending is None:
+            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0}
+            torch.autograd.Variable._execution_engine.queue_callback(self._fused_step)
+        if grads is not None:
+            self._pending["grads"].append(grads)
+        self._pending["penalty"] += penalty
+        self._pending["fusion"] += fusion
+
+    def _fused_step(self):
+        p, self._pending = self._pending, None
+        self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused)
+
+    def fused_optimizer_state(self):
+        """The fused optimisers' states: (rows, gate_logit)."""
+        return None if self._fused is None else tuple(o.state_dict() for o in self._fused)
+
+    @torch.no_grad()
+    def seed_from(self, table: torch.Tensor) -> None:
+        """Copy each split row from the shared row it specialises."""
+        self._sync()
+        self._core.seed_from(_real(table, "table"))
+        self._initialised = True
+
+    def gate(self) -> torch.Tensor:
+        return torch.sigmoid(self.gate_logit)
+
+    def penalty(self) -> torch.Tensor:
+        """Mean gate opening: an L1 that pushes unused rows back to shared."""
+        if self._fused is not None:
+            self._sync()
+            return _PenaltyFunction.apply(self, self.gate_logit)
+        return self.gate().mean()
+
+    def fusion_penalty(self) -> torch.Tensor:
+        """Mean distance of each row to the centroid of its token's rows."""
+        self._sync()
+        return _FusionPenaltyFunction.apply(self, self.rows)
+
+    def forward(self, token_ids, lang_per_token, shared: torch.Tensor, use_gate: bool = True) -> torch.Tensor:
+        self._sync()
+        return _VocabularyFunction.apply(
+            self, bool(use_gate), token_ids, lang_per_token, shared, self.rows, self.gate_logit
+        )
+
+    def extra_repr(self) -> str:
+        return f"rows={self.n_rows}"

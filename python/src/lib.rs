@@ -1,0 +1,54 @@
+//! splitgrad for Python: the three layers, their optimisers, checkpoints
+//! and golden vectors over numpy arrays (module `splitgrad._splitgrad`;
+//! the package `splitgrad` re-exports it and adds `splitgrad.torch`).
+
+mod convert;
+mod layers;
+mod optim;
+
+use pyo3::prelude::*;
+
+pub(crate) use layers::state_to_py as layers_state_to_py;
+
+/// Sizes rayon's global pool (the kernels' threads); only before the first
+/// parallel call of the process. The matrix products of the head read
+/// `MATMUL_NUM_THREADS` once.
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    if n == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "threads must be at least 1",
+        ));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "cannot size the thread pool now ({e}); call set_num_threads before the first computation"
+            ))
+        })
+}
+
+/// The number of threads of rayon's global pool.
+#[pyfunction]
+fn num_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+#[pymodule]
+fn _splitgrad(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<layers::PyEmbeddings>()?;
+    m.add_class::<layers::PyHead>()?;
+    m.add_class::<layers::PyVocabulary>()?;
+    m.add_class::<layers::PyGradients>()?;
+    m.add_class::<optim::PyOptimizer>()?;
+    m.add_function(wrap_pyfunction!(optim::save_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::load_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::golden_evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::golden_generate, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::golden_evaluate_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    Ok(())
+}

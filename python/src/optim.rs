@@ -1,0 +1,701 @@
+//! Optimisers, checkpoints and golden vectors.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyAny, PyBytes, PyDict};
+use splitgrad::Rng;
+use splitgrad::app::golden::{self, Layer};
+use splitgrad::checkpoint::{load_state, save_state};
+use splitgrad::io::RealDtype;
+use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, Sgd, SgdConfig};
+use splitgrad::state::{Module, StateDict, TensorRef};
+
+use crate::convert::{Dtype, OrRaise};
+use crate::layers::{
+    Dt, Entry, PoolOf, PyEmbeddings, PyGradients, PyHead, PyVocabulary, Source, state_from_py,
+    vocab_penalty_backward,
+};
+use splitgrad::layers::SplitVocabulary;
+use splitgrad::param::Grad;
+
+/// A layer borrowed mutably from Python (a numpy-level layer, or a
+/// `splitgrad.torch` module through its `_core`).
+pub enum ModRef<'py> {
+    E(PyRefMut<'py, PyEmbeddings>),
+    H(PyRefMut<'py, PyHead>),
+    V(PyRefMut<'py, PyVocabulary>),
+}
+
+impl ModRef<'_> {
+    fn dtype(&self) -> Dtype {
+        let f32 = match self {
+            ModRef::E(r) => matches!(r.inner, Dt::F32(_)),
+            ModRef::H(r) => matches!(r.inner, Dt::F32(_)),
+            ModRef::V(r) => matches!(r.inner, Dt::F32(_)),
+        };
+        if f32 { Dtype::F32 } else { Dtype::F64 }
+    }
+}
+
+/// The f32 or f64 module of a [`ModRef`].
+pub trait ModuleOf<T: splitgrad::Real> {
+    fn module(&mut self) -> Option<&mut dyn Module<T>>;
+}
+
+macro_rules! module_of {
+    ($t:ty, $v:ident) => {
+        impl ModuleOf<$t> for ModRef<'_> {
+            fn module(&mut self) -> Option<&mut dyn Module<$t>> {
+                match self {
+                    ModRef::E(r) => match &mut r.inner {
+                        Dt::$v(l) => Some(l),
+                        _ => None,
+                    },
+                    ModRef::H(r) => match &mut r.inner {
+                        Dt::$v(l) => Some(l),
+                        _ => None,
+                    },
+                    ModRef::V(r) => match &mut r.inner {
+                        Dt::$v(l) => Some(l),
+                        _ => None,
+                    },
+                }
+            }
+        }
+    };
+}
+module_of!(f32, F32);
+module_of!(f64, F64);
+
+fn one_module<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<ModRef<'py>>> {
+    let obj = if obj.hasattr("_core")? {
+        obj.getattr("_core")?
+    } else {
+        obj.clone()
+    };
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyEmbeddings>>() {
+        return Ok(Some(ModRef::E(r)));
+    }
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyHead>>() {
+        return Ok(Some(ModRef::H(r)));
+    }
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyVocabulary>>() {
+        return Ok(Some(ModRef::V(r)));
+    }
+    Ok(None)
+}
+
+/// One layer, or a list or tuple of layers.
+pub fn modules_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<ModRef<'py>>> {
+    if let Some(m) = one_module(obj)? {
+        return Ok(vec![m]);
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter().map_err(|_| not_a_layer(obj))? {
+        let item = item?;
+        match one_module(&item)? {
+            Some(m) => out.push(m),
+            None => return Err(not_a_layer(&item)),
+        }
+    }
+    Ok(out)
+}
+
+fn not_a_layer(obj: &Bound<'_, PyAny>) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!(
+        "expected a splitgrad layer (SplitTokenEmbeddings, SplitLanguageModellingHead, SplitVocabulary) or a list of them, got {ty}"
+    ))
+}
+
+fn typed<'a, T: splitgrad::Real>(
+    mods: &'a mut [ModRef<'_>],
+    dt: Dtype,
+) -> PyResult<Vec<&'a mut dyn Module<T>>>
+where
+    for<'x> ModRef<'x>: ModuleOf<T>,
+{
+    let mut out = Vec::new();
+    for m in mods.iter_mut() {
+        let mdt = m.dtype();
+        match m.module() {
+            Some(x) => out.push(x),
+            None => {
+                return Err(PyValueError::new_err(format!(
+                    "a {} layer cannot be used with {} ones or a {} optimiser",
+                    mdt.name(),
+                    dt.name(),
+                    dt.name()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+type Boxed<T> = Box<dyn Optimizer<T> + Send + Sync>;
+
+/// An optimiser of the crate: `Optimizer.adam(...)`, `.lazy_adam(...)`,
+/// `.sgd(...)` (the package's `Adam`, `LazyAdam`, `SGD`).
+#[pyclass(module = "splitgrad._splitgrad", name = "Optimizer")]
+pub struct PyOptimizer {
+    inner: Dt<Boxed<f32>, Boxed<f64>>,
+    kind: &'static str,
+}
+
+impl PyOptimizer {
+    fn dtype(&self) -> Dtype {
+        match self.inner {
+            Dt::F32(_) => Dtype::F32,
+            Dt::F64(_) => Dtype::F64,
+        }
+    }
+
+    fn make<
+        F32: Optimizer<f32> + Send + Sync + 'static,
+        F64: Optimizer<f64> + Send + Sync + 'static,
+    >(
+        dtype: Option<&Bound<'_, PyAny>>,
+        kind: &'static str,
+        f32: impl FnOnce() -> splitgrad::Result<F32>,
+        f64: impl FnOnce() -> splitgrad::Result<F64>,
+    ) -> PyResult<Self> {
+        let dt = match dtype {
+            Some(d) => Dtype::parse(d)?,
+            None => Dtype::F32,
+        };
+        let inner = match dt {
+            Dtype::F32 => Dt::F32(Box::new(f32().or_raise()?) as Boxed<f32>),
+            Dtype::F64 => Dt::F64(Box::new(f64().or_raise()?) as Boxed<f64>),
+        };
+        Ok(PyOptimizer { inner, kind })
+    }
+}
+
+fn step_typed<T: splitgrad::Real>(
+    opt: &mut dyn Optimizer<T>,
+    mods: Vec<&mut dyn Module<T>>,
+    entries: Vec<&Entry<T>>,
+) -> PyResult<()> {
+    let src = Source(entries);
+    for m in mods {
+        opt.step(m.parameters_mut(), &src).or_raise()?;
+    }
+    Ok(())
+}
+
+fn grads_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<PyRef<'py, PyGradients>>> {
+    if let Ok(g) = obj.extract::<PyRef<'py, PyGradients>>() {
+        return Ok(vec![g]);
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter()? {
+        out.push(item?.extract::<PyRef<'py, PyGradients>>()?);
+    }
+    Ok(out)
+}
+
+#[pymethods]
+impl PyOptimizer {
+    /// `torch.optim.Adam` (AdamW with `decoupled_weight_decay=True`).
+    #[staticmethod]
+    #[pyo3(signature = (lr = 1e-3, betas = (0.9, 0.999), eps = 1e-8, weight_decay = 0.0, decoupled_weight_decay = false, dtype = None))]
+    fn adam(
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        decoupled_weight_decay: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let cfg = AdamConfig {
+            lr,
+            beta1: betas.0,
+            beta2: betas.1,
+            eps,
+            weight_decay,
+            decoupled_weight_decay,
+        };
+        Self::make(
+            dtype,
+            "Adam",
+            || Adam::<f32>::new(cfg),
+            || Adam::<f64>::new(cfg),
+        )
+    }
+
+    /// `torch.optim.SparseAdam`: only the rows present in a gradient move.
+    #[staticmethod]
+    #[pyo3(signature = (lr = 1e-3, betas = (0.9, 0.999), eps = 1e-8, dtype = None))]
+    fn lazy_adam(
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let cfg = LazyAdamConfig {
+            lr,
+            beta1: betas.0,
+            beta2: betas.1,
+            eps,
+        };
+        Self::make(
+            dtype,
+            "LazyAdam",
+            || LazyAdam::<f32>::new(cfg),
+            || LazyAdam::<f64>::new(cfg),
+        )
+    }
+
+    /// `torch.optim.SGD`.
+    #[staticmethod]
+    #[pyo3(signature = (lr = 1e-3, momentum = 0.0, dampening = 0.0, nesterov = false, weight_decay = 0.0, dtype = None))]
+    fn sgd(
+        lr: f64,
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+        weight_decay: f64,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let cfg = SgdConfig {
+            lr,
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        };
+        Self::make(
+            dtype,
+            "SGD",
+            || Sgd::<f32>::new(cfg),
+            || Sgd::<f64>::new(cfg),
+        )
+    }
+
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    #[getter]
+    fn dtype_name(&self) -> &'static str {
+        self.dtype().name()
+    }
+
+    #[getter]
+    fn get_lr(&self) -> f64 {
+        crate::each!(&self.inner, o => o.learning_rate())
+    }
+
+    #[setter]
+    fn set_lr(&mut self, lr: f64) -> PyResult<()> {
+        crate::each!(&mut self.inner, o => o.set_learning_rate(lr).or_raise())
+    }
+
+    /// One update of every parameter of `modules` (a layer or a list) that
+    /// has a gradient in `grads` (a Gradients or a list of them).
+    fn step(&mut self, modules: &Bound<'_, PyAny>, grads: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut mods = modules_of(modules)?;
+        let grads = grads_of(grads)?;
+        let dt = self.dtype();
+        match &mut self.inner {
+            Dt::F32(o) => {
+                let mut entries = Vec::new();
+                for g in &grads {
+                    match &g.inner {
+                        Dt::F32(v) => entries.extend(v.iter()),
+                        Dt::F64(_) => {
+                            return Err(PyValueError::new_err(
+                                "float64 gradients for a float32 optimiser",
+                            ));
+                        }
+                    }
+                }
+                let ms = typed::<f32>(&mut mods, dt)?;
+                step_typed(o.as_mut(), ms, entries)
+            }
+            Dt::F64(o) => {
+                let mut entries = Vec::new();
+                for g in &grads {
+                    match &g.inner {
+                        Dt::F64(v) => entries.extend(v.iter()),
+                        Dt::F32(_) => {
+                            return Err(PyValueError::new_err(
+                                "float32 gradients for a float64 optimiser",
+                            ));
+                        }
+                    }
+                }
+                let ms = typed::<f64>(&mut mods, dt)?;
+                step_typed(o.as_mut(), ms, entries)
+            }
+        }
+    }
+
+    /// The state by name (`<param>.exp_avg`, `.exp_avg_sq`, `.step`, …), copied.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let sd = crate::each!(&self.inner, o => o.state_dict());
+        crate::layers_state_to_py(py, sd)
+    }
+
+    /// Replaces the state with one from `state_dict`, checked against the
+    /// parameters of `modules`; on an error the state is left as it was.
+    fn load_state_dict(
+        &mut self,
+        state: &Bound<'_, PyAny>,
+        modules: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let sd = state_from_py(state)?;
+        let mut mods = modules_of(modules)?;
+        let dt = self.dtype();
+        match &mut self.inner {
+            Dt::F32(o) => {
+                let ms = typed::<f32>(&mut mods, dt)?;
+                let ps: Vec<_> = ms.iter().flat_map(|m| m.parameters()).collect();
+                o.load_state_dict(&sd, &ps).or_raise()
+            }
+            Dt::F64(o) => {
+                let ms = typed::<f64>(&mut mods, dt)?;
+                let ps: Vec<_> = ms.iter().flat_map(|m| m.parameters()).collect();
+                o.load_state_dict(&sd, &ps).or_raise()
+            }
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "{}(lr={}, dtype={})",
+            self.kind,
+            self.get_lr(),
+            self.dtype().name()
+        )
+    }
+}
+
+fn metadata_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    if let Some(d) = obj {
+        for item in d.call_method0("items")?.try_iter()? {
+            let (k, v): (String, Bound<'_, PyAny>) = item?.extract()?;
+            out.insert(k, v.str()?.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the state of `modules`, of `optimizer` (under `optimizer.`),
+/// the `extra` arrays and string `metadata` to one safetensors file,
+/// atomically.
+#[pyfunction]
+#[pyo3(signature = (path, modules, optimizer = None, metadata = None, extra = None))]
+pub fn save_checkpoint(
+    path: PathBuf,
+    modules: &Bound<'_, PyAny>,
+    optimizer: Option<PyRef<'_, PyOptimizer>>,
+    metadata: Option<&Bound<'_, PyAny>>,
+    extra: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let mut mods = modules_of(modules)?;
+    let meta = metadata_of(metadata)?;
+    let extra_sd = match extra {
+        Some(e) => state_from_py(e)?,
+        None => StateDict::new(),
+    };
+    let extra_refs: Vec<(String, TensorRef<'_>)> = extra_sd
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.view()))
+        .collect();
+    let dt = match (&optimizer, mods.first()) {
+        (Some(o), _) => o.dtype(),
+        (None, Some(m)) => m.dtype(),
+        (None, None) => Dtype::F32,
+    };
+    match dt {
+        Dtype::F32 => {
+            let ms = typed::<f32>(&mut mods, dt)?;
+            let refs: Vec<&dyn Module<f32>> = ms.iter().map(|m| &**m as &dyn Module<f32>).collect();
+            let opt = match &optimizer {
+                Some(o) => match &o.inner {
+                    Dt::F32(b) => Some(b.as_ref() as &dyn Optimizer<f32>),
+                    Dt::F64(_) => unreachable!("dtype checked"),
+                },
+                None => None,
+            };
+            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
+        }
+        Dtype::F64 => {
+            let ms = typed::<f64>(&mut mods, dt)?;
+            let refs: Vec<&dyn Module<f64>> = ms.iter().map(|m| &**m as &dyn Module<f64>).collect();
+            let opt = match &optimizer {
+                Some(o) => match &o.inner {
+                    Dt::F64(b) => Some(b.as_ref() as &dyn Optimizer<f64>),
+                    Dt::F32(_) => unreachable!("dtype checked"),
+                },
+                None => None,
+            };
+            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
+        }
+    }
+}
+
+/// Loads `modules` and `optimizer` saved by `save_checkpoint`, checking
+/// every tensor before anything changes: `(metadata, other tensors)`.
+#[pyfunction]
+#[pyo3(signature = (path, modules, optimizer = None))]
+pub fn load_checkpoint<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    modules: &Bound<'py, PyAny>,
+    optimizer: Option<PyRefMut<'py, PyOptimizer>>,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let mut mods = modules_of(modules)?;
+    let mut optimizer = optimizer;
+    let dt = match (&optimizer, mods.first()) {
+        (Some(o), _) => o.dtype(),
+        (None, Some(m)) => m.dtype(),
+        (None, None) => Dtype::F32,
+    };
+    let (meta, rest) = match dt {
+        Dtype::F32 => {
+            let mut ms = typed::<f32>(&mut mods, dt)?;
+            let opt = match optimizer.as_deref_mut() {
+                Some(PyOptimizer {
+                    inner: Dt::F32(b), ..
+                }) => Some(b.as_mut() as &mut dyn Optimizer<f32>),
+                Some(_) => unreachable!("dtype checked"),
+                None => None,
+            };
+            load_state(&path, &mut ms, opt).or_raise()?
+        }
+        Dtype::F64 => {
+            let mut ms = typed::<f64>(&mut mods, dt)?;
+            let opt = match optimizer.as_deref_mut() {
+                Some(PyOptimizer {
+                    inner: Dt::F64(b), ..
+                }) => Some(b.as_mut() as &mut dyn Optimizer<f64>),
+                Some(_) => unreachable!("dtype checked"),
+                None => None,
+            };
+            load_state(&path, &mut ms, opt).or_raise()?
+        }
+    };
+    let m = PyDict::new(py);
+    for (k, v) in meta {
+        m.set_item(k, v)?;
+    }
+    Ok((m, crate::layers_state_to_py(py, rest)?))
+}
+
+fn layer_of(name: &str) -> PyResult<Layer> {
+    name.parse::<Layer>().or_raise()
+}
+
+/// Evaluates one golden case (the bytes of its `.npz`) and returns the
+/// results as `.npz` bytes; `label` names the case in errors.
+#[pyfunction]
+#[pyo3(signature = (layer, case, label = "case.npz"))]
+pub fn golden_evaluate<'py>(
+    py: Python<'py>,
+    layer: &str,
+    case: Vec<u8>,
+    label: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let layer = layer_of(layer)?;
+    let out = py
+        .detach(|| golden::evaluate_bytes(layer, label, case))
+        .or_raise()?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// A random golden case of `layer` (inputs and results) as `.npz` bytes.
+#[pyfunction]
+#[pyo3(signature = (layer, seed, dtype = None))]
+pub fn golden_generate<'py>(
+    py: Python<'py>,
+    layer: &str,
+    seed: u64,
+    dtype: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let layer = layer_of(layer)?;
+    let dt = match dtype {
+        Some(d) => Dtype::parse(d)?,
+        None => Dtype::F64,
+    };
+    let dt = match dt {
+        Dtype::F32 => RealDtype::F32,
+        Dtype::F64 => RealDtype::F64,
+    };
+    let out = golden::generate_case(layer, &mut Rng::new(seed), dt);
+    Ok(PyBytes::new(py, &out))
+}
+
+/// `splitgrad golden eval`: every case under `inputs` evaluated into
+/// `out`; returns `{"ok": [names], "failed": [(name, message)]}`.
+#[pyfunction]
+pub fn golden_evaluate_dir<'py>(
+    py: Python<'py>,
+    inputs: PathBuf,
+    out: PathBuf,
+) -> PyResult<Bound<'py, PyDict>> {
+    let summary = py
+        .detach(|| golden::evaluate_dir(&inputs, &out))
+        .or_raise()?;
+    let d = PyDict::new(py);
+    let ok: Vec<String> = summary
+        .ok
+        .iter()
+        .map(|c| format!("{}/{}", c.layer.name(), c.name))
+        .collect();
+    let failed: Vec<(String, String)> = summary
+        .failed
+        .iter()
+        .map(|c| {
+            (
+                format!("{}/{}", c.layer.name(), c.name),
+                c.error.to_string(),
+            )
+        })
+        .collect();
+    d.set_item("ok", ok)?;
+    d.set_item("failed", failed)?;
+    Ok(d)
+}
+
+/// Adds `b` into `a` (same parameter).
+fn add_grad<T: splitgrad::Real>(a: &mut Grad<T>, b: &Grad<T>) {
+    match (&mut *a, b) {
+        (Grad::Dense(d), Grad::Dense(e)) => *d += e,
+        (Grad::Dense(d), Grad::RowSparse(s)) => s.add_to(
+            d.view_mut()
+                .into_dimensionality::<ndarray::Ix2>()
+                .expect("a row-sparse gradient belongs to a 2-D parameter"),
+        ),
+        (Grad::RowSparse(_), _) => {
+            let mut d = a.to_dense();
+            match b {
+                Grad::Dense(e) => d += e,
+                Grad::RowSparse(s) => s.add_to(
+                    d.view_mut()
+                        .into_dimensionality::<ndarray::Ix2>()
+                        .expect("2-D"),
+                ),
+            }
+            *a = Grad::Dense(d);
+        }
+    }
+}
+
+fn vocab_fused_step<T: crate::convert::PyReal>(
+    py: Python<'_>,
+    sv: &mut SplitVocabulary<T>,
+    pool: &splitgrad::kernels::pool::Pool<T>,
+    pieces: Vec<&[Entry<T>]>,
+    weights: (f64, f64),
+    rows_opt: &mut dyn Optimizer<T>,
+    gate_opt: &mut dyn Optimizer<T>,
+) -> PyResult<()> {
+    // The penalties' gradients, owned: the forward passes' are added into them.
+    let mut own = vocab_penalty_backward(py, sv, pool, weights.0, weights.1)?;
+    let mut borrowed: Vec<&Entry<T>> = Vec::new();
+    for piece in pieces {
+        for e in piece {
+            if let Some(o) = own.iter_mut().find(|o| o.name == e.name) {
+                add_grad(&mut o.grad, &e.grad);
+            } else if let Some(pos) = borrowed.iter().position(|b| b.name == e.name) {
+                let mut g = borrowed[pos].grad.clone();
+                add_grad(&mut g, &e.grad);
+                own.push(Entry {
+                    name: e.name.clone(),
+                    id: e.id,
+                    grad: g,
+                });
+                borrowed.remove(pos);
+            } else {
+                borrowed.push(e);
+            }
+        }
+    }
+    let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
+    let rows = [sv.rows_mut()];
+    rows_opt.step(rows.into_iter().collect(), &src).or_raise()?;
+    gate_opt.step(vec![sv.gate_logit_mut()], &src).or_raise()
+}
+
+#[pymethods]
+impl PyVocabulary {
+    /// One optimiser step of the rows (`rows_optimizer`) and the gate
+    /// logits (`gate_optimizer`) from the gradients of the forward passes
+    /// (`grads`, a list of Gradients) plus those of
+    /// `penalty_weight·penalty + fusion_weight·fusion_penalty`, summed.
+    #[pyo3(signature = (grads, penalty_weight, fusion_weight, rows_optimizer, gate_optimizer))]
+    fn fused_step(
+        &mut self,
+        py: Python<'_>,
+        grads: Vec<PyRef<'_, PyGradients>>,
+        penalty_weight: f64,
+        fusion_weight: f64,
+        mut rows_optimizer: PyRefMut<'_, PyOptimizer>,
+        mut gate_optimizer: PyRefMut<'_, PyOptimizer>,
+    ) -> PyResult<()> {
+        let w = (penalty_weight, fusion_weight);
+        let PyVocabulary { inner, pools } = self;
+        let (ro, go) = (&mut rows_optimizer.inner, &mut gate_optimizer.inner);
+        match (inner, ro, go) {
+            (Dt::F32(sv), Dt::F32(r), Dt::F32(g)) => {
+                let mut pieces = Vec::new();
+                for x in &grads {
+                    match &x.inner {
+                        Dt::F32(v) => pieces.push(v.as_slice()),
+                        Dt::F64(_) => {
+                            return Err(PyValueError::new_err(
+                                "float64 gradients for a float32 layer",
+                            ));
+                        }
+                    }
+                }
+                vocab_fused_step(
+                    py,
+                    sv,
+                    PoolOf::<f32>::of(pools),
+                    pieces,
+                    w,
+                    r.as_mut(),
+                    g.as_mut(),
+                )
+            }
+            (Dt::F64(sv), Dt::F64(r), Dt::F64(g)) => {
+                let mut pieces = Vec::new();
+                for x in &grads {
+                    match &x.inner {
+                        Dt::F64(v) => pieces.push(v.as_slice()),
+                        Dt::F32(_) => {
+                            return Err(PyValueError::new_err(
+                                "float32 gradients for a float64 layer",
+                            ));
+                        }
+                    }
+                }
+                vocab_fused_step(
+                    py,
+                    sv,
+                    PoolOf::<f64>::of(pools),
+                    pieces,
+                    w,
+                    r.as_mut(),
+                    g.as_mut(),
+                )
+            }
+            _ => Err(PyValueError::new_err(
+                "the layer and both optimisers must have one dtype",
+            )),
+        }
+    }
+}

@@ -1,0 +1,107 @@
+"""Two processes under torch.distributed (gloo, one machine) with
+DistributedDataParallel train the same weights as one process on the combined
+batch: embeddings (sparse gradients), split vocabulary and head."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the DDP test needs it")
+dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+V, D, L, N, STEPS = 40, 8, 3, 32, 3
+
+
+class Model(torch.nn.Module):
+    def __init__(self, index_path):
+        super().__init__()
+        from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
+
+        self.emb = SplitTokenEmbeddings({"orig": V - 4, "new": 4}, ["orig", "new"], D)
+        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5)
+        self.head = SplitLanguageModellingHead({"orig": V - 4, "new": 4}, ["orig", "new"], D)
+
+    def forward(self, tokens, langs, labels):
+        shared = self.emb(tokens)
+        x = self.sv(tokens, langs, shared)
+        ce = self.head(x, labels).cross_entropy.sum()
+        return ce + 0.1 * self.sv.fusion_penalty() + 0.1 * self.sv.penalty()
+
+
+def batches():
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(STEPS):
+        out.append(
+            (
+                torch.randint(0, V, (2 * N,), generator=g),
+                torch.randint(0, L, (2 * N,), generator=g),
+                torch.randint(0, V, (2 * N,), generator=g),
+            )
+        )
+    return out
+
+
+def build(index_path):
+    torch.manual_seed(0)
+    m = Model(index_path)
+    m.emb.reset_parameters()
+    m.head.reset_parameters()
+    m.sv.seed_from(m.emb.token_embedding["orig"].weight.detach().new_zeros(V, D).normal_(generator=torch.Generator().manual_seed(1)))
+    return m
+
+
+def optimisers(m):
+    sparse = [m.emb.token_embedding[s].weight for s in ("orig", "new")]
+    dense = [m.sv.rows, m.sv.gate_logit] + list(m.head.parameters())
+    return [torch.optim.SparseAdam(sparse, lr=0.01), torch.optim.Adam(dense, lr=0.01)]
+
+
+def worker(rank, world, store, index_path, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    m = build(index_path)
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opts = optimisers(m)
+    for tokens, langs, labels in batches():
+        part = slice(rank * N, (rank + 1) * N)
+        for o in opts:
+            o.zero_grad()
+        ddp(tokens[part], langs[part], labels[part]).backward()
+        for o in opts:
+            o.step()
+    if rank == 0:
+        torch.save({k: v.clone() for k, v in m.state_dict().items()}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
+    rng = np.random.default_rng(0)
+    cells = np.sort(rng.choice(L * V, size=30, replace=False))
+    index_path = str(tmp_path / "index.npz")
+    np.savez(index_path, language_index=cells // V, token_index=cells % V)
+    out = str(tmp_path / "ddp.pt")
+    mp.start_processes(worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
+    ddp_state = torch.load(out)
+
+    # One process, the combined batch: DDP averages the two ranks' gradients,
+    # so the loss is the mean of the two halves' losses.
+    m = build(index_path)
+    opts = optimisers(m)
+    for tokens, langs, labels in batches():
+        for o in opts:
+            o.zero_grad()
+        halves = [m(tokens[r * N : (r + 1) * N], langs[r * N : (r + 1) * N], labels[r * N : (r + 1) * N]) for r in range(2)]
+        ((halves[0] + halves[1]) / 2).backward()
+        for o in opts:
+            o.step()
+    start = build(index_path).state_dict()
+    for k, v in m.state_dict().items():
+        assert not torch.equal(v, start[k]), f"{k} did not train"
+        torch.testing.assert_close(ddp_state[k], v, rtol=1e-5, atol=1e-6, msg=k)
