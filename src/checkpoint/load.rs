@@ -491,8 +491,8 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use std::fs;
     use super::*;
+    use std::fs;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir =
