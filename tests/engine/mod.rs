@@ -7,6 +7,7 @@ mod f32_vs_f64;
 mod fast_paths;
 mod fused_head;
 mod fused_head_sum;
+mod gemm_kernel;
 mod grad_hand;
 mod grad_layers;
 mod grad_ops;
