@@ -6,6 +6,7 @@ mod checkpoint;
 mod f32_vs_f64;
 mod fast_paths;
 mod fused_head;
+mod fused_head_grouped_sum;
 mod fused_head_sum;
 mod gemm_kernel;
 mod grad_hand;

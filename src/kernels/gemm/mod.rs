@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`micro`] | the 6 × 16 tile kernel: a scalar reference and AVX2 + FMA |
 //! | [`pack`] | copies of operands into the layouts the tile kernel streams |
+//! | [`head`] | the fused cross-entropy on the tile kernel: logits, softmax on the tile, both gradient products |
 //! | this module | the variant chosen at run time ([`Isa`]), a general product [`gemm`] and the naive twin [`gemm_naive`] |
 //!
 //! Every variant computes each element of a product as one chain of fused
@@ -17,6 +18,7 @@
 //! and the fallback: f64, and f32 on a CPU without AVX2 and FMA (or with
 //! `SPLITGRAD_SIMD=baseline`), go through it.
 
+pub mod head;
 pub mod micro;
 pub mod pack;
 

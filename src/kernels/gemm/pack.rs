@@ -1,6 +1,8 @@
 //! Copies of operands into the layouts the tile kernel streams: panels of
 //! [`MR`] rows or [`NR`] columns, k-major, zero-padded to whole panels.
 
+use std::mem::MaybeUninit;
+
 use ndarray::ArrayView2;
 
 use super::micro::{MR, NR};
@@ -84,20 +86,28 @@ pub fn pack_cols(
 /// Packs the transpose of `w` (rows v, columns h) as panels of [`MR`]
 /// columns of `w`, for the products whose broadcast operand is `wᵀ`:
 /// `out[p·stride + (v_off + v)·MR + r] = w[v, p·MR + r]` for every row v of
-/// `w` and panel p < ceil(H / MR), zero past column H. `out` must already
-/// hold `ceil(H / MR)·stride` floats, with `stride ≥ (v_off + rows)·MR`.
+/// `w` and panel p < ceil(H / MR), zero past column H. `out` must hold
+/// `ceil(H / MR)·stride` floats, with `stride ≥ (v_off + rows)·MR`; it may
+/// be uninitialised (the elements named are written, no others).
 ///
 /// ```
 /// use ndarray::array;
 /// use splitgrad::kernels::gemm::pack::pack_transposed_into;
 /// let w = array![[1.0f32, 2.0], [3.0, 4.0]];
-/// let mut out = vec![9.0; 12];
-/// pack_transposed_into(w.view(), 0, 12, &mut out);
-/// assert_eq!(&out[..12], &[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
+/// let mut out: Vec<f32> = Vec::with_capacity(12);
+/// pack_transposed_into(w.view(), 0, 12, &mut out.spare_capacity_mut()[..12]);
+/// // SAFETY: the two rows of one panel of stride 12 are all 12 elements.
+/// unsafe { out.set_len(12) };
+/// assert_eq!(out, [1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
 /// ```
 ///
 /// **Panics** if `out` is too short.
-pub fn pack_transposed_into(w: ArrayView2<'_, f32>, v_off: usize, stride: usize, out: &mut [f32]) {
+pub fn pack_transposed_into(
+    w: ArrayView2<'_, f32>,
+    v_off: usize,
+    stride: usize,
+    out: &mut [MaybeUninit<f32>],
+) {
     let (rows, h) = w.dim();
     let panels = h.div_ceil(MR);
     assert!(
@@ -112,15 +122,16 @@ pub fn pack_transposed_into(w: ArrayView2<'_, f32>, v_off: usize, stride: usize,
                 for p in 0..panels {
                     let cols = MR.min(h - p * MR);
                     let d = &mut out[p * stride + base..p * stride + base + MR];
-                    d[..cols].copy_from_slice(&s[p * MR..p * MR + cols]);
-                    d[cols..].fill(0.0);
+                    for (r, x) in d.iter_mut().enumerate() {
+                        x.write(if r < cols { s[p * MR + r] } else { 0.0 });
+                    }
                 }
             }
             None => {
                 for p in 0..panels {
                     for r in 0..MR {
                         let c = p * MR + r;
-                        out[p * stride + base + r] = if c < h { row[c] } else { 0.0 };
+                        out[p * stride + base + r].write(if c < h { row[c] } else { 0.0 });
                     }
                 }
             }
