@@ -9,6 +9,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`real`] | the element types `f32`/`f64` and their `matrixmultiply` gemm |
+//! | [`gemm`] | the f32 tile kernel (scalar, AVX2 + FMA) and the fused LM head's products on it |
 //! | [`exp`] | the vectorised softmax arithmetic (row max, `Σ exp`, scaled `exp`) |
 //! | [`reduce`] | the blocked inner product, scaled copies and adds |
 //! | [`rows`] | row copies (gathers) and dense row scatter-adds |
@@ -18,6 +19,7 @@
 //! | `stream` | copies with streaming (non-temporal) stores |
 
 pub mod exp;
+pub mod gemm;
 pub mod pool;
 pub mod real;
 pub mod reduce;

@@ -12,8 +12,14 @@
 //! ∂h_i   += Σ_v ∂z_iv·W_v          ∂W_v += Σ_i ∂z_iv·h_i
 //! ```
 //!
-//! Work: chunks of `tokens` hidden rows × chunks of `vocab` rows of one
-//! split; each block of logits is one gemm into the workspace. Derivation:
+//! Work, in f32 on a CPU with AVX2 and FMA ([`HeadKernel::Auto`]): chunks of
+//! `tokens` hidden rows against the whole vocabulary on the tile kernel of
+//! [`crate::kernels::gemm::head`], the softmax arithmetic done on each 6 × 16
+//! tile of logits as it leaves the registers; the backward recomputes the
+//! tiles and forms ∂z for `vocab` rows at a time, then runs the two gradient
+//! products on the same kernel. Elsewhere (f64, [`HeadKernel::Matrixmultiply`]):
+//! chunks of `tokens` hidden rows × chunks of `vocab` rows of one split, each
+//! block of logits one `matrixmultiply` gemm into the workspace. Derivation:
 //! `docs/gradients.md#fused-cross-entropy`.
 
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn, s};
@@ -21,8 +27,47 @@ use rayon::prelude::*;
 
 use crate::kernels::Real;
 use crate::kernels::exp;
+use crate::kernels::gemm::{self, Isa, head};
+use crate::kernels::pool::Pool;
 use crate::ops::cross_entropy::{IGNORE_INDEX, max_and_log_sum};
 use crate::tape::{Backward, Flow, Grads, Tape, Var};
+
+/// The products the fused cross-entropy runs on.
+///
+/// ```
+/// use splitgrad::ops::fused_ce::HeadKernel;
+/// assert_eq!(HeadKernel::default(), HeadKernel::Auto);
+/// assert_eq!(HeadKernel::Matrixmultiply.isa::<f32>(), None);
+/// assert_eq!(HeadKernel::Auto.isa::<f64>(), None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HeadKernel {
+    /// The tile kernel ([`Isa::fast`]) for f32 where the CPU has AVX2 and
+    /// FMA; `matrixmultiply` otherwise.
+    #[default]
+    Auto,
+    /// `matrixmultiply`, the reference.
+    Matrixmultiply,
+    /// The tile kernel of this variant, for f32 (f64 uses `matrixmultiply`).
+    ///
+    /// **Panics** when used on a CPU that cannot run it.
+    Tile(Isa),
+}
+
+impl HeadKernel {
+    /// The tile kernel variant this choice runs for element type `T`, or
+    /// `None` for `matrixmultiply`.
+    pub fn isa<T: Real>(self) -> Option<Isa> {
+        if T::NAME != "f32" {
+            return None;
+        }
+        match self {
+            HeadKernel::Auto => Isa::fast(),
+            HeadKernel::Matrixmultiply => None,
+            HeadKernel::Tile(isa) => Some(isa),
+        }
+    }
+}
 
 /// Chunk sizes of the fused cross-entropy: the workspace holds
 /// `tokens × vocab` logits plus two `tokens × H` blocks.
@@ -120,6 +165,12 @@ impl Targets {
         }
     }
 
+    /// The hidden rows with at least one token whose label is not ignored,
+    /// increasing.
+    pub fn active_rows(&self) -> &[usize] {
+        &self.active
+    }
+
     /// Number of hidden rows.
     pub fn n_rows(&self) -> usize {
         self.starts.len() - 1
@@ -127,6 +178,23 @@ impl Targets {
 
     fn tokens_of(&self, row: usize) -> &[usize] {
         &self.tokens[self.starts[row]..self.starts[row + 1]]
+    }
+
+    /// The active rows' tokens for the tile kernel: starts (one per active
+    /// row and one more), each token's label, and which token each slot is.
+    pub(crate) fn active_csr(&self) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+        let mut starts = Vec::with_capacity(self.active.len() + 1);
+        let mut labels = Vec::with_capacity(self.tokens.len());
+        let mut slots = Vec::with_capacity(self.tokens.len());
+        starts.push(0);
+        for &r in &self.active {
+            for &n in self.tokens_of(r) {
+                labels.push(self.labels[n] as usize);
+                slots.push(n);
+            }
+            starts.push(labels.len());
+        }
+        (starts, labels, slots)
     }
 }
 
@@ -157,6 +225,22 @@ pub fn fused_ce_forward<T: Real>(
     targets: &Targets,
     chunks: ChunkSizes,
 ) -> (Vec<T>, RowStats<T>) {
+    fused_ce_forward_on(HeadKernel::Auto, h, weights, targets, chunks)
+}
+
+/// [`fused_ce_forward`] on the products `kernel` chooses.
+pub fn fused_ce_forward_on<T: Real>(
+    kernel: HeadKernel,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    chunks: ChunkSizes,
+) -> (Vec<T>, RowStats<T>) {
+    if let Some(isa) = kernel.isa::<T>() {
+        if let Some(out) = tile_forward(isa, h, weights, targets, chunks) {
+            return out;
+        }
+    }
     let mut loss = vec![T::zero(); targets.labels.len()];
     let mut stats = RowStats {
         max: vec![T::zero(); h.nrows()],
@@ -178,6 +262,51 @@ pub fn fused_ce_forward<T: Real>(
         }
     }
     (loss, stats)
+}
+
+/// [`fused_ce_forward`] on the tile kernel (f32 only: `None` otherwise).
+fn tile_forward<T: Real>(
+    isa: Isa,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    chunks: ChunkSizes,
+) -> Option<(Vec<T>, RowStats<T>)> {
+    let h32 = gemm::f32_view(h)?;
+    let w32: Vec<ArrayView2<'_, f32>> = weights
+        .iter()
+        .map(|w| gemm::f32_view(w.view()))
+        .collect::<Option<_>>()?;
+    let (starts, labels, slots) = targets.active_csr();
+    let rows = head::Rows {
+        rows: &targets.active,
+        starts: &starts,
+        labels: &labels,
+    };
+    let st = head::fused_ce(
+        isa,
+        &Pool::new(),
+        h32,
+        &w32,
+        rows,
+        head::Pass::Loss,
+        chunks.tokens.max(1),
+        usize::MAX,
+        &mut head::Out::default(),
+    );
+    let mut loss = vec![T::zero(); targets.labels.len()];
+    for (&n, &l) in slots.iter().zip(&st.loss) {
+        loss[n] = T::from_f64(l as f64);
+    }
+    let mut stats = RowStats {
+        max: vec![T::zero(); h.nrows()],
+        log_sum: vec![T::zero(); h.nrows()],
+    };
+    for (a, &r) in targets.active.iter().enumerate() {
+        stats.max[r] = T::from_f64(st.max[a] as f64);
+        stats.log_sum[r] = T::from_f64(st.log_sum[a] as f64);
+    }
+    Some((loss, stats))
 }
 
 /// A chunk's (max, ln Σ) per row and (token, loss) per token.
@@ -291,9 +420,47 @@ pub fn fused_ce_backward<T: Real>(
     stats: &RowStats<T>,
     gy: &[T],
     chunks: ChunkSizes,
+    gh: Option<ArrayViewMut2<'_, T>>,
+    gws: &mut [Option<ArrayViewMut2<'_, T>>],
+) {
+    fused_ce_backward_on(
+        HeadKernel::Auto,
+        &Pool::new(),
+        h,
+        weights,
+        targets,
+        stats,
+        gy,
+        chunks,
+        gh,
+        gws,
+    )
+}
+
+/// [`fused_ce_backward`] on the products `kernel` chooses, with its
+/// workspace from `pool`. On the tile kernel the result does not depend on
+/// the thread count either: each element of a gradient is one chain of
+/// fused multiply-adds in a fixed order.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_ce_backward_on<T: Real>(
+    kernel: HeadKernel,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    stats: &RowStats<T>,
+    gy: &[T],
+    chunks: ChunkSizes,
     mut gh: Option<ArrayViewMut2<'_, T>>,
     gws: &mut [Option<ArrayViewMut2<'_, T>>],
 ) {
+    if let Some(isa) = kernel.isa::<T>() {
+        if tile_backward(
+            isa, pool, h, weights, targets, stats, gy, chunks, &mut gh, gws,
+        ) {
+            return;
+        }
+    }
     let tc = chunks.tokens.max(1);
     let width = h.ncols();
     let n_chunks = targets.active.len().div_ceil(tc);
@@ -353,6 +520,93 @@ pub fn fused_ce_backward<T: Real>(
             }
         }
     }
+}
+
+/// [`fused_ce_backward`] on the tile kernel; `false` (nothing done) where
+/// it cannot run (not f32, or gradients with negative strides).
+#[allow(clippy::too_many_arguments)]
+fn tile_backward<T: Real>(
+    isa: Isa,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    stats: &RowStats<T>,
+    gy: &[T],
+    chunks: ChunkSizes,
+    gh: &mut Option<ArrayViewMut2<'_, T>>,
+    gws: &mut [Option<ArrayViewMut2<'_, T>>],
+) -> bool {
+    let Some(h32) = gemm::f32_view(h) else {
+        return false;
+    };
+    let Some(w32) = weights
+        .iter()
+        .map(|w| gemm::f32_view(w.view()))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    let negative = |g: &ArrayViewMut2<'_, T>| g.strides().iter().any(|&s| s < 0);
+    if gh.as_ref().is_some_and(negative) || gws.iter().flatten().any(negative) {
+        return false;
+    }
+    let Some(pool32) = pool_f32(pool) else {
+        return false;
+    };
+    let (starts, labels, slots) = targets.active_csr();
+    let weights_gy: Vec<f32> = slots.iter().map(|&n| gy[n].to_f64() as f32).collect();
+    let max: Vec<f32> = targets
+        .active
+        .iter()
+        .map(|&r| stats.max[r].to_f64() as f32)
+        .collect();
+    let log_sum: Vec<f32> = targets
+        .active
+        .iter()
+        .map(|&r| stats.log_sum[r].to_f64() as f32)
+        .collect();
+    let mut out = head::Out {
+        hidden: gh
+            .as_mut()
+            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("f32, strides checked")),
+        weights: gws
+            .iter_mut()
+            .map(|g| {
+                g.as_mut()
+                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("f32, strides checked"))
+            })
+            .collect(),
+    };
+    head::fused_ce(
+        isa,
+        pool32,
+        h32,
+        &w32,
+        head::Rows {
+            rows: &targets.active,
+            starts: &starts,
+            labels: &labels,
+        },
+        head::Pass::Grads {
+            max: &max,
+            log_sum: &log_sum,
+            weights: &weights_gy,
+        },
+        chunks.tokens.max(1),
+        chunks.vocab.max(1),
+        &mut out,
+    );
+    true
+}
+
+/// `pool` as the f32 pool it is, when `T` is `f32`.
+pub(crate) fn pool_f32<T: Real>(pool: &Pool<T>) -> Option<&Pool<f32>> {
+    (T::NAME == "f32").then(|| {
+        // SAFETY: `T` is the sealed `Real` whose NAME is "f32", so `T` is
+        // `f32` and `Pool<T>` is `Pool<f32>`.
+        unsafe { &*(pool as *const Pool<T>).cast::<Pool<f32>>() }
+    })
 }
 
 /// Elements of weight-gradient partials (chunks × V × H) below which the
@@ -526,6 +780,7 @@ struct FusedCe<T> {
     targets: Targets,
     stats: RowStats<T>,
     chunks: ChunkSizes,
+    kernel: HeadKernel,
 }
 
 impl<T: Real> Backward<T> for FusedCe<T> {
@@ -553,7 +808,9 @@ impl<T: Real> Backward<T> for FusedCe<T> {
                 })
             })
             .collect();
-        fused_ce_backward(
+        fused_ce_backward_on(
+            self.kernel,
+            grads.pool(),
             h2.view(),
             &weight_views(&ws),
             &self.targets,
@@ -601,10 +858,25 @@ impl<'p, T: Real> Tape<'p, T> {
         targets: Targets,
         chunks: ChunkSizes,
     ) -> Var {
+        self.fused_cross_entropy_on(hidden, weights, targets, chunks, HeadKernel::Auto)
+    }
+
+    /// [`Tape::fused_cross_entropy`] on the products `kernel` chooses.
+    ///
+    /// **Panics** as [`Tape::fused_cross_entropy`].
+    #[track_caller]
+    pub fn fused_cross_entropy_on(
+        &mut self,
+        hidden: Var,
+        weights: &[Var],
+        targets: Targets,
+        chunks: ChunkSizes,
+        kernel: HeadKernel,
+    ) -> Var {
         let (loss, stats) = {
             let h = as_rows(self.value(hidden));
             let ws: Vec<ArrayViewD<'_, T>> = weights.iter().map(|&w| self.value(w)).collect();
-            fused_ce_forward(h.view(), &weight_views(&ws), &targets, chunks)
+            fused_ce_forward_on(kernel, h.view(), &weight_views(&ws), &targets, chunks)
         };
         let out = ArrayD::from_shape_vec(IxDyn(&[loss.len()]), loss).expect("one loss per token");
         let mut inputs = weights.to_vec();
@@ -618,6 +890,7 @@ impl<'p, T: Real> Tape<'p, T> {
                 targets,
                 stats,
                 chunks,
+                kernel,
             },
         )
     }

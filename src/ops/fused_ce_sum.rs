@@ -20,16 +20,27 @@
 //! to the backward. Derivation:
 //! `docs/gradients.md#summed-fused-cross-entropy`.
 //!
-//! Each row's softmax is computed by one rayon task in a fixed order, and
-//! matrixmultiply's threads split only the output of a product, never its
-//! inner sum, so the result is the same bits for any thread count.
+//! In f32 on a CPU with AVX2 and FMA ([`HeadKernel::Auto`]) the three
+//! products run on the tile kernel of [`crate::kernels::gemm::head`]: W is
+//! packed once per call and read by every chunk, the logits never leave
+//! the 6 × 16 tiles (only their exponentials are stored, `Z_c` is never
+//! written), and the softmax's normalisation is folded into the two
+//! gradient products. Otherwise (f64, [`HeadKernel::Matrixmultiply`]) each
+//! product is a `matrixmultiply` gemm as written above.
+//!
+//! Either way each row's softmax is computed by one task in a fixed order,
+//! and no product's inner sum is split between threads, so the result is
+//! the same bits for any thread count.
 
 use ndarray::parallel::prelude::*;
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, s};
 
-use super::fused_ce::as_rows;
+use super::fused_ce::{
+    ChunkSizes, HeadKernel, Targets, as_rows, fused_ce_backward_on, fused_ce_forward_on, pool_f32,
+};
 use crate::kernels::Real;
 use crate::kernels::exp;
+use crate::kernels::gemm::{self, Isa, head};
 use crate::kernels::pool::Pool;
 use crate::ops::cross_entropy::IGNORE_INDEX;
 use crate::tape::{Backward, Flow, Grads, Tape, Var};
@@ -167,6 +178,33 @@ pub fn fused_ce_sum_forward_in<T: Real>(
     want_hidden: bool,
     want_weights: &[bool],
 ) -> (T, SumGrads<T>) {
+    fused_ce_sum_forward_on(
+        HeadKernel::Auto,
+        pool,
+        h,
+        weights,
+        labels,
+        chunks,
+        want_hidden,
+        want_weights,
+    )
+}
+
+/// [`fused_ce_sum_forward_in`] on the products `kernel` chooses.
+///
+/// **Panics** as [`fused_ce_sum_forward`].
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn fused_ce_sum_forward_on<T: Real>(
+    kernel: HeadKernel,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    labels: &[i64],
+    chunks: SumChunks,
+    want_hidden: bool,
+    want_weights: &[bool],
+) -> (T, SumGrads<T>) {
     let (n, width) = h.dim();
     let v: usize = weights.iter().map(|w| w.nrows()).sum();
     assert_eq!(
@@ -205,6 +243,11 @@ pub fn fused_ce_sum_forward_in<T: Real>(
     };
     let want_grad = want_hidden || want_weights.iter().any(|&w| w);
     let tc = chunks.tokens::<T>(v).min(active.len()).max(1);
+    if let Some(isa) = kernel.isa::<T>() {
+        if let Some(total) = tile_sum(isa, pool, h, weights, labels, &active, tc, &mut grads) {
+            return (total, grads);
+        }
+    }
     let mut hc_buf = Array2::<T>::zeros((tc, width));
     let mut z_buf = zeros2(tc, v);
     let mut ghc_buf = Array2::<T>::zeros((if want_hidden { tc } else { 0 }, width));
@@ -283,6 +326,217 @@ pub fn fused_ce_sum_forward_in<T: Real>(
     }
     pool.give(z_buf);
     (T::from_f64(total), grads)
+}
+
+/// `Σ_n loss_n` for tokens that share hidden rows, and when asked for its
+/// gradients: h (m, H), token n reads row `row_of[n]` with label `labels[n]`
+/// ([`Targets::grouped`]); ∂h is (m, H). The same sum as
+/// [`fused_ce_sum_forward`] on the rows repeated per token, at the cost of
+/// m rows instead of N. On the tile kernel the gradients are formed in this
+/// pass (`6·m·V·H` flops) with the chunks of `chunks` (rows per chunk, by
+/// the same budget); elsewhere the per-token kernel's forward and backward
+/// (with every upstream gradient 1) form them.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::ops::fused_ce::{HeadKernel, Targets};
+/// use splitgrad::ops::fused_ce_sum::{SumChunks, fused_ce_sum_grouped_forward_on};
+/// use splitgrad::kernels::pool::Pool;
+/// let h = array![[1.0f64, 0.0]];
+/// let w = array![[0.0, 1.0], [0.0, -1.0]];
+/// // Two tokens read the one row: z = [0, 0], each loss ln 2.
+/// let t = Targets::grouped(vec![0, 1], vec![0, 0], 1);
+/// let (loss, g) = fused_ce_sum_grouped_forward_on(
+///     HeadKernel::Auto, &Pool::new(), h.view(), &[w.view()], &t, SumChunks::default(), true, &[true]);
+/// assert!((loss - 2.0 * 2f64.ln()).abs() < 1e-15);
+/// // The two tokens pull W's rows opposite ways: ∂W = 0.
+/// assert!(g.weights[0].as_ref().unwrap().iter().all(|x| x.abs() < 1e-15));
+/// ```
+///
+/// **Panics** if `targets` has a different number of rows than h or a
+/// label outside `[0, V)`, or `want_weights` and `weights` differ in length.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn fused_ce_sum_grouped_forward_on<T: Real>(
+    kernel: HeadKernel,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    targets: &Targets,
+    chunks: SumChunks,
+    want_hidden: bool,
+    want_weights: &[bool],
+) -> (T, SumGrads<T>) {
+    let (m, width) = h.dim();
+    let v: usize = weights.iter().map(|w| w.nrows()).sum();
+    assert_eq!(
+        targets.n_rows(),
+        m,
+        "fused_ce_sum_grouped: targets for {} rows, hidden has {m}",
+        targets.n_rows()
+    );
+    assert_eq!(
+        want_weights.len(),
+        weights.len(),
+        "fused_ce_sum_grouped: one wish per weight"
+    );
+    if let Some((n, &l)) = targets
+        .labels
+        .iter()
+        .enumerate()
+        .find(|&(_, &l)| l != IGNORE_INDEX && (l < 0 || l as usize >= v))
+    {
+        panic!("fused_ce_sum_grouped: label {l} of token {n} is outside 0..{v}");
+    }
+    let zeros2 = |r: usize, c: usize| -> Array2<T> {
+        pool.zeros(&[r, c])
+            .into_dimensionality::<Ix2>()
+            .expect("2-D")
+    };
+    let mut grads = SumGrads {
+        hidden: want_hidden.then(|| zeros2(m, width)),
+        weights: weights
+            .iter()
+            .zip(want_weights)
+            .map(|(w, &want)| want.then(|| zeros2(w.nrows(), w.ncols())))
+            .collect(),
+    };
+    let want_grad = want_hidden || want_weights.iter().any(|&w| w);
+    let tc = chunks.tokens::<T>(v).min(m).max(1);
+    if let Some(isa) = kernel.isa::<T>() {
+        if let Some(h32) = gemm::f32_view(h) {
+            let w32: Vec<ArrayView2<'_, f32>> = weights
+                .iter()
+                .map(|w| gemm::f32_view(w.view()).expect("f32 like h"))
+                .collect();
+            let pool32 = pool_f32(pool).expect("f32 like h");
+            let (starts, labels, slots) = targets.active_csr();
+            let mut out = head::Out {
+                hidden: grads
+                    .hidden
+                    .as_mut()
+                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array")),
+                weights: grads
+                    .weights
+                    .iter_mut()
+                    .map(|g| {
+                        g.as_mut()
+                            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array"))
+                    })
+                    .collect(),
+            };
+            let st = head::fused_ce(
+                isa,
+                pool32,
+                h32,
+                &w32,
+                head::Rows {
+                    rows: targets.active_rows(),
+                    starts: &starts,
+                    labels: &labels,
+                },
+                if want_grad {
+                    head::Pass::LossAndGrads
+                } else {
+                    head::Pass::Loss
+                },
+                tc,
+                usize::MAX,
+                &mut out,
+            );
+            // Σ_n in token order.
+            let mut loss = vec![0f64; targets.labels.len()];
+            for (&n, &l) in slots.iter().zip(&st.loss) {
+                loss[n] = l as f64;
+            }
+            return (T::from_f64(loss.iter().sum()), grads);
+        }
+    }
+    let per_token = ChunkSizes {
+        tokens: tc,
+        ..ChunkSizes::default()
+    };
+    let (loss, stats) = fused_ce_forward_on(kernel, h, weights, targets, per_token);
+    let total: f64 = loss.iter().map(|&l| Real::to_f64(l)).sum();
+    if want_grad {
+        let ones = vec![T::one(); targets.labels.len()];
+        let mut gws: Vec<Option<ndarray::ArrayViewMut2<'_, T>>> = grads
+            .weights
+            .iter_mut()
+            .map(|g| g.as_mut().map(|g| g.view_mut()))
+            .collect();
+        fused_ce_backward_on(
+            kernel,
+            pool,
+            h,
+            weights,
+            targets,
+            &stats,
+            &ones,
+            per_token,
+            grads.hidden.as_mut().map(|g| g.view_mut()),
+            &mut gws,
+        );
+    }
+    (T::from_f64(total), grads)
+}
+
+/// The summed loss on the tile kernel, its gradients added into `grads`
+/// (zeros); `None` (nothing done) where it cannot run (not f32).
+#[allow(clippy::too_many_arguments)]
+fn tile_sum<T: Real>(
+    isa: Isa,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    labels: &[i64],
+    active: &[usize],
+    tc: usize,
+    grads: &mut SumGrads<T>,
+) -> Option<T> {
+    let h32 = gemm::f32_view(h)?;
+    let w32: Vec<ArrayView2<'_, f32>> = weights
+        .iter()
+        .map(|w| gemm::f32_view(w.view()))
+        .collect::<Option<_>>()?;
+    let pool32 = pool_f32(pool)?;
+    let starts: Vec<usize> = (0..=active.len()).collect();
+    let labs: Vec<usize> = active.iter().map(|&i| labels[i] as usize).collect();
+    let want_grad = grads.hidden.is_some() || grads.weights.iter().any(Option::is_some);
+    let mut out = head::Out {
+        hidden: grads
+            .hidden
+            .as_mut()
+            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array")),
+        weights: grads
+            .weights
+            .iter_mut()
+            .map(|g| {
+                g.as_mut()
+                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array"))
+            })
+            .collect(),
+    };
+    let st = head::fused_ce(
+        isa,
+        pool32,
+        h32,
+        &w32,
+        head::Rows {
+            rows: active,
+            starts: &starts,
+            labels: &labs,
+        },
+        if want_grad {
+            head::Pass::LossAndGrads
+        } else {
+            head::Pass::Loss
+        },
+        tc,
+        usize::MAX,
+        &mut out,
+    );
+    Some(T::from_f64(st.loss.iter().map(|&l| l as f64).sum()))
 }
 
 /// One token's row of logits z (V) with label y: returns
@@ -376,6 +630,21 @@ impl<'p, T: Real> Tape<'p, T> {
         labels: &[i64],
         chunks: SumChunks,
     ) -> Var {
+        self.fused_cross_entropy_sum_on(hidden, weights, labels, chunks, HeadKernel::Auto)
+    }
+
+    /// [`Tape::fused_cross_entropy_sum`] on the products `kernel` chooses.
+    ///
+    /// **Panics** as [`Tape::fused_cross_entropy_sum`].
+    #[track_caller]
+    pub fn fused_cross_entropy_sum_on(
+        &mut self,
+        hidden: Var,
+        weights: &[Var],
+        labels: &[i64],
+        chunks: SumChunks,
+        kernel: HeadKernel,
+    ) -> Var {
         let want_hidden = self.is_recording() && self.requires_grad(hidden);
         let want_weights: Vec<bool> = weights
             .iter()
@@ -391,7 +660,8 @@ impl<'p, T: Real> Tape<'p, T> {
                         .expect("fused_ce_sum: weights must be 2-D")
                 })
                 .collect();
-            fused_ce_sum_forward_in(
+            fused_ce_sum_forward_on(
+                kernel,
                 self.pool(),
                 h.view(),
                 &ws,
@@ -423,11 +693,88 @@ impl<'p, T: Real> Tape<'p, T> {
     }
 }
 
+impl<'p, T: Real> Tape<'p, T> {
+    /// The summed cross-entropy `Σ_n loss_n` of tokens that share hidden
+    /// rows: hidden (m, H), `targets` the hidden row and label of each of
+    /// N tokens ([`Targets::grouped`]) → a 0-D loss. The gradients of
+    /// hidden and of the weights that need one are formed here, as
+    /// [`Tape::fused_cross_entropy_sum`] forms them
+    /// ([`fused_ce_sum_grouped_forward_on`]), and held by the node.
+    ///
+    /// **Panics** if the shapes disagree with the targets or a label is
+    /// outside `[0, V)` and not −100 (the head checks its inputs first).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{ops::{fused_ce::{HeadKernel, Targets}, fused_ce_sum::SumChunks}, Tape};
+    /// let mut t = Tape::<f64>::new();
+    /// let h = t.input(array![[1.0, 0.0]].into_dyn());
+    /// let w = t.input(array![[0.0, 1.0], [0.0, -1.0]].into_dyn());
+    /// let targets = Targets::grouped(vec![1, 1], vec![0, 0], 1);
+    /// let loss = t.fused_cross_entropy_sum_grouped(h, &[w], targets, SumChunks::default(), HeadKernel::Auto);
+    /// assert!((t.scalar(loss) - 2.0 * 2f64.ln()).abs() < 1e-15);
+    /// let g = t.backward(loss);
+    /// let gh = g.input(h).unwrap();
+    /// assert!((gh[[0, 0]]).abs() < 1e-15 && (gh[[0, 1]] - 2.0).abs() < 1e-15);
+    /// ```
+    #[track_caller]
+    pub fn fused_cross_entropy_sum_grouped(
+        &mut self,
+        hidden: Var,
+        weights: &[Var],
+        targets: Targets,
+        chunks: SumChunks,
+        kernel: HeadKernel,
+    ) -> Var {
+        let want_hidden = self.is_recording() && self.requires_grad(hidden);
+        let want_weights: Vec<bool> = weights
+            .iter()
+            .map(|&w| self.is_recording() && self.requires_grad(w))
+            .collect();
+        let (loss, sums) = {
+            let h = self
+                .value(hidden)
+                .into_dimensionality::<Ix2>()
+                .expect("fused_ce_sum_grouped: hidden must be (m, H)");
+            let ws: Vec<ArrayView2<'_, T>> = weights
+                .iter()
+                .map(|&w| {
+                    self.value(w)
+                        .into_dimensionality::<Ix2>()
+                        .expect("fused_ce_sum_grouped: weights must be 2-D")
+                })
+                .collect();
+            fused_ce_sum_grouped_forward_on(
+                kernel,
+                self.pool(),
+                h,
+                &ws,
+                &targets,
+                chunks,
+                want_hidden,
+                &want_weights,
+            )
+        };
+        let saved = FusedCeSum {
+            hidden: (hidden, sums.hidden.map(|g| g.into_dyn())),
+            weights: weights
+                .iter()
+                .zip(sums.weights)
+                .map(|(&w, g)| (w, g.map(|g| g.into_dyn())))
+                .collect(),
+            pool: self.pool().clone(),
+        };
+        let mut inputs = weights.to_vec();
+        inputs.push(hidden);
+        self.push_op(ArrayD::from_elem(IxDyn(&[]), loss), &inputs, saved)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Rng;
-    use crate::ops::fused_ce::{ChunkSizes, Targets, fused_ce_backward, fused_ce_forward};
+    use crate::ops::fused_ce::{fused_ce_backward, fused_ce_forward};
     use ndarray::ArrayViewMut2;
 
     /// The per-token kernel with gy = 1, summed: the reference.
