@@ -50,7 +50,7 @@ macro_rules! each {
 }
 
 /// The buffer pools of a layer, one per real type.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Pools {
     f32: Pool<f32>,
     f64: Pool<f64>,
@@ -90,6 +90,28 @@ pub struct Entry<T> {
 #[pyclass(module = "splitgrad._splitgrad", name = "Gradients", frozen)]
 pub struct PyGradients {
     pub inner: Dt<Vec<Entry<f32>>, Vec<Entry<f64>>>,
+    /// Where the gradients' buffers go back when Python is done with them
+    /// (the layer's pools: its next backward reuses them).
+    pub pools: Pools,
+}
+
+/// Gives the buffers of gradients back to a pool.
+pub fn give_back<T: PyReal>(entries: Vec<Entry<T>>, pool: &Pool<T>) {
+    for e in entries {
+        match e.grad {
+            Grad::Dense(d) => pool.give(d),
+            Grad::RowSparse(s) => pool.give(s.values),
+        }
+    }
+}
+
+impl Drop for PyGradients {
+    fn drop(&mut self) {
+        match &mut self.inner {
+            Dt::F32(v) => give_back(std::mem::take(v), &self.pools.f32),
+            Dt::F64(v) => give_back(std::mem::take(v), &self.pools.f64),
+        }
+    }
 }
 
 /// A list of entries as the optimisers' [`GradSource`].
@@ -383,11 +405,14 @@ macro_rules! module_methods {
     };
 }
 
-fn gradients_of<T: PyReal>(v: Vec<Entry<T>>) -> PyGradients
+fn gradients_of<T: PyReal>(v: Vec<Entry<T>>, pools: &Pools) -> PyGradients
 where
     Vec<Entry<T>>: IntoDt,
 {
-    PyGradients { inner: v.into_dt() }
+    PyGradients {
+        inner: v.into_dt(),
+        pools: pools.clone(),
+    }
 }
 
 /// Puts a typed list of entries in its [`Dt`] slot.
@@ -617,20 +642,14 @@ impl PyEmbeddings {
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
         Ok(match &self.inner {
-            Dt::F32(l) => gradients_of(emb_backward(
-                py,
-                l,
-                self.pools.of(),
-                input_ids,
-                grad_output,
-            )?),
-            Dt::F64(l) => gradients_of(emb_backward(
-                py,
-                l,
-                self.pools.of(),
-                input_ids,
-                grad_output,
-            )?),
+            Dt::F32(l) => gradients_of(
+                emb_backward(py, l, self.pools.of(), input_ids, grad_output)?,
+                &self.pools,
+            ),
+            Dt::F64(l) => gradients_of(
+                emb_backward(py, l, self.pools.of(), input_ids, grad_output)?,
+                &self.pools,
+            ),
         })
     }
 
@@ -642,18 +661,14 @@ impl PyEmbeddings {
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
         Ok(match &self.inner {
-            Dt::F32(l) => gradients_of(emb_backward_tape(
-                l,
-                self.pools.of(),
-                input_ids,
-                grad_output,
-            )?),
-            Dt::F64(l) => gradients_of(emb_backward_tape(
-                l,
-                self.pools.of(),
-                input_ids,
-                grad_output,
-            )?),
+            Dt::F32(l) => gradients_of(
+                emb_backward_tape(l, self.pools.of(), input_ids, grad_output)?,
+                &self.pools,
+            ),
+            Dt::F64(l) => gradients_of(
+                emb_backward_tape(l, self.pools.of(), input_ids, grad_output)?,
+                &self.pools,
+            ),
         })
     }
 }
@@ -855,7 +870,11 @@ impl PyHead {
                     grad_loss,
                     hidden_grad,
                 )?;
-                (gh.map(|a| to_numpy(py, a).into_any()), gradients_of(e))
+                (
+                    gh.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
+                )
             }
             Dt::F64(l) => {
                 let (gh, e) = head_backward(
@@ -867,7 +886,11 @@ impl PyHead {
                     grad_loss,
                     hidden_grad,
                 )?;
-                (gh.map(|a| to_numpy(py, a).into_any()), gradients_of(e))
+                (
+                    gh.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
+                )
             }
         })
     }
@@ -901,8 +924,9 @@ impl PyHead {
                     head_sum_backward(py, l, self.pools.of(), hidden, labels, hidden_grad, true)?;
                 (
                     loss as f64,
-                    gh.map(|a| to_numpy(py, a).into_any()),
-                    gradients_of(e),
+                    gh.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
                 )
             }
             Dt::F64(l) => {
@@ -910,8 +934,9 @@ impl PyHead {
                     head_sum_backward(py, l, self.pools.of(), hidden, labels, hidden_grad, true)?;
                 (
                     loss,
-                    gh.map(|a| to_numpy(py, a).into_any()),
-                    gradients_of(e),
+                    gh.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
                 )
             }
         })
@@ -1331,11 +1356,19 @@ impl PyVocabulary {
         Ok(match &self.inner {
             Dt::F32(s) => {
                 let (g, e) = vocab_backward(py, s, self.pools.of(), args, use_gate, shared_grad)?;
-                (g.map(|a| to_numpy(py, a).into_any()), gradients_of(e))
+                (
+                    g.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
+                )
             }
             Dt::F64(s) => {
                 let (g, e) = vocab_backward(py, s, self.pools.of(), args, use_gate, shared_grad)?;
-                (g.map(|a| to_numpy(py, a).into_any()), gradients_of(e))
+                (
+                    g.map(|a| to_numpy_pooled(py, a, self.pools.of()).map(|x| x.into_any()))
+                        .transpose()?,
+                    gradients_of(e, &self.pools),
+                )
             }
         })
     }
@@ -1349,20 +1382,14 @@ impl PyVocabulary {
         fusion_weight: f64,
     ) -> PyResult<PyGradients> {
         Ok(match &self.inner {
-            Dt::F32(s) => gradients_of(vocab_penalty_backward(
-                py,
-                s,
-                self.pools.of(),
-                penalty_weight,
-                fusion_weight,
-            )?),
-            Dt::F64(s) => gradients_of(vocab_penalty_backward(
-                py,
-                s,
-                self.pools.of(),
-                penalty_weight,
-                fusion_weight,
-            )?),
+            Dt::F32(s) => gradients_of(
+                vocab_penalty_backward(py, s, self.pools.of(), penalty_weight, fusion_weight)?,
+                &self.pools,
+            ),
+            Dt::F64(s) => gradients_of(
+                vocab_penalty_backward(py, s, self.pools.of(), penalty_weight, fusion_weight)?,
+                &self.pools,
+            ),
         })
     }
 }

@@ -624,9 +624,12 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
         }
     }
     let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
-    let rows = [sv.rows_mut()];
-    rows_opt.step(rows.into_iter().collect(), &src).or_raise()?;
-    gate_opt.step(vec![sv.gate_logit_mut()], &src).or_raise()
+    let r = rows_opt
+        .step(vec![sv.rows_mut()], &src)
+        .and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
+    drop(src);
+    crate::layers::give_back(own, pool);
+    r.or_raise()
 }
 
 #[pymethods]
