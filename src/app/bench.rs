@@ -29,7 +29,10 @@
 //! [`run`] times one warm-up step and then `steps` steps, reads the peak
 //! resident memory, measures a large memory copy (and, for `lmhead`, an
 //! sgemm) in the same process and on the same threads, and relates the
-//! step to them. The bytes a step must move are counted term by term in
+//! step to them. With [`BenchConfig::reference`], `lmhead` alternates its
+//! steps with steps of the same head on `matrixmultiply`, the reference
+//! kernel, and reports both. [`sweep`] times the bigram model's training
+//! step over vocabulary sizes and widths. The bytes a step must move are counted term by term in
 //! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
 //!
 //! [`SplitTokenEmbeddings`]: crate::layers::SplitTokenEmbeddings
@@ -49,8 +52,10 @@ use rayon::prelude::*;
 
 use crate::{Error, Real, Result, Rng};
 
+pub mod sweep;
 mod workloads;
 
+pub use sweep::{SweepConfig, SweepRow, sweep};
 use workloads::build;
 
 /// Bytes of one `f32`.
@@ -156,6 +161,10 @@ pub struct BenchConfig {
     /// Every size divided by this (at least 1 each): 1 is the workload of
     /// `docs/spec.md#5-benchmark-workloads`, larger values make a quick smoke run.
     pub scale: usize,
+    /// For `lmhead`: also time each step on `matrixmultiply`
+    /// ([`HeadKernel::Matrixmultiply`](crate::ops::fused_ce::HeadKernel)),
+    /// the two kernels alternating step by step.
+    pub reference: bool,
 }
 
 impl BenchConfig {
@@ -166,6 +175,7 @@ impl BenchConfig {
             steps: 10,
             threads: None,
             scale: 1,
+            reference: false,
         }
     }
 }
@@ -222,6 +232,20 @@ pub struct BenchReport {
     pub gflops_fraction: Option<f64>,
     /// For `lmhead`: the fused kernel's workspace, bytes.
     pub workspace_bytes: Option<u64>,
+    /// For `lmhead`: 6·N_active·V·H, the products the summed head does
+    /// (ignored tokens are skipped).
+    pub useful_flops: Option<f64>,
+    /// For `lmhead`: `useful_flops / median_s / sgemm rate`.
+    pub useful_fraction: Option<f64>,
+    /// For `lmhead`: the rate of the same sgemm on the crate's tile kernel
+    /// ([`crate::kernels::gemm::gemm`]), GFLOP/s.
+    pub tile_sgemm_gflops: Option<f64>,
+    /// With [`BenchConfig::reference`]: seconds of each step on
+    /// `matrixmultiply`, in order (each right after the step of `step_s`
+    /// with the same index, or right before it: the order alternates).
+    pub reference_step_s: Vec<f64>,
+    /// The median of `reference_step_s`.
+    pub reference_median_s: Option<f64>,
     /// The loss of the last step (before its update).
     pub loss: f64,
 }
@@ -268,16 +292,35 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
 
 /// [`run`] in the current rayon pool.
 fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
+    use crate::ops::fused_ce::HeadKernel;
     let mut w = build(cfg.workload, cfg.scale)?;
+    let reference = cfg.reference && w.set_kernel(HeadKernel::Matrixmultiply);
+    if reference {
+        w.step()?;
+        w.set_kernel(HeadKernel::Auto);
+    }
     w.step()?;
     let mut step_s = Vec::with_capacity(cfg.steps);
+    let mut reference_step_s = Vec::new();
     let mut phases: [Vec<f64>; 3] = Default::default();
     let mut loss = 0.0;
     let sched0 = sched_ns();
-    for _ in 0..cfg.steps {
-        let t0 = Instant::now();
-        let out = w.step()?;
-        step_s.push(t0.elapsed().as_secs_f64());
+    for i in 0..cfg.steps {
+        // With a reference, every other step runs it first.
+        let timed = |w: &mut workloads::Built, kernel| -> Result<(f64, workloads::StepOut)> {
+            w.set_kernel(kernel);
+            let t0 = Instant::now();
+            let out = w.step()?;
+            Ok((t0.elapsed().as_secs_f64(), out))
+        };
+        if reference && i % 2 == 1 {
+            reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
+        }
+        let (s, out) = timed(&mut w, HeadKernel::Auto)?;
+        step_s.push(s);
+        if reference && i % 2 == 0 {
+            reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
+        }
         loss = out.loss;
         for (p, s) in phases.iter_mut().zip(out.phase_s) {
             p.push(s);
@@ -297,10 +340,14 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let params_bytes = w.params_bytes();
     let workspace_bytes = w.workspace_bytes();
     let flops = w.flops();
+    let useful_flops = w.useful_flops();
     let sgemm_shape = w.sgemm_shape();
     drop(w);
     let memcpy_gbps = memcpy_gbps((64 << 20) / cfg.scale);
-    let sgemm_gflops = sgemm_shape.map(|(m, k, n)| sgemm_gflops(m, k, n));
+    let sgemm_rate = sgemm_shape.map(|(m, k, n)| sgemm_gflops(m, k, n, None));
+    let tile_sgemm_gflops = sgemm_shape.and_then(|(m, k, n)| {
+        crate::kernels::gemm::Isa::fast().map(|isa| sgemm_gflops(m, k, n, Some(isa)))
+    });
     let gflops = flops.map(|f| f / median_s / 1e9);
     Ok(BenchReport {
         workload: cfg.workload,
@@ -321,9 +368,16 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
         flops,
         gflops,
-        sgemm_gflops,
-        gflops_fraction: gflops.zip(sgemm_gflops).map(|(a, b)| a / b),
+        sgemm_gflops: sgemm_rate,
+        gflops_fraction: gflops.zip(sgemm_rate).map(|(a, b)| a / b),
         workspace_bytes,
+        useful_flops,
+        useful_fraction: useful_flops
+            .zip(sgemm_rate)
+            .map(|(f, s)| f / median_s / 1e9 / s),
+        tile_sgemm_gflops,
+        reference_median_s: (!reference_step_s.is_empty()).then(|| median(&reference_step_s)),
+        reference_step_s,
         loss,
     })
 }
@@ -365,6 +419,12 @@ fn sched_ns() -> Option<(u64, u64)> {
 
 /// Best of five parallel copies of `n` `f32` (after one that faults the
 /// pages in), counting bytes read plus bytes written, GB/s.
+pub(crate) fn copy_rate_gbps(n: usize) -> f64 {
+    memcpy_gbps(n)
+}
+
+/// Best of five parallel copies of `n` `f32` (after one that faults the
+/// pages in), counting bytes read plus bytes written, GB/s.
 ///
 /// Both buffers start on a page boundary: a destination a few bytes past
 /// the source modulo 4096 makes every load wait on the store before it (4K
@@ -395,8 +455,14 @@ fn memcpy_gbps(n: usize) -> f64 {
     (2 * n as u64 * F32) as f64 / best / 1e9
 }
 
-/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s.
-fn sgemm_gflops(m: usize, k: usize, n: usize) -> f64 {
+/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s:
+/// through `matrixmultiply` (`f32::gemm`), or the tile kernel `isa`.
+pub(crate) fn sgemm_gflops(
+    m: usize,
+    k: usize,
+    n: usize,
+    isa: Option<crate::kernels::gemm::Isa>,
+) -> f64 {
     let mut rng = Rng::new(11);
     let a = Array2::from_shape_fn((m, k), |_| rng.normal() as f32);
     let b = Array2::from_shape_fn((k, n), |_| rng.normal() as f32);
@@ -404,7 +470,10 @@ fn sgemm_gflops(m: usize, k: usize, n: usize) -> f64 {
     let mut best = f64::INFINITY;
     for rep in 0..4 {
         let t0 = Instant::now();
-        f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut());
+        match isa {
+            None => f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut()),
+            Some(isa) => crate::kernels::gemm::gemm(isa, a.view(), b.view(), c.view_mut(), false),
+        }
         let t = t0.elapsed().as_secs_f64();
         if rep > 0 {
             best = best.min(t);
@@ -422,6 +491,35 @@ mod tests {
     fn median_of_odd_and_even_counts() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn lmhead_alternates_with_its_reference() {
+        let cfg = BenchConfig {
+            steps: 3,
+            scale: 64,
+            reference: true,
+            ..BenchConfig::new(Workload::LmHead)
+        };
+        let r = run(&cfg).unwrap();
+        assert_eq!(r.reference_step_s.len(), 3);
+        assert!(
+            r.reference_median_s
+                .is_some_and(|m| m.is_finite() && m > 0.0)
+        );
+        let (useful, all) = (r.useful_flops.unwrap(), r.flops.unwrap());
+        assert!(useful > 0.0 && useful < all, "{useful} vs {all}");
+        assert!(r.useful_fraction.is_some_and(f64::is_finite));
+        // Only the head has a second kernel to compare with.
+        let e = run(&BenchConfig {
+            steps: 1,
+            scale: 256,
+            reference: true,
+            ..BenchConfig::new(Workload::EmbedFull)
+        })
+        .unwrap();
+        assert!(e.reference_step_s.is_empty() && e.reference_median_s.is_none());
+        assert!(e.useful_flops.is_none() && e.tile_sgemm_gflops.is_none());
     }
 
     #[test]

@@ -155,6 +155,25 @@ impl<T: Real> BigramModel<T> {
         self.embeddings.split("vocab").expect("the one split")
     }
 
+    /// The distinct hidden rows of a batch: how many rows the head computes
+    /// for it. Errors as [`Self::loss`] on ids out of range.
+    ///
+    /// ```
+    /// use splitgrad::{io::SplitIndex, app::model::{Batch, BigramModel, ModelConfig}};
+    /// let cfg = ModelConfig { vocab_size: 10, n_languages: 2, dim: 4, gate_init: 0.0 };
+    /// let m = BigramModel::<f32>::new(cfg, SplitIndex::new(vec![1], vec![3]))?;
+    /// // Token 3 in language 1 has a row of its own; token 3 in language 0 and
+    /// // token 5 in both languages read the shared rows.
+    /// let b = Batch { tokens: vec![3, 3, 5, 5], languages: vec![0, 1, 0, 1], targets: vec![0; 4] };
+    /// assert_eq!(m.hidden_rows(&b)?, 3);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn hidden_rows(&self, batch: &Batch) -> Result<usize> {
+        Ok(unique_hidden(&self.split, &batch.tokens, &batch.languages)?
+            .0
+            .len())
+    }
+
     /// Records the loss of a batch. Contexts that repeat are computed once.
     ///
     /// `use_gate = false` is fusion mode; a penalty weight of 0 leaves its

@@ -12,6 +12,7 @@ use crate::io::SplitIndex;
 use crate::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
 };
+use crate::ops::fused_ce::HeadKernel;
 use crate::ops::fused_ce_sum::SumChunks;
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
 use crate::param::Parameter;
@@ -107,6 +108,33 @@ impl Built {
     pub(super) fn flops(&self) -> Option<f64> {
         self.sgemm_shape()
             .map(|(n, h, v)| 6.0 * n as f64 * v as f64 * h as f64)
+    }
+
+    /// For `lmhead`: 6·N_active·V·H, the products the summed head does.
+    pub(super) fn useful_flops(&self) -> Option<f64> {
+        match self {
+            Built::LmHead(b) => {
+                let active = b
+                    .labels
+                    .iter()
+                    .filter(|&&l| l != crate::ops::cross_entropy::IGNORE_INDEX)
+                    .count();
+                let (h, v) = (b.head.hidden_size(), b.head.vocab_size());
+                Some(6.0 * active as f64 * v as f64 * h as f64)
+            }
+            _ => None,
+        }
+    }
+
+    /// Sets the head's products (`lmhead` only; `false` for the others).
+    pub(super) fn set_kernel(&mut self, kernel: HeadKernel) -> bool {
+        match self {
+            Built::LmHead(b) => {
+                b.head.set_kernel(kernel);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// (N, H, V) of the head: the shape of its logits gemm.

@@ -1,10 +1,15 @@
 //! `splitgrad bench`: times one workload of `docs/spec.md#5-benchmark-workloads` and relates it
-//! to the memory copy and sgemm rates of the same process.
+//! to the memory copy and sgemm rates of the same process; or, with
+//! `--sweep`, the scaling table of the bigram model's training step.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::app::bench::{BenchConfig, BenchReport, Workload, run as run_bench};
+use crate::app::bench::{
+    BenchConfig, BenchReport, SweepConfig, SweepRow, Workload, run as run_bench, sweep,
+};
 use clap::Args;
+use plotters::prelude::*;
 use serde_json::{Value, json};
 
 use super::{CliResult, set_threads};
@@ -12,11 +17,11 @@ use super::{CliResult, set_threads};
 /// Options of `splitgrad bench`.
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Workload: embed_prompt, embed_full, splitvocab or lmhead.
-    pub workload: Workload,
-    /// Timed steps after one warm-up step.
-    #[arg(long, default_value_t = 10)]
-    pub steps: usize,
+    /// Workload: embed_prompt, embed_full, splitvocab or lmhead (none with --sweep).
+    pub workload: Option<Workload>,
+    /// Timed steps after one warm-up step [default: 10; 3 for each row of --sweep].
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// Worker threads, of rayon and of the matrix products (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -26,22 +31,59 @@ pub struct BenchArgs {
     /// Also print the report as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
+    /// lmhead: also time every step on matrixmultiply, the reference kernel, alternating with the
+    /// tile kernel step by step.
+    #[arg(long)]
+    pub reference: bool,
+    /// Instead of a workload: the bigram model's training step on the synthetic corpus for every
+    /// V of --sweep-v and D of --sweep-d (time per step, tokens per second, fractions of the
+    /// sgemm and copy rates measured beside them).
+    #[arg(long)]
+    pub sweep: bool,
+    /// The sweep's vocabulary sizes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "500,2000,8000,32000,128000"
+    )]
+    pub sweep_v: Vec<usize>,
+    /// The sweep's widths D.
+    #[arg(long, value_delimiter = ',', default_value = "64,512")]
+    pub sweep_d: Vec<usize>,
+    /// The sweep's plot (SVG): tokens per second and the two fractions against V.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }
 
 /// Runs `bench` and prints the report.
 pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
-    if args.steps == 0 {
+    if args.steps == Some(0) {
         return Err("--steps must be at least 1".into());
     }
     if args.scale == 0 {
         return Err("--scale must be at least 1".into());
     }
+    if args.sweep {
+        if args.workload.is_some() {
+            return Err("--sweep times the bigram model: give no workload with it".into());
+        }
+        return run_sweep(&args);
+    }
+    let Some(workload) = args.workload else {
+        return Err(
+            "give a workload (embed_prompt, embed_full, splitvocab or lmhead) or --sweep".into(),
+        );
+    };
+    if args.svg.is_some() {
+        return Err("--svg plots the sweep: use it with --sweep".into());
+    }
     set_threads(args.threads)?;
     let cfg = BenchConfig {
-        workload: args.workload,
-        steps: args.steps,
+        workload,
+        steps: args.steps.unwrap_or(10),
         threads: None,
         scale: args.scale,
+        reference: args.reference,
     };
     let r = run_bench(&cfg)?;
     print!("{}", table(&r));
@@ -136,6 +178,32 @@ fn table(r: &BenchReport) -> String {
             ),
         ));
     }
+    if let (Some(f), Some(s)) = (r.useful_fraction, r.sgemm_gflops) {
+        rows.push((
+            "useful".into(),
+            format!(
+                "{:.1} GFLOP/s on 6·N_active·V·H, {:.0} % of the sgemm rate {s:.1} GFLOP/s",
+                f * s,
+                100.0 * f
+            ),
+        ));
+    }
+    if let Some(t) = r.tile_sgemm_gflops {
+        rows.push((
+            "tile sgemm".into(),
+            format!("{t:.1} GFLOP/s (the same sgemm on the tile kernel)"),
+        ));
+    }
+    if let Some(m) = r.reference_median_s {
+        rows.push((
+            "reference".into(),
+            format!(
+                "median {} on matrixmultiply, alternating: the tile kernel is {:.2}× faster",
+                ms(m),
+                m / r.median_s
+            ),
+        ));
+    }
     if let Some(w) = r.workspace_bytes {
         rows.push((
             "workspace".into(),
@@ -180,8 +248,173 @@ fn to_json(r: &BenchReport) -> Value {
         "sgemm_gflops": r.sgemm_gflops,
         "gflops_fraction": r.gflops_fraction,
         "workspace_bytes": r.workspace_bytes,
+        "useful_flops": r.useful_flops,
+        "useful_fraction": r.useful_fraction,
+        "tile_sgemm_gflops": r.tile_sgemm_gflops,
+        "reference_median_s": r.reference_median_s,
+        "reference_step_s": r.reference_step_s,
         "pytorch_s": r.workload.pytorch_s(),
         "speedup_vs_pytorch": r.speedup_vs_pytorch(),
         "loss": r.loss,
     })
+}
+
+/// `bench --sweep`: the table, row by row as each is done, then the JSON
+/// and the plot.
+fn run_sweep(args: &BenchArgs) -> CliResult<ExitCode> {
+    set_threads(args.threads)?;
+    let cfg = SweepConfig {
+        vocab_sizes: args.sweep_v.clone(),
+        dims: args.sweep_d.clone(),
+        steps: args.steps.unwrap_or(3),
+        ..SweepConfig::default()
+    };
+    println!(
+        "bigram training step, batch {}, {} languages, {} threads",
+        cfg.batch,
+        cfg.n_languages,
+        rayon::current_num_threads()
+    );
+    println!(
+        "{:>7} {:>4} {:>7} {:>10} {:>10} {:>9} {:>8} {:>7} {:>8} {:>7}",
+        "V", "D", "rows", "step", "tokens/s", "GFLOP/s", "sgemm", "of it", "copy", "of it"
+    );
+    let rows = sweep(&cfg, |r| {
+        println!(
+            "{:>7} {:>4} {:>7.0} {:>10} {:>10.0} {:>9.1} {:>8.1} {:>6.0}% {:>8.1} {:>6.1}%",
+            r.vocab_size,
+            r.dim,
+            r.hidden_rows,
+            ms(r.median_s),
+            r.tokens_per_s,
+            r.gflops,
+            r.sgemm_gflops,
+            100.0 * r.sgemm_fraction,
+            r.memcpy_gbps,
+            100.0 * r.copy_fraction
+        );
+    })?;
+    if let Some(path) = &args.svg {
+        sweep_plot(path, &rows)?;
+    }
+    if args.json {
+        let v: Vec<Value> = rows.iter().map(sweep_json).collect();
+        println!("{}", serde_json::to_string(&v)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sweep_json(r: &SweepRow) -> Value {
+    json!({
+        "vocab_size": r.vocab_size,
+        "dim": r.dim,
+        "batch": r.batch,
+        "split_rows": r.split_rows,
+        "hidden_rows": r.hidden_rows,
+        "step_s": r.step_s,
+        "median_s": r.median_s,
+        "tokens_per_s": r.tokens_per_s,
+        "head_flops": r.head_flops,
+        "gflops": r.gflops,
+        "sgemm_gflops": r.sgemm_gflops,
+        "sgemm_fraction": r.sgemm_fraction,
+        "bytes": r.bytes,
+        "memcpy_gbps": r.memcpy_gbps,
+        "copy_fraction": r.copy_fraction,
+    })
+}
+
+/// Two panels against V (log axes): tokens per second, and the step's
+/// fractions of the sgemm rate (solid) and of the copy rate (dashed); one
+/// colour per D.
+fn sweep_plot(path: &Path, rows: &[SweepRow]) -> CliResult<()> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((1, 2));
+        let v_lo = rows.iter().map(|r| r.vocab_size).min().unwrap_or(1) as f64;
+        let v_hi = rows.iter().map(|r| r.vocab_size).max().unwrap_or(2) as f64;
+        let x = (v_lo / 1.3).max(1.0)..(v_hi * 1.3).max(2.0);
+        let mut dims: Vec<usize> = rows.iter().map(|r| r.dim).collect();
+        dims.sort_unstable();
+        dims.dedup();
+        let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+        let series = |d: usize, f: &dyn Fn(&SweepRow) -> f64| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.dim == d)
+                .map(|r| (r.vocab_size as f64, f(r)))
+                .collect()
+        };
+        let t_lo = rows
+            .iter()
+            .map(|r| r.tokens_per_s)
+            .fold(f64::INFINITY, f64::min);
+        let t_hi = rows.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max);
+        let mut c = ChartBuilder::on(&panels[0])
+            .caption(
+                "bigram training step: tokens per second",
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(34)
+            .y_label_area_size(64)
+            .build_cartesian_2d(
+                x.clone().log_scale(),
+                ((t_lo / 1.5).max(1.0)..t_hi * 1.5).log_scale(),
+            )?;
+        c.configure_mesh()
+            .x_desc("V (log scale)")
+            .y_desc("tokens/s")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .draw()?;
+        for (i, &d) in dims.iter().enumerate() {
+            let col = colors[i % colors.len()];
+            c.draw_series(LineSeries::new(
+                series(d, &|r| r.tokens_per_s),
+                col.stroke_width(2),
+            ))?
+            .label(format!("D {d}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col));
+        }
+        c.configure_series_labels().border_style(BLACK).draw()?;
+        let f_hi = rows
+            .iter()
+            .flat_map(|r| [r.sgemm_fraction, r.copy_fraction])
+            .fold(1.0f64, f64::max);
+        let mut c = ChartBuilder::on(&panels[1])
+            .caption(
+                "fraction of the sgemm (—) and copy (- -) rates",
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(34)
+            .y_label_area_size(48)
+            .build_cartesian_2d(x.log_scale(), 0.0..f_hi * 1.05)?;
+        c.configure_mesh()
+            .x_desc("V (log scale)")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .draw()?;
+        for (i, &d) in dims.iter().enumerate() {
+            let col = colors[i % colors.len()];
+            c.draw_series(LineSeries::new(
+                series(d, &|r| r.sgemm_fraction),
+                col.stroke_width(2),
+            ))?
+            .label(format!("D {d}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col));
+            c.draw_series(DashedLineSeries::new(
+                series(d, &|r| r.copy_fraction),
+                6,
+                4,
+                col.stroke_width(1),
+            ))?;
+        }
+        c.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+    }
+    crate::io::write_atomic(path, |w| Ok(std::io::Write::write_all(w, svg.as_bytes())?))?;
+    Ok(())
 }

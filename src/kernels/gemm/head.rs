@@ -36,7 +36,7 @@ use rayon::prelude::*;
 
 use super::micro::{Dst, Lhs, MR, NR, Rhs, Tile, TileFn};
 use super::{Isa, pack};
-use crate::kernels::exp::exp_f32;
+use crate::kernels::exp::exp_fma;
 use crate::kernels::pool::Pool;
 
 /// How far a later logit may exceed a row's shift before the shift is
@@ -680,7 +680,7 @@ fn phase_a(
     wsum: &[[f32; NR]],
 ) {
     match isa {
-        Isa::Scalar => phase_a_body(job, g0, cols, zs, e, labs, wsum),
+        Isa::Scalar => phase_a_body::<false>(job, g0, cols, zs, e, labs, wsum),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the job's kernel is `isa`'s, which was checked available.
         Isa::Avx2Fma => unsafe { phase_a_avx2(job, g0, cols, zs, e, labs, wsum) },
@@ -701,13 +701,16 @@ unsafe fn phase_a_avx2(
     labs: &[Vec<Lab>],
     wsum: &[[f32; NR]],
 ) {
-    phase_a_body(job, g0, cols, zs, e, labs, wsum)
+    phase_a_body::<true>(job, g0, cols, zs, e, labs, wsum)
 }
 
 /// Phase A for the chunk panels `g0..g0 + cols.len()`: every vocabulary
 /// panel of the block against each of them.
+///
+/// `AVX2`: the caller is compiled for AVX2 and FMA, so the kernel of six
+/// rows is called directly (and inlined) rather than through `job.tile`.
 #[inline(always)]
-fn phase_a_body(
+fn phase_a_body<const AVX2: bool>(
     job: &AJob<'_>,
     g0: usize,
     cols: &mut [Cols],
@@ -727,7 +730,10 @@ fn phase_a_body(
     // stay in L1), H in blocks of KC_H; the tiles wait in `tiles` between
     // blocks of H, and take the softmax after the last.
     let (kc_h, panels_a) = (KC_H, PANELS_A);
-    let mut tiles: Vec<Tile> = vec![[[0.0; NR]; MR]; n * panels_a];
+    // With H in one block each tile takes its softmax at once: one tile.
+    let multi = job.hd > kc_h;
+    let at = |q: usize, i: usize| if multi { q * panels_a + i } else { 0 };
+    let mut tiles: Vec<Tile> = vec![[[0.0; NR]; MR]; if multi { n * panels_a } else { 1 }];
     for blk in job.panels.chunks(panels_a) {
         for k0 in (0..job.hd).step_by(kc_h) {
             let kc = kc_h.min(job.hd - k0);
@@ -741,17 +747,32 @@ fn phase_a_body(
                     let w = job.w[pan.split];
                     let lhs =
                         Lhs::strided(w.ptr.wrapping_add(pan.local * w.rs + k0 * w.cs), w.rs, w.cs);
-                    let t = &mut tiles[q * panels_a + i];
+                    let t = &mut tiles[at(q, i)];
                     // SAFETY: rows local..local + rows of the split exist
                     // (panels never pass a split's end) and are read
                     // through the view's own strides at columns k0..k0 + kc
                     // < H; the packed chunk panel holds hd steps of 16
                     // floats.
-                    unsafe { (job.tile)(kc, pan.rows, lhs, rhs, Dst::tile(t), k0 > 0) };
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 && pan.rows == MR {
+                        // SAFETY: as above; with AVX2 set, the caller is
+                        // compiled for, and runs on, a CPU with AVX2 and FMA.
+                        unsafe {
+                            super::micro::avx2::rows::<MR>(kc, lhs, rhs, Dst::tile(t), k0 > 0)
+                        };
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { (job.tile)(kc, pan.rows, lhs, rhs, Dst::tile(t), k0 > 0) };
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    // SAFETY: as above.
+                    unsafe {
+                        (job.tile)(kc, pan.rows, lhs, rhs, Dst::tile(t), k0 > 0)
+                    };
                     if !last {
                         continue;
                     }
-                    let t = &tiles[q * panels_a + i];
+                    let t = &tiles[at(q, i)];
                     let vrow = pan.global - job.vb0;
                     let c = &mut cols[q];
                     let ep: &mut [MaybeUninit<f32>] = if job.store {
@@ -818,17 +839,23 @@ fn forward_tile<const STORE: bool>(
     for (r, row) in t.iter().enumerate().take(rows) {
         let mut x = [0.0f32; NR];
         for (((x, sum), &z), &s) in x.iter_mut().zip(ts.iter_mut()).zip(row).zip(&c.s) {
-            *x = exp_f32(z - s);
+            *x = exp_fma(z - s);
             *sum += *x;
         }
         if STORE {
-            for (d, &x) in e[(vrow + r) * NR..(vrow + r + 1) * NR].iter_mut().zip(&x) {
-                d.write(x);
-            }
+            put_row(&mut e[(vrow + r) * NR..(vrow + r + 1) * NR], &x);
         }
     }
     for (t, &x) in c.t.iter_mut().zip(&ts) {
         *t += x as f64;
+    }
+}
+
+/// Writes a row of 16 floats.
+#[inline(always)]
+fn put_row(dst: &mut [MaybeUninit<f32>], x: &[f32; NR]) {
+    for (d, &x) in dst[..NR].iter_mut().zip(x) {
+        d.write(x);
     }
 }
 
@@ -867,11 +894,9 @@ fn grads_tile(t: &Tile, rows: usize, c: &Cols, w: &[f32; NR], e: &mut [MaybeUnin
     for (r, row) in t.iter().enumerate().take(rows) {
         let mut x = [0.0f32; NR];
         for (((x, &z), (&m, &l)), &w) in x.iter_mut().zip(row).zip(c.m.iter().zip(&c.s)).zip(w) {
-            *x = w * exp_f32((z - m) - l);
+            *x = w * exp_fma((z - m) - l);
         }
-        for (d, &x) in e[r * NR..(r + 1) * NR].iter_mut().zip(&x) {
-            d.write(x);
-        }
+        put_row(&mut e[r * NR..(r + 1) * NR], &x);
     }
 }
 

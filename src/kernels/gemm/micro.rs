@@ -119,13 +119,16 @@ pub(crate) mod avx2 {
     use super::{Dst, Lhs, Rhs};
     use std::arch::x86_64::*;
 
-    /// The AVX2 + FMA kernel for `R` rows: 2·R accumulators.
+    /// The AVX2 + FMA kernel for `R` rows: 2·R accumulators. Callers
+    /// compiled for AVX2 and FMA may call it directly, so that it is
+    /// inlined into their loops.
     ///
     /// # Safety
     ///
     /// As [`super::TileFn`], and the CPU must have AVX2 and FMA.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows<const R: usize>(k: usize, a: Lhs, b: Rhs, out: Dst, add: bool) {
+    pub(crate) unsafe fn rows<const R: usize>(k: usize, a: Lhs, b: Rhs, out: Dst, add: bool) {
         let mut c0 = [_mm256_setzero_ps(); R];
         let mut c1 = [_mm256_setzero_ps(); R];
         if add {
@@ -142,6 +145,14 @@ pub(crate) mod avx2 {
         let mut left = k;
         while left > 0 {
             let len = kb.min(left);
+            if len < left {
+                // The next block of A is elsewhere (a panel of 16 columns of
+                // another part): ask for its rows now. A prefetch never faults.
+                let next = block.wrapping_add(a.bs);
+                for r in 0..R {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * a.rs).cast::<i8>());
+                }
+            }
             let mut off = 0usize;
             for _ in 0..len {
                 // SAFETY: B(k', 0..16) is readable for every k' < k (the
