@@ -59,6 +59,7 @@ use crate::app::corpus::Corpus;
 use crate::app::model::BigramModel;
 use crate::error::{Error, Result};
 use crate::kernels::Real;
+use crate::kernels::exp::scaled_exp;
 use crate::ops::fused_ce::{ChunkSizes, Targets, fused_ce_forward};
 use crate::ops::sigmoid::sigmoid;
 use crate::state::Module;
@@ -332,6 +333,29 @@ pub fn evaluate<T: Real>(
     heldout: &Corpus,
     use_gate: bool,
 ) -> Result<HeldOut> {
+    evaluate_on(model, heldout, use_gate, true)
+}
+
+/// The held-out cross-entropy of the model and of its all-gates-closed
+/// ablation, `(ce, ce_closed)`, per token: [`evaluate`] without the rows'
+/// null distributions (the curve points of a run need only these two).
+pub fn heldout_ce<T: Real>(
+    model: &BigramModel<T>,
+    heldout: &Corpus,
+    use_gate: bool,
+) -> Result<(f64, f64)> {
+    let e = evaluate_on(model, heldout, use_gate, false)?;
+    Ok((e.ce, e.ce_closed))
+}
+
+/// [`evaluate`]; the rows' null distributions only `with_nulls` (zeros
+/// otherwise).
+fn evaluate_on<T: Real>(
+    model: &BigramModel<T>,
+    heldout: &Corpus,
+    use_gate: bool,
+    with_nulls: bool,
+) -> Result<HeldOut> {
     let cfg = model.config();
     let (v, d) = (cfg.vocab_size, cfg.dim);
     heldout
@@ -486,11 +510,13 @@ pub fn evaluate<T: Real>(
         })
         .collect();
     let mut nulls = vec![(0.0, 0.0, 0.0); n_rows];
-    for (&r, null) in row_ids
-        .iter()
-        .zip(null_distributions(&hidden, &w, &stats, &pairs))
-    {
-        nulls[r] = null;
+    if with_nulls {
+        for (&r, null) in row_ids
+            .iter()
+            .zip(null_distributions(&hidden, &w, &stats, &pairs))
+        {
+            nulls[r] = null;
+        }
     }
     let rows = sums
         .into_iter()
@@ -602,16 +628,30 @@ fn null_distributions<T: Real>(
                 T::zero(),
                 z_closed.view_mut(),
             );
+            // Per pair, over the vocabulary: the closed row's log-probability
+            // lc, the saving d = lo − lc, and q = exp(lc) by the vectorised
+            // exp of the kernels (in the model's precision; the moments are
+            // summed in f64).
+            let mut q = vec![T::zero(); w.nrows()];
             (0..r1 - r0)
                 .map(|i| {
                     let (ho, hc) = (open_rows[i], closed_rows[i]);
-                    let (mo, so) = (stats.max[ho].to_f64(), stats.log_sum[ho].to_f64());
-                    let (mc, sc) = (stats.max[hc].to_f64(), stats.log_sum[hc].to_f64());
+                    let shift_o = stats.max[ho] + stats.log_sum[ho];
+                    let shift_c = stats.max[hc] + stats.log_sum[hc];
+                    let mut zo = z_open.row_mut(i);
+                    let zo = zo.as_slice_mut().expect("standard layout");
+                    let zc = z_closed.row(i);
+                    let zc = zc.as_slice().expect("standard layout");
+                    for ((d, q), &c) in zo.iter_mut().zip(q.iter_mut()).zip(zc) {
+                        let o = *d;
+                        let lc = c - shift_c;
+                        *d = (o - shift_o) - lc;
+                        *q = lc;
+                    }
+                    scaled_exp(&mut q, T::zero(), T::one());
                     let (mut mean, mut sq, mut top) = (0.0, 0.0, f64::NEG_INFINITY);
-                    for (&zo, &zc) in z_open.row(i).iter().zip(z_closed.row(i).iter()) {
-                        let lc = (zc.to_f64() - mc) - sc;
-                        let d = ((zo.to_f64() - mo) - so) - lc;
-                        let q = lc.exp();
+                    for (&d, &q) in zo.iter().zip(q.iter()) {
+                        let (d, q) = (d.to_f64(), q.to_f64());
                         mean += q * d;
                         sq += q * d * d;
                         top = top.max(d);

@@ -123,7 +123,46 @@ fn scaled_exp_lanes(z: &mut [f32], shift: f32, scale: f32) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::exp_fma`] on eight lanes: the same operations in the same
+    /// order, so the same bits lane by lane (held by a test).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have AVX2 and FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn exp_fma_ps(x: __m256) -> __m256 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        const ROUND: f32 = 12_582_912.0;
+        let set = _mm256_set1_ps;
+        // `if x > c { c } else { x }` is `min(c, x)` (a NaN x stays x), and
+        // `if x < c { c } else { x }` is `max(c, x)`.
+        let x = _mm256_min_ps(set(88.7), x);
+        let x = _mm256_max_ps(set(-87.3), x);
+        let t = _mm256_fmadd_ps(x, set(LOG2E), set(ROUND));
+        let n = _mm256_sub_ps(t, set(ROUND));
+        let nn = _mm256_xor_ps(n, set(-0.0));
+        let r = _mm256_fmadd_ps(nn, set(LN2_HI), x);
+        let r = _mm256_fmadd_ps(nn, set(LN2_LO), r);
+        let p = _mm256_fmadd_ps(set(1.987_569_1e-4), r, set(1.398_199_9e-3));
+        let p = _mm256_fmadd_ps(p, r, set(8.333_452e-3));
+        let p = _mm256_fmadd_ps(p, r, set(4.166_579_6e-2));
+        let p = _mm256_fmadd_ps(p, r, set(1.666_666_5e-1));
+        let p = _mm256_fmadd_ps(p, r, set(0.5));
+        let p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), set(1.0));
+        let bits = _mm256_sub_epi32(
+            _mm256_castps_si256(t),
+            _mm256_set1_epi32(ROUND.to_bits() as i32),
+        );
+        let biased = _mm256_add_epi32(bits, _mm256_set1_epi32(127));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)))
+    }
+
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn max(z: &[f32]) -> f32 {
         super::max_lanes(z)
@@ -375,6 +414,51 @@ mod tests {
                 } else {
                     assert!((x - want).abs() <= 3e-7 * want, "{x} vs {want}");
                 }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_eight_lane_exp_gives_the_scalar_bits() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return;
+        }
+        let mut xs: Vec<f32> = (-2_000_000..=2_000_000).map(|i| i as f32 * 5e-5).collect();
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            0.0,
+            88.7,
+            88.8,
+            -87.3,
+            -87.4,
+            1e30,
+            -1e30,
+            f32::MIN_POSITIVE,
+        ]);
+        while xs.len() % 8 != 0 {
+            xs.push(0.5);
+        }
+        for c in xs.chunks_exact(8) {
+            let mut out = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were checked above; c holds 8 floats.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_ps(
+                    out.as_mut_ptr(),
+                    super::avx2::exp_fma_ps(_mm256_loadu_ps(c.as_ptr())),
+                )
+            };
+            for (&x, &y) in c.iter().zip(&out) {
+                let want = exp_fma(x);
+                assert!(
+                    want.to_bits() == y.to_bits() || (want.is_nan() && y.is_nan()),
+                    "exp_fma_ps({x}) = {y}, exp_fma gives {want}"
+                );
             }
         }
     }

@@ -398,7 +398,13 @@ pub fn print(r: &Value) {
         );
     }
     if let Some(tps) = r["tokens_per_second"].as_f64() {
-        println!("  {tps:.0} tokens/s on {} threads", r["threads"]);
+        match (r["contexts_per_step"].as_f64(), r["head_gflops"].as_f64()) {
+            (Some(m), Some(g)) => println!(
+                "  {tps:.0} tokens/s on {} threads (training steps only; {m:.0} distinct contexts a step, the head at {g:.1} GFLOP/s)",
+                r["threads"]
+            ),
+            _ => println!("  {tps:.0} tokens/s on {} threads", r["threads"]),
+        }
     }
 }
 

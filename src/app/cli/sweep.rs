@@ -20,7 +20,7 @@ use super::plots::{self, SweepPoint};
 use super::report::write_json;
 use super::train::{check_run_flags, run_to_end};
 use super::{CliResult, TrainArgs, set_threads};
-use crate::app::eval::evaluate;
+use crate::app::eval::heldout_ce;
 
 /// Options of `splitgrad sweep`.
 #[derive(Args, Debug, Clone)]
@@ -155,7 +155,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
             })
             .collect();
         let ce = trainer.history().last().map_or(f64::NAN, |s| s.ce);
-        let held = evaluate(trainer.model(), &data.heldout, false)?;
+        let (held_ce, held_ce_closed) = heldout_ce(trainer.model(), &data.heldout, false)?;
         let apart_text: Vec<String> = per_language
             .iter()
             .enumerate()
@@ -164,20 +164,20 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         println!(
             "  {w:>8}  {:>10.3}  {ce:>8.4}  {:>8.4}  {}",
             ev.mean,
-            held.ce,
+            held_ce,
             apart_text.join(" ")
         );
         points.push(SweepPoint {
             weight: w,
             effective: ev.mean,
-            heldout_ce: held.ce,
+            heldout_ce: held_ce,
         });
         rows.push(json!({
             "fusion_weight": w,
             "effective_vocabularies": ev.mean,
             "final_ce": ce,
-            "heldout_ce": held.ce,
-            "heldout_ce_shared_only": held.ce_closed,
+            "heldout_ce": held_ce,
+            "heldout_ce_shared_only": held_ce_closed,
             "language_apart": per_language,
             "apart": ev.apart.outer_iter().map(|r| r.to_vec()).collect::<Vec<_>>(),
         }));

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::Rng;
-use crate::app::eval::evaluate;
+use crate::app::eval::{evaluate, heldout_ce};
 use crate::app::model::{BigramModel, ModelConfig};
 use crate::app::train::{RunLabels, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -186,14 +186,18 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     trainer.set_labels(labels);
     let use_gate = !args.no_gate;
     if trainer.step_index() == 0 {
-        let e = evaluate(trainer.model(), &data.heldout, use_gate)?;
-        trainer.record_heldout(e.ce, e.ce_closed);
+        let (ce, ce_closed) = heldout_ce(trainer.model(), &data.heldout, use_gate)?;
+        trainer.record_heldout(ce, ce_closed);
     }
 
     let bar = progress_bar(args.steps, trainer.step_index());
-    let started = Instant::now();
+    // Tokens per second count the steps only: the held-out evaluations at
+    // powers of two and the checkpoints are timed apart.
+    let mut stepping = 0.0f64;
+    // Distinct hidden rows (contexts) of the steps run, for the head's rate.
+    let mut contexts = 0.0f64;
     let first = trainer.step_index();
-    let mut heldout_ce = trainer.heldout_curve().last().map_or(f64::NAN, |c| c.1);
+    let mut heldout = trainer.heldout_curve().last().map_or(f64::NAN, |c| c.1);
     while !trainer.is_done() {
         if let Some(code) = stop.requested() {
             bar.finish_and_clear();
@@ -203,18 +207,22 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
             bar.finish_and_clear();
             return stopped(&mut trainer, &ckpt, first, code);
         }
+        contexts += trainer
+            .model()
+            .hidden_rows(&trainer.batch_at(trainer.step_index()))? as f64;
+        let t0 = Instant::now();
         let s = trainer.step()?;
+        stepping += t0.elapsed().as_secs_f64();
         let step = trainer.step_index();
         if step.is_power_of_two() && !trainer.is_done() {
-            let e = evaluate(trainer.model(), &data.heldout, use_gate)?;
-            trainer.record_heldout(e.ce, e.ce_closed);
-            heldout_ce = e.ce;
+            let (ce, ce_closed) = heldout_ce(trainer.model(), &data.heldout, use_gate)?;
+            trainer.record_heldout(ce, ce_closed);
+            heldout = ce;
         }
         bar.set_position(step);
-        let secs = started.elapsed().as_secs_f64().max(1e-9);
-        let tps = (step - first) as f64 * args.batch as f64 / secs;
+        let tps = (step - first) as f64 * args.batch as f64 / stepping.max(1e-9);
         bar.set_message(format!(
-            "loss {:.4}  held-out {heldout_ce:.4}  {tps:.0} tok/s",
+            "loss {:.4}  held-out {heldout:.4}  {tps:.0} tok/s",
             s.total
         ));
         if step % args.checkpoint_every == 0 && !trainer.is_done() {
@@ -222,10 +230,9 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    let elapsed = started.elapsed().as_secs_f64();
     let steps_run = trainer.step_index() - first;
     let tokens_per_second = if steps_run > 0 {
-        steps_run as f64 * args.batch as f64 / elapsed
+        steps_run as f64 * args.batch as f64 / stepping.max(1e-9)
     } else {
         0.0
     };
@@ -248,6 +255,14 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     });
     let mut report = report;
     report["heldout_source"] = serde_json::json!(data.heldout_source);
+    if steps_run > 0 {
+        // The head's work: 6·m·V·D flops a step for m distinct contexts.
+        let m = contexts / steps_run as f64;
+        let flops = 6.0 * m * data.vocab_size as f64 * args.dim as f64;
+        report["contexts_per_step"] = serde_json::json!(m);
+        report["head_gflops"] =
+            serde_json::json!(flops * steps_run as f64 / stepping.max(1e-9) / 1e9);
+    }
     report::write_json(&out.join("report.json"), &report)?;
     plots::loss_curve(
         &out.join("loss.svg"),

@@ -798,6 +798,20 @@ fn phase_a_body<const AVX2: bool>(
                             zs[q][cursor[q]] = t[x.v - pan.global][x.j];
                             cursor[q] += 1;
                         }
+                        #[cfg(target_arch = "x86_64")]
+                        if AVX2 && pan.rows == MR {
+                            // SAFETY: with AVX2 set, the CPU has AVX2 and
+                            // FMA; a stored panel of E holds rows vrow..vrow
+                            // + 6 of 16 floats (the block's rows).
+                            unsafe {
+                                if job.store {
+                                    forward_tile6_avx2::<true>(t, c, ep, vrow);
+                                } else {
+                                    forward_tile6_avx2::<false>(t, c, ep, vrow);
+                                }
+                            }
+                            continue;
+                        }
                         if job.store {
                             forward_tile::<true>(t, pan.rows, c, ep, vrow);
                         } else {
@@ -848,6 +862,89 @@ fn forward_tile<const STORE: bool>(
     }
     for (t, &x) in c.t.iter_mut().zip(&ts) {
         *t += x as f64;
+    }
+}
+
+/// [`forward_tile`] for a whole tile of six rows on AVX2 + FMA: the same
+/// operations in the same order on 8-lane vectors (so the same bits), with
+/// the column state, the exponentials and their sums in registers. A tile
+/// that raises a shift (rare: only when a logit exceeds the row's shift by
+/// [`MARGIN`]) takes [`forward_tile`].
+///
+/// # Safety
+///
+/// The CPU must have AVX2 and FMA; when `STORE`, `e` holds rows `vrow..vrow
+/// + 6` of 16 floats.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn forward_tile6_avx2<const STORE: bool>(
+    t: &Tile,
+    c: &mut Cols,
+    e: &mut [MaybeUninit<f32>],
+    vrow: usize,
+) {
+    use crate::kernels::exp::avx2::exp_fma_ps;
+    use std::arch::x86_64::*;
+    // SAFETY (all loads and stores below): a tile row and the columns'
+    // arrays hold 16 floats (two vectors of 8); c.t holds 16 f64 (four
+    // vectors of 4); e's rows vrow..vrow + 6 hold 16 floats each (the
+    // caller's contract), checked by the slice index.
+    unsafe {
+        let ld = |p: &[f32; NR]| {
+            (
+                _mm256_loadu_ps(p.as_ptr()),
+                _mm256_loadu_ps(p.as_ptr().add(8)),
+            )
+        };
+        let mut cm = (
+            _mm256_set1_ps(f32::NEG_INFINITY),
+            _mm256_set1_ps(f32::NEG_INFINITY),
+        );
+        for row in t.iter() {
+            let (x0, x1) = ld(row);
+            cm = (_mm256_max_ps(x0, cm.0), _mm256_max_ps(x1, cm.1));
+        }
+        let s = ld(&c.s);
+        let margin = _mm256_set1_ps(MARGIN);
+        let raise = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(cm.0, _mm256_add_ps(s.0, margin)),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(cm.1, _mm256_add_ps(s.1, margin)),
+        );
+        if _mm256_movemask_ps(raise) != 0 {
+            forward_tile::<STORE>(t, MR, c, e, vrow);
+            return;
+        }
+        let m = ld(&c.m);
+        _mm256_storeu_ps(c.m.as_mut_ptr(), _mm256_max_ps(cm.0, m.0));
+        _mm256_storeu_ps(c.m.as_mut_ptr().add(8), _mm256_max_ps(cm.1, m.1));
+        let mut ts = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let dst = if STORE {
+            e[vrow * NR..(vrow + MR) * NR].as_mut_ptr().cast::<f32>()
+        } else {
+            std::ptr::null_mut()
+        };
+        for (r, row) in t.iter().enumerate() {
+            let (z0, z1) = ld(row);
+            let x0 = exp_fma_ps(_mm256_sub_ps(z0, s.0));
+            let x1 = exp_fma_ps(_mm256_sub_ps(z1, s.1));
+            ts = (_mm256_add_ps(ts.0, x0), _mm256_add_ps(ts.1, x1));
+            if STORE {
+                _mm256_storeu_ps(dst.add(r * NR), x0);
+                _mm256_storeu_ps(dst.add(r * NR + 8), x1);
+            }
+        }
+        let tp = c.t.as_mut_ptr();
+        let halves = [
+            _mm256_castps256_ps128(ts.0),
+            _mm256_extractf128_ps::<1>(ts.0),
+            _mm256_castps256_ps128(ts.1),
+            _mm256_extractf128_ps::<1>(ts.1),
+        ];
+        for (i, h) in halves.into_iter().enumerate() {
+            let p = tp.add(4 * i);
+            _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), _mm256_cvtps_pd(h)));
+        }
     }
 }
 
