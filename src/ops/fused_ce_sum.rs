@@ -51,7 +51,8 @@ use crate::tape::{Backward, Flow, Grads, Tape, Var};
 pub enum SumChunks {
     /// As many tokens as a block of logits of at most this many bytes
     /// holds, `budget / (V·size_of::<T>())`, rounded down to a multiple of
-    /// [`SumChunks::ALIGN`] when it is at least that, and at least 1.
+    /// [`SumChunks::ALIGN`] when it is at least that, else of
+    /// [`SumChunks::PANEL`] when it is at least that, and at least 1.
     Budget(usize),
     /// Exactly this many tokens (at least 1), whatever the workspace.
     Tokens(usize),
@@ -71,13 +72,21 @@ impl SumChunks {
     /// 260 tokens would cost a second pass over ∂W (V × H) for 4 tokens.
     pub const ALIGN: usize = 256;
 
+    /// The multiple a budgeted chunk below [`SumChunks::ALIGN`] is rounded
+    /// down to: the tile kernel takes the chunk's rows 16 at a time, so a
+    /// chunk of 65 would compute a whole panel of 16 for its last row.
+    pub const PANEL: usize = 16;
+
     /// Tokens per chunk for a vocabulary of `v` words in `T`: at least 1.
     ///
     /// ```
     /// use splitgrad::ops::fused_ce_sum::SumChunks;
     /// assert_eq!(SumChunks::default().tokens::<f32>(32256), 256);
-    /// assert_eq!(SumChunks::Budget(100 * 5 * 8).tokens::<f64>(5), 100);
+    /// assert_eq!(SumChunks::Budget(100 * 5 * 8).tokens::<f64>(5), 96);
+    /// assert_eq!(SumChunks::Budget(10 * 5 * 8).tokens::<f64>(5), 10);
     /// assert_eq!(SumChunks::Budget(0).tokens::<f64>(5), 1);
+    /// // 32 MiB of a 128000-word vocabulary: 65 rows, rounded to 64.
+    /// assert_eq!(SumChunks::default().tokens::<f32>(128_000), 64);
     /// assert_eq!(SumChunks::Tokens(3).tokens::<f32>(32256), 3);
     /// ```
     pub fn tokens<T: Real>(&self, v: usize) -> usize {
@@ -86,6 +95,8 @@ impl SumChunks {
                 let t = bytes / (v.max(1) * std::mem::size_of::<T>());
                 if t >= Self::ALIGN {
                     t / Self::ALIGN * Self::ALIGN
+                } else if t >= Self::PANEL {
+                    t / Self::PANEL * Self::PANEL
                 } else {
                     t.max(1)
                 }
