@@ -478,3 +478,54 @@ fn the_head_is_the_same_bits_on_any_thread_count() {
         }
     }
 }
+
+/// The head's workspace goes back to the pool it came from, so that a
+/// training loop with one pool allocates (and the kernel faults in) E once,
+/// not at every step.
+#[test]
+fn the_head_gives_its_workspace_back_to_the_pool() {
+    let mut rng = Rng::new(11);
+    // 32 rows against 8192 words: E is 32 × 8192 floats (1 MiB), which the
+    // pool keeps; W packed for ∂h is 8192·6·⌈16/6⌉ floats.
+    let p = Problem::new(&mut rng, 64, 16, &[8000, 192], 0.5);
+    let views: Vec<ArrayView2<'_, f32>> = p.ws.iter().map(|w| w.view()).collect();
+    for isa in variants() {
+        let pool = Pool::<f32>::new();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut gh = Array2::<f32>::zeros(p.h.dim());
+            let mut gws: Vec<Array2<f32>> = p.ws.iter().map(|w| Array2::zeros(w.dim())).collect();
+            let mut out = head::Out {
+                hidden: Some(gh.view_mut()),
+                weights: gws.iter_mut().map(|g| Some(g.view_mut())).collect(),
+            };
+            let rows = head::Rows {
+                rows: &p.rows,
+                starts: &p.starts,
+                labels: &p.labels,
+            };
+            head::fused_ce(
+                isa,
+                &pool,
+                p.h.view(),
+                &views,
+                rows,
+                head::Pass::LossAndGrads,
+                usize::MAX,
+                usize::MAX,
+                &mut out,
+            );
+            held.push(pool.held_bytes());
+        }
+        let e_bytes = 32 * 8192 * 4;
+        assert!(
+            held[0] >= e_bytes,
+            "{isa:?}: the pool holds {} bytes after a call, not E's {e_bytes}",
+            held[0]
+        );
+        assert!(
+            held.windows(2).all(|w| w[0] == w[1]),
+            "{isa:?}: the pool grew from call to call: {held:?}"
+        );
+    }
+}

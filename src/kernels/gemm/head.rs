@@ -638,7 +638,9 @@ pub fn fused_ce(
     if !wp.is_empty() {
         pool.give_vec(wp);
     }
-    if !ebuf.is_empty() {
+    // E was written through its spare capacity, so its length is 0: ask
+    // the capacity whether there is a buffer to give back.
+    if ebuf.capacity() > 0 {
         pool.give_vec(ebuf);
     }
     stats
