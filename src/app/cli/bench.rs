@@ -270,14 +270,14 @@ fn run_sweep(args: &BenchArgs) -> CliResult<ExitCode> {
         ..SweepConfig::default()
     };
     println!(
-        "bigram training step, batch {}, {} languages, {} threads",
+        "bigram training step, batch {}, {} languages, {} threads; m: distinct contexts a step, GFLOP/s: the head's 6·m·V·D",
         cfg.batch,
         cfg.n_languages,
         rayon::current_num_threads()
     );
     println!(
         "{:>7} {:>4} {:>7} {:>10} {:>10} {:>9} {:>8} {:>7} {:>8} {:>7}",
-        "V", "D", "rows", "step", "tokens/s", "GFLOP/s", "sgemm", "of it", "copy", "of it"
+        "V", "D", "m", "step", "tokens/s", "GFLOP/s", "sgemm", "of it", "copy", "of it"
     );
     let rows = sweep(&cfg, |r| {
         println!(
