@@ -134,6 +134,25 @@ pub struct SumGrads<T> {
     pub weights: Vec<Option<Array2<T>>>,
 }
 
+impl<T: Real> SumGrads<T> {
+    /// The gradients as the tile kernel's destination (f32 views).
+    ///
+    /// **Panics** if `T` is not f32 (the tile kernel's callers have checked).
+    fn head_out(&mut self) -> head::Out<'_> {
+        fn view<T: Real>(g: &mut Array2<T>) -> ndarray::ArrayViewMut2<'_, f32> {
+            gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array")
+        }
+        head::Out {
+            hidden: self.hidden.as_mut().map(view),
+            weights: self
+                .weights
+                .iter_mut()
+                .map(|g| g.as_mut().map(view))
+                .collect(),
+        }
+    }
+}
+
 /// `Σ_n loss_n` and, when asked for, its gradients (the fast kernel).
 ///
 /// h: (N, H), `weights[k]`: (size_k, H), labels: (N) in `[0, V)` or −100;
@@ -422,20 +441,7 @@ pub fn fused_ce_sum_grouped_forward_on<T: Real>(
                 .collect();
             let pool32 = pool_f32(pool).expect("f32 like h");
             let (starts, labels, slots) = targets.active_csr();
-            let mut out = head::Out {
-                hidden: grads
-                    .hidden
-                    .as_mut()
-                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array")),
-                weights: grads
-                    .weights
-                    .iter_mut()
-                    .map(|g| {
-                        g.as_mut()
-                            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array"))
-                    })
-                    .collect(),
-            };
+            let mut out = grads.head_out();
             let st = head::fused_ce(
                 isa,
                 pool32,
@@ -514,20 +520,7 @@ fn tile_sum<T: Real>(
     let starts: Vec<usize> = (0..=active.len()).collect();
     let labs: Vec<usize> = active.iter().map(|&i| labels[i] as usize).collect();
     let want_grad = grads.hidden.is_some() || grads.weights.iter().any(Option::is_some);
-    let mut out = head::Out {
-        hidden: grads
-            .hidden
-            .as_mut()
-            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array")),
-        weights: grads
-            .weights
-            .iter_mut()
-            .map(|g| {
-                g.as_mut()
-                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("a fresh f32 array"))
-            })
-            .collect(),
-    };
+    let mut out = grads.head_out();
     let st = head::fused_ce(
         isa,
         pool32,

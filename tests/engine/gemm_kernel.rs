@@ -317,6 +317,18 @@ fn run_head(
     chunk: usize,
     block: usize,
 ) -> (head::Stats, Array2<f32>, Array2<f32>) {
+    run_head_in(&Pool::new(), isa, p, pass, chunk, block)
+}
+
+/// [`run_head`] with its workspace from `pool`.
+fn run_head_in(
+    pool: &Pool<f32>,
+    isa: Isa,
+    p: &Problem,
+    pass: head::Pass<'_>,
+    chunk: usize,
+    block: usize,
+) -> (head::Stats, Array2<f32>, Array2<f32>) {
     let mut gh = Array2::<f32>::zeros(p.h.dim());
     let mut gws: Vec<Array2<f32>> = p.ws.iter().map(|w| Array2::zeros(w.dim())).collect();
     let views: Vec<ArrayView2<'_, f32>> = p.ws.iter().map(|w| w.view()).collect();
@@ -332,7 +344,7 @@ fn run_head(
         };
         head::fused_ce(
             isa,
-            &Pool::new(),
+            pool,
             p.h.view(),
             &views,
             rows,
@@ -488,32 +500,17 @@ fn the_head_gives_its_workspace_back_to_the_pool() {
     // 32 rows against 8192 words: E is 32 × 8192 floats (1 MiB), which the
     // pool keeps; W packed for ∂h is 8192·6·⌈16/6⌉ floats.
     let p = Problem::new(&mut rng, 64, 16, &[8000, 192], 0.5);
-    let views: Vec<ArrayView2<'_, f32>> = p.ws.iter().map(|w| w.view()).collect();
     for isa in variants() {
         let pool = Pool::<f32>::new();
         let mut held = Vec::new();
         for _ in 0..3 {
-            let mut gh = Array2::<f32>::zeros(p.h.dim());
-            let mut gws: Vec<Array2<f32>> = p.ws.iter().map(|w| Array2::zeros(w.dim())).collect();
-            let mut out = head::Out {
-                hidden: Some(gh.view_mut()),
-                weights: gws.iter_mut().map(|g| Some(g.view_mut())).collect(),
-            };
-            let rows = head::Rows {
-                rows: &p.rows,
-                starts: &p.starts,
-                labels: &p.labels,
-            };
-            head::fused_ce(
-                isa,
+            run_head_in(
                 &pool,
-                p.h.view(),
-                &views,
-                rows,
+                isa,
+                &p,
                 head::Pass::LossAndGrads,
                 usize::MAX,
                 usize::MAX,
-                &mut out,
             );
             held.push(pool.held_bytes());
         }
