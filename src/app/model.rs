@@ -63,6 +63,9 @@ pub struct LossTerms {
     pub fusion: Option<Var>,
     /// `ce + λ_g·penalty + λ_f·fusion`.
     pub total: Var,
+    /// The batch's distinct hidden rows (contexts), each computed once:
+    /// the head's work is `6·contexts·V·D` flops.
+    pub contexts: usize,
 }
 
 /// The bigram model.
@@ -217,6 +220,7 @@ impl<T: Real> BigramModel<T> {
             penalty,
             fusion,
             total,
+            contexts: tokens.len(),
         })
     }
 }

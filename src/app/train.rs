@@ -80,6 +80,8 @@ pub struct Trainer<T: Real> {
     heldout_curve: Vec<(u64, f64, f64)>,
     /// The held-out evaluation of the trained model, once made.
     evaluation: Option<HeldOut>,
+    /// The distinct contexts of the last step's batch (not saved).
+    last_contexts: usize,
 }
 
 /// What a run is about, kept with its checkpoint for the reports: the
@@ -377,6 +379,7 @@ impl<T: Real> Trainer<T> {
             labels: RunLabels::default(),
             heldout_curve: Vec::new(),
             evaluation: None,
+            last_contexts: 0,
         })
     }
 
@@ -433,6 +436,12 @@ impl<T: Real> Trainer<T> {
         self.evaluation = Some(e);
     }
 
+    /// The distinct contexts (hidden rows) of the last step's batch: the
+    /// head's work is `6·contexts·V·D` flops (0 before any step).
+    pub fn last_contexts(&self) -> usize {
+        self.last_contexts
+    }
+
     /// Whether every step has run.
     pub fn is_done(&self) -> bool {
         self.step >= self.config.steps
@@ -487,6 +496,7 @@ impl<T: Real> Trainer<T> {
                     message: format!("the loss is {}", stats.total),
                 }));
             }
+            self.last_contexts = terms.contexts;
             (stats, tape.backward(terms.total))
         };
         self.optimizer.step(self.model.parameters_mut(), &grads)?;

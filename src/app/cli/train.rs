@@ -207,12 +207,10 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
             bar.finish_and_clear();
             return stopped(&mut trainer, &ckpt, first, code);
         }
-        contexts += trainer
-            .model()
-            .hidden_rows(&trainer.batch_at(trainer.step_index()))? as f64;
         let t0 = Instant::now();
         let s = trainer.step()?;
         stepping += t0.elapsed().as_secs_f64();
+        contexts += trainer.last_contexts() as f64;
         let step = trainer.step_index();
         if step.is_power_of_two() && !trainer.is_done() {
             let (ce, ce_closed) = heldout_ce(trainer.model(), &data.heldout, use_gate)?;
