@@ -18,7 +18,9 @@ broadcast write into it in place and the kernels see the change. The
 embedding tables' gradients reach torch as sparse coalesced COO tensors (one
 row per distinct id), so ``torch.optim.SparseAdam`` applies; with
 ``fused_adam={"lr": ...}`` a row-sparse Adam (SparseAdam's update) moves the
-rows inside the backward instead, and torch sees no gradient for them.
+rows inside the backward instead, and torch sees no gradient for them (so
+it is refused under torch.distributed, where each process would move its
+rows from its own gradients: use SparseAdam there).
 
 Differences from d9d, by design (docs/spec.md §2.1): an id outside the
 vocabulary raises ``ValueError`` (d9d returns a zero vector), a sized split
@@ -124,6 +126,21 @@ class _Bound:
             buf.copy_(p)
         p.data = buf
         self._ptrs[name] = buf.data_ptr()
+        if getattr(self, "_coalesced", None) is not None:
+            self._coalesced.watch(p)  # a parameter object put in place of the layer's own
+
+
+def _refuse_distributed(layer: str) -> None:
+    """fused_adam moves rows from this process's gradients alone: under
+    torch.distributed the processes' weights would drift apart unseen."""
+    d = torch.distributed
+    if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        raise RuntimeError(
+            f"{layer}(fused_adam=...) updates its rows from this process's gradients only, and "
+            f"torch.distributed runs {d.get_world_size()} processes: their weights would drift apart. "
+            "Build it without fused_adam and use torch.optim.SparseAdam: the sparse gradients then "
+            "reach DistributedDataParallel"
+        )
 
 
 def _sparse(grads, name: str, shape) -> torch.Tensor:
@@ -135,6 +152,44 @@ def _sparse(grads, name: str, shape) -> torch.Tensor:
         is_coalesced=True,
         check_invariants=False,
     )
+
+
+class _Coalesced:
+    """Keeps the coalesced flag of the sparse gradients a layer hands to torch.
+
+    When torch stores a parameter's first sparse gradient of a pass as its
+    ``.grad`` it rebuilds the tensor from its indices and values and forgets
+    that it was coalesced, so ``SparseAdam`` (which calls ``coalesce()``)
+    sorts and merges rows that are already sorted and unique. A hook after
+    accumulation marks ``.grad`` coalesced again, but only while it still
+    holds exactly the indices and values this layer produced: a gradient
+    summed with another one (two forwards in a pass, ``retain_graph``, DDP's
+    reduction) is left as torch made it.
+    """
+
+    def __init__(self):
+        self._made = {}
+
+    def made(self, param: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        self._made[id(param)] = (g._indices().data_ptr(), g._values().data_ptr())
+        return g
+
+    def watch(self, param: torch.Tensor) -> None:
+        watchers = param.__dict__.setdefault("_splitgrad_coalesced_watchers", set())
+        if id(self) in watchers or not hasattr(param, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            return
+        param.register_post_accumulate_grad_hook(self._hook)
+        watchers.add(id(self))
+
+    def _hook(self, param: torch.Tensor) -> None:
+        made = self._made.pop(id(param), None)
+        g = param.grad
+        if made is None or g is None or not g.is_sparse or g.is_coalesced():
+            return
+        idx, val = g._indices(), g._values()
+        if (idx.data_ptr(), val.data_ptr()) != made:
+            return
+        param.grad = torch.sparse_coo_tensor(idx, val, g.shape, is_coalesced=True, check_invariants=False)
 
 
 def _dense(grads, name: str, shape, dtype) -> torch.Tensor:
@@ -165,11 +220,11 @@ class _EmbeddingFunction(torch.autograd.Function):
             m._fused.step(m._core, grads)
             return (None, None) + (None,) * len(m._names)
         out = []
-        for need, name, shape in zip(ctx.needs_input_grad[2:], m._names, m._shapes):
+        for need, name, shape, w in zip(ctx.needs_input_grad[2:], m._names, m._shapes, m._weights()):
             if not need:
                 out.append(None)
             elif name in grads:
-                out.append(_sparse(grads, name, shape))
+                out.append(m._coalesced.made(w, _sparse(grads, name, shape)))
             else:  # a trainable split the batch did not reach: an empty gradient
                 rows = torch.zeros((1, 0), dtype=torch.int64)
                 values = torch.zeros((0, shape[1]), dtype=grad_output.dtype)
@@ -201,6 +256,9 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         self._names = [f"token_embedding.{s}.weight" for s in self._split_order]
         self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
         self._bind([(self.token_embedding[s], "weight", f"token_embedding.{s}.weight") for s in self._split_order])
+        self._coalesced = _Coalesced()
+        for s in self._split_order:
+            self._coalesced.watch(self.token_embedding[s].weight)
         self._fused = None
         if fused_adam is not None:
             cfg = dict(fused_adam)
@@ -214,10 +272,14 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         for e in self.token_embedding.values():
             e.reset_parameters()
 
+    def _weights(self):
+        return [self.token_embedding[s].weight for s in self._split_order]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._fused is not None and torch.is_grad_enabled():
+            _refuse_distributed("SplitTokenEmbeddings")
         self._sync()
-        weights = [self.token_embedding[s].weight for s in self._split_order]
-        return _EmbeddingFunction.apply(self, input_ids, *weights)
+        return _EmbeddingFunction.apply(self, input_ids, *self._weights())
 
     def fused_optimizer_state(self):
         """The fused Adam's state by parameter name (``exp_avg``, ``exp_avg_sq``, ``step``)."""
@@ -368,7 +430,7 @@ class _VocabularyFunction(torch.autograd.Function):
         if ctx.needs_input_grad[5]:
             name = "split_vocabulary.rows"
             if name in grads and grads.is_sparse(name):
-                rows = _sparse(grads, name, (m.n_rows, m.dim))
+                rows = m._coalesced.made(m.rows, _sparse(grads, name, (m.n_rows, m.dim)))
             else:
                 rows = _dense(grads, name, (m.n_rows, m.dim), grad.dtype)
         gate = None
@@ -445,6 +507,8 @@ class SplitVocabulary(nn.Module, _Bound):
         self.gate_logit = _shared(self._core, "split_vocabulary.gate_logit")
         self._initialised = False
         self._bind([(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")])
+        self._coalesced = _Coalesced()
+        self._coalesced.watch(self.rows)
         self._fused = None
         if fused_adam is not None:
             cfg = dict(fused_adam)
@@ -496,6 +560,8 @@ class SplitVocabulary(nn.Module, _Bound):
         return _FusionPenaltyFunction.apply(self, self.rows)
 
     def forward(self, token_ids, lang_per_token, shared: torch.Tensor, use_gate: bool = True) -> torch.Tensor:
+        if self._fused is not None and torch.is_grad_enabled():
+            _refuse_distributed("SplitVocabulary")
         self._sync()
         return _VocabularyFunction.apply(
             self, bool(use_gate), token_ids, lang_per_token, shared, self.rows, self.gate_logit

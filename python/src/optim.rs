@@ -184,6 +184,17 @@ fn step_typed<T: splitgrad::Real>(
     mods: Vec<&mut dyn Module<T>>,
     entries: Vec<&Entry<T>>,
 ) -> PyResult<()> {
+    // A gradient no given module holds would otherwise be skipped without a
+    // word, and its layer would silently not train.
+    for e in &entries {
+        if !mods.iter().any(|m| m.parameters().iter().any(|p| p.id() == e.id)) {
+            return Err(PyValueError::new_err(format!(
+                "Optimizer.step: the gradients hold `{}`, a parameter of none of the layers \
+                 given to step; pass that layer too (a list of layers is accepted)",
+                e.name
+            )));
+        }
+    }
     let src = Source(entries);
     for m in mods {
         opt.step(m.parameters_mut(), &src).or_raise()?;

@@ -75,8 +75,20 @@ def worker(rank, world, store, index_path, out):
         ddp(tokens[part], langs[part], labels[part]).backward()
         for o in opts:
             o.step()
+    # fused_adam moves rows from one process's gradients: refused here
+    from splitgrad.torch import SplitTokenEmbeddings
+
+    fused = SplitTokenEmbeddings({"orig": V - 4, "new": 4}, ["orig", "new"], D, fused_adam={"lr": 0.01})
+    try:
+        fused(torch.tensor([1]))
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    with torch.no_grad():
+        fused(torch.tensor([1]))  # inference needs no agreement between processes
     if rank == 0:
-        torch.save({k: v.clone() for k, v in m.state_dict().items()}, out)
+        state = {k: v.clone() for k, v in m.state_dict().items()}
+        torch.save({"state": state, "fused_refused": refused}, out)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -88,7 +100,9 @@ def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
     np.savez(index_path, language_index=cells // V, token_index=cells % V)
     out = str(tmp_path / "ddp.pt")
     mp.start_processes(worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
-    ddp_state = torch.load(out)
+    saved = torch.load(out)
+    ddp_state = saved["state"]
+    assert "drift apart" in saved["fused_refused"] and "SparseAdam" in saved["fused_refused"]
 
     # One process, the combined batch: DDP averages the two ranks' gradients,
     # so the loss is the mean of the two halves' losses.

@@ -405,6 +405,24 @@ def test_lazy_adam_and_adam_follow_pytorchs_formulas():
         sg.Adam(dtype="float64").step(object(), gl)
 
 
+def test_step_refuses_gradients_of_a_layer_it_was_not_given():
+    e = emb("float64")
+    p = sg.SplitVocabulary(LANG, TOK, 5, 3, 3, 0.0, dtype="float64")
+    ge = e.backward(np.array([1, 4]), np.ones((2, 4)))
+    gp = p.penalty_backward(1.0, 0.0)
+    w0 = e.parameter("token_embedding.orig.weight").copy()
+    g0 = p.parameter("split_vocabulary.gate_logit").copy()
+    opt = sg.SGD(lr=0.5, dtype="float64")
+    with pytest.raises(ValueError, match="split_vocabulary.gate_logit.*none of the layers"):
+        opt.step(e, [ge, gp])
+    # nothing moved: the check runs before any update
+    np.testing.assert_array_equal(e.parameter("token_embedding.orig.weight"), w0)
+    np.testing.assert_array_equal(p.parameter("split_vocabulary.gate_logit"), g0)
+    opt.step([e, p], [ge, gp])
+    assert not np.array_equal(e.parameter("token_embedding.orig.weight"), w0)
+    assert not np.array_equal(p.parameter("split_vocabulary.gate_logit"), g0)
+
+
 # --- checkpoints -----------------------------------------------------------
 
 

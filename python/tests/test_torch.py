@@ -127,6 +127,27 @@ def test_prompt_tuning_with_sparse_adam_matches_a_torch_reference():
     assert torch.equal(ours.token_embedding["orig"].weight, ref[0])
 
 
+def test_sparse_gradients_stay_marked_coalesced_and_sum_correctly():
+    # torch forgets the flag when it stores a first sparse gradient; without
+    # it SparseAdam sorts and merges every step's rows again
+    ours = SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.float64)
+    ids = torch.tensor([[1, 5, 5, 11], [14, 2, 1, 0]])
+    r = torch.randn(2, 4, H, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ours(ids).backward(r)
+    g = ours.token_embedding["orig"].weight.grad
+    assert g.is_sparse and g.is_coalesced()
+    assert g._indices().tolist() == [[0, 1, 2, 5]]
+    dense = torch.zeros(10, H, dtype=torch.float64).index_add_(0, ids[ids < 10], r[ids < 10])
+    torch.testing.assert_close(g.to_dense(), dense, rtol=0, atol=1e-15)
+    # a second pass sums into the same .grad: still the right rows and values
+    ours(ids[:, :2]).backward(r[:, :2])
+    dense.index_add_(0, ids[:, :2][ids[:, :2] < 10], r[:, :2][ids[:, :2] < 10])
+    g = ours.token_embedding["orig"].weight.grad
+    torch.testing.assert_close(g.coalesce().to_dense(), dense, rtol=0, atol=1e-15)
+    if g.is_coalesced():  # whoever marks it must be right
+        assert g._indices().tolist() == [sorted(set(g._indices()[0].tolist()))]
+
+
 def test_fused_adam_equals_sparse_adam():
     torch.manual_seed(1)
     plain = SplitTokenEmbeddings(SIZES, ORDER, H)
