@@ -187,7 +187,10 @@ fn step_typed<T: splitgrad::Real>(
     // A gradient no given module holds would otherwise be skipped without a
     // word, and its layer would silently not train.
     for e in &entries {
-        if !mods.iter().any(|m| m.parameters().iter().any(|p| p.id() == e.id)) {
+        if !mods
+            .iter()
+            .any(|m| m.parameters().iter().any(|p| p.id() == e.id))
+        {
             return Err(PyValueError::new_err(format!(
                 "Optimizer.step: the gradients hold `{}`, a parameter of none of the layers \
                  given to step; pass that layer too (a list of layers is accepted)",
