@@ -29,6 +29,7 @@ Needs torch and d9d (pip install torch d9d) besides splitgrad.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -113,12 +114,12 @@ def inner(x, r):
 
 def backward_of(out, r, extra=None):
     """Backward of Σ out ⊙ r (+ ``extra``, a 0-d tensor) in the --upstream form; returns the loss."""
-    if ARGS.upstream == "dot":
+    given = ARGS.upstream == "given"
+    with torch.no_grad() if given else contextlib.nullcontext():
         loss = inner(out, r) if extra is None else inner(out, r) + extra
+    if not given:
         loss.backward()
         return loss.detach()
-    with torch.no_grad():
-        loss = inner(out, r) if extra is None else inner(out, r) + extra
     if extra is None:
         out.backward(r)
     else:

@@ -98,10 +98,16 @@ def _shared(core, name: str) -> nn.Parameter:
 class _Bound:
     """Keeps torch parameters on the kernels' buffers and their trainable flags in step."""
 
-    def _bind(self, pairs):
-        # pairs: [(torch module holding `.weight` or the module itself, attribute, kernel name)]
+    def _bind(self, pairs, sparse=()):
+        # pairs: [(torch module holding `.weight` or the module itself, attribute, kernel name)];
+        # sparse: the kernel names whose gradients reach torch as sparse tensors
         self._pairs = list(pairs)
         self._ptrs = {n: self._param(o, a).data_ptr() for o, a, n in self._pairs}
+        self._sparse_names = frozenset(sparse)
+        self._coalesced = _Coalesced()
+        for o, a, n in self._pairs:
+            if n in self._sparse_names:
+                self._coalesced.watch(self._param(o, a))
 
     @staticmethod
     def _param(owner, attr) -> nn.Parameter:
@@ -126,17 +132,20 @@ class _Bound:
             buf.copy_(p)
         p.data = buf
         self._ptrs[name] = buf.data_ptr()
-        if getattr(self, "_coalesced", None) is not None:
+        if name in self._sparse_names:
             self._coalesced.watch(p)  # a parameter object put in place of the layer's own
 
 
-def _refuse_distributed(layer: str) -> None:
-    """fused_adam moves rows from this process's gradients alone: under
-    torch.distributed the processes' weights would drift apart unseen."""
+def _refuse_distributed(layer) -> None:
+    """A training forward of a layer with fused_adam, which moves rows from
+    this process's gradients alone: under torch.distributed the processes'
+    weights would drift apart unseen."""
+    if layer._fused is None or not torch.is_grad_enabled():
+        return
     d = torch.distributed
     if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
         raise RuntimeError(
-            f"{layer}(fused_adam=...) updates its rows from this process's gradients only, and "
+            f"{type(layer).__name__}(fused_adam=...) updates its rows from this process's gradients only, and "
             f"torch.distributed runs {d.get_world_size()} processes: their weights would drift apart. "
             "Build it without fused_adam and use torch.optim.SparseAdam: the sparse gradients then "
             "reach DistributedDataParallel"
@@ -255,10 +264,9 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         self._split_order = list(split_order)
         self._names = [f"token_embedding.{s}.weight" for s in self._split_order]
         self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
-        self._bind([(self.token_embedding[s], "weight", f"token_embedding.{s}.weight") for s in self._split_order])
-        self._coalesced = _Coalesced()
-        for s in self._split_order:
-            self._coalesced.watch(self.token_embedding[s].weight)
+        self._bind(
+            [(self.token_embedding[s], "weight", n) for s, n in zip(self._split_order, self._names)], sparse=self._names
+        )
         self._fused = None
         if fused_adam is not None:
             cfg = dict(fused_adam)
@@ -276,8 +284,7 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         return [self.token_embedding[s].weight for s in self._split_order]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self._fused is not None and torch.is_grad_enabled():
-            _refuse_distributed("SplitTokenEmbeddings")
+        _refuse_distributed(self)
         self._sync()
         return _EmbeddingFunction.apply(self, input_ids, *self._weights())
 
@@ -506,9 +513,10 @@ class SplitVocabulary(nn.Module, _Bound):
         self.rows = _shared(self._core, "split_vocabulary.rows")
         self.gate_logit = _shared(self._core, "split_vocabulary.gate_logit")
         self._initialised = False
-        self._bind([(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")])
-        self._coalesced = _Coalesced()
-        self._coalesced.watch(self.rows)
+        self._bind(
+            [(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")],
+            sparse=["split_vocabulary.rows"],
+        )
         self._fused = None
         if fused_adam is not None:
             cfg = dict(fused_adam)
@@ -560,8 +568,7 @@ class SplitVocabulary(nn.Module, _Bound):
         return _FusionPenaltyFunction.apply(self, self.rows)
 
     def forward(self, token_ids, lang_per_token, shared: torch.Tensor, use_gate: bool = True) -> torch.Tensor:
-        if self._fused is not None and torch.is_grad_enabled():
-            _refuse_distributed("SplitVocabulary")
+        _refuse_distributed(self)
         self._sync()
         return _VocabularyFunction.apply(
             self, bool(use_gate), token_ids, lang_per_token, shared, self.rows, self.gate_logit
