@@ -461,18 +461,30 @@ class _PenaltyFunction(torch.autograd.Function):
 
 
 class _FusionPenaltyFunction(torch.autograd.Function):
+    """The fusion penalty; its backward reuses the forward's row distances.
+
+    The distances hold for the rows of the forward. torch refuses the
+    backward if the rows were changed in place since (the saved-tensor
+    check); a change by the layer itself (a fused step, ``seed_from``)
+    makes the backward compute them again.
+    """
+
     @staticmethod
     def forward(ctx, module, rows):
-        ctx.module = module
-        return torch.tensor(module._core.fusion_penalty(), dtype=rows.dtype)
+        value, norms = module._core.fusion_penalty_norms()
+        ctx.module, ctx.norms, ctx.generation = module, norms, module._generation
+        ctx.save_for_backward(rows)
+        return torch.tensor(value, dtype=rows.dtype)
 
     @staticmethod
     def backward(ctx, grad):
+        ctx.saved_tensors  # raises if the rows were changed in place since the forward
         m, c = ctx.module, float(grad)
+        norms = ctx.norms if ctx.generation == m._generation else None
         if m._fused is not None:
-            m._defer(fusion=c)
+            m._defer(fusion=c, norms=norms)
             return None, None
-        grads = m._core.penalty_backward(0.0, c) if c != 0.0 else None
+        grads = m._core.penalty_backward(0.0, c, norms) if c != 0.0 else None
         if grads is None or "split_vocabulary.rows" not in grads:
             return None, torch.zeros((m.n_rows, m.dim), dtype=grad.dtype)
         return None, torch.from_numpy(grads.values("split_vocabulary.rows"))
@@ -526,20 +538,35 @@ class SplitVocabulary(nn.Module, _Bound):
             name = _np_dtype(dtype)
             self._fused = (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
         self._pending = None
+        # Counts the layer's own changes to its rows (fused steps, seed_from),
+        # which torch's in-place check does not see.
+        self._generation = 0
 
-    def _defer(self, grads=None, penalty=0.0, fusion=0.0):
-        """Collects this backward pass's gradients; the step runs when it ends."""
+    def _defer(self, grads=None, penalty=0.0, fusion=0.0, norms=None):
+        """Collects this backward pass's gradients; the step runs when it ends.
+
+        ``norms``: the fusion penalty's row distances, valid for the rows as
+        they are (None: not known, the step computes them).
+        """
         if self._pending is None:
-            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0}
+            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0, "norms": None, "stale": False}
             torch.autograd.Variable._execution_engine.queue_callback(self._fused_step)
+        p = self._pending
         if grads is not None:
-            self._pending["grads"].append(grads)
-        self._pending["penalty"] += penalty
-        self._pending["fusion"] += fusion
+            p["grads"].append(grads)
+        p["penalty"] += penalty
+        if fusion:
+            p["fusion"] += fusion
+            if norms is None:
+                p["stale"] = True
+            elif p["norms"] is None:
+                p["norms"] = norms
 
     def _fused_step(self):
         p, self._pending = self._pending, None
-        self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused)
+        norms = None if p["stale"] else p["norms"]
+        self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused, norms)
+        self._generation += 1
 
     def fused_optimizer_state(self):
         """The fused optimisers' states: (rows, gate_logit)."""
@@ -550,6 +577,7 @@ class SplitVocabulary(nn.Module, _Bound):
         """Copy each split row from the shared row it specialises."""
         self._sync()
         self._core.seed_from(_real(table, "table"))
+        self._generation += 1
         self._initialised = True
 
     def gate(self) -> torch.Tensor:

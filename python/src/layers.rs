@@ -564,8 +564,7 @@ fn emb_backward_tape<T: PyReal>(
     let grads = {
         let mut tape = Tape::with_pool(pool);
         let out = layer.forward(&mut tape, ids.view()).or_raise()?;
-        let loss = tape.dot_const_view(out, gv.view());
-        tape.backward(loss)
+        tape.backward_from(out, gv.view())
     };
     Ok(entries_of(layer, grads))
 }
@@ -735,8 +734,7 @@ fn head_backward<T: PyReal>(
                 gv.shape(),
             ));
         }
-        let total = tape.dot_const_view(loss, gv.view());
-        let mut grads = tape.backward(total);
+        let mut grads = tape.backward_from(loss, gv.view());
         let gh = grads.take_input(x);
         Ok((gh, entries_of(layer, grads)))
     });
@@ -1100,60 +1098,105 @@ fn vocab_backward<T: PyReal>(
     let s_ = std_layout(shared.as_array());
     let gv = g.as_array();
     let res = py.detach(|| -> splitgrad::Result<HeadGrads<T>> {
-        let mut tape = Tape::with_pool(pool);
-        let s = if want_shared {
-            tape.input_view(s_.view())
-        } else {
-            tape.constant_view(s_.view())
-        };
-        let out = sv.forward(&mut tape, tokens.view(), langs.view(), s, use_gate)?;
-        if gv.shape() != tape.value(out).shape() {
-            return Err(Error::shape(
-                "grad_output",
-                format!("{:?} (the shape of the output)", tape.value(out).shape()),
-                gv.shape(),
-            ));
+        let g = sv.backward_from(
+            pool,
+            tokens.view(),
+            langs.view(),
+            s_.view(),
+            gv.view(),
+            use_gate,
+            want_shared,
+        )?;
+        let mut entries = Vec::new();
+        if let Some(rs) = g.rows {
+            entries.push(Entry {
+                name: sv.rows().name().to_string(),
+                id: sv.rows().id(),
+                grad: Grad::RowSparse(rs),
+            });
         }
-        let total = tape.dot_const_view(out, gv.view());
-        let mut grads = tape.backward(total);
-        let gs = grads.take_input(s);
-        Ok((gs, entries_of(sv, grads)))
+        if let Some(d) = g.gate_logit {
+            entries.push(Entry {
+                name: sv.gate_logit().name().to_string(),
+                id: sv.gate_logit().id(),
+                grad: Grad::Dense(d),
+            });
+        }
+        Ok((g.shared, entries))
     });
     res.or_raise()
 }
 
+/// The distances `fusion_norms` names, one per row, copied out of the
+/// array (n_rows elements).
+pub(crate) fn norms_arg<T: PyReal>(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<T>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let a = real_arg::<T>(obj, "fusion_norms")?;
+    if a.ndim() != 1 {
+        return Err(py_err(
+            Error::shape("fusion_norms", "(n_rows,)", a.shape()).in_array("fusion_norms"),
+        ));
+    }
+    Ok(Some(a.as_array().iter().copied().collect()))
+}
+
+/// The gradients of `penalty_weight·penalty + fusion_weight·fusion_penalty`.
+/// With `norms` (from `fusion_penalty_norms`, for the rows as they are),
+/// the fusion penalty's backward runs without its forward pass.
 pub(crate) fn vocab_penalty_backward<T: PyReal>(
     py: Python<'_>,
     sv: &SplitVocabulary<T>,
     pool: &Pool<T>,
     penalty_weight: f64,
     fusion_weight: f64,
+    norms: Option<Vec<T>>,
 ) -> PyResult<Vec<Entry<T>>> {
     if !penalty_weight.is_finite() || !fusion_weight.is_finite() {
         return Err(PyValueError::new_err(format!(
             "the penalty weights must be finite, got {penalty_weight} and {fusion_weight}"
         )));
     }
-    Ok(py.detach(|| {
+    let res = py.detach(|| -> splitgrad::Result<Vec<Entry<T>>> {
         let mut tape = Tape::with_pool(pool);
         let mut terms = Vec::new();
         if penalty_weight != 0.0 {
             let p = sv.penalty_var(&mut tape);
             terms.push(tape.scale(p, T::from_f64(penalty_weight)));
         }
+        let mut fusion_rows = None;
         if fusion_weight != 0.0 && sv.n_rows() > 0 {
-            let f = sv.fusion_penalty_var(&mut tape);
-            terms.push(tape.scale(f, T::from_f64(fusion_weight)));
+            match &norms {
+                Some(n) => {
+                    fusion_rows =
+                        Some(sv.fusion_penalty_grad(pool, n, T::from_f64(fusion_weight))?)
+                }
+                None => {
+                    let f = sv.fusion_penalty_var(&mut tape);
+                    terms.push(tape.scale(f, T::from_f64(fusion_weight)));
+                }
+            }
         }
-        let Some(mut total) = terms.first().copied() else {
-            return Vec::new();
+        let mut entries = match terms.first().copied() {
+            None => Vec::new(),
+            Some(mut total) => {
+                for &t in &terms[1..] {
+                    total = tape.add(total, t);
+                }
+                entries_of(sv, tape.backward(total))
+            }
         };
-        for &t in &terms[1..] {
-            total = tape.add(total, t);
+        if let Some(g) = fusion_rows {
+            entries.push(Entry {
+                name: sv.rows().name().to_string(),
+                id: sv.rows().id(),
+                grad: Grad::Dense(g),
+            });
         }
-        let grads = tape.backward(total);
-        entries_of(sv, grads)
-    }))
+        Ok(entries)
+    });
+    res.or_raise()
 }
 
 #[pymethods]
@@ -1321,6 +1364,16 @@ impl PyVocabulary {
         each!(&self.inner, s => py.detach(|| splitgrad::Real::to_f64(s.fusion_penalty())))
     }
 
+    /// `(fusion_penalty, norms)`: the value and each row's distance from
+    /// its token's centroid, (n_rows), which `penalty_backward` and
+    /// `fused_step` take as `fusion_norms` to skip the forward pass.
+    fn fusion_penalty_norms<'py>(&self, py: Python<'py>) -> (f64, Bound<'py, PyAny>) {
+        each!(&self.inner, s => {
+            let (v, n) = py.detach(|| s.fusion_penalty_norms());
+            (splitgrad::Real::to_f64(v), to_numpy(py, n).into_any())
+        })
+    }
+
     /// token_ids (…), language_ids (…), shared (…, D) → (…, D).
     #[pyo3(signature = (token_ids, language_ids, shared, use_gate = true))]
     fn forward<'py>(
@@ -1374,22 +1427,28 @@ impl PyVocabulary {
     }
 
     /// The gradients of `penalty_weight·penalty + fusion_weight·fusion_penalty`.
-    #[pyo3(signature = (penalty_weight = 1.0, fusion_weight = 1.0))]
+    /// `fusion_norms`: the distances `fusion_penalty_norms` returned for
+    /// the rows as they still are; the backward then skips the fusion
+    /// penalty's forward pass (distances of other rows give a wrong
+    /// gradient).
+    #[pyo3(signature = (penalty_weight = 1.0, fusion_weight = 1.0, fusion_norms = None))]
     fn penalty_backward(
         &self,
         py: Python<'_>,
         penalty_weight: f64,
         fusion_weight: f64,
+        fusion_norms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyGradients> {
-        Ok(match &self.inner {
-            Dt::F32(s) => gradients_of(
-                vocab_penalty_backward(py, s, self.pools.of(), penalty_weight, fusion_weight)?,
-                &self.pools,
-            ),
-            Dt::F64(s) => gradients_of(
-                vocab_penalty_backward(py, s, self.pools.of(), penalty_weight, fusion_weight)?,
-                &self.pools,
-            ),
-        })
+        Ok(each!(&self.inner, s => gradients_of(
+            vocab_penalty_backward(
+                py,
+                s,
+                self.pools.of(),
+                penalty_weight,
+                fusion_weight,
+                norms_arg(fusion_norms)?,
+            )?,
+            &self.pools,
+        )))
     }
 }

@@ -612,12 +612,15 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
     sv: &mut SplitVocabulary<T>,
     pool: &splitgrad::kernels::pool::Pool<T>,
     pieces: Vec<&[Entry<T>]>,
-    weights: (f64, f64),
+    // The penalties' weights, and the fusion penalty's row distances if known.
+    penalties: (f64, f64, Option<&Bound<'_, PyAny>>),
     rows_opt: &mut dyn Optimizer<T>,
     gate_opt: &mut dyn Optimizer<T>,
 ) -> PyResult<()> {
     // The penalties' gradients, owned: the forward passes' are added into them.
-    let mut own = vocab_penalty_backward(py, sv, pool, weights.0, weights.1)?;
+    let (penalty_weight, fusion_weight, norms) = penalties;
+    let norms = crate::layers::norms_arg(norms)?;
+    let mut own = vocab_penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
     let mut borrowed: Vec<&Entry<T>> = Vec::new();
     for piece in pieces {
         for e in piece {
@@ -652,7 +655,9 @@ impl PyVocabulary {
     /// logits (`gate_optimizer`) from the gradients of the forward passes
     /// (`grads`, a list of Gradients) plus those of
     /// `penalty_weight·penalty + fusion_weight·fusion_penalty`, summed.
-    #[pyo3(signature = (grads, penalty_weight, fusion_weight, rows_optimizer, gate_optimizer))]
+    /// `fusion_norms`: as for `penalty_backward`.
+    #[pyo3(signature = (grads, penalty_weight, fusion_weight, rows_optimizer, gate_optimizer, fusion_norms = None))]
+    #[allow(clippy::too_many_arguments)]
     fn fused_step(
         &mut self,
         py: Python<'_>,
@@ -661,8 +666,9 @@ impl PyVocabulary {
         fusion_weight: f64,
         mut rows_optimizer: PyRefMut<'_, PyOptimizer>,
         mut gate_optimizer: PyRefMut<'_, PyOptimizer>,
+        fusion_norms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let w = (penalty_weight, fusion_weight);
+        let w = (penalty_weight, fusion_weight, fusion_norms);
         let PyVocabulary { inner, pools } = self;
         let (ro, go) = (&mut rows_optimizer.inner, &mut gate_optimizer.inner);
         match (inner, ro, go) {

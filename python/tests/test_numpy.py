@@ -312,6 +312,22 @@ def test_vocabulary_backward_against_the_formulas():
         assert abs((up_ - dn) / (2 * eps) - fg[i, j]) < 1e-6
 
 
+def test_fusion_penalty_backward_from_the_forwards_norms():
+    sv = vocab()
+    rows = sv.parameter("split_vocabulary.rows")
+    rows[:] = np.random.default_rng(8).standard_normal(rows.shape)
+    value, norms = sv.fusion_penalty_norms()
+    assert value == sv.fusion_penalty() and norms.shape == (rows.shape[0],)
+    want = sv.penalty_backward(0.5, 0.7)
+    got = sv.penalty_backward(0.5, 0.7, norms)
+    for name in ("split_vocabulary.rows", "split_vocabulary.gate_logit"):
+        assert np.array_equal(got.dense(name), want.dense(name))
+    with pytest.raises(ValueError, match=r"norms has shape \[3\], expected \(4,\) \(one per row\)"):
+        sv.penalty_backward(0.0, 1.0, norms[:3])
+    with pytest.raises(ValueError, match="fusion_norms"):
+        sv.penalty_backward(0.0, 1.0, norms.reshape(2, 2))
+
+
 def test_vocabulary_errors():
     with pytest.raises(ValueError, match="dim must be positive, got 0"):
         sg.SplitVocabulary(LANG, TOK, 5, 0, 3)

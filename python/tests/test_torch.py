@@ -352,6 +352,33 @@ def test_vocabulary_rows_gradient_is_sparse_and_sparse_adam_applies(index_file):
         sv(torch.tensor([12]), torch.tensor([0]), torch.zeros(1, 5))
 
 
+def test_fusion_penalty_backward_sees_changed_rows(index_file):
+    path, _, _ = index_file
+    torch.manual_seed(4)
+    fused = SplitVocabulary(path, 12, 5, 4, dtype=torch.float64, fused_adam={"lr": 0.05})
+    twin = SplitVocabulary(path, 12, 5, 4, dtype=torch.float64, fused_adam={"lr": 0.05})
+    for m in (fused, twin):
+        with torch.no_grad():
+            m.rows.copy_(torch.arange(100, dtype=torch.float64).reshape(20, 5).cos())
+    # Two penalties, then their backwards: the first one's fused step moves
+    # the rows before the second backward, which must not use the distances
+    # its forward saw. The twin runs each backward right after its forward.
+    a, b = fused.fusion_penalty(), fused.fusion_penalty()
+    a.backward()
+    b.backward()
+    twin.fusion_penalty().backward()
+    twin.fusion_penalty().backward()
+    assert torch.equal(fused.rows, twin.rows)
+    # A change in place between forward and backward is refused, as torch
+    # refuses it for any saved tensor.
+    plain = SplitVocabulary(path, 12, 5, 4, dtype=torch.float64)
+    p = plain.fusion_penalty()
+    with torch.no_grad():
+        plain.rows += 1.0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        p.backward()
+
+
 def test_vocabulary_fused_adam_equals_torch_adam(index_file):
     path, lang, tok = index_file
     torch.manual_seed(2)

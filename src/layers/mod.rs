@@ -19,7 +19,7 @@ use ndarray::{ArrayBase, ArrayView2, ArrayViewD, Data, Dimension, Ix2};
 
 pub use lm_head::SplitLanguageModellingHead;
 pub use split_embeddings::SplitTokenEmbeddings;
-pub use split_vocabulary::{SplitVocabulary, SplitVocabularyConfig};
+pub use split_vocabulary::{SplitVocabulary, SplitVocabularyConfig, VocabularyGrads};
 pub use splits::SplitTables;
 
 use crate::kernels::Real;

@@ -17,18 +17,33 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, Axis};
+use ndarray::{Array1, Array2, ArrayD, ArrayViewD, Axis, Ix2, IxDyn};
 
 use super::{AsTable, Ids};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::{PairLookup, SplitIndex, load_index};
 use crate::kernels::Real;
-use crate::ops::fusion_penalty::RowGroups;
-use crate::ops::gated_mix::NO_ROW;
-use crate::ops::sigmoid::sigmoid;
+use crate::kernels::pool::Pool;
+use crate::kernels::reduce::scaled_copy_in;
+use crate::kernels::scatter::{RowSource, RowSparse, coalesce_sources_in};
+use crate::ops::fusion_penalty::{RowGroups, fusion_penalty_backward, fusion_penalty_forward};
+use crate::ops::gated_mix::{NO_ROW, Want, gated_mix_backward};
+use crate::ops::sigmoid::{sigmoid, sigmoid_backward};
 use crate::param::Parameter;
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
+
+/// The gradients [`SplitVocabulary::backward_from`] returns; `None` where
+/// not asked for or not trainable.
+#[derive(Clone, Debug)]
+pub struct VocabularyGrads<T> {
+    /// ∂shared, of shared's shape.
+    pub shared: Option<ArrayD<T>>,
+    /// ∂rows, row-sparse: the rows the tokens used.
+    pub rows: Option<RowSparse<T>>,
+    /// ∂gate_logit, (n_rows).
+    pub gate_logit: Option<ArrayD<T>>,
+}
 
 /// The sizes of a [`SplitVocabulary`], named so that they cannot be
 /// swapped unnoticed.
@@ -294,6 +309,58 @@ impl<T: Real> SplitVocabulary<T> {
         tape.scalar(p)
     }
 
+    /// The fusion penalty's value and the distance of each row from its
+    /// token's centroid, (n_rows): the state [`Self::fusion_penalty_grad`]
+    /// takes, for a caller whose forward and backward are separate calls
+    /// (the Python package's autograd functions) and would otherwise run
+    /// the forward pass twice.
+    pub fn fusion_penalty_norms(&self) -> (T, Array1<T>) {
+        fusion_penalty_forward(self.rows.value().view(), &self.groups)
+    }
+
+    /// `weight · ∂fusion_penalty/∂rows`, (n_rows, D), from the norms
+    /// [`Self::fusion_penalty_norms`] returned for the rows as they are
+    /// now: the fused op's backward without its forward pass, equal bit
+    /// for bit to the gradient the tape gives `weight · fusion_penalty_var`.
+    /// Norms of other rows give a wrong gradient; that is the caller's to
+    /// prevent.
+    ///
+    /// Errors if `norms` does not have one element per row.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// use splitgrad::{io::SplitIndex, kernels::pool::Pool, Tape};
+    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+    /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
+    /// let mut sv = SplitVocabulary::<f64>::new(index, &SplitVocabularyConfig::new(4, 3, 2))?;
+    /// *sv.rows_mut().value_mut() = Array2::from_shape_fn((3, 3), |(i, j)| (i * j) as f64).into_dyn();
+    /// let (value, norms) = sv.fusion_penalty_norms();
+    /// let g = sv.fusion_penalty_grad(&Pool::new(), norms.as_slice().unwrap(), 0.5)?;
+    /// let mut tape = Tape::new();
+    /// let p = sv.fusion_penalty_var(&mut tape);
+    /// let loss = tape.scale(p, 0.5);
+    /// let grads = tape.backward(loss);
+    /// assert_eq!(value, tape.scalar(p));
+    /// assert_eq!(g, grads.param(sv.rows()).unwrap().to_dense());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn fusion_penalty_grad(&self, pool: &Pool<T>, norms: &[T], weight: T) -> Result<ArrayD<T>> {
+        if norms.len() != self.n_rows() {
+            return Err(Error::shape(
+                "norms",
+                format!("({},) (one per row)", self.n_rows()),
+                &[norms.len()],
+            ));
+        }
+        Ok(fusion_penalty_backward(
+            pool,
+            self.rows.value().view(),
+            &self.groups,
+            norms,
+            ndarray::arr0(weight).into_dyn().view(),
+        ))
+    }
+
     /// The row of each token ([`NO_ROW`] for none), checking lengths and
     /// ranges; errors name the token's position.
     pub fn rows_of(&self, token_ids: &[i64], language_ids: &[i64]) -> Result<Vec<u32>> {
@@ -349,7 +416,126 @@ impl<T: Real> SplitVocabulary<T> {
         shared: Var,
         use_gate: bool,
     ) -> Result<Var> {
-        let (tokens, languages) = (token_ids.ids(), language_ids.ids());
+        let shape = tape.value(shared).shape().to_vec();
+        let row_of = self.route(token_ids.ids(), language_ids.ids(), &shape)?;
+        let flat = if shape.len() == 2 {
+            shared
+        } else {
+            tape.reshape(shared, &[row_of.len(), self.dim])
+        };
+        let rows = tape.param(&self.rows);
+        let gate = use_gate.then(|| self.gate_var(tape));
+        let out = tape.gated_mix(flat, rows, gate, row_of);
+        Ok(if shape.len() == 2 {
+            out
+        } else {
+            tape.reshape(out, &shape)
+        })
+    }
+
+    /// The gradients of `Σ out ⊙ grad_output` for the output of
+    /// [`Self::forward`] on these inputs, without computing that output:
+    /// for a caller whose forward and backward are separate calls (the
+    /// Python package's autograd functions). They equal, bit for bit, the
+    /// tape's `backward_from(forward(…), grad_output)`: ∂shared when
+    /// `want_shared`, ∂rows (row-sparse) and ∂gate_logit where those are
+    /// trainable (∂gate_logit only with the gate).
+    ///
+    /// Errors as [`Self::forward`], and when `grad_output` is not of shared's
+    /// shape.
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use splitgrad::{io::SplitIndex, kernels::pool::Pool, Tape};
+    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+    /// let index = SplitIndex::new(vec![0, 1], vec![2, 2]);
+    /// let sv = SplitVocabulary::<f64>::new(index, &SplitVocabularyConfig::new(4, 2, 2))?;
+    /// let shared = array![[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]].into_dyn();
+    /// let up = Array2::from_elem((3, 2), 0.5).into_dyn();
+    /// let (tokens, langs) = ([2i64, 2, 0], [0i64, 1, 0]);
+    /// let g = sv.backward_from(&Pool::new(), tokens.view(), langs.view(), shared.view(), up.view(), true, true)?;
+    /// let mut tape = Tape::new();
+    /// let s = tape.input(shared.clone());
+    /// let out = sv.forward(&mut tape, &tokens, &langs, s, true)?;
+    /// let want = tape.backward_from(out, up.view());
+    /// assert_eq!(g.shared.as_ref(), want.input(s));
+    /// assert_eq!(g.rows.unwrap().to_dense().into_dyn(), want.dense(sv.rows()));
+    /// assert_eq!(g.gate_logit.unwrap(), want.dense(sv.gate_logit()));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_from(
+        &self,
+        pool: &Pool<T>,
+        token_ids: ArrayViewD<'_, i64>,
+        language_ids: ArrayViewD<'_, i64>,
+        shared: ArrayViewD<'_, T>,
+        grad_output: ArrayViewD<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<VocabularyGrads<T>> {
+        let row_of = self.route(token_ids, language_ids, shared.shape())?;
+        if grad_output.shape() != shared.shape() {
+            return Err(Error::shape(
+                "grad_output",
+                format!("{:?} (the shape of shared)", shared.shape()),
+                grad_output.shape(),
+            ));
+        }
+        let (n, d) = (row_of.len(), self.dim);
+        let want = Want {
+            shared: want_shared,
+            rows: self.rows.is_trainable(),
+            gate: use_gate && self.gate_logit.is_trainable(),
+        };
+        let shared2 = shared
+            .to_shape(IxDyn(&[n, d]))
+            .expect("shared has n·D elements (checked)");
+        // ∂out becomes ∂shared in place, as on the tape: a copy from the
+        // pool, 1·∂out + 0 as the tape's seed hands it over.
+        let gy = scaled_copy_in(pool, T::one(), grad_output)
+            .into_shape_with_order(IxDyn(&[n, d]))
+            .expect("a fresh copy is in standard layout");
+        let gate_value = use_gate.then(|| self.gate().into_dyn());
+        let (gs, contrib, gg) = gated_mix_backward(
+            pool,
+            &row_of,
+            shared2.view(),
+            self.rows.value().view(),
+            gate_value.as_ref().map(|g| g.view()),
+            gy,
+            want,
+        );
+        let rows = contrib.map(|(ids, vals)| {
+            let vals = vals
+                .into_dimensionality::<Ix2>()
+                .expect("2-D row contributions");
+            coalesce_sources_in(pool, self.n_rows(), d, &ids, &[RowSource::all(vals.view())])
+        });
+        // ∂gate_logit = 0 + ∂g·g·(1 − g): the sigmoid's backward into a zero buffer.
+        let gate_logit = match (gg, gate_value) {
+            (Some(gg), Some(g)) if want.gate => {
+                let mut out = ArrayD::<T>::zeros(g.raw_dim());
+                sigmoid_backward(g.view(), gg.view(), &mut out);
+                Some(out)
+            }
+            _ => None,
+        };
+        Ok(VocabularyGrads {
+            shared: gs.map(|g| g.into_shape_with_order(IxDyn(shared.shape())).expect("n·D")),
+            rows,
+            gate_logit,
+        })
+    }
+
+    /// The row of each token for ids of one shape and shared of that shape
+    /// plus D, the errors naming positions in the ids' shape.
+    fn route(
+        &self,
+        tokens: ArrayViewD<'_, i64>,
+        languages: ArrayViewD<'_, i64>,
+        shared_shape: &[usize],
+    ) -> Result<Vec<u32>> {
         if languages.shape() != tokens.shape() {
             return Err(Error::shape(
                 "language_ids",
@@ -375,30 +561,17 @@ impl<T: Real> SplitVocabulary<T> {
             ),
             _ => e,
         })?;
-        let shape = tape.value(shared).shape().to_vec();
         let mut want = tokens.shape().to_vec();
         want.push(self.dim);
-        if shape != want {
+        if shared_shape != want {
             let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
             return Err(Error::shape(
                 "shared",
                 format!("({})", dims.join(", ")),
-                &shape,
+                shared_shape,
             ));
         }
-        let flat = if shape.len() == 2 {
-            shared
-        } else {
-            tape.reshape(shared, &[t.len(), self.dim])
-        };
-        let rows = tape.param(&self.rows);
-        let gate = use_gate.then(|| self.gate_var(tape));
-        let out = tape.gated_mix(flat, rows, gate, row_of);
-        Ok(if shape.len() == 2 {
-            out
-        } else {
-            tape.reshape(out, &shape)
-        })
+        Ok(row_of)
     }
 
     /// `split_vocabulary.rows`, (n_rows, D).

@@ -20,6 +20,7 @@ use crate::common::{
 use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::io::SplitIndex;
+use splitgrad::kernels::pool::Pool;
 use splitgrad::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
 };
@@ -476,6 +477,26 @@ fn check_split_vocabulary(c: &SvCase) -> Result<Report, TestCaseError> {
         sv.fusion_penalty(),
         fusion
     );
+    // The gradients without the forward (the Python package's path) equal
+    // the tape's, bit for bit.
+    vocabulary_backward_from_matches(&sv, &c.tokens, &c.langs, &c.shared, c.use_gate)?;
+    // The fusion penalty's backward from the forward's norms (the Python
+    // package's path) equals the tape's, bit for bit.
+    let (value, norms) = sv.fusion_penalty_norms();
+    prop_assert_eq!(value.to_bits(), sv.fusion_penalty().to_bits());
+    let w = 0.5 + c.fusion_weight;
+    let from_norms = sv
+        .fusion_penalty_grad(&Pool::new(), norms.as_slice().unwrap(), w)
+        .unwrap();
+    let mut tape = Tape::new();
+    let f = sv.fusion_penalty_var(&mut tape);
+    let f = tape.scale(f, w);
+    let on_tape = tape.backward(f).dense(sv.rows());
+    prop_assert_eq!(from_norms, on_tape);
+    prop_assert!(
+        sv.fusion_penalty_grad(&Pool::new(), &norms.as_slice().unwrap()[1..], w)
+            .is_err()
+    );
     // Gradients.
     let analytic = vec![
         dense(p.rows.as_ref(), c.rows.shape()),
@@ -485,6 +506,119 @@ fn check_split_vocabulary(c: &SvCase) -> Result<Report, TestCaseError> {
             .unwrap_or_else(|| ArrayD::zeros(c.shared.raw_dim())),
     ];
     check_grads(&values, &analytic, |v| c.pass(v).loss).map_err(TestCaseError::fail)
+}
+
+/// `SplitVocabulary::backward_from` against the tape's
+/// `backward_from(forward(…))`, bit for bit, with and without ∂shared.
+fn vocabulary_backward_from_matches<T: Real>(
+    sv: &SplitVocabulary<T>,
+    tokens: &[i64],
+    langs: &[i64],
+    shared: &ArrayD<T>,
+    use_gate: bool,
+) -> Result<(), TestCaseError> {
+    let up = upstream(shared.shape()).mapv(T::from_f64);
+    let bits = |a: &ArrayD<T>| {
+        a.iter()
+            .map(|x| Real::to_f64(*x).to_bits())
+            .collect::<Vec<_>>()
+    };
+    let ids = |v: &[i64]| ndarray::ArrayView1::from(v).into_dyn().to_owned();
+    let (t, l) = (ids(tokens), ids(langs));
+    for want_shared in [true, false] {
+        let mut tape = Tape::new();
+        let s = if want_shared {
+            tape.input(shared.clone())
+        } else {
+            tape.constant(shared.clone())
+        };
+        let out = sv.forward(&mut tape, tokens, langs, s, use_gate).unwrap();
+        let want = tape.backward_from(out, up.view());
+        let got = sv
+            .backward_from(
+                &Pool::new(),
+                t.view(),
+                l.view(),
+                shared.view(),
+                up.view(),
+                use_gate,
+                want_shared,
+            )
+            .unwrap();
+        prop_assert_eq!(got.shared.as_ref().map(bits), want.input(s).map(bits));
+        prop_assert_eq!(
+            got.rows.map(|r| bits(&r.to_dense().into_dyn())),
+            want.param(sv.rows()).map(|g| bits(&g.to_dense()))
+        );
+        prop_assert_eq!(
+            got.gate_logit.as_ref().map(bits),
+            want.param(sv.gate_logit()).map(|g| bits(&g.to_dense()))
+        );
+    }
+    Ok(())
+}
+
+/// `backward_from` on a case large enough for the parallel kernels: f32,
+/// ids of rank 2, and with the rows frozen.
+#[test]
+fn vocabulary_backward_from_equals_the_tape_on_a_large_case() {
+    let (vocab, languages, dim, n) = (300, 4, 48, 4000);
+    let mut rng = splitgrad::Rng::new(11);
+    let cells: Vec<usize> = (0..vocab * languages)
+        .filter(|_| rng.below(3) == 0)
+        .collect();
+    let index = SplitIndex::new(
+        cells.iter().map(|c| c / vocab).collect(),
+        cells.iter().map(|c| c % vocab).collect(),
+    );
+    let mut sv =
+        SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(vocab, dim, languages))
+            .unwrap();
+    let n_rows = cells.len();
+    *sv.rows_mut().value_mut() =
+        Array2::from_shape_simple_fn((n_rows, dim), || rng.normal() as f32).into_dyn();
+    *sv.gate_logit_mut().value_mut() =
+        Array1::from_shape_simple_fn(n_rows, || rng.normal() as f32).into_dyn();
+    let tokens: Vec<i64> = (0..n).map(|_| rng.below(vocab as u64) as i64).collect();
+    let langs: Vec<i64> = (0..n).map(|_| rng.below(languages as u64) as i64).collect();
+    let shared = ArrayD::from_shape_simple_fn(IxDyn(&[n, dim]), || rng.normal() as f32);
+    for (use_gate, frozen) in [(true, false), (false, false), (true, true)] {
+        sv.rows_mut().set_trainable(!frozen);
+        vocabulary_backward_from_matches(&sv, &tokens, &langs, &shared, use_gate).unwrap();
+    }
+    // Ids of rank 2: shared (40, 100, D).
+    let shared3 = shared
+        .clone()
+        .into_shape_with_order(IxDyn(&[40, 100, dim]))
+        .unwrap();
+    let up = upstream(shared3.shape()).mapv(|x| x as f32);
+    let t = ArrayD::from_shape_vec(IxDyn(&[40, 100]), tokens.clone()).unwrap();
+    let l = ArrayD::from_shape_vec(IxDyn(&[40, 100]), langs.clone()).unwrap();
+    let g = sv
+        .backward_from(
+            &Pool::new(),
+            t.view(),
+            l.view(),
+            shared3.view(),
+            up.view(),
+            true,
+            true,
+        )
+        .unwrap();
+    assert_eq!(g.shared.unwrap().shape(), &[40, 100, dim]);
+    // A gradient of the wrong shape is an error naming it.
+    let err = sv
+        .backward_from(
+            &Pool::new(),
+            t.view(),
+            l.view(),
+            shared3.view(),
+            shared.view(),
+            true,
+            true,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("grad_output"), "{err}");
 }
 
 /// A random subset (non-empty) of the L × V pairs, in random order.
