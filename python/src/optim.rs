@@ -617,36 +617,98 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
     rows_opt: &mut dyn Optimizer<T>,
     gate_opt: &mut dyn Optimizer<T>,
 ) -> PyResult<()> {
-    // The penalties' gradients, owned: the forward passes' are added into them.
     let (penalty_weight, fusion_weight, norms) = penalties;
     let norms = crate::layers::norms_arg(norms)?;
-    let mut own = vocab_penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
-    let mut borrowed: Vec<&Entry<T>> = Vec::new();
-    for piece in pieces {
-        for e in piece {
-            if let Some(o) = own.iter_mut().find(|o| o.name == e.name) {
-                add_grad(&mut o.grad, &e.grad);
-            } else if let Some(pos) = borrowed.iter().position(|b| b.name == e.name) {
-                let mut g = borrowed[pos].grad.clone();
-                add_grad(&mut g, &e.grad);
-                own.push(Entry {
-                    name: e.name.clone(),
-                    id: e.id,
-                    grad: g,
-                });
-                borrowed.remove(pos);
-            } else {
-                borrowed.push(e);
+    let rows_name = sv.rows().name().to_string();
+    let entries = || pieces.iter().flat_map(|p| p.iter());
+    // With the distances known and every forward's rows gradient row-sparse,
+    // the rows' gradient is formed row by row inside their update: the
+    // fusion penalty's row, then each forward's row where it has one, in
+    // the order the dense sum below adds them. The gradient is never stored.
+    let by_rows = fusion_weight.is_finite()
+        && fusion_weight != 0.0
+        && sv.n_rows() > 0
+        && sv.rows().is_trainable()
+        && entries()
+            .filter(|e| e.name == rows_name)
+            .all(|e| matches!(e.grad, Grad::RowSparse(_)));
+    let norms = match norms {
+        Some(n) if by_rows => n,
+        norms => {
+            let own = vocab_penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
+            let (own, borrowed) = merge(own, entries());
+            let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
+            let r = rows_opt
+                .step(vec![sv.rows_mut()], &src)
+                .and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
+            drop(src);
+            crate::layers::give_back(own, pool);
+            return r.or_raise();
+        }
+    };
+    let fusion = sv
+        .fusion_row_grads(&norms, T::from_f64(fusion_weight))
+        .or_raise()?;
+    let n_rows = sv.n_rows();
+    let parts: Vec<(&splitgrad::RowSparse<T>, Vec<u32>)> = entries()
+        .filter(|e| e.name == rows_name)
+        .filter_map(|e| match &e.grad {
+            Grad::RowSparse(rs) => {
+                let mut at = vec![u32::MAX; n_rows];
+                for (k, &r) in rs.rows.iter().enumerate() {
+                    at[r] = k as u32;
+                }
+                Some((rs, at))
+            }
+            Grad::Dense(_) => None,
+        })
+        .collect();
+    let grad_row = |r: usize, x: &[T], g: &mut [T]| {
+        fusion.row(r, x, g);
+        for (rs, at) in &parts {
+            if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
+                let v = rs.values.row(k as usize);
+                g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
             }
         }
-    }
+    };
+    let own = vocab_penalty_backward(py, sv, pool, penalty_weight, 0.0, None)?;
+    let (own, borrowed) = merge(own, entries().filter(|e| e.name != rows_name));
     let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
     let r = rows_opt
-        .step(vec![sv.rows_mut()], &src)
+        .update_by_rows(sv.rows_mut(), &grad_row)
         .and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
     drop(src);
     crate::layers::give_back(own, pool);
     r.or_raise()
+}
+
+/// The sum of the penalties' gradients (`own`) and the forward passes'
+/// (`entries`), by parameter: a parameter with gradients in both, or in
+/// several entries, gets an owned sum (added in order); one with a single
+/// entry keeps it borrowed.
+fn merge<'e, T: splitgrad::Real>(
+    mut own: Vec<Entry<T>>,
+    entries: impl Iterator<Item = &'e Entry<T>>,
+) -> (Vec<Entry<T>>, Vec<&'e Entry<T>>) {
+    let mut borrowed: Vec<&Entry<T>> = Vec::new();
+    for e in entries {
+        if let Some(o) = own.iter_mut().find(|o| o.name == e.name) {
+            add_grad(&mut o.grad, &e.grad);
+        } else if let Some(pos) = borrowed.iter().position(|b| b.name == e.name) {
+            let mut g = borrowed[pos].grad.clone();
+            add_grad(&mut g, &e.grad);
+            own.push(Entry {
+                name: e.name.clone(),
+                id: e.id,
+                grad: g,
+            });
+            borrowed.remove(pos);
+        } else {
+            borrowed.push(e);
+        }
+    }
+    (own, borrowed)
 }
 
 #[pymethods]

@@ -328,6 +328,33 @@ def test_fusion_penalty_backward_from_the_forwards_norms():
         sv.penalty_backward(0.0, 1.0, norms.reshape(2, 2))
 
 
+def test_fused_step_from_the_norms_equals_the_dense_sum():
+    # Two forwards and both penalties: the rows' update from the forward's
+    # distances (the gradient formed row by row) equals, bit for bit, the
+    # update of the stored dense sum.
+    rng = np.random.default_rng(9)
+    tokens, langs = np.array([2, 2, 1, 4, 0, 2]), np.array([0, 1, 0, 2, 0, 0])
+    layers = []
+    for with_norms in (False, True):
+        sv = vocab()
+        sv.parameter("split_vocabulary.rows")[:] = np.random.default_rng(10).standard_normal((4, 3))
+        opts = (sg.LazyAdam(lr=0.05, dtype="float64"), sg.Optimizer.adam(0.05, dtype="float64"))
+        layers.append((sv, opts, with_norms))
+    for step in range(3):
+        shared, up1, up2 = (rng.standard_normal((6, 3)) for _ in range(3))
+        for sv, opts, with_norms in layers:
+            _, g1 = sv.backward(tokens, langs, shared, up1)
+            _, g2 = sv.backward(tokens, langs, shared, up2)
+            norms = sv.fusion_penalty_norms()[1] if with_norms else None
+            sv.fused_step([g1, g2], 0.5, 0.7, *opts, norms)
+    (a, oa, _), (b, ob, _) = layers
+    for name in ("split_vocabulary.rows", "split_vocabulary.gate_logit"):
+        assert np.array_equal(a.parameter(name), b.parameter(name))
+    for x, y in zip(oa, ob):
+        sx, sy = x.state_dict(), y.state_dict()
+        assert sx.keys() == sy.keys() and all(np.array_equal(sx[k], sy[k]) for k in sx)
+
+
 def test_vocabulary_errors():
     with pytest.raises(ValueError, match="dim must be positive, got 0"):
         sg.SplitVocabulary(LANG, TOK, 5, 0, 3)

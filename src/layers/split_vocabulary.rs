@@ -26,7 +26,9 @@ use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::reduce::scaled_copy_in;
 use crate::kernels::scatter::{RowSource, RowSparse, coalesce_sources_in};
-use crate::ops::fusion_penalty::{RowGroups, fusion_penalty_backward, fusion_penalty_forward};
+use crate::ops::fusion_penalty::{
+    FusionRowGrads, RowGroups, fusion_penalty_backward, fusion_penalty_forward,
+};
 use crate::ops::gated_mix::{NO_ROW, Want, gated_mix_backward};
 use crate::ops::sigmoid::{sigmoid, sigmoid_backward};
 use crate::param::Parameter;
@@ -345,13 +347,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
     pub fn fusion_penalty_grad(&self, pool: &Pool<T>, norms: &[T], weight: T) -> Result<ArrayD<T>> {
-        if norms.len() != self.n_rows() {
-            return Err(Error::shape(
-                "norms",
-                format!("({},) (one per row)", self.n_rows()),
-                &[norms.len()],
-            ));
-        }
+        self.check_norms(norms)?;
         Ok(fusion_penalty_backward(
             pool,
             self.rows.value().view(),
@@ -359,6 +355,35 @@ impl<T: Real> SplitVocabulary<T> {
             norms,
             ndarray::arr0(weight).into_dyn().view(),
         ))
+    }
+
+    /// `weight · ∂fusion_penalty/∂rows` row by row ([`FusionRowGrads`]),
+    /// from the norms [`Self::fusion_penalty_norms`] returned for the rows
+    /// as they are now: the rows of [`Self::fusion_penalty_grad`], bit for
+    /// bit, for an optimiser's [`update_by_rows`](crate::optim::Optimizer::update_by_rows),
+    /// which then never stores the (n_rows, D) gradient.
+    ///
+    /// Errors if `norms` does not have one element per row.
+    pub fn fusion_row_grads(&self, norms: &[T], weight: T) -> Result<FusionRowGrads<T>> {
+        self.check_norms(norms)?;
+        let rows = self
+            .rows
+            .value()
+            .view()
+            .into_dimensionality::<Ix2>()
+            .expect("rows are 2-D");
+        Ok(FusionRowGrads::new(rows, &self.groups, norms, weight))
+    }
+
+    fn check_norms(&self, norms: &[T]) -> Result<()> {
+        if norms.len() != self.n_rows() {
+            return Err(Error::shape(
+                "norms",
+                format!("({},) (one per row)", self.n_rows()),
+                &[norms.len()],
+            ));
+        }
+        Ok(())
     }
 
     /// The row of each token ([`NO_ROW`] for none), checking lengths and

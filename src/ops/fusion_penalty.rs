@@ -327,6 +327,108 @@ pub fn fusion_penalty_backward<T: Real>(
     unsafe { out.assume_init() }.into_dyn()
 }
 
+/// The fusion penalty's gradient row by row, for a consumer that takes
+/// the rows one at a time (an optimiser's update,
+/// [`Optimizer::update_by_rows`](crate::optim::Optimizer::update_by_rows))
+/// instead of a stored (n, D) array: the per-group terms are computed once,
+/// the centroid `c` and `s = (Σ_j k_j·d_j)/|g|` of each group of two or
+/// more rows, and row i's gradient is then `k_i·(x_i − c) − s`, 0 for a
+/// row alone in its group. Each row equals [`fusion_penalty_backward`]'s
+/// bit for bit.
+#[derive(Clone, Debug)]
+pub struct FusionRowGrads<T> {
+    width: usize,
+    /// The slot of each row's group in `terms`; `u32::MAX` for a row alone.
+    slot: Vec<u32>,
+    /// `k_i = (gy/n)/‖d_i‖`, 0 where the norm is not > 0.
+    k: Vec<T>,
+    /// Per slot: c (width), then s (width).
+    terms: Vec<T>,
+}
+
+impl<T: Real> FusionRowGrads<T> {
+    /// The terms for rows x (n, D), their groups, the norms of
+    /// [`fusion_penalty_forward`] and the penalty's gradient gy.
+    ///
+    /// **Panics** if the shapes disagree.
+    #[track_caller]
+    pub fn new(x: ArrayView2<'_, T>, groups: &RowGroups, norms: &[T], gy: T) -> Self {
+        let (n, width) = x.dim();
+        assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
+        assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
+        let x = x.as_standard_layout();
+        let a = gy / T::from_f64(n.max(1) as f64);
+        let k: Vec<T> = norms
+            .iter()
+            .map(|&y| if y > T::zero() { a / y } else { T::zero() })
+            .collect();
+        let multi: Vec<usize> = (0..groups.n_groups())
+            .filter(|&g| groups.members(g).len() > 1)
+            .collect();
+        let mut slot = vec![u32::MAX; n];
+        for (s, &g) in multi.iter().enumerate() {
+            for &i in groups.members(g) {
+                slot[i] = s as u32;
+            }
+        }
+        let mut terms = vec![T::zero(); multi.len() * 2 * width];
+        if width > 0 {
+            terms
+                .par_chunks_mut(2 * width)
+                .zip(multi.par_iter())
+                .with_min_len(MIN_GROUPS_PER_TASK)
+                .for_each(|(t, &g)| {
+                    let members = groups.members(g);
+                    let (c, s) = t.split_at_mut(width);
+                    centroid(x.view(), members, c);
+                    // As fusion_penalty_backward: s = (Σ_j k_j·d_j) / |g|.
+                    for &j in members {
+                        let kj = k[j];
+                        if kj != T::zero() {
+                            let row = x.row(j);
+                            let row = row.as_slice().expect("standard layout");
+                            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
+                                *s += kj * (v - c);
+                            }
+                        }
+                    }
+                    let count = T::from_f64(members.len() as f64);
+                    s.iter_mut().for_each(|s| *s /= count);
+                });
+        }
+        FusionRowGrads {
+            width,
+            slot,
+            k,
+            terms,
+        }
+    }
+
+    /// Row i's gradient into `out` (D elements), from `x_i`, row i of the
+    /// rows the terms were computed from.
+    ///
+    /// **Panics** if i is out of range or a slice is not D long.
+    #[track_caller]
+    pub fn row(&self, i: usize, x_i: &[T], out: &mut [T]) {
+        let w = self.width;
+        assert!(
+            x_i.len() == w && out.len() == w,
+            "FusionRowGrads::row: rows of {w} elements"
+        );
+        match self.slot[i] {
+            u32::MAX => out.fill(T::zero()),
+            s => {
+                let t = &self.terms[s as usize * 2 * w..][..2 * w];
+                let (c, s) = t.split_at(w);
+                let ki = self.k[i];
+                for (((g, &v), &c), &s) in out.iter_mut().zip(x_i).zip(c).zip(s) {
+                    *g = ki * (v - c) - s;
+                }
+            }
+        }
+    }
+}
+
 /// The saved state of `fusion_penalty`: the rows, their groups and each
 /// row's distance from its centroid.
 struct FusionPenalty<'p, T> {
@@ -476,6 +578,34 @@ mod tests {
             assert_eq!(one.0, other.0, "{threads} threads: value");
             assert_eq!(one.1, other.1, "{threads} threads: norms");
             assert_eq!(one.2, other.2, "{threads} threads: gradient");
+        }
+    }
+
+    #[test]
+    fn row_grads_equal_the_backward_bit_for_bit() {
+        for (seed, n, n_groups, width) in [(6, 3000, 1400, 64), (7, 40, 9, 5), (8, 5, 5, 3)] {
+            let (x, groups) = case(seed, n, n_groups, width);
+            let (_, norms) = fusion_penalty_forward(x.view().into_dyn(), &groups);
+            let norms = norms.to_vec();
+            let want = fusion_penalty_backward(
+                &Pool::new(),
+                x.view().into_dyn(),
+                &groups,
+                &norms,
+                arr0(0.7).into_dyn().view(),
+            );
+            let rg = FusionRowGrads::new(x.view(), &groups, &norms, 0.7);
+            let mut g = vec![f64::NAN; width];
+            for i in 0..n {
+                rg.row(i, x.row(i).as_slice().unwrap(), &mut g);
+                let w = want.index_axis(ndarray::Axis(0), i);
+                assert!(
+                    g.iter()
+                        .zip(w.iter())
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "seed {seed}, row {i}"
+                );
+            }
         }
     }
 

@@ -148,3 +148,83 @@ fn a_transposed_parameter_is_updated_like_its_standard_copy() {
         fast.0.value().mapv(f32::to_bits)
     );
 }
+
+/// `update_by_rows`: LazyAdam's override (rows in parallel, each gradient
+/// row computed as it is used) against the naive update of the
+/// materialised dense gradient, under 1, 2 and 4 threads; the gradient
+/// reads the row it is given (as the fusion penalty's does). Adam takes
+/// the trait's default.
+#[test]
+fn update_by_rows_equals_the_update_of_the_dense_gradient() {
+    let grad_row = |r: usize, x: &[f32], g: &mut [f32]| {
+        for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+            *g = if r % 5 == 2 {
+                0.0
+            } else {
+                x * 0.5 - ((r * 7 + j) % 11) as f32 * 0.1
+            };
+        }
+    };
+    for (n, w) in [(4099, 37), (7, 5)] {
+        let (init, _) = case(n, w);
+        // The reference: the dense gradient of the current rows, updated naively.
+        let mut want = (
+            Parameter::new("t", init.clone()),
+            LazyAdam::new(LazyAdamConfig::default()).unwrap(),
+        );
+        for _ in 0..3 {
+            let g = super::dense_by_rows(&want.0, &grad_row).unwrap();
+            want.1.update_naive(&mut want.0, &Grad::Dense(g)).unwrap();
+        }
+        for t in [1, 2, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap();
+            let mut p = Parameter::new("t", init.clone());
+            let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+            pool.install(|| {
+                for _ in 0..3 {
+                    opt.update_by_rows(&mut p, &grad_row).unwrap();
+                }
+            });
+            assert_eq!(
+                p.value().mapv(f32::to_bits),
+                want.0.value().mapv(f32::to_bits),
+                "({n}, {w}), {t} threads"
+            );
+            assert!(
+                opt.state() == want.1.state(),
+                "({n}, {w}), {t} threads: state"
+            );
+        }
+        // Adam's default builds the dense gradient: the same as update.
+        let (mut a, mut b) = (
+            Parameter::new("t", init.clone()),
+            Parameter::new("t", init.clone()),
+        );
+        let (mut oa, mut ob) = (
+            Adam::new(AdamConfig::default()).unwrap(),
+            Adam::new(AdamConfig::default()).unwrap(),
+        );
+        oa.update_by_rows(&mut a, &grad_row).unwrap();
+        let g = super::dense_by_rows(&b, &grad_row).unwrap();
+        ob.update(&mut b, &Grad::Dense(g)).unwrap();
+        assert_eq!(a.value(), b.value());
+    }
+    // A frozen parameter does not move; a 1-D one is refused.
+    let mut frozen = Parameter::new("t", case(7, 5).0);
+    frozen.set_trainable(false);
+    let before = frozen.value().clone();
+    LazyAdam::new(LazyAdamConfig::default())
+        .unwrap()
+        .update_by_rows(&mut frozen, &grad_row)
+        .unwrap();
+    assert_eq!(frozen.value(), &before);
+    let mut flat = Parameter::new("b", ArrayD::<f32>::zeros(IxDyn(&[4])));
+    let err = LazyAdam::new(LazyAdamConfig::default())
+        .unwrap()
+        .update_by_rows(&mut flat, &grad_row)
+        .unwrap_err();
+    assert!(err.to_string().contains("2-D"), "{err}");
+}

@@ -4,7 +4,7 @@ use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
 use rayon::prelude::*;
 
 use super::moments::MomentTable;
-use super::{Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut};
+use super::{GradRow, Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::{Error, Grad, Parameter, Real, Result};
 
@@ -135,6 +135,9 @@ impl<T: Real> Coeffs<T> {
         pmvg.for_each(|(((p, m), v), &g)| self.apply(p, m, v, g));
     }
 }
+
+/// Row r of the parameter and of its two moments.
+type RowOf<'a, T> = (usize, ((&'a mut [T], &'a mut [T]), &'a mut [T]));
 
 /// One touched row: the parameter's, its two moments', its gradient's.
 struct RowJob<'a, T> {
@@ -311,6 +314,63 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
                     rows.into_par_iter().with_min_len(min_rows).for_each(run);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Rows in parallel, each row's gradient computed into a buffer of
+    /// the task just before the row is updated.
+    fn update_by_rows(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad_row: &GradRow<'_, T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        if param.value().ndim() != 2 {
+            return Err(Error::shape(
+                param.name(),
+                "2-D (a gradient given by rows)",
+                param.value().shape(),
+            ));
+        }
+        let width = param.value().shape()[1];
+        let slot = self.moments.slot(param)?;
+        slot.step += 1;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        if width == 0 {
+            return Ok(());
+        }
+        let p = flat_mut(param);
+        let m = slot
+            .exp_avg
+            .as_slice_mut()
+            .expect("state is standard layout");
+        let v = slot
+            .exp_avg_sq
+            .as_slice_mut()
+            .expect("state is standard layout");
+        let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
+            grad_row(r, p, g);
+            c.apply_run(p, m, v, g);
+        };
+        if p.len() < PAR_MIN_ELEMS {
+            let mut g = vec![T::zero(); width];
+            let rows = p
+                .chunks_mut(width)
+                .zip(m.chunks_mut(width))
+                .zip(v.chunks_mut(width));
+            rows.enumerate().for_each(|job| run(&mut g, job));
+        } else {
+            let rows = p
+                .par_chunks_mut(width)
+                .zip(m.par_chunks_mut(width))
+                .zip(v.par_chunks_mut(width));
+            let min_rows = (4096 / width).max(1);
+            rows.enumerate()
+                .with_min_len(min_rows)
+                .for_each_init(|| vec![T::zero(); width], run);
         }
         Ok(())
     }

@@ -77,6 +77,11 @@ use crate::kernels::Real;
 use crate::param::{Grad, GradSource, Parameter};
 use crate::state::{StateDict, TensorData};
 
+/// A gradient given row by row, for [`Optimizer::update_by_rows`]:
+/// `grad_row(r, row, g)` writes row r's gradient into `g` from `row`, row
+/// r of the parameter.
+pub type GradRow<'a, T> = dyn Fn(usize, &[T], &mut [T]) + Sync + 'a;
+
 /// An optimiser: updates parameters from their gradients and keeps its
 /// per-parameter state by parameter name.
 ///
@@ -108,6 +113,28 @@ pub trait Optimizer<T: Real> {
     /// **Panics** if a row-sparse gradient's rows are not sorted and unique
     /// (the [`RowSparse`](crate::RowSparse) invariant).
     fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()>;
+
+    /// [`Self::update`] with a dense gradient of a 2-D parameter given row
+    /// by row: `grad_row(r, row, g)` writes row r's gradient into `g` (one
+    /// row of D elements) from `row`, row r of the parameter before the
+    /// update. The gradient need never be stored whole: an optimiser can
+    /// compute each row as it updates it ([`LazyAdam`] does). This default
+    /// builds the dense gradient and calls `update`; an override must
+    /// give the same result bit for bit. `grad_row` is called once per row,
+    /// from any thread, in any order.
+    ///
+    /// Errors as `update`, and if the parameter is not 2-D.
+    fn update_by_rows(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad_row: &GradRow<'_, T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        let g = dense_by_rows(param, grad_row)?;
+        self.update(param, &Grad::Dense(g))
+    }
 
     /// Named state entries for a checkpoint: `("<param name>.exp_avg",
     /// array)`, `("<param name>.step", count)`, … sorted by name.
@@ -355,6 +382,28 @@ fn check_grad<T: Real>(param: &Parameter<T>, grad: &Grad<T>) -> Result<()> {
 
 /// The parameter's value as one row-major slice, making it standard layout
 /// first if it is not (its values are unchanged).
+/// The dense gradient `grad_row` gives row by row (the default of
+/// [`Optimizer::update_by_rows`], and the reference its overrides are
+/// tested against).
+fn dense_by_rows<T: Real>(param: &Parameter<T>, grad_row: &GradRow<'_, T>) -> Result<ArrayD<T>> {
+    let v = param.value();
+    if v.ndim() != 2 {
+        return Err(Error::shape(
+            param.name(),
+            "2-D (a gradient given by rows)",
+            v.shape(),
+        ));
+    }
+    let v = v.view().into_dimensionality::<ndarray::Ix2>().expect("2-D");
+    let mut g = ndarray::Array2::<T>::zeros(v.raw_dim());
+    let mut x = vec![T::zero(); v.ncols()];
+    for (r, mut out) in g.outer_iter_mut().enumerate() {
+        x.iter_mut().zip(v.row(r)).for_each(|(x, &p)| *x = p);
+        grad_row(r, &x, out.as_slice_mut().expect("a fresh array"));
+    }
+    Ok(g.into_dyn())
+}
+
 fn flat_mut<T: Real>(param: &mut Parameter<T>) -> &mut [T] {
     if !param.value().is_standard_layout() {
         let v = param.value().as_standard_layout().into_owned();
