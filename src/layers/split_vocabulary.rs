@@ -478,7 +478,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// let shared = array![[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]].into_dyn();
     /// let up = Array2::from_elem((3, 2), 0.5).into_dyn();
     /// let (tokens, langs) = ([2i64, 2, 0], [0i64, 1, 0]);
-    /// let g = sv.backward_from(&Pool::new(), tokens.view(), langs.view(), shared.view(), up.view(), true, true)?;
+    /// let g = sv.backward_from(&Pool::new(), &tokens, &langs, shared.view(), up.view(), true, true)?;
     /// let mut tape = Tape::new();
     /// let s = tape.input(shared.clone());
     /// let out = sv.forward(&mut tape, &tokens, &langs, s, true)?;
@@ -489,17 +489,17 @@ impl<T: Real> SplitVocabulary<T> {
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_from(
+    pub fn backward_from<'i, 'j>(
         &self,
         pool: &Pool<T>,
-        token_ids: ArrayViewD<'_, i64>,
-        language_ids: ArrayViewD<'_, i64>,
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
         shared: ArrayViewD<'_, T>,
         grad_output: ArrayViewD<'_, T>,
         use_gate: bool,
         want_shared: bool,
     ) -> Result<VocabularyGrads<T>> {
-        let row_of = self.route(token_ids, language_ids, shared.shape())?;
+        let row_of = self.route(token_ids.ids(), language_ids.ids(), shared.shape())?;
         if grad_output.shape() != shared.shape() {
             return Err(Error::shape(
                 "grad_output",
