@@ -9,7 +9,7 @@ timing alternates the two sides over rounds (a warm-up step first) and quotes
 the median step of each side and their ratio.
 
     python python/bench.py [--threads 2] [--rounds 3] [--steps 5] [--workloads embed_prompt,...]
-                           [--scale 1] [--upstream given|dot] [--heap-kept] [--json]
+                           [--scale 1] [--upstream given|dot] [--heap-kept] [--omp-passive] [--json]
 
 The embedding workloads' loss is Σ out ⊙ R (plus the penalties for
 splitvocab), the same on both sides, in one of two forms (--upstream):
@@ -22,6 +22,11 @@ splitvocab), the same on both sides, in one of two forms (--upstream):
   ∂out = 1·R as a fresh N × H tensor each step; at the spec's sizes that is a
   32 MiB allocation whose pages the kernel supplies anew every time (about
   10–14 ms on this machine), paid by both sides alike.
+
+--omp-passive sets OMP_WAIT_POLICY=PASSIVE for both sides. By default torch's
+OpenMP workers keep spinning on the cores for a while after each parallel torch
+op (here the loss's torch.dot, the optimisers' foreach ops), and splitgrad's
+threads, which run next, share those cores with them.
 
 Needs torch and d9d (pip install torch d9d) besides splitgrad.
 """
@@ -56,6 +61,12 @@ def parse():
         action="store_true",
         help="run with glibc's malloc keeping large blocks in the heap (no fresh pages each step), for both sides",
     )
+    p.add_argument(
+        "--omp-passive",
+        action="store_true",
+        help="run with OMP_WAIT_POLICY=PASSIVE: torch's OpenMP workers sleep at once after a parallel op "
+        "instead of spinning on the cores splitgrad's threads then need, for both sides",
+    )
     return p.parse_args()
 
 
@@ -65,8 +76,13 @@ ARGS = parse()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 HEAP_KEPT = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
-if ARGS.heap_kept and os.environ.get("GLIBC_TUNABLES") != HEAP_KEPT:
-    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "GLIBC_TUNABLES": HEAP_KEPT})
+# Both settings are read when the process starts: set them, then start again.
+_ENV = {
+    **({"GLIBC_TUNABLES": HEAP_KEPT} if ARGS.heap_kept else {}),
+    **({"OMP_WAIT_POLICY": "PASSIVE"} if ARGS.omp_passive else {}),
+}
+if any(os.environ.get(k) != v for k, v in _ENV.items()):
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **_ENV})
 # matrixmultiply (the head's products) reads its thread count once per process.
 os.environ.setdefault("MATMUL_NUM_THREADS", str(ARGS.threads))
 
@@ -377,6 +393,7 @@ def main():
         "threads": ARGS.threads,
         "scale": ARGS.scale,
         "heap_kept": ARGS.heap_kept,
+        "omp_passive": ARGS.omp_passive,
         "upstream": ARGS.upstream,
         "torch": torch.__version__,
         "workloads": {},
@@ -385,6 +402,7 @@ def main():
         print(
             f"torch {torch.__version__}, {ARGS.threads} threads, upstream {ARGS.upstream}"
             + (", heap kept" if ARGS.heap_kept else "")
+            + (", OMP_WAIT_POLICY=PASSIVE" if ARGS.omp_passive else "")
         )
     for name in ARGS.workloads.split(","):
         sides, check = WORKLOADS[name]()

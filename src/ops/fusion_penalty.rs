@@ -610,6 +610,25 @@ mod tests {
     }
 
     #[test]
+    fn a_row_alone_has_norm_zero_or_nan() {
+        // Rows of 70 elements (eight full blocks of 8 and a tail): finite,
+        // or with one infinite or NaN element in a block or in the tail.
+        for at in [None, Some(3), Some(40), Some(68)] {
+            for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+                let mut x: Vec<f64> = (0..70).map(|j| j as f64 * 0.37 - 9.0).collect();
+                if let Some(j) = at {
+                    x[j] = bad;
+                }
+                let y = lone_norm(&x);
+                match at {
+                    None => assert_eq!(y.to_bits(), 0.0f64.to_bits()),
+                    Some(j) => assert!(y.is_nan(), "{bad} at {j}: {y}"),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn no_rows_no_penalty() {
         let groups = RowGroups::new(&[], 3);
         let (p, norms) =
