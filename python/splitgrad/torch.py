@@ -18,9 +18,10 @@ broadcast write into it in place and the kernels see the change. The
 embedding tables' gradients reach torch as sparse coalesced COO tensors (one
 row per distinct id), so ``torch.optim.SparseAdam`` applies; with
 ``fused_adam={"lr": ...}`` a row-sparse Adam (SparseAdam's update) moves the
-rows inside the backward instead, and torch sees no gradient for them (so
-it is refused under torch.distributed, where each process would move its
-rows from its own gradients: use SparseAdam there).
+rows inside the backward instead, and torch sees no gradient for them; under
+torch.distributed call ``prepare_distributed(model)`` before
+DistributedDataParallel, so that every process takes the same step from the
+gradients of all (it is refused otherwise).
 
 Differences from d9d, by design (docs/spec.md §2.1): an id outside the
 vocabulary raises ``ValueError`` (d9d returns a zero vector), a sized split
@@ -51,6 +52,7 @@ __all__ = [
     "SplitLanguageModellingHead",
     "SplitTokenEmbeddings",
     "SplitVocabulary",
+    "prepare_distributed",
 ]
 
 LM_IGNORE_INDEX = -100
@@ -137,19 +139,92 @@ class _Bound:
 
 
 def _refuse_distributed(layer) -> None:
-    """A training forward of a layer with fused_adam, which moves rows from
-    this process's gradients alone: under torch.distributed the processes'
-    weights would drift apart unseen."""
-    if layer._fused is None or not torch.is_grad_enabled():
+    """A training forward of a layer with fused_adam under torch.distributed
+    that ``prepare_distributed`` has not set up: it would move its rows from
+    this process's gradients alone, and the processes' weights would drift
+    apart unseen."""
+    if layer._fused is None or not torch.is_grad_enabled() or layer._group is not None:
         return
     d = torch.distributed
     if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
         raise RuntimeError(
-            f"{type(layer).__name__}(fused_adam=...) updates its rows from this process's gradients only, and "
-            f"torch.distributed runs {d.get_world_size()} processes: their weights would drift apart. "
-            "Build it without fused_adam and use torch.optim.SparseAdam: the sparse gradients then "
-            "reach DistributedDataParallel"
+            f"{type(layer).__name__}(fused_adam=...) updates its rows inside the backward, and "
+            f"torch.distributed runs {d.get_world_size()} processes: unprepared, each would move them from its "
+            "own gradients and their weights would drift apart. Call "
+            "splitgrad.torch.prepare_distributed(model) on every process before "
+            "DistributedDataParallel(model), or build the layer without fused_adam and use "
+            "torch.optim.SparseAdam: the sparse gradients then reach DistributedDataParallel"
         )
+
+
+def _group_size(layer) -> int:
+    """The number of processes whose gradients a fused step takes (1 alone)."""
+    return 1 if layer._group is None else torch.distributed.get_world_size(layer._group)
+
+
+def _gather(t: torch.Tensor, group) -> torch.Tensor:
+    """Every process's `t` (n_p, ...), concatenated in rank order along the
+    first axis; the n_p may differ, the other sizes may not."""
+    d = torch.distributed
+    world = d.get_world_size(group)
+    t = t.contiguous()
+    shape = torch.tensor(list(t.shape), dtype=torch.int64)
+    shapes = [torch.empty_like(shape) for _ in range(world)]
+    d.all_gather(shapes, shape, group=group)
+    rest = [tuple(x[1:].tolist()) for x in shapes]
+    if any(r != tuple(t.shape[1:]) for r in rest):
+        raise RuntimeError(f"the processes' tensors differ past their first axis: {[tuple(x.tolist()) for x in shapes]}")
+    n = [int(x[0]) for x in shapes]
+    padded = torch.zeros((max(n),) + tuple(t.shape[1:]), dtype=t.dtype)
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    d.all_gather(parts, padded, group=group)
+    return torch.cat([p[:k] for p, k in zip(parts, n)])
+
+
+def _gathered(layer, *arrays):
+    """The backward's inputs of every process (numpy arrays, each flattened
+    to (n, ...) on its first axes as `arrays[0]`'s), concatenated: each
+    process then computes the same summed gradient and takes the same step."""
+    n = arrays[0].size
+    out = []
+    for a in arrays:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = t.reshape((n,) + tuple(a.shape[arrays[0].ndim :]))
+        out.append(_gather(t, layer._group).numpy())
+    return out
+
+
+def prepare_distributed(model: nn.Module, process_group=None) -> nn.Module:
+    """Lets the layers of ``model`` built with ``fused_adam`` train under
+    torch.distributed. Call it on every process, after
+    ``init_process_group`` and before ``DistributedDataParallel(model)``.
+
+    It sets each such layer's parameters to rank 0's values, leaves them out
+    of DistributedDataParallel (which would wait for gradients they never
+    produce), and makes their fused steps take the gradients of every
+    process: the backward gathers the processes' inputs and applies the
+    average of their gradients, as DistributedDataParallel averages, so every
+    process takes the same step. ``process_group``: the processes (default: a
+    new group of all of them, apart from the one DistributedDataParallel
+    uses). Returns ``model``.
+    """
+    d = torch.distributed
+    if not (d.is_available() and d.is_initialized()):
+        raise RuntimeError("prepare_distributed needs torch.distributed initialised (init_process_group)")
+    group = process_group if process_group is not None else d.new_group()
+    ignored = []
+    for prefix, mod in model.named_modules():
+        if isinstance(mod, (SplitTokenEmbeddings, SplitVocabulary)) and mod._fused is not None:
+            mod._group = group
+            mod._sync()
+            for name, p in mod.named_parameters():
+                ignored.append(f"{prefix}.{name}" if prefix else name)
+                with torch.no_grad():
+                    d.broadcast(p.data, src=d.get_global_rank(group, 0), group=group)
+    if ignored:
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+    return model
 
 
 def _sparse(grads, name: str, shape) -> torch.Tensor:
@@ -224,10 +299,15 @@ class _EmbeddingFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         m = ctx.module
-        grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
         if m._fused is not None:
-            m._fused.step(m._core, grads)
+            ids, g = ctx.ids, _real(grad_output, "grad_output")
+            world = _group_size(m)
+            if world > 1:  # every process's inputs, the average of their gradients
+                ids, g = _gathered(m, ids, g)
+                g = g / np.asarray(world, dtype=g.dtype)
+            m._fused.step(m._core, m._core.backward(ids, g))
             return (None, None) + (None,) * len(m._names)
+        grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
         out = []
         for need, name, shape, w in zip(ctx.needs_input_grad[2:], m._names, m._shapes, m._weights()):
             if not need:
@@ -268,6 +348,7 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
             [(self.token_embedding[s], "weight", n) for s, n in zip(self._split_order, self._names)], sparse=self._names
         )
         self._fused = None
+        self._group = None  # set by prepare_distributed
         if fused_adam is not None:
             cfg = dict(fused_adam)
             self._fused = _sg.Optimizer.lazy_adam(
@@ -428,7 +509,17 @@ class _VocabularyFunction(torch.autograd.Function):
         m = ctx.module
         t, l_, s = ctx.args
         g = _real(grad, "grad_output")
-        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
+        world = _group_size(m) if m._fused is not None else 1
+        if world > 1:
+            # ∂shared is this process's own; the fused step takes the average
+            # of every process's gradients, from their gathered inputs.
+            gs = m._core.backward(t, l_, s, g, ctx.use_gate, True)[0] if ctx.needs_input_grad[4] else None
+            t_all, l_all, s_all, g_all = _gathered(m, t, l_, s, g)
+            _, grads = m._core.backward(
+                t_all, l_all, s_all, g_all / np.asarray(world, dtype=g_all.dtype), ctx.use_gate, False
+            )
+        else:
+            gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
         out_s = torch.from_numpy(gs) if ctx.needs_input_grad[4] else None
         if m._fused is not None:
             m._defer(grads=grads)
@@ -530,6 +621,7 @@ class SplitVocabulary(nn.Module, _Bound):
             sparse=["split_vocabulary.rows"],
         )
         self._fused = None
+        self._group = None  # set by prepare_distributed
         if fused_adam is not None:
             cfg = dict(fused_adam)
             lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
@@ -565,6 +657,13 @@ class SplitVocabulary(nn.Module, _Bound):
     def _fused_step(self):
         p, self._pending = self._pending, None
         norms = None if p["stale"] else p["norms"]
+        world = _group_size(self)
+        if world > 1:  # the penalties' weights, averaged over the processes
+            w = torch.tensor([p["penalty"], p["fusion"], float(norms is None)], dtype=torch.float64)
+            torch.distributed.all_reduce(w, group=self._group)
+            p["penalty"], p["fusion"] = float(w[0]) / world, float(w[1]) / world
+            if w[2] > 0:  # one process must compute the distances: all do
+                norms = None
         self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused, norms)
         self._generation += 1
 

@@ -1,6 +1,7 @@
 """Two processes under torch.distributed (gloo, one machine) with
 DistributedDataParallel train the same weights as one process on the combined
-batch: embeddings (sparse gradients), split vocabulary and head."""
+batch: embeddings (sparse gradients), split vocabulary and head; and with the
+embeddings and the split vocabulary on fused_adam, after prepare_distributed."""
 
 import os
 
@@ -18,19 +19,19 @@ V, D, L, N, STEPS = 40, 8, 3, 32, 3
 
 
 class Model(torch.nn.Module):
-    def __init__(self, index_path):
+    def __init__(self, index_path, fused=None):
         super().__init__()
         from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
 
-        self.emb = SplitTokenEmbeddings({"orig": V - 4, "new": 4}, ["orig", "new"], D)
-        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5)
+        self.emb = SplitTokenEmbeddings({"orig": V - 4, "new": 4}, ["orig", "new"], D, fused_adam=fused)
+        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5, fused_adam=fused)
         self.head = SplitLanguageModellingHead({"orig": V - 4, "new": 4}, ["orig", "new"], D)
 
-    def forward(self, tokens, langs, labels):
+    def forward(self, tokens, langs, labels, ce_weight=1.0):
         shared = self.emb(tokens)
         x = self.sv(tokens, langs, shared)
         ce = self.head(x, labels).cross_entropy.sum()
-        return ce + 0.1 * self.sv.fusion_penalty() + 0.1 * self.sv.penalty()
+        return ce_weight * ce + 0.1 * self.sv.fusion_penalty() + 0.1 * self.sv.penalty()
 
 
 def batches():
@@ -47,9 +48,9 @@ def batches():
     return out
 
 
-def build(index_path):
+def build(index_path, fused=None):
     torch.manual_seed(0)
-    m = Model(index_path)
+    m = Model(index_path, fused)
     m.emb.reset_parameters()
     m.head.reset_parameters()
     m.sv.seed_from(m.emb.token_embedding["orig"].weight.detach().new_zeros(V, D).normal_(generator=torch.Generator().manual_seed(1)))
@@ -102,7 +103,8 @@ def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
     mp.start_processes(worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
     saved = torch.load(out)
     ddp_state = saved["state"]
-    assert "drift apart" in saved["fused_refused"] and "SparseAdam" in saved["fused_refused"]
+    refused = saved["fused_refused"]
+    assert "drift apart" in refused and "prepare_distributed" in refused and "SparseAdam" in refused
 
     # One process, the combined batch: DDP averages the two ranks' gradients,
     # so the loss is the mean of the two halves' losses.
@@ -119,3 +121,54 @@ def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
     for k, v in m.state_dict().items():
         assert not torch.equal(v, start[k]), f"{k} did not train"
         torch.testing.assert_close(ddp_state[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+FUSED = {"lr": 0.01}
+
+
+def fused_worker(rank, world, store, index_path, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from splitgrad.torch import prepare_distributed
+
+    m = build(index_path, FUSED)
+    if rank == 1:  # prepare_distributed starts every process from rank 0's weights
+        with torch.no_grad():
+            m.sv.rows.add_(1.0)
+            m.emb.token_embedding["orig"].weight.mul_(2.0)
+    ddp = torch.nn.parallel.DistributedDataParallel(prepare_distributed(m))
+    opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
+    for tokens, langs, labels in batches():
+        part = slice(rank * N, (rank + 1) * N)
+        opt.zero_grad()
+        ddp(tokens[part], langs[part], labels[part]).backward()
+        opt.step()
+    torch.save({k: v.clone() for k, v in m.state_dict().items()}, f"{out}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path):
+    rng = np.random.default_rng(1)
+    cells = np.sort(rng.choice(L * V, size=30, replace=False))
+    index_path = str(tmp_path / "index.npz")
+    np.savez(index_path, language_index=cells // V, token_index=cells % V)
+    out = str(tmp_path / "fused")
+    mp.start_processes(fused_worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
+    ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+    # The fused layers take the same step on both processes: the same bits.
+    for k in ranks[0]:
+        assert torch.equal(ranks[0][k], ranks[1][k]), k
+
+    # One process on the combined batch. DDP averages the two ranks'
+    # gradients: the mean of the halves' cross-entropies, the penalties once.
+    m = build(index_path, FUSED)
+    opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
+    for tokens, langs, labels in batches():
+        opt.zero_grad()
+        m(tokens, langs, labels, ce_weight=0.5).backward()
+        opt.step()
+    start = build(index_path).state_dict()
+    for k, v in m.state_dict().items():
+        assert not torch.equal(v, start[k]), f"{k} did not train"
+        torch.testing.assert_close(ranks[0][k], v, rtol=1e-5, atol=1e-6, msg=k)
