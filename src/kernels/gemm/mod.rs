@@ -12,10 +12,15 @@
 //! multiply-adds in increasing k, so the AVX2 kernel gives the scalar
 //! kernel's bits, and the blocking and the thread count never change a
 //! result. There is no AVX-512 variant: the machines the kernel was written
-//! and measured on had none. On a CPU with AVX-512 the AVX2 kernel runs;
-//! on a 2-core Intel Xeon with AVX-512 the head took 1.13 s a step with it
-//! against 1.02 s through `matrixmultiply` (`SPLITGRAD_SIMD=baseline`), and
-//! torch's 0.98–1.02 s (`python python/bench.py --workloads lmhead`).
+//! and measured on had none. On a CPU with AVX-512 the AVX2 kernel runs,
+//! and stays the better choice there for the main job: on a 2-core Intel
+//! Xeon with AVX-512, where `matrixmultiply`'s AVX-512 sgemm runs at 255
+//! GFLOP/s against the tile kernel's 153, the `lmhead` step took 958 ms on
+//! `matrixmultiply` against 1048 ms on the tile kernel
+//! (`splitgrad bench lmhead --reference`), but the main job's grouped head
+//! ran 1.7× faster on the tile kernel (V 8000, D 64: 68,500 against
+//! 37,000–41,000 tokens/s; 1.1–1.2× at D 512; `splitgrad bench --sweep`
+//! beside a build that sent the products to `matrixmultiply`).
 //!
 //! `matrixmultiply` ([`crate::kernels::Real::gemm`]) stays the reference
 //! and the fallback: f64, and f32 on a CPU without AVX2 and FMA (or with
