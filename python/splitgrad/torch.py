@@ -182,17 +182,34 @@ def _gather(t: torch.Tensor, group) -> torch.Tensor:
     return torch.cat([p[:k] for p, k in zip(parts, n)])
 
 
-def _gathered(layer, *arrays):
-    """The backward's inputs of every process (numpy arrays, each flattened
-    to (n, ...) on its first axes as `arrays[0]`'s), concatenated: each
-    process then computes the same summed gradient and takes the same step."""
-    n = arrays[0].size
-    out = []
-    for a in arrays:
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        t = t.reshape((n,) + tuple(a.shape[arrays[0].ndim :]))
-        out.append(_gather(t, layer._group).numpy())
-    return out
+def _averaged(layer, grads):
+    """The average of every process's gradients `grads` (of `layer`'s
+    kernels), the same on each process: row-sparse ones are gathered and
+    summed row by row in rank order, dense ones summed by an all-reduce. A
+    parameter has a gradient where any process's has one."""
+    d = torch.distributed
+    group, world = layer._group, _group_size(layer)
+    layout = layer._grad_layout
+    present = torch.tensor([float(name in grads) for name, _, _ in layout], dtype=torch.float64)
+    d.all_reduce(present, group=group)
+    parts = {}
+    for (name, shape, sparse), seen in zip(layout, present.tolist()):
+        if seen == 0:
+            continue
+        dtype = layer._dtype
+        if sparse:
+            if name in grads:
+                rows = torch.from_numpy(np.array(grads.rows(name)))
+                values = torch.from_numpy(np.array(grads.values(name)))
+            else:
+                rows = torch.zeros(0, dtype=torch.int64)
+                values = torch.zeros((0,) + tuple(shape[1:]), dtype=dtype)
+            parts[name] = (_gather(rows, group).numpy(), _gather(values, group).numpy())
+        else:
+            values = torch.from_numpy(np.array(grads.dense(name))) if name in grads else torch.zeros(shape, dtype=dtype)
+            d.all_reduce(values, group=group)
+            parts[name] = (None, values.numpy())
+    return _sg.Gradients.from_parts(layer._core, parts, 1.0 / world)
 
 
 def prepare_distributed(model: nn.Module, process_group=None) -> nn.Module:
@@ -203,9 +220,10 @@ def prepare_distributed(model: nn.Module, process_group=None) -> nn.Module:
     It sets each such layer's parameters to rank 0's values, leaves them out
     of DistributedDataParallel (which would wait for gradients they never
     produce), and makes their fused steps take the gradients of every
-    process: the backward gathers the processes' inputs and applies the
-    average of their gradients, as DistributedDataParallel averages, so every
-    process takes the same step. ``process_group``: the processes (default: a
+    process: the backward gathers the processes' row-sparse gradients (the
+    rows their batches touched) and sums the dense ones, and applies the
+    average, as DistributedDataParallel averages, so every process takes the
+    same step. ``process_group``: the processes (default: a
     new group of all of them, apart from the one DistributedDataParallel
     uses). Returns ``model``.
     """
@@ -300,12 +318,10 @@ class _EmbeddingFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         m = ctx.module
         if m._fused is not None:
-            ids, g = ctx.ids, _real(grad_output, "grad_output")
-            world = _group_size(m)
-            if world > 1:  # every process's inputs, the average of their gradients
-                ids, g = _gathered(m, ids, g)
-                g = g / np.asarray(world, dtype=g.dtype)
-            m._fused.step(m._core, m._core.backward(ids, g))
+            grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
+            if _group_size(m) > 1:  # every process takes the same step, from all gradients
+                grads = _averaged(m, grads)
+            m._fused.step(m._core, grads)
             return (None, None) + (None,) * len(m._names)
         grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
         out = []
@@ -347,6 +363,8 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         self._bind(
             [(self.token_embedding[s], "weight", n) for s, n in zip(self._split_order, self._names)], sparse=self._names
         )
+        self._dtype = dtype
+        self._grad_layout = [(n, shape, True) for n, shape in zip(self._names, self._shapes)]
         self._fused = None
         self._group = None  # set by prepare_distributed
         if fused_adam is not None:
@@ -509,19 +527,13 @@ class _VocabularyFunction(torch.autograd.Function):
         m = ctx.module
         t, l_, s = ctx.args
         g = _real(grad, "grad_output")
-        world = _group_size(m) if m._fused is not None else 1
-        if world > 1:
-            # ∂shared is this process's own; the fused step takes the average
-            # of every process's gradients, from their gathered inputs.
-            gs = m._core.backward(t, l_, s, g, ctx.use_gate, True)[0] if ctx.needs_input_grad[4] else None
-            t_all, l_all, s_all, g_all = _gathered(m, t, l_, s, g)
-            _, grads = m._core.backward(
-                t_all, l_all, s_all, g_all / np.asarray(world, dtype=g_all.dtype), ctx.use_gate, False
-            )
-        else:
-            gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
+        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
         out_s = torch.from_numpy(gs) if ctx.needs_input_grad[4] else None
         if m._fused is not None:
+            # ∂shared stays this process's own; the fused step takes the
+            # average of every process's gradients.
+            if _group_size(m) > 1:
+                grads = _averaged(m, grads)
             m._defer(grads=grads)
             return (None, None, None, None, out_s, None, None)
         rows = None
@@ -620,6 +632,11 @@ class SplitVocabulary(nn.Module, _Bound):
             [(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")],
             sparse=["split_vocabulary.rows"],
         )
+        self._dtype = dtype
+        self._grad_layout = [
+            ("split_vocabulary.rows", (self.n_rows, self.dim), True),
+            ("split_vocabulary.gate_logit", (self.n_rows,), False),
+        ]
         self._fused = None
         self._group = None  # set by prepare_distributed
         if fused_adam is not None:

@@ -405,7 +405,7 @@ macro_rules! module_methods {
     };
 }
 
-fn gradients_of<T: PyReal>(v: Vec<Entry<T>>, pools: &Pools) -> PyGradients
+pub(crate) fn gradients_of<T: PyReal>(v: Vec<Entry<T>>, pools: &Pools) -> PyGradients
 where
     Vec<Entry<T>>: IntoDt,
 {
@@ -469,7 +469,7 @@ fn std_layout<'a, T: Clone>(a: ArrayViewD<'a, T>) -> ndarray::CowArray<'a, T, Ix
 #[pyclass(module = "splitgrad._splitgrad", name = "SplitTokenEmbeddings")]
 pub struct PyEmbeddings {
     pub inner: Dt<SplitTokenEmbeddings<f32>, SplitTokenEmbeddings<f64>>,
-    pools: Pools,
+    pub(crate) pools: Pools,
 }
 
 module_methods!(PyEmbeddings);
@@ -679,7 +679,7 @@ impl PyEmbeddings {
 #[pyclass(module = "splitgrad._splitgrad", name = "SplitLanguageModellingHead")]
 pub struct PyHead {
     pub inner: Dt<SplitLanguageModellingHead<f32>, SplitLanguageModellingHead<f64>>,
-    pools: Pools,
+    pub(crate) pools: Pools,
 }
 
 module_methods!(PyHead);

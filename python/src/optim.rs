@@ -784,3 +784,124 @@ impl PyVocabulary {
         }
     }
 }
+
+impl ModRef<'_> {
+    /// The layer's buffer pools.
+    fn pools(&self) -> crate::layers::Pools {
+        match self {
+            ModRef::E(r) => r.pools.clone(),
+            ModRef::H(r) => r.pools.clone(),
+            ModRef::V(r) => r.pools.clone(),
+        }
+    }
+}
+
+/// [`PyGradients::from_parts`] for the layer's real type.
+fn from_parts_typed<T: crate::convert::PyReal>(
+    m: &mut ModRef<'_>,
+    parts: &Bound<'_, PyDict>,
+    scale: f64,
+) -> PyResult<PyGradients>
+where
+    for<'a> ModRef<'a>: ModuleOf<T>,
+    crate::layers::Pools: PoolOf<T>,
+    Vec<Entry<T>>: crate::layers::IntoDt,
+{
+    use crate::convert::{check_shape, ids_arg, real_arg};
+    let pools = m.pools();
+    let module = m.module().expect("the dtype was checked");
+    let params = module.parameters();
+    let c = T::from_f64(scale);
+    let mut entries = Vec::new();
+    for (key, value) in parts.iter() {
+        let name: String = key.extract()?;
+        let p = params.iter().find(|p| p.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = params.iter().map(|p| p.name()).collect();
+            pyo3::exceptions::PyKeyError::new_err(format!(
+                "no parameter `{name}` in this layer (parameters: {})",
+                names.join(", ")
+            ))
+        })?;
+        let (rows, values): (Bound<'_, PyAny>, Bound<'_, PyAny>) = value.extract()?;
+        let what = format!("values of {name}");
+        let vals = real_arg::<T>(&values, &what)?;
+        let shape = p.value().shape().to_vec();
+        let grad = if rows.is_none() {
+            check_shape(vals.as_array().shape(), &shape, &what)?;
+            Grad::Dense(vals.as_array().mapv(|x| x * c))
+        } else {
+            let ids = ids_arg(&rows, &format!("rows of {name}"))?;
+            if shape.len() != 2 || ids.ndim() != 1 {
+                return Err(PyValueError::new_err(format!(
+                    "rows of {name}: a row-sparse gradient needs a 2-D parameter (it is {shape:?}) and 1-D rows (they are {:?})",
+                    ids.shape()
+                )));
+            }
+            let (n_rows, width) = (shape[0], shape[1]);
+            check_shape(vals.as_array().shape(), &[ids.len(), width], &what)?;
+            let mut at = Vec::with_capacity(ids.len());
+            for (i, &r) in ids.iter().enumerate() {
+                if r < 0 || r as usize >= n_rows {
+                    return Err(PyValueError::new_err(format!(
+                        "rows of {name}: row {r} at position [{i}] is out of range 0..{n_rows}"
+                    )));
+                }
+                at.push(r as usize);
+            }
+            let v = vals.as_array();
+            let v = v
+                .to_shape((ids.len(), width))
+                .expect("the shape was checked");
+            let rs = splitgrad::kernels::scatter::coalesce_sources_in(
+                PoolOf::<T>::of(&pools),
+                n_rows,
+                width,
+                &at,
+                &[splitgrad::kernels::scatter::RowSource {
+                    values: v.view(),
+                    rows: None,
+                    scale: Some(c),
+                }],
+            );
+            Grad::RowSparse(rs)
+        };
+        entries.push(Entry {
+            name,
+            id: p.id(),
+            grad,
+        });
+    }
+    Ok(crate::layers::gradients_of(entries, &pools))
+}
+
+#[pymethods]
+impl PyGradients {
+    /// Gradients of `layer` built from arrays: `parts` maps a parameter's
+    /// name to `(rows, values)`, `rows` the int64 row of each row of
+    /// `values` (repeats are summed, in order) for a row-sparse gradient,
+    /// or `None` with `values` of the parameter's shape for a dense one;
+    /// every value times `scale`. For gradients gathered from several
+    /// processes (`splitgrad.torch.prepare_distributed`).
+    #[staticmethod]
+    #[pyo3(signature = (layer, parts, scale = 1.0))]
+    fn from_parts(
+        layer: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyDict>,
+        scale: f64,
+    ) -> PyResult<PyGradients> {
+        if !scale.is_finite() {
+            return Err(PyValueError::new_err(format!(
+                "scale must be finite, got {scale}"
+            )));
+        }
+        let mut mods = modules_of(layer)?;
+        if mods.len() != 1 {
+            return Err(PyTypeError::new_err("from_parts takes one layer"));
+        }
+        let m = &mut mods[0];
+        match m.dtype() {
+            Dtype::F32 => from_parts_typed::<f32>(m, parts, scale),
+            Dtype::F64 => from_parts_typed::<f64>(m, parts, scale),
+        }
+    }
+}

@@ -124,6 +124,18 @@ def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
 
 
 FUSED = {"lr": 0.01}
+CUT = N + 5  # rank 0 takes tokens [0, CUT), rank 1 the rest: uneven parts
+
+
+def fused_batches():
+    """batches(), rank 1's part kept off the "new" split: a gradient that
+    only one process has."""
+    out = []
+    for tokens, langs, labels in batches():
+        tokens = tokens.clone()
+        tokens[CUT:] = tokens[CUT:] % (V - 4)
+        out.append((tokens, langs, labels))
+    return out
 
 
 def fused_worker(rank, world, store, index_path, out):
@@ -138,9 +150,9 @@ def fused_worker(rank, world, store, index_path, out):
             m.emb.token_embedding["orig"].weight.mul_(2.0)
     ddp = torch.nn.parallel.DistributedDataParallel(prepare_distributed(m))
     opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
-    for tokens, langs, labels in batches():
+    for tokens, langs, labels in fused_batches():
         # Uneven parts (N + 5 and N − 5 tokens): the gathers pad and trim.
-        part = slice(0, N + 5) if rank == 0 else slice(N + 5, 2 * N)
+        part = slice(0, CUT) if rank == 0 else slice(CUT, 2 * N)
         opt.zero_grad()
         ddp(tokens[part], langs[part], labels[part]).backward()
         opt.step()
@@ -157,6 +169,7 @@ def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path):
     out = str(tmp_path / "fused")
     mp.start_processes(fused_worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+    assert all((t[:CUT] >= V - 4).any() and not (t[CUT:] >= V - 4).any() for t, _, _ in fused_batches())
     # The fused layers take the same step on both processes: the same bits.
     for k in ranks[0]:
         assert torch.equal(ranks[0][k], ranks[1][k]), k
@@ -165,7 +178,7 @@ def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path):
     # gradients: the mean of the halves' cross-entropies, the penalties once.
     m = build(index_path, FUSED)
     opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
-    for tokens, langs, labels in batches():
+    for tokens, langs, labels in fused_batches():
         opt.zero_grad()
         m(tokens, langs, labels, ce_weight=0.5).backward()
         opt.step()

@@ -355,6 +355,26 @@ def test_fused_step_from_the_norms_equals_the_dense_sum():
         assert sx.keys() == sy.keys() and all(np.array_equal(sx[k], sy[k]) for k in sx)
 
 
+def test_gradients_from_parts_sum_repeated_rows_and_check_their_input():
+    e = emb("float64")
+    v = np.arange(12, dtype=np.float64).reshape(3, 4)
+    g = sg.Gradients.from_parts(e, {"token_embedding.orig.weight": (np.array([4, 1, 4]), v)}, 0.5)
+    assert g.is_sparse("token_embedding.orig.weight")
+    assert list(g.rows("token_embedding.orig.weight")) == [1, 4]
+    np.testing.assert_array_equal(g.values("token_embedding.orig.weight"), [v[1] * 0.5, (v[0] + v[2]) * 0.5])
+    sv = vocab()
+    d = sg.Gradients.from_parts(sv, {"split_vocabulary.gate_logit": (None, np.ones(4))}, 2.0)
+    np.testing.assert_array_equal(d.dense("split_vocabulary.gate_logit"), np.full(4, 2.0))
+    with pytest.raises(KeyError, match="no parameter `nope` in this layer"):
+        sg.Gradients.from_parts(e, {"nope": (None, v)})
+    with pytest.raises(ValueError, match=r"orig.weight: row 9 at position \[1\] is out of range 0\.\.6"):
+        sg.Gradients.from_parts(e, {"token_embedding.orig.weight": (np.array([0, 9]), v[:2])})
+    with pytest.raises(ValueError, match="values of token_embedding.orig.weight"):
+        sg.Gradients.from_parts(e, {"token_embedding.orig.weight": (np.array([0, 1]), v)})
+    with pytest.raises(ValueError, match="scale must be finite"):
+        sg.Gradients.from_parts(e, {}, float("inf"))
+
+
 def test_vocabulary_errors():
     with pytest.raises(ValueError, match="dim must be positive, got 0"):
         sg.SplitVocabulary(LANG, TOK, 5, 0, 3)
