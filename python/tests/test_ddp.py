@@ -124,21 +124,20 @@ def test_two_gloo_processes_train_like_one_on_the_combined_batch(tmp_path):
 
 
 FUSED = {"lr": 0.01}
-CUT = N + 5  # rank 0 takes tokens [0, CUT), rank 1 the rest: uneven parts
 
 
-def fused_batches():
-    """batches(), rank 1's part kept off the "new" split: a gradient that
-    only one process has."""
+def fused_batches(cut):
+    """batches(), rank 1's part (from `cut` on) kept off the "new" split: a
+    gradient that only one process has."""
     out = []
     for tokens, langs, labels in batches():
         tokens = tokens.clone()
-        tokens[CUT:] = tokens[CUT:] % (V - 4)
+        tokens[cut:] = tokens[cut:] % (V - 4)
         out.append((tokens, langs, labels))
     return out
 
 
-def fused_worker(rank, world, store, index_path, out):
+def fused_worker(rank, world, store, index_path, out, cut):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     from splitgrad.torch import prepare_distributed
@@ -150,9 +149,10 @@ def fused_worker(rank, world, store, index_path, out):
             m.emb.token_embedding["orig"].weight.mul_(2.0)
     ddp = torch.nn.parallel.DistributedDataParallel(prepare_distributed(m))
     opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
-    for tokens, langs, labels in fused_batches():
-        # Uneven parts (N + 5 and N − 5 tokens): the gathers pad and trim.
-        part = slice(0, CUT) if rank == 0 else slice(CUT, 2 * N)
+    for tokens, langs, labels in fused_batches(cut):
+        # Rank 0 takes tokens [0, cut), rank 1 the rest: uneven parts, which
+        # the gathers pad and trim, or none at all.
+        part = slice(0, cut) if rank == 0 else slice(cut, 2 * N)
         opt.zero_grad()
         ddp(tokens[part], langs[part], labels[part]).backward()
         opt.step()
@@ -161,15 +161,17 @@ def fused_worker(rank, world, store, index_path, out):
     dist.destroy_process_group()
 
 
-def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path):
+@pytest.mark.parametrize("cut", [N + 5, 2 * N], ids=["uneven", "rank-1-empty"])
+def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path, cut):
     rng = np.random.default_rng(1)
     cells = np.sort(rng.choice(L * V, size=30, replace=False))
     index_path = str(tmp_path / "index.npz")
     np.savez(index_path, language_index=cells // V, token_index=cells % V)
     out = str(tmp_path / "fused")
-    mp.start_processes(fused_worker, args=(2, str(tmp_path / "store"), index_path, out), nprocs=2, start_method="spawn")
+    args = (2, str(tmp_path / "store"), index_path, out, cut)
+    mp.start_processes(fused_worker, args=args, nprocs=2, start_method="spawn")
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
-    assert all((t[:CUT] >= V - 4).any() and not (t[CUT:] >= V - 4).any() for t, _, _ in fused_batches())
+    assert all((t[:cut] >= V - 4).any() and not (t[cut:] >= V - 4).any() for t, _, _ in fused_batches(cut))
     # The fused layers take the same step on both processes: the same bits.
     for k in ranks[0]:
         assert torch.equal(ranks[0][k], ranks[1][k]), k
@@ -178,7 +180,7 @@ def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path):
     # gradients: the mean of the halves' cross-entropies, the penalties once.
     m = build(index_path, FUSED)
     opt = torch.optim.Adam(m.head.parameters(), lr=0.01)
-    for tokens, langs, labels in fused_batches():
+    for tokens, langs, labels in fused_batches(cut):
         opt.zero_grad()
         m(tokens, langs, labels, ce_weight=0.5).backward()
         opt.step()
