@@ -188,7 +188,7 @@ def _averaged(layer, grads):
     summed row by row in rank order, dense ones summed by an all-reduce. A
     parameter has a gradient where any process's has one."""
     d = torch.distributed
-    group, world = layer._group, _group_size(layer)
+    group, world, dtype = layer._group, _group_size(layer), layer._dtype
     layout = layer._grad_layout
     present = torch.tensor([float(name in grads) for name, _, _ in layout], dtype=torch.float64)
     d.all_reduce(present, group=group)
@@ -196,7 +196,6 @@ def _averaged(layer, grads):
     for (name, shape, sparse), seen in zip(layout, present.tolist()):
         if seen == 0:
             continue
-        dtype = layer._dtype
         if sparse:
             if name in grads:
                 rows = torch.from_numpy(np.array(grads.rows(name)))

@@ -632,52 +632,53 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
         && entries()
             .filter(|e| e.name == rows_name)
             .all(|e| matches!(e.grad, Grad::RowSparse(_)));
-    let norms = match norms {
-        Some(n) if by_rows => n,
-        norms => {
-            let own = vocab_penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
-            let (own, borrowed) = merge(own, entries());
-            let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
-            let r = rows_opt
-                .step(vec![sv.rows_mut()], &src)
-                .and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
-            drop(src);
-            crate::layers::give_back(own, pool);
-            return r.or_raise();
-        }
+    let (fusion, norms) = match norms {
+        Some(n) if by_rows => (
+            Some(
+                sv.fusion_row_grads(&n, T::from_f64(fusion_weight))
+                    .or_raise()?,
+            ),
+            None,
+        ),
+        norms => (None, norms),
     };
-    let fusion = sv
-        .fusion_row_grads(&norms, T::from_f64(fusion_weight))
-        .or_raise()?;
-    let n_rows = sv.n_rows();
-    let parts: Vec<(&splitgrad::RowSparse<T>, Vec<u32>)> = entries()
-        .filter(|e| e.name == rows_name)
-        .filter_map(|e| match &e.grad {
-            Grad::RowSparse(rs) => {
-                let mut at = vec![u32::MAX; n_rows];
-                for (k, &r) in rs.rows.iter().enumerate() {
-                    at[r] = k as u32;
-                }
-                Some((rs, at))
-            }
-            Grad::Dense(_) => None,
-        })
-        .collect();
-    let grad_row = |r: usize, x: &[T], g: &mut [T]| {
-        fusion.row(r, x, g);
-        for (rs, at) in &parts {
-            if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
-                let v = rs.values.row(k as usize);
-                g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
-            }
-        }
-    };
-    let own = vocab_penalty_backward(py, sv, pool, penalty_weight, 0.0, None)?;
-    let (own, borrowed) = merge(own, entries().filter(|e| e.name != rows_name));
+    // The penalties' gradients (without the fusion penalty's when it is
+    // formed by rows), plus the forward passes' not formed by rows.
+    let fusion_weight = if fusion.is_some() { 0.0 } else { fusion_weight };
+    let own = vocab_penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
+    let by_rows_name = |e: &&Entry<T>| fusion.is_some() && e.name == rows_name;
+    let (own, borrowed) = merge(own, entries().filter(|e| !by_rows_name(e)));
     let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
-    let r = rows_opt
-        .update_by_rows(sv.rows_mut(), &grad_row)
-        .and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
+    let rows_step = match &fusion {
+        None => rows_opt.step(vec![sv.rows_mut()], &src),
+        Some(fusion) => {
+            let n_rows = sv.n_rows();
+            let parts: Vec<(&splitgrad::RowSparse<T>, Vec<u32>)> = entries()
+                .filter(by_rows_name)
+                .filter_map(|e| match &e.grad {
+                    Grad::RowSparse(rs) => {
+                        let mut at = vec![u32::MAX; n_rows];
+                        for (k, &r) in rs.rows.iter().enumerate() {
+                            at[r] = k as u32;
+                        }
+                        Some((rs, at))
+                    }
+                    Grad::Dense(_) => None,
+                })
+                .collect();
+            let grad_row = |r: usize, x: &[T], g: &mut [T]| {
+                fusion.row(r, x, g);
+                for (rs, at) in &parts {
+                    if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
+                        let v = rs.values.row(k as usize);
+                        g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
+                    }
+                }
+            };
+            rows_opt.update_by_rows(sv.rows_mut(), &grad_row)
+        }
+    };
+    let r = rows_step.and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
     drop(src);
     crate::layers::give_back(own, pool);
     r.or_raise()

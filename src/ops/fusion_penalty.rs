@@ -135,6 +135,32 @@ fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
     }
 }
 
+/// A group's terms of the gradient, for members (not empty) with factors
+/// `k`: its centroid `c` and `s = (Σ_j k_j·d_j) / |g|`, d_j = x_j − c, the
+/// sum over members in increasing order, skipping `k_j = 0`.
+fn group_terms<T: Real>(
+    x: ArrayView2<'_, T>,
+    members: &[usize],
+    k: impl Fn(usize) -> T,
+    c: &mut [T],
+    s: &mut [T],
+) {
+    centroid(x, members, c);
+    s.fill(T::zero());
+    for &j in members {
+        let kj = k(j);
+        if kj != T::zero() {
+            let row = x.row(j);
+            let row = row.as_slice().expect("standard layout");
+            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
+                *s += kj * (v - c);
+            }
+        }
+    }
+    let count = T::from_f64(members.len() as f64);
+    s.iter_mut().for_each(|s| *s /= count);
+}
+
 /// `Σ_d (x_d − c_d)²`, in eight interleaved partial sums (so that the
 /// loop vectorises), then those in a fixed tree.
 #[inline]
@@ -286,28 +312,15 @@ pub fn fusion_penalty_backward<T: Real>(
                         });
                         return;
                     }
-                    let (c, s) = buf.split_at_mut(width);
-                    if !members.is_empty() {
-                        centroid(x.view(), members, c);
+                    if members.is_empty() {
+                        return;
                     }
                     let k = |i: usize| {
                         let y = norms[i];
                         if y > T::zero() { a / y } else { T::zero() }
                     };
-                    // s = (Σ_j k_j·d_j) / |g|
-                    s.fill(T::zero());
-                    for &j in members {
-                        let kj = k(j);
-                        if kj != T::zero() {
-                            let row = x.row(j);
-                            let row = row.as_slice().expect("standard layout");
-                            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
-                                *s += kj * (v - c);
-                            }
-                        }
-                    }
-                    let count = T::from_f64(members.len() as f64);
-                    s.iter_mut().for_each(|s| *s /= count);
+                    let (c, s) = buf.split_at_mut(width);
+                    group_terms(x.view(), members, k, c, s);
                     for (gi, &i) in grads.iter_mut().zip(members) {
                         let ki = k(i);
                         let row = x.row(i);
@@ -378,22 +391,8 @@ impl<T: Real> FusionRowGrads<T> {
                 .zip(multi.par_iter())
                 .with_min_len(MIN_GROUPS_PER_TASK)
                 .for_each(|(t, &g)| {
-                    let members = groups.members(g);
                     let (c, s) = t.split_at_mut(width);
-                    centroid(x.view(), members, c);
-                    // As fusion_penalty_backward: s = (Σ_j k_j·d_j) / |g|.
-                    for &j in members {
-                        let kj = k[j];
-                        if kj != T::zero() {
-                            let row = x.row(j);
-                            let row = row.as_slice().expect("standard layout");
-                            for ((s, &v), &c) in s.iter_mut().zip(row).zip(c.iter()) {
-                                *s += kj * (v - c);
-                            }
-                        }
-                    }
-                    let count = T::from_f64(members.len() as f64);
-                    s.iter_mut().for_each(|s| *s /= count);
+                    group_terms(x.view(), groups.members(g), |j| k[j], c, s);
                 });
         }
         FusionRowGrads {

@@ -269,14 +269,7 @@ impl<T: Real> Optimizer<T> for Adam<T> {
         slot.step += 1;
         let c = Coeffs::<T>::new(&self.config, slot.step);
         let p = flat_mut(param);
-        let m = slot
-            .exp_avg
-            .as_slice_mut()
-            .expect("state is standard layout");
-        let v = slot
-            .exp_avg_sq
-            .as_slice_mut()
-            .expect("state is standard layout");
+        let (m, v) = slot.slices_mut();
         match grad {
             Grad::Dense(g) => {
                 let g = g.as_standard_layout();

@@ -4,7 +4,9 @@ use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
 use rayon::prelude::*;
 
 use super::moments::MomentTable;
-use super::{GradRow, Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut};
+use super::{
+    GradRow, Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut, rows_width,
+};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::{Error, Grad, Parameter, Real, Result};
 
@@ -267,14 +269,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         slot.step += 1;
         let c = Coeffs::<T>::new(&self.config, slot.step);
         let p = flat_mut(param);
-        let m = slot
-            .exp_avg
-            .as_slice_mut()
-            .expect("state is standard layout");
-        let v = slot
-            .exp_avg_sq
-            .as_slice_mut()
-            .expect("state is standard layout");
+        let (m, v) = slot.slices_mut();
         match grad {
             Grad::Dense(g) => {
                 let g = g.as_standard_layout();
@@ -328,14 +323,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         if !param.is_trainable() {
             return Ok(());
         }
-        if param.value().ndim() != 2 {
-            return Err(Error::shape(
-                param.name(),
-                "2-D (a gradient given by rows)",
-                param.value().shape(),
-            ));
-        }
-        let width = param.value().shape()[1];
+        let width = rows_width(param)?;
         let slot = self.moments.slot(param)?;
         slot.step += 1;
         let c = Coeffs::<T>::new(&self.config, slot.step);
@@ -343,14 +331,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             return Ok(());
         }
         let p = flat_mut(param);
-        let m = slot
-            .exp_avg
-            .as_slice_mut()
-            .expect("state is standard layout");
-        let v = slot
-            .exp_avg_sq
-            .as_slice_mut()
-            .expect("state is standard layout");
+        let (m, v) = slot.slices_mut();
         let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
             grad_row(r, p, g);
             c.apply_run(p, m, v, g);

@@ -382,18 +382,25 @@ fn check_grad<T: Real>(param: &Parameter<T>, grad: &Grad<T>) -> Result<()> {
 
 /// The parameter's value as one row-major slice, making it standard layout
 /// first if it is not (its values are unchanged).
+/// The row length of a parameter whose gradient comes by rows: an error
+/// unless it is 2-D.
+fn rows_width<T: Real>(param: &Parameter<T>) -> Result<usize> {
+    match param.value().shape() {
+        &[_, width] => Ok(width),
+        shape => Err(Error::shape(
+            param.name(),
+            "2-D (a gradient given by rows)",
+            shape,
+        )),
+    }
+}
+
 /// The dense gradient `grad_row` gives row by row (the default of
 /// [`Optimizer::update_by_rows`], and the reference its overrides are
 /// tested against).
 fn dense_by_rows<T: Real>(param: &Parameter<T>, grad_row: &GradRow<'_, T>) -> Result<ArrayD<T>> {
+    rows_width(param)?;
     let v = param.value();
-    if v.ndim() != 2 {
-        return Err(Error::shape(
-            param.name(),
-            "2-D (a gradient given by rows)",
-            v.shape(),
-        ));
-    }
     let v = v.view().into_dimensionality::<ndarray::Ix2>().expect("2-D");
     let mut g = ndarray::Array2::<T>::zeros(v.raw_dim());
     let mut x = vec![T::zero(); v.ncols()];

@@ -22,6 +22,21 @@ pub(super) struct Moments<T> {
     pub exp_avg_sq: ArrayD<T>,
 }
 
+impl<T> Moments<T> {
+    /// `m` and `v` as flat slices, for the update kernels.
+    pub fn slices_mut(&mut self) -> (&mut [T], &mut [T]) {
+        let m = self
+            .exp_avg
+            .as_slice_mut()
+            .expect("state is standard layout");
+        let v = self
+            .exp_avg_sq
+            .as_slice_mut()
+            .expect("state is standard layout");
+        (m, v)
+    }
+}
+
 /// The Adam state of every parameter an optimiser has updated.
 #[derive(Clone, Debug, Default)]
 pub(super) struct MomentTable<T> {

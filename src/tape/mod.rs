@@ -429,9 +429,8 @@ impl<'p, T: Real> Tape<'p, T> {
 
     /// The reverse sweep from `root`, whose gradient `seed` puts in place.
     fn sweep<'a>(&'a self, root: Var, seed: impl FnOnce(&mut Grads<'a, T>)) -> Gradients<T> {
-        let loss = root;
         let mut out = Gradients::with_pool(self.pool.clone());
-        if !self.nodes[loss.0].requires_grad {
+        if !self.nodes[root.0].requires_grad {
             return out;
         }
         let mut grads = Grads::new(
@@ -443,7 +442,7 @@ impl<'p, T: Real> Tape<'p, T> {
         );
         seed(&mut grads);
 
-        for i in (0..=loss.0).rev() {
+        for i in (0..=root.0).rev() {
             let Some(gy) = grads.take(Var(i)) else {
                 continue;
             };
