@@ -8,7 +8,7 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use splitgrad::kernels::scatter::coalesce_rows;
 use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
-use splitgrad::{Grad, Parameter};
+use splitgrad::{ParamGrad, Parameter};
 
 const V: usize = 32000;
 const H: usize = 256;
@@ -17,8 +17,8 @@ const N: usize = 8192;
 fn lazy_adam(c: &mut Criterion) {
     let (one, all) = common::pools();
     let ids = common::zipf_ids(12, V, N);
-    let grad = Grad::RowSparse(coalesce_rows(V, &ids, common::normal2(13, N, H).view()));
-    let Grad::RowSparse(rs) = &grad else {
+    let grad = ParamGrad::RowSparse(coalesce_rows(V, &ids, common::normal2(13, N, H).view()));
+    let ParamGrad::RowSparse(rs) = &grad else {
         unreachable!()
     };
     let touched = rs.rows.len();

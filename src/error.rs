@@ -305,10 +305,11 @@ impl fmt::Display for Error {
     }
 }
 
-/// A byte count for a person: `512 B`, `3.2 MiB`, `8.0 TiB`.
+/// A byte count for a person: `512 B`, `3.2 MiB`, `8.0 TiB`, as the memory
+/// errors above and the memory plans of the application print it.
 ///
 /// ```
-/// use splitgrad::io::human_bytes;
+/// use splitgrad::error::human_bytes;
 /// assert_eq!(human_bytes(512), "512 B");
 /// assert_eq!(human_bytes(3 << 20), "3.0 MiB");
 /// assert_eq!(human_bytes(8_000_000_000_000), "7.3 TiB");

@@ -115,7 +115,7 @@ pub mod app;
 
 pub use error::{Error, ErrorKind, Result};
 pub use kernels::Real;
-pub use param::{Grad, GradSource, ParamId, Parameter, RowSparse};
+pub use param::{GradSource, ParamGrad, ParamId, Parameter, RowSparse};
 pub use rng::Rng;
 pub use tape::{Gradients, Tape, Var};
 

@@ -3,7 +3,7 @@
 //! A [`Parameter`] owns its array. The tape borrows it during a forward pass
 //! and never copies it; [`crate::Tape::backward`] returns
 //! [`Gradients`](crate::Gradients) keyed by [`ParamId`]. A gradient is dense
-//! or row-sparse ([`Grad`]): a table that was only read through a gather
+//! or row-sparse ([`ParamGrad`]): a table that was only read through a gather
 //! gets the sorted unique rows that occurred and one gradient row each.
 
 use std::collections::HashMap;
@@ -97,33 +97,33 @@ impl<T> Parameter<T> {
 
 /// The gradient of one parameter.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Grad<T> {
+pub enum ParamGrad<T> {
     /// Same shape as the parameter.
     Dense(ArrayD<T>),
     /// Only the rows that were read carry gradient.
     RowSparse(RowSparse<T>),
 }
 
-impl<T: Real> Grad<T> {
+impl<T: Real> ParamGrad<T> {
     /// The gradient as a dense array of the parameter's shape.
     pub fn to_dense(&self) -> ArrayD<T> {
         match self {
-            Grad::Dense(d) => d.clone(),
-            Grad::RowSparse(s) => s.to_dense().into_dyn(),
+            ParamGrad::Dense(d) => d.clone(),
+            ParamGrad::RowSparse(s) => s.to_dense().into_dyn(),
         }
     }
 }
 
 /// Where an optimiser finds the gradient of a parameter:
 /// [`Gradients`](crate::Gradients) (what [`Tape::backward`](crate::Tape::backward)
-/// returns) implements it, and so does a map from [`ParamId`] to [`Grad`].
+/// returns) implements it, and so does a map from [`ParamId`] to [`ParamGrad`].
 pub trait GradSource<T> {
     /// The gradient of `p`, or `None` when it received none.
-    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>>;
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>>;
 }
 
-impl<T> GradSource<T> for HashMap<ParamId, Grad<T>> {
-    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+impl<T> GradSource<T> for HashMap<ParamId, ParamGrad<T>> {
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>> {
         self.get(&p.id())
     }
 }

@@ -26,7 +26,7 @@ use splitgrad::ops::fused_ce::{
 };
 use splitgrad::ops::gated_mix::gated_mix_forward;
 use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
-use splitgrad::{Grad, Parameter, Real, Rng, RowSparse, Tape};
+use splitgrad::{ParamGrad, Parameter, Real, Rng, RowSparse, Tape};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -774,7 +774,7 @@ fn diff_fused_ce(b: &mut Bytes) {
 }
 
 /// A parameter and a sequence of gradients for the optimiser twins.
-fn optimiser_case(b: &mut Bytes, sparse: bool) -> (Array2<f64>, Vec<Grad<f64>>) {
+fn optimiser_case(b: &mut Bytes, sparse: bool) -> (Array2<f64>, Vec<ParamGrad<f64>>) {
     let rows = b.below(8) + 1;
     let width = b.below(4) + 1;
     let p = Array2::from_shape_fn((rows, width), |_| b.real(4.0));
@@ -785,13 +785,13 @@ fn optimiser_case(b: &mut Bytes, sparse: bool) -> (Array2<f64>, Vec<Grad<f64>>) 
                 let mask = b.u8();
                 let picked: Vec<usize> = (0..rows).filter(|r| mask & (1 << r) != 0).collect();
                 let values = Array2::from_shape_fn((picked.len(), width), |_| b.real(10.0));
-                Grad::RowSparse(RowSparse {
+                ParamGrad::RowSparse(RowSparse {
                     n_rows: rows,
                     rows: picked,
                     values,
                 })
             } else {
-                Grad::Dense(Array2::from_shape_fn((rows, width), |_| b.real(10.0)).into_dyn())
+                ParamGrad::Dense(Array2::from_shape_fn((rows, width), |_| b.real(10.0)).into_dyn())
             }
         })
         .collect();

@@ -24,7 +24,7 @@ use splitgrad::layers::{
 };
 use splitgrad::ops::gated_mix::gated_mix_forward_in;
 use splitgrad::ops::split_gather::split_gather_forward_in;
-use splitgrad::param::{Grad, GradSource, ParamId, Parameter};
+use splitgrad::param::{ParamGrad, GradSource, ParamId, Parameter};
 use splitgrad::state::{Module, StateDict, TensorData};
 use splitgrad::{Error, ErrorKind, Gradients, Rng, Tape};
 
@@ -78,7 +78,7 @@ impl PoolOf<f64> for Pools {
 pub struct Entry<T> {
     pub name: String,
     pub id: ParamId,
-    pub grad: Grad<T>,
+    pub grad: ParamGrad<T>,
 }
 
 /// The gradients of one backward pass, by parameter name.
@@ -99,8 +99,8 @@ pub struct PyGradients {
 pub fn give_back<T: PyReal>(entries: Vec<Entry<T>>, pool: &Pool<T>) {
     for e in entries {
         match e.grad {
-            Grad::Dense(d) => pool.give(d),
-            Grad::RowSparse(s) => pool.give(s.values),
+            ParamGrad::Dense(d) => pool.give(d),
+            ParamGrad::RowSparse(s) => pool.give(s.values),
         }
     }
 }
@@ -118,7 +118,7 @@ impl Drop for PyGradients {
 pub struct Source<'a, T>(pub Vec<&'a Entry<T>>);
 
 impl<T> GradSource<T> for Source<'_, T> {
-    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>> {
         self.0.iter().find(|e| e.id == p.id()).map(|e| &e.grad)
     }
 }
@@ -164,14 +164,14 @@ impl PyGradients {
 
     /// Whether the gradient of `name` is row-sparse.
     fn is_sparse(&self, name: &str) -> PyResult<bool> {
-        each!(&self.inner, l => Ok(matches!(find(l, name)?.grad, Grad::RowSparse(_))))
+        each!(&self.inner, l => Ok(matches!(find(l, name)?.grad, ParamGrad::RowSparse(_))))
     }
 
     /// The shape of the parameter the gradient belongs to.
     fn shape(&self, name: &str) -> PyResult<Vec<usize>> {
         each!(&self.inner, l => Ok(match &find(l, name)?.grad {
-            Grad::Dense(d) => d.shape().to_vec(),
-            Grad::RowSparse(s) => vec![s.n_rows, s.values.ncols()],
+            ParamGrad::Dense(d) => d.shape().to_vec(),
+            ParamGrad::RowSparse(s) => vec![s.n_rows, s.values.ncols()],
         }))
     }
 
@@ -179,8 +179,8 @@ impl PyGradients {
     /// for a dense one.
     fn rows<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let rows: Vec<i64> = each!(&self.inner, l => match &find(l, name)?.grad {
-            Grad::RowSparse(s) => s.rows.iter().map(|&r| r as i64).collect(),
-            Grad::Dense(d) => (0..d.shape().first().copied().unwrap_or(1) as i64).collect(),
+            ParamGrad::RowSparse(s) => s.rows.iter().map(|&r| r as i64).collect(),
+            ParamGrad::Dense(d) => (0..d.shape().first().copied().unwrap_or(1) as i64).collect(),
         });
         Ok(to_numpy(py, ndarray::Array1::from(rows)).into_any())
     }
@@ -193,8 +193,8 @@ impl PyGradients {
         let arr = each!(&this.inner, l => {
             let e = find(l, name)?;
             let view: ArrayViewD<'_, _> = match &e.grad {
-                Grad::RowSparse(s) => s.values.view().into_dyn(),
-                Grad::Dense(d) => d.view(),
+                ParamGrad::RowSparse(s) => s.values.view().into_dyn(),
+                ParamGrad::Dense(d) => d.view(),
             };
             // SAFETY: the gradients are frozen: never changed or freed
             // while `slf`, the array's base, lives.
@@ -211,8 +211,8 @@ impl PyGradients {
 
     fn __repr__(&self) -> String {
         let parts: Vec<String> = each!(&self.inner, l => l.iter().map(|e| match &e.grad {
-            Grad::RowSparse(s) => format!("{}: {} of {} rows", e.name, s.rows.len(), s.n_rows),
-            Grad::Dense(d) => format!("{}: dense {:?}", e.name, d.shape()),
+            ParamGrad::RowSparse(s) => format!("{}: {} of {} rows", e.name, s.rows.len(), s.n_rows),
+            ParamGrad::Dense(d) => format!("{}: dense {:?}", e.name, d.shape()),
         }).collect());
         format!("Gradients({})", parts.join(", "))
     }
@@ -539,7 +539,7 @@ fn emb_backward<T: PyReal>(
             out.push(Entry {
                 name: p.name().to_string(),
                 id: p.id(),
-                grad: Grad::RowSparse(rs),
+                grad: ParamGrad::RowSparse(rs),
             });
         }
         out
@@ -1112,14 +1112,14 @@ fn vocab_backward<T: PyReal>(
             entries.push(Entry {
                 name: sv.rows().name().to_string(),
                 id: sv.rows().id(),
-                grad: Grad::RowSparse(rs),
+                grad: ParamGrad::RowSparse(rs),
             });
         }
         if let Some(d) = g.gate_logit {
             entries.push(Entry {
                 name: sv.gate_logit().name().to_string(),
                 id: sv.gate_logit().id(),
-                grad: Grad::Dense(d),
+                grad: ParamGrad::Dense(d),
             });
         }
         Ok((g.shared, entries))
@@ -1191,7 +1191,7 @@ pub(crate) fn vocab_penalty_backward<T: PyReal>(
             entries.push(Entry {
                 name: sv.rows().name().to_string(),
                 id: sv.rows().id(),
-                grad: Grad::Dense(g),
+                grad: ParamGrad::Dense(g),
             });
         }
         Ok(entries)

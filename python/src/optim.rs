@@ -19,7 +19,7 @@ use crate::layers::{
     vocab_penalty_backward,
 };
 use splitgrad::layers::SplitVocabulary;
-use splitgrad::param::Grad;
+use splitgrad::param::ParamGrad;
 
 /// A layer borrowed mutably from Python (a numpy-level layer, or a
 /// `splitgrad.torch` module through its `_core`).
@@ -584,25 +584,25 @@ pub fn golden_evaluate_dir<'py>(
 }
 
 /// Adds `b` into `a` (same parameter).
-fn add_grad<T: splitgrad::Real>(a: &mut Grad<T>, b: &Grad<T>) {
+fn add_grad<T: splitgrad::Real>(a: &mut ParamGrad<T>, b: &ParamGrad<T>) {
     match (&mut *a, b) {
-        (Grad::Dense(d), Grad::Dense(e)) => *d += e,
-        (Grad::Dense(d), Grad::RowSparse(s)) => s.add_to(
+        (ParamGrad::Dense(d), ParamGrad::Dense(e)) => *d += e,
+        (ParamGrad::Dense(d), ParamGrad::RowSparse(s)) => s.add_to(
             d.view_mut()
                 .into_dimensionality::<ndarray::Ix2>()
                 .expect("a row-sparse gradient belongs to a 2-D parameter"),
         ),
-        (Grad::RowSparse(_), _) => {
+        (ParamGrad::RowSparse(_), _) => {
             let mut d = a.to_dense();
             match b {
-                Grad::Dense(e) => d += e,
-                Grad::RowSparse(s) => s.add_to(
+                ParamGrad::Dense(e) => d += e,
+                ParamGrad::RowSparse(s) => s.add_to(
                     d.view_mut()
                         .into_dimensionality::<ndarray::Ix2>()
                         .expect("2-D"),
                 ),
             }
-            *a = Grad::Dense(d);
+            *a = ParamGrad::Dense(d);
         }
     }
 }
@@ -631,7 +631,7 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
         && sv.rows().is_trainable()
         && entries()
             .filter(|e| e.name == rows_name)
-            .all(|e| matches!(e.grad, Grad::RowSparse(_)));
+            .all(|e| matches!(e.grad, ParamGrad::RowSparse(_)));
     let (fusion, norms) = match norms {
         Some(n) if by_rows => (
             Some(
@@ -656,14 +656,14 @@ fn vocab_fused_step<T: crate::convert::PyReal>(
             let parts: Vec<(&splitgrad::RowSparse<T>, Vec<u32>)> = entries()
                 .filter(by_rows_name)
                 .filter_map(|e| match &e.grad {
-                    Grad::RowSparse(rs) => {
+                    ParamGrad::RowSparse(rs) => {
                         let mut at = vec![u32::MAX; n_rows];
                         for (k, &r) in rs.rows.iter().enumerate() {
                             at[r] = k as u32;
                         }
                         Some((rs, at))
                     }
-                    Grad::Dense(_) => None,
+                    ParamGrad::Dense(_) => None,
                 })
                 .collect();
             let grad_row = |r: usize, x: &[T], g: &mut [T]| {
@@ -829,7 +829,7 @@ where
         let shape = p.value().shape().to_vec();
         let grad = if rows.is_none() {
             check_shape(vals.as_array().shape(), &shape, &what)?;
-            Grad::Dense(vals.as_array().mapv(|x| x * c))
+            ParamGrad::Dense(vals.as_array().mapv(|x| x * c))
         } else {
             let ids = ids_arg(&rows, &format!("rows of {name}"))?;
             if shape.len() != 2 || ids.ndim() != 1 {
@@ -864,7 +864,7 @@ where
                     scale: Some(c),
                 }],
             );
-            Grad::RowSparse(rs)
+            ParamGrad::RowSparse(rs)
         };
         entries.push(Entry {
             name,

@@ -292,7 +292,7 @@ fn unique_hidden<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Grad;
+    use crate::ParamGrad;
     use ndarray::Array1;
 
     fn model() -> BigramModel<f64> {
@@ -361,7 +361,7 @@ mod tests {
         }
         assert!(matches!(
             grads.param(m.parameters()[0]),
-            Some(Grad::RowSparse(_))
+            Some(ParamGrad::RowSparse(_))
         ));
         // Token 0 in three languages without a row is one hidden row.
         let (t, _, row_of) = unique_hidden(&m.split, &batch.tokens, &batch.languages).unwrap();

@@ -8,8 +8,9 @@
 //! it came from, a run that the machine cannot hold, before the first
 //! allocation that depends on them.
 
+use crate::error::human_bytes;
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::{bytes_of, human_bytes, memory_available};
+use crate::io::{bytes_of, memory_available};
 
 /// The sizes of a run and where they came from.
 #[derive(Clone, Debug, Default)]

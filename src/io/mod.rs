@@ -1,4 +1,6 @@
-//! Data files: `.npz` arrays, the split-vocabulary index and the corpus.
+//! Data files: `.npz` arrays, the split-vocabulary index, atomic writes and
+//! the memory limits every size from outside is checked against. The corpus
+//! is read on top of these, by `app::corpus`.
 //!
 //! - [`NpzReader`] reads any `.npz` written by `numpy.savez` (or
 //!   `savez_compressed`): integer arrays of every width and byte order as
@@ -26,7 +28,6 @@ mod npz;
 mod pylit;
 mod writer;
 
-pub use crate::error::human_bytes;
 #[cfg(test)]
 pub(crate) use atomic::FAIL_BEFORE_RENAME;
 pub use atomic::{remove_stale_temporaries, write_atomic};

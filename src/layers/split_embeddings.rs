@@ -155,7 +155,7 @@ impl<T: Real> Module<T> for SplitTokenEmbeddings<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::param::Grad;
+    use crate::param::ParamGrad;
     use ndarray::array;
 
     #[test]
@@ -171,12 +171,12 @@ mod tests {
         let r = array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]].into_dyn();
         let loss = t.dot_const(y, r);
         let g = t.backward(loss);
-        let Grad::RowSparse(gb) = g.param(e.split("b").unwrap()).unwrap() else {
+        let ParamGrad::RowSparse(gb) = g.param(e.split("b").unwrap()).unwrap() else {
             panic!("dense")
         };
         assert_eq!(gb.rows, vec![1]);
         assert_eq!(gb.values, array![[11.0, 22.0]]);
-        let Grad::RowSparse(ga) = g.param(e.split("a").unwrap()).unwrap() else {
+        let ParamGrad::RowSparse(ga) = g.param(e.split("a").unwrap()).unwrap() else {
             panic!("dense")
         };
         assert_eq!(ga.rows, vec![0]);

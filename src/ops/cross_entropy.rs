@@ -12,7 +12,7 @@
 use ndarray::{Array1, ArrayD, ArrayView1, ArrayViewD, Ix2, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// The label whose token is ignored: loss 0, no gradient (PyTorch's
 /// `ignore_index` default).
@@ -167,7 +167,7 @@ struct LogSumExp {
 }
 
 impl<T: Real> Backward<T> for LogSumExp {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
         let gy = gy.into_owned_in(grads.pool());
         let x = grads.value(self.x);
         if let Some(g) = grads.buffer(self.x) {
@@ -184,7 +184,12 @@ struct CrossEntropy {
 }
 
 impl<T: Real> Backward<T> for CrossEntropy {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         let x = grads.value(self.logits);
         if let Some(g) = grads.buffer(self.logits) {

@@ -12,7 +12,7 @@
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 #[track_caller]
 fn same_shape(op: &str, a: &[usize], b: &[usize]) {
@@ -53,7 +53,12 @@ struct Add {
 }
 
 impl<T: Real> Backward<T> for Add {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         for v in [self.a, self.b] {
             if let Some(g) = grads.buffer(v) {
@@ -71,7 +76,12 @@ struct Sub {
 }
 
 impl<T: Real> Backward<T> for Sub {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.a) {
             add_backward(gy.view(), g);
@@ -91,7 +101,12 @@ struct Mul {
 }
 
 impl<T: Real> Backward<T> for Mul {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         let (va, vb) = (grads.value(self.a), grads.value(self.b));
         if let Some(g) = grads.buffer(self.a) {
@@ -111,7 +126,12 @@ struct Scale<T> {
 }
 
 impl<T: Real> Backward<T> for Scale<T> {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.a) {
             scale_backward(gy.view(), self.c, g);

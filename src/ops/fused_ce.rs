@@ -30,7 +30,7 @@ use crate::kernels::exp;
 use crate::kernels::gemm::{self, Isa, head};
 use crate::kernels::pool::Pool;
 use crate::ops::cross_entropy::{IGNORE_INDEX, max_and_log_sum};
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// The products the fused cross-entropy runs on.
 ///
@@ -784,7 +784,12 @@ struct FusedCe<T> {
 }
 
 impl<T: Real> Backward<T> for FusedCe<T> {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let h = grads.value(self.hidden);
         let ws: Vec<ArrayViewD<'a, T>> = self.weights.iter().map(|&w| grads.value(w)).collect();
         // Take the buffers out so that all can be written at once.

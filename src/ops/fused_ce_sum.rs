@@ -43,7 +43,7 @@ use crate::kernels::exp;
 use crate::kernels::gemm::{self, Isa, head};
 use crate::kernels::pool::Pool;
 use crate::ops::cross_entropy::IGNORE_INDEX;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// Token chunks of the summed kernel. A chunk's logits against the whole
 /// vocabulary (`chunk_tokens × V`) are its workspace.
@@ -568,7 +568,7 @@ fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
 pub fn fused_ce_sum_backward<'a, T: Real>(
     held: impl Iterator<Item = (Var, ArrayViewD<'a, T>)>,
     gy: T,
-    grads: &mut Grads<'a, T>,
+    grads: &mut NodeGrads<'a, T>,
 ) {
     for (v, d) in held {
         grads.add_scaled(v, gy, d);
@@ -597,7 +597,12 @@ impl<T: Real> Drop for FusedCeSum<T> {
 }
 
 impl<T: Real> Backward<T> for FusedCeSum<T> {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let held = std::iter::once(&self.hidden)
             .chain(&self.weights)
             .filter_map(|(v, d)| d.as_ref().map(|d| (*v, d.view())));

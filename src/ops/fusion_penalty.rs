@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// A partition of `n_rows` rows into groups, kept both ways: the group of
 /// each row, and the rows of each group in increasing order.
@@ -438,7 +438,12 @@ struct FusionPenalty<'p, T> {
 }
 
 impl<T: Real> Backward<T> for FusionPenalty<'_, T> {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         if grads.wants(self.x) {
             let gy = gy.into_owned();
             let d = fusion_penalty_backward(

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
 
 /// The row of a token that has none.
 pub const NO_ROW: u32 = u32::MAX;
@@ -42,7 +42,12 @@ struct GatedMix {
 }
 
 impl<T: Real> Backward<T> for GatedMix {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let want = Want {
             shared: grads.wants(self.shared),
             rows: grads.wants(self.rows),

@@ -12,7 +12,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::rows_from_in;
-use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
 
 /// `out[i, …] = table[ids[i], …]`.
 ///
@@ -64,7 +64,7 @@ pub fn gather_backward<'a, T: Real>(
     table: Var,
     ids: &'a [usize],
     gy: Flow<'a, T>,
-    grads: &mut Grads<'a, T>,
+    grads: &mut NodeGrads<'a, T>,
 ) {
     grads.add_rows(table, RowPart::new(ids, gy));
 }
@@ -76,7 +76,12 @@ struct Gather {
 }
 
 impl<T: Real> Backward<T> for Gather {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         gather_backward(self.table, &self.ids, gy, grads);
     }
 }

@@ -7,7 +7,7 @@
 use ndarray::{Array2, ArrayD, ArrayViewD, Ix2};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 #[track_caller]
 fn two_d<'a, T>(what: &str, x: ArrayViewD<'a, T>) -> ndarray::ArrayView2<'a, T> {
@@ -71,7 +71,12 @@ struct MatMul {
 }
 
 impl<T: Real> Backward<T> for MatMul {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         let (a, b) = (grads.value(self.a), grads.value(self.b));
         if let Some(g) = grads.buffer(self.a) {

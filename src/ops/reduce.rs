@@ -13,13 +13,13 @@
 //! threads ([`dot_slices`], with its naive twin
 //! [`dot_naive`](crate::kernels::reduce::dot_naive)). Its backward never
 //! writes `∂y·R` out: it hands the pair to the tape as a lazy gradient
-//! ([`Grads::add_scaled`]), which a gather reads row by row.
+//! ([`NodeGrads::add_scaled`]), which a gather reads row by row.
 
 use ndarray::{ArrayD, ArrayViewD, arr0};
 
 use crate::kernels::Real;
 use crate::kernels::reduce::dot_slices;
-use crate::tape::{Backward, Flow, Grads, Tape, Value, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Value, Var};
 
 fn scalar_of<T: Real>(gy: &ArrayViewD<'_, T>) -> T {
     *gy.iter().next().expect("a scalar gradient")
@@ -43,7 +43,7 @@ pub fn dot_const_backward<'a, T: Real>(
     x: Var,
     r: ArrayViewD<'a, T>,
     gy: Flow<'a, T>,
-    grads: &mut Grads<'a, T>,
+    grads: &mut NodeGrads<'a, T>,
 ) {
     grads.add_scaled(x, gy.first(), r);
 }
@@ -54,7 +54,12 @@ struct Sum {
 }
 
 impl<T: Real> Backward<T> for Sum {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned();
         if let Some(g) = grads.buffer(self.x) {
             sum_backward(gy.view(), g);
@@ -68,7 +73,12 @@ struct Mean {
 }
 
 impl<T: Real> Backward<T> for Mean {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned();
         if let Some(g) = grads.buffer(self.x) {
             mean_backward(gy.view(), g);
@@ -83,7 +93,12 @@ struct DotConst<'p, T> {
 }
 
 impl<T: Real> Backward<T> for DotConst<'_, T> {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         dot_const_backward(self.x, self.r.view(), gy, grads);
     }
 }

@@ -7,7 +7,7 @@
 use ndarray::{Array1, ArrayD, ArrayViewD, Axis, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// `y[i] = ‖x[i]‖₂`. x: (n, …) → (n).
 ///
@@ -49,7 +49,7 @@ struct RowNorm {
 }
 
 impl<T: Real> Backward<T> for RowNorm {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
         let gy = gy.into_owned_in(grads.pool());
         let x = grads.value(self.x);
         if let Some(g) = grads.buffer(self.x) {

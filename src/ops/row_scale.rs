@@ -7,7 +7,7 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// `out[i, …] = s[i]·x[i, …]`. x: (n, …), s: (n).
 ///
@@ -71,7 +71,12 @@ struct RowScale {
 }
 
 impl<T: Real> Backward<T> for RowScale {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         let (x, s) = (grads.value(self.x), grads.value(self.s));
         if let Some(g) = grads.buffer(self.x) {

@@ -14,7 +14,7 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 #[track_caller]
 fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
@@ -125,7 +125,12 @@ struct SegmentSum {
 }
 
 impl<T: Real> Backward<T> for SegmentSum {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.x) {
             segment_sum_backward(&self.segments, gy.view(), g);
@@ -143,7 +148,12 @@ struct SegmentMean {
 }
 
 impl<T: Real> Backward<T> for SegmentMean {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.x) {
             segment_mean_backward(&self.segments, &self.counts, gy.view(), g);

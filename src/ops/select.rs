@@ -7,7 +7,7 @@
 use ndarray::{ArrayD, ArrayViewD, Axis};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// `out[i] = if mask[i] { a[i] } else { b[i] }`. a, b: (n, …), mask: (n).
 ///
@@ -62,7 +62,12 @@ struct Select {
 }
 
 impl<T: Real> Backward<T> for Select {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.a) {
             select_backward(&self.mask, true, gy.view(), g);

@@ -7,7 +7,7 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// `g += gyᵀ`. gy: (n, m), g: (m, n).
 pub fn transpose_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
@@ -36,7 +36,12 @@ struct Transpose {
 }
 
 impl<T: Real> Backward<T> for Transpose {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.x) {
             transpose_backward(gy.view(), g);
@@ -51,7 +56,12 @@ struct Reshape {
 }
 
 impl<T: Real> Backward<T> for Reshape {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.x) {
             reshape_backward(gy.view(), g);
@@ -66,7 +76,12 @@ struct ConcatRows {
 }
 
 impl<T: Real> Backward<T> for ConcatRows {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         let gy = gy.into_owned_in(grads.pool());
         let mut start = 0;
         for &p in &self.parts {

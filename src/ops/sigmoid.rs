@@ -6,7 +6,7 @@
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, Grads, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
 /// σ(x) without overflow: `1 / (1 + e^{−x})` for x ≥ 0, `e^x / (1 + e^x)`
 /// for x < 0.
@@ -34,7 +34,7 @@ struct Sigmoid {
 }
 
 impl<T: Real> Backward<T> for Sigmoid {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
         let gy = gy.into_owned_in(grads.pool());
         if let Some(g) = grads.buffer(self.x) {
             sigmoid_backward(y, gy.view(), g);

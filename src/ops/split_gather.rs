@@ -14,7 +14,7 @@ use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
 use crate::kernels::rows::rows_from_in;
-use crate::tape::{Backward, Flow, Grads, RowPart, Tape, Var};
+use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
 
 /// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
 /// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
@@ -112,7 +112,7 @@ pub fn split_gather_backward<'a, T: Real>(
     tables: &[Var],
     routed: &'a Routed,
     gy: Flow<'a, T>,
-    grads: &mut Grads<'a, T>,
+    grads: &mut NodeGrads<'a, T>,
 ) {
     let src = Rc::new(gy);
     for (k, &t) in tables.iter().enumerate() {
@@ -135,7 +135,12 @@ struct SplitGather {
 }
 
 impl<T: Real> Backward<T> for SplitGather {
-    fn backward<'a>(&'a self, _y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>) {
+    fn backward<'a>(
+        &'a self,
+        _y: ArrayViewD<'a, T>,
+        gy: Flow<'a, T>,
+        grads: &mut NodeGrads<'a, T>,
+    ) {
         split_gather_backward(&self.tables, &self.routed, gy, grads);
     }
 }

@@ -8,7 +8,7 @@ use super::{
     Optimizer, StateValue, check_beta, check_grad, check_lr, check_non_negative, flat_mut,
 };
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::{Grad, Parameter, Real, Result};
+use crate::{ParamGrad, Parameter, Real, Result};
 
 /// Elements per parallel task of the dense update.
 const CHUNK: usize = 1 << 14;
@@ -88,7 +88,7 @@ impl AdamConfig {
 /// p ← p − (γ / (1 − β1ᵗ))·m / denom
 /// ```
 ///
-/// A [`Grad::RowSparse`] gradient behaves exactly, bit for bit, as its
+/// A [`ParamGrad::RowSparse`] gradient behaves exactly, bit for bit, as its
 /// dense equivalent: every row's moments decay and every row keeps moving
 /// through its momentum (without a dense copy of the gradient). For
 /// embedding tables where only the rows in the batch should move, use
@@ -101,11 +101,11 @@ impl AdamConfig {
 /// ```
 /// use ndarray::array;
 /// use splitgrad::optim::{Adam, AdamConfig, Optimizer};
-/// use splitgrad::{Grad, Parameter};
+/// use splitgrad::{ParamGrad, Parameter};
 /// # fn main() -> splitgrad::Result<()> {
 /// let mut adamw = Adam::new(AdamConfig { lr: 0.1, weight_decay: 0.5, ..AdamConfig::adamw() })?;
 /// let mut p = Parameter::new("p", array![2.0f64].into_dyn());
-/// adamw.update(&mut p, &Grad::Dense(array![0.0].into_dyn()))?;
+/// adamw.update(&mut p, &ParamGrad::Dense(array![0.0].into_dyn()))?;
 /// // A zero gradient leaves m = 0, so only the decay moves p: 2·(1 − 0.1·0.5).
 /// assert_eq!(p.value()[0], 2.0 * (1.0 - 0.1 * 0.5));
 /// # Ok(()) }
@@ -229,9 +229,9 @@ impl<T: Real> Adam<T> {
     /// ```
     /// use ndarray::array;
     /// use splitgrad::optim::{Adam, AdamConfig, Optimizer};
-    /// use splitgrad::{Grad, Parameter, RowSparse};
+    /// use splitgrad::{ParamGrad, Parameter, RowSparse};
     /// # fn main() -> splitgrad::Result<()> {
-    /// let g = Grad::RowSparse(RowSparse { n_rows: 2, rows: vec![1], values: array![[0.5f32, -1.0]] });
+    /// let g = ParamGrad::RowSparse(RowSparse { n_rows: 2, rows: vec![1], values: array![[0.5f32, -1.0]] });
     /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
     /// let (mut fast, mut naive) = (Adam::new(AdamConfig::default())?, Adam::new(AdamConfig::default())?);
     /// fast.update(&mut a, &g)?;
@@ -240,7 +240,7 @@ impl<T: Real> Adam<T> {
     /// # Ok(()) }
     /// ```
     #[track_caller]
-    pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
@@ -260,7 +260,7 @@ impl<T: Real> Adam<T> {
 
 impl<T: Real> Optimizer<T> for Adam<T> {
     #[track_caller]
-    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
@@ -271,7 +271,7 @@ impl<T: Real> Optimizer<T> for Adam<T> {
         let p = flat_mut(param);
         let (m, v) = slot.slices_mut();
         match grad {
-            Grad::Dense(g) => {
+            ParamGrad::Dense(g) => {
                 let g = g.as_standard_layout();
                 let g = g.as_slice().expect("standard layout is contiguous");
                 if p.len() < PAR_MIN_ELEMS {
@@ -284,7 +284,7 @@ impl<T: Real> Optimizer<T> for Adam<T> {
                         .for_each(|(((p, m), v), g)| c.apply_run(p, m, v, Some(g)));
                 }
             }
-            Grad::RowSparse(s) => {
+            ParamGrad::RowSparse(s) => {
                 let width = s.values.ncols();
                 if p.is_empty() {
                     return Ok(());

@@ -4,7 +4,7 @@
 use super::{Optimizer, StateValue, split_entry};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{Grad, Parameter};
+use crate::param::{ParamGrad, Parameter};
 
 /// A rule that claims a parameter by its name.
 type Rule = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -17,15 +17,15 @@ type Rule = Box<dyn Fn(&str) -> bool + Send + Sync>;
 /// ```
 /// use ndarray::array;
 /// use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups};
-/// use splitgrad::{Grad, Parameter};
+/// use splitgrad::{ParamGrad, Parameter};
 /// # fn main() -> splitgrad::Result<()> {
 /// let mut opt = ParamGroups::<f64>::new()
 ///     .group("tables", |name| name.starts_with("token_embedding."), LazyAdam::new(LazyAdamConfig::default())?)
 ///     .group("dense", |_| true, Adam::new(AdamConfig::default())?);
 /// let mut table = Parameter::new("token_embedding.vocab.weight", array![[1.0, 2.0]].into_dyn());
 /// let mut head = Parameter::new("lm_head.vocab.weight", array![[1.0, 2.0]].into_dyn());
-/// opt.update(&mut table, &Grad::Dense(array![[0.5, 0.5]].into_dyn()))?;
-/// opt.update(&mut head, &Grad::Dense(array![[0.5, 0.5]].into_dyn()))?;
+/// opt.update(&mut table, &ParamGrad::Dense(array![[0.5, 0.5]].into_dyn()))?;
+/// opt.update(&mut head, &ParamGrad::Dense(array![[0.5, 0.5]].into_dyn()))?;
 /// let names: Vec<String> = opt.state().into_iter().map(|(n, _)| n).collect();
 /// assert_eq!(names[0], "tables.token_embedding.vocab.weight.exp_avg");
 /// assert_eq!(names[3], "dense.lm_head.vocab.weight.exp_avg");
@@ -104,7 +104,7 @@ impl<T: Real> ParamGroups<T> {
 impl<T: Real> Optimizer<T> for ParamGroups<T> {
     /// Updates `param` with its group's optimiser; a parameter no group
     /// claims is an error.
-    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         self.find(param.name())?.update(param, grad)
     }
 

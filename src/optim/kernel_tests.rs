@@ -5,7 +5,7 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 
 use super::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
-use crate::{Grad, Parameter, RowSparse};
+use crate::{ParamGrad, Parameter, RowSparse};
 
 /// Which path to run: the naive reference, or the parallel update in a
 /// pool of this many threads.
@@ -19,7 +19,7 @@ type Outcome = (ArrayD<u32>, Vec<(String, StateValue<f32>)>);
 
 /// A `(n, w)` table (n·w above the parallel threshold; w does not divide
 /// the chunk size) and gradients: every third row, no row, and dense.
-fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<Grad<f32>>) {
+fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<ParamGrad<f32>>) {
     let init = ArrayD::from_shape_fn(IxDyn(&[n, w]), |i| {
         ((i[0] * 31 + i[1] * 17) % 101) as f32 * 0.01 - 0.5
     });
@@ -27,24 +27,24 @@ fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<Grad<f32>>) {
     let values = Array2::from_shape_fn((rows.len(), w), |(i, j)| {
         ((i * 13 + j * 7) % 29) as f32 * 0.1 - 1.4
     });
-    let third = Grad::RowSparse(RowSparse {
+    let third = ParamGrad::RowSparse(RowSparse {
         n_rows: n,
         rows,
         values,
     });
-    let none = Grad::RowSparse(RowSparse {
+    let none = ParamGrad::RowSparse(RowSparse {
         n_rows: n,
         rows: vec![],
         values: Array2::zeros((0, w)),
     });
-    let dense = Grad::Dense(third.to_dense().mapv(|g| g * 0.5 + 0.25));
+    let dense = ParamGrad::Dense(third.to_dense().mapv(|g| g * 0.5 + 0.25));
     (init, vec![third, none, dense])
 }
 
 /// Runs every gradient of the case, in order, twice.
-fn run<F>(path: Path, init: &ArrayD<f32>, grads: &[Grad<f32>], mut step: F) -> ArrayD<u32>
+fn run<F>(path: Path, init: &ArrayD<f32>, grads: &[ParamGrad<f32>], mut step: F) -> ArrayD<u32>
 where
-    F: FnMut(bool, &mut Parameter<f32>, &Grad<f32>) + Send,
+    F: FnMut(bool, &mut Parameter<f32>, &ParamGrad<f32>) + Send,
 {
     let mut p = Parameter::new("t", init.clone());
     let mut all = || {
@@ -65,7 +65,7 @@ where
     p.value().mapv(f32::to_bits)
 }
 
-fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[Grad<f32>]) -> Outcome {
+fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[ParamGrad<f32>]) -> Outcome {
     let mut opt = Adam::new(config).unwrap();
     let p = run(path, init, grads, |naive, p, g| {
         if naive {
@@ -77,7 +77,7 @@ fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[Grad<f32>])
     (p, opt.state())
 }
 
-fn lazy(path: Path, init: &ArrayD<f32>, grads: &[Grad<f32>]) -> Outcome {
+fn lazy(path: Path, init: &ArrayD<f32>, grads: &[ParamGrad<f32>]) -> Outcome {
     let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
     let p = run(path, init, grads, |naive, p, g| {
         if naive {
@@ -174,7 +174,9 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
         );
         for _ in 0..3 {
             let g = super::dense_by_rows(&want.0, &grad_row).unwrap();
-            want.1.update_naive(&mut want.0, &Grad::Dense(g)).unwrap();
+            want.1
+                .update_naive(&mut want.0, &ParamGrad::Dense(g))
+                .unwrap();
         }
         for t in [1, 2, 4] {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -209,7 +211,7 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
         );
         oa.update_by_rows(&mut a, &grad_row).unwrap();
         let g = super::dense_by_rows(&b, &grad_row).unwrap();
-        ob.update(&mut b, &Grad::Dense(g)).unwrap();
+        ob.update(&mut b, &ParamGrad::Dense(g)).unwrap();
         assert_eq!(a.value(), b.value());
     }
     // A frozen parameter does not move; a 1-D one is refused.

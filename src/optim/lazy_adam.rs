@@ -8,7 +8,7 @@ use super::{
     GradRow, Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut, rows_width,
 };
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::{Error, Grad, Parameter, Real, Result};
+use crate::{Error, ParamGrad, Parameter, Real, Result};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
 ///
@@ -81,12 +81,12 @@ impl Default for LazyAdamConfig {
 /// ```
 /// use ndarray::{array, Array2};
 /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
-/// use splitgrad::{Grad, Parameter, RowSparse};
+/// use splitgrad::{ParamGrad, Parameter, RowSparse};
 /// # fn main() -> splitgrad::Result<()> {
 /// let mut table = Parameter::new("emb", Array2::<f64>::ones((3, 2)).into_dyn());
 /// let mut opt = LazyAdam::new(LazyAdamConfig { lr: 0.1, ..LazyAdamConfig::default() })?;
 /// let g = RowSparse { n_rows: 3, rows: vec![1], values: array![[1.0, -1.0]] };
-/// opt.update(&mut table, &Grad::RowSparse(g))?;
+/// opt.update(&mut table, &ParamGrad::RowSparse(g))?;
 /// // Only row 1 moved, by about lr.
 /// assert_eq!((table.value()[[0, 0]], table.value()[[0, 1]]), (1.0, 1.0));
 /// assert!((table.value()[[1, 0]] - 0.9).abs() < 1e-6 && (table.value()[[1, 1]] - 1.1).abs() < 1e-6);
@@ -207,9 +207,9 @@ impl<T: Real> LazyAdam<T> {
     /// ```
     /// use ndarray::array;
     /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
-    /// use splitgrad::{Grad, Parameter, RowSparse};
+    /// use splitgrad::{ParamGrad, Parameter, RowSparse};
     /// # fn main() -> splitgrad::Result<()> {
-    /// let g = Grad::RowSparse(RowSparse { n_rows: 2, rows: vec![0], values: array![[0.5f32, -1.0]] });
+    /// let g = ParamGrad::RowSparse(RowSparse { n_rows: 2, rows: vec![0], values: array![[0.5f32, -1.0]] });
     /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
     /// let (mut fast, mut naive) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
     /// fast.update(&mut a, &g)?;
@@ -218,7 +218,7 @@ impl<T: Real> LazyAdam<T> {
     /// # Ok(()) }
     /// ```
     #[track_caller]
-    pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
@@ -237,13 +237,13 @@ impl<T: Real> LazyAdam<T> {
                 .for_each(|p, m, v, &g| c.apply(p, m, v, g));
         };
         match grad {
-            Grad::Dense(g) => apply(
+            ParamGrad::Dense(g) => apply(
                 param.value_mut().view_mut(),
                 slot.exp_avg.view_mut(),
                 slot.exp_avg_sq.view_mut(),
                 g.view(),
             ),
-            Grad::RowSparse(s) => {
+            ParamGrad::RowSparse(s) => {
                 for (&r, g) in s.rows.iter().zip(s.values.outer_iter()) {
                     apply(
                         param.value_mut().index_axis_mut(Axis(0), r),
@@ -260,7 +260,7 @@ impl<T: Real> LazyAdam<T> {
 
 impl<T: Real> Optimizer<T> for LazyAdam<T> {
     #[track_caller]
-    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
@@ -271,7 +271,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         let p = flat_mut(param);
         let (m, v) = slot.slices_mut();
         match grad {
-            Grad::Dense(g) => {
+            ParamGrad::Dense(g) => {
                 let g = g.as_standard_layout();
                 let g = g.as_slice().expect("standard layout is contiguous");
                 if p.len() < PAR_MIN_ELEMS {
@@ -285,7 +285,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
                         .for_each(|(((p, m), v), g)| c.apply_run(p, m, v, g));
                 }
             }
-            Grad::RowSparse(s) => {
+            ParamGrad::RowSparse(s) => {
                 let width = s.values.ncols();
                 if width == 0 || s.rows.is_empty() {
                     return Ok(());

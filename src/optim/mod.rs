@@ -47,11 +47,11 @@
 //! ```
 //! use ndarray::array;
 //! use splitgrad::optim::{Adam, AdamConfig, Optimizer};
-//! use splitgrad::{Grad, Parameter};
+//! use splitgrad::{ParamGrad, Parameter};
 //! # fn main() -> splitgrad::Result<()> {
 //! let mut w = Parameter::new("w", array![1.0f64, -2.0].into_dyn());
 //! let mut adam = Adam::new(AdamConfig { lr: 0.1, ..AdamConfig::default() })?;
-//! adam.update(&mut w, &Grad::Dense(array![0.5, -0.5].into_dyn()))?;
+//! adam.update(&mut w, &ParamGrad::Dense(array![0.5, -0.5].into_dyn()))?;
 //! // The first Adam step moves every element by about lr against its gradient's sign.
 //! assert!((w.value()[0] - 0.9).abs() < 1e-6 && (w.value()[1] + 1.9).abs() < 1e-6);
 //! # Ok(()) }
@@ -74,7 +74,7 @@ use ndarray::ArrayD;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{Grad, GradSource, Parameter};
+use crate::param::{GradSource, ParamGrad, Parameter};
 use crate::state::{StateDict, TensorData};
 
 /// A gradient given row by row, for [`Optimizer::update_by_rows`]:
@@ -88,12 +88,12 @@ pub type GradRow<'a, T> = dyn Fn(usize, &[T], &mut [T]) + Sync + 'a;
 /// ```
 /// use ndarray::array;
 /// use splitgrad::optim::{Optimizer, Sgd, SgdConfig};
-/// use splitgrad::{Grad, Parameter};
+/// use splitgrad::{ParamGrad, Parameter};
 /// # fn main() -> splitgrad::Result<()> {
 /// // Any optimiser behind a trait object.
 /// let mut opt: Box<dyn Optimizer<f64>> = Box::new(Sgd::new(SgdConfig { lr: 0.5, ..SgdConfig::default() })?);
 /// let mut p = Parameter::new("p", array![1.0, 2.0].into_dyn());
-/// opt.update(&mut p, &Grad::Dense(array![1.0, -1.0].into_dyn()))?;
+/// opt.update(&mut p, &ParamGrad::Dense(array![1.0, -1.0].into_dyn()))?;
 /// assert_eq!(p.value(), &array![0.5, 2.5].into_dyn());
 /// opt.set_learning_rate(0.25)?;
 /// assert_eq!(opt.learning_rate(), 0.25);
@@ -112,7 +112,7 @@ pub trait Optimizer<T: Real> {
     ///
     /// **Panics** if a row-sparse gradient's rows are not sorted and unique
     /// (the [`RowSparse`](crate::RowSparse) invariant).
-    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()>;
+    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()>;
 
     /// [`Self::update`] with a dense gradient of a 2-D parameter given row
     /// by row: `grad_row(r, row, g)` writes row r's gradient into `g` (one
@@ -133,7 +133,7 @@ pub trait Optimizer<T: Real> {
             return Ok(());
         }
         let g = dense_by_rows(param, grad_row)?;
-        self.update(param, &Grad::Dense(g))
+        self.update(param, &ParamGrad::Dense(g))
     }
 
     /// Named state entries for a checkpoint: `("<param name>.exp_avg",
@@ -142,11 +142,11 @@ pub trait Optimizer<T: Real> {
     /// ```
     /// use ndarray::array;
     /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer, StateValue};
-    /// use splitgrad::{Grad, Parameter};
+    /// use splitgrad::{ParamGrad, Parameter};
     /// # fn main() -> splitgrad::Result<()> {
     /// let mut p = Parameter::new("emb.weight", array![[1.0f32, 2.0]].into_dyn());
     /// let mut opt = LazyAdam::new(LazyAdamConfig::default())?;
-    /// opt.update(&mut p, &Grad::Dense(array![[0.5f32, 0.5]].into_dyn()))?;
+    /// opt.update(&mut p, &ParamGrad::Dense(array![[0.5f32, 0.5]].into_dyn()))?;
     /// let saved = opt.state();
     /// let names: Vec<&str> = saved.iter().map(|(n, _)| n.as_str()).collect();
     /// assert_eq!(names, ["emb.weight.exp_avg", "emb.weight.exp_avg_sq", "emb.weight.step"]);
@@ -332,17 +332,17 @@ fn wrong_kind<T>(entry: &str, expected: &str, found: &StateValue<T>) -> Error {
 ///
 /// **Panics** if a row-sparse gradient's rows are not sorted and unique.
 #[track_caller]
-fn check_grad<T: Real>(param: &Parameter<T>, grad: &Grad<T>) -> Result<()> {
+fn check_grad<T: Real>(param: &Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
     let shape = param.value().shape();
     match grad {
-        Grad::Dense(g) if g.shape() != shape => Err(Error::shape(
+        ParamGrad::Dense(g) if g.shape() != shape => Err(Error::shape(
             "gradient",
             format!("{shape:?} (the parameter's)"),
             g.shape(),
         )
         .in_array(param.name())),
-        Grad::Dense(_) => Ok(()),
-        Grad::RowSparse(s) => {
+        ParamGrad::Dense(_) => Ok(()),
+        ParamGrad::RowSparse(s) => {
             let width = s.values.ncols();
             if shape != [s.n_rows, width] {
                 return Err(Error::shape(
@@ -481,12 +481,12 @@ mod tests {
             rows: vec![0, 3],
             values: Array2::ones((2, 2)),
         };
-        assert!(check_grad(&p, &Grad::RowSparse(ok.clone())).is_ok());
+        assert!(check_grad(&p, &ParamGrad::RowSparse(ok.clone())).is_ok());
         let far = RowSparse {
             rows: vec![0, 4],
             ..ok.clone()
         };
-        let e = check_grad(&p, &Grad::RowSparse(far)).unwrap_err();
+        let e = check_grad(&p, &ParamGrad::RowSparse(far)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "array `t`: gradient row 4 at position [1] is out of range 0..4"
@@ -495,12 +495,12 @@ mod tests {
             rows: vec![1],
             ..ok.clone()
         };
-        let e = check_grad(&p, &Grad::RowSparse(short)).unwrap_err();
+        let e = check_grad(&p, &ParamGrad::RowSparse(short)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "array `t`: row-sparse gradient values has shape [2, 2], expected (1, 2), one row per gradient row"
         );
-        let e = check_grad(&p, &Grad::Dense(array![1.0, 2.0].into_dyn())).unwrap_err();
+        let e = check_grad(&p, &ParamGrad::Dense(array![1.0, 2.0].into_dyn())).unwrap_err();
         assert_eq!(
             e.to_string(),
             "array `t`: gradient has shape [2], expected [4, 2] (the parameter's)"
@@ -516,7 +516,7 @@ mod tests {
             rows: vec![2, 1],
             values: Array2::ones((2, 2)),
         };
-        let _ = check_grad(&p, &Grad::RowSparse(g));
+        let _ = check_grad(&p, &ParamGrad::RowSparse(g));
     }
 
     #[test]

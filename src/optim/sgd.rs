@@ -9,7 +9,7 @@ use super::{
     Optimizer, StateValue, check_grad, check_lr, check_non_negative, flat_mut, split_entry,
     unknown_field, wrong_kind,
 };
-use crate::{Error, Grad, Parameter, Real, Result};
+use crate::{Error, ParamGrad, Parameter, Real, Result};
 
 /// The hyper-parameters of [`Sgd`]; [`Default`] gives PyTorch's (lr 1e-3,
 /// no momentum, no weight decay).
@@ -56,18 +56,18 @@ impl Default for SgdConfig {
 /// p ← p − γ·d
 /// ```
 ///
-/// A [`Grad::RowSparse`] gradient behaves exactly as its dense equivalent
+/// A [`ParamGrad::RowSparse`] gradient behaves exactly as its dense equivalent
 /// (with momentum or weight decay every row moves); without either, only
 /// its rows are visited. The update is serial.
 ///
 /// ```
 /// use ndarray::array;
 /// use splitgrad::optim::{Optimizer, Sgd, SgdConfig};
-/// use splitgrad::{Grad, Parameter};
+/// use splitgrad::{ParamGrad, Parameter};
 /// # fn main() -> splitgrad::Result<()> {
 /// let mut sgd = Sgd::new(SgdConfig { lr: 0.5, momentum: 0.5, ..SgdConfig::default() })?;
 /// let mut p = Parameter::new("p", array![1.0f64].into_dyn());
-/// let g = Grad::Dense(array![1.0].into_dyn());
+/// let g = ParamGrad::Dense(array![1.0].into_dyn());
 /// sgd.update(&mut p, &g)?; // b = 1, p = 1 − 0.5·1
 /// sgd.update(&mut p, &g)?; // b = 0.5·1 + 1 = 1.5, p = 0.5 − 0.5·1.5
 /// assert_eq!(p.value()[0], -0.25);
@@ -178,7 +178,7 @@ impl<T: Real> Sgd<T> {
 
 impl<T: Real> Optimizer<T> for Sgd<T> {
     #[track_caller]
-    fn update(&mut self, param: &mut Parameter<T>, grad: &Grad<T>) -> Result<()> {
+    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
@@ -203,11 +203,11 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
         };
         let p = flat_mut(param);
         match grad {
-            Grad::Dense(g) => {
+            ParamGrad::Dense(g) => {
                 let g = g.as_standard_layout();
                 c.apply_run(p, b, first, g.as_slice());
             }
-            Grad::RowSparse(s) => {
+            ParamGrad::RowSparse(s) => {
                 let width = s.values.ncols();
                 let values = s.values.as_standard_layout();
                 let values = values.as_slice().expect("standard layout is contiguous");
@@ -344,7 +344,7 @@ mod tests {
             .unwrap();
         let mut w = Parameter::new("w", array![1.0].into_dyn());
         let e = sgd
-            .update(&mut w, &Grad::Dense(array![1.0].into_dyn()))
+            .update(&mut w, &ParamGrad::Dense(array![1.0].into_dyn()))
             .unwrap_err();
         assert_eq!(
             e.to_string(),

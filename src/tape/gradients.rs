@@ -8,14 +8,14 @@ use ndarray::{ArrayD, IxDyn};
 use super::Var;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::param::{Grad, GradSource, ParamId, Parameter};
+use crate::param::{GradSource, ParamGrad, ParamId, Parameter};
 
 /// Gradients returned by [`Tape::backward`](super::Tape::backward), keyed
 /// by parameter and by input node. Dropping them gives their large buffers
 /// back to the tape's [`Pool`].
 #[derive(Debug)]
 pub struct Gradients<T: Real> {
-    pub(crate) params: HashMap<ParamId, Grad<T>>,
+    pub(crate) params: HashMap<ParamId, ParamGrad<T>>,
     pub(crate) inputs: HashMap<usize, ArrayD<T>>,
     pool: Pool<T>,
 }
@@ -24,8 +24,8 @@ impl<T: Real> Drop for Gradients<T> {
     fn drop(&mut self) {
         for (_, g) in self.params.drain() {
             match g {
-                Grad::Dense(d) => self.pool.give(d),
-                Grad::RowSparse(s) => self.pool.give(s.values),
+                ParamGrad::Dense(d) => self.pool.give(d),
+                ParamGrad::RowSparse(s) => self.pool.give(s.values),
             }
         }
         for (_, g) in self.inputs.drain() {
@@ -35,7 +35,7 @@ impl<T: Real> Drop for Gradients<T> {
 }
 
 impl<T: Real> GradSource<T> for Gradients<T> {
-    fn grad_of(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+    fn grad_of(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>> {
         self.param(p)
     }
 }
@@ -53,30 +53,32 @@ impl<T: Real> Gradients<T> {
     /// Adds a dense gradient of parameter `id`.
     pub(crate) fn add_dense(&mut self, id: ParamId, g: ArrayD<T>) {
         match self.params.get_mut(&id) {
-            Some(Grad::Dense(d)) => {
+            Some(ParamGrad::Dense(d)) => {
                 *d += &g;
                 self.pool.give(g);
             }
-            Some(Grad::RowSparse(_)) => unreachable!("sparse gradients are merged after the sweep"),
+            Some(ParamGrad::RowSparse(_)) => {
+                unreachable!("sparse gradients are merged after the sweep")
+            }
             None => {
-                self.params.insert(id, Grad::Dense(g));
+                self.params.insert(id, ParamGrad::Dense(g));
             }
         }
     }
 
     /// The gradient of a parameter, or `None` when it is frozen or did not
     /// contribute to the loss.
-    pub fn param(&self, p: &Parameter<T>) -> Option<&Grad<T>> {
+    pub fn param(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>> {
         self.params.get(&p.id())
     }
 
     /// The gradient of a parameter by id.
-    pub fn by_id(&self, id: ParamId) -> Option<&Grad<T>> {
+    pub fn by_id(&self, id: ParamId) -> Option<&ParamGrad<T>> {
         self.params.get(&id)
     }
 
     /// Removes and returns a parameter's gradient.
-    pub fn take(&mut self, id: ParamId) -> Option<Grad<T>> {
+    pub fn take(&mut self, id: ParamId) -> Option<ParamGrad<T>> {
         self.params.remove(&id)
     }
 
@@ -101,7 +103,7 @@ impl<T: Real> Gradients<T> {
     }
 
     /// Iterates over (parameter id, gradient).
-    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Grad<T>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &ParamGrad<T>)> {
         self.params.iter().map(|(k, v)| (*k, v))
     }
 }

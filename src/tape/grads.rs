@@ -1,11 +1,11 @@
 //! The gradient store of one reverse sweep.
 //!
-//! [`Grads`] holds, for every node of the tape, the gradient flowing into
+//! [`NodeGrads`] holds, for every node of the tape, the gradient flowing into
 //! it so far (none, an array, or a lazy `c·R`), and for every 2-D parameter
 //! the rows sent to it by gathers. An op's [`Backward`](super::Backward)
-//! reads the values it needs ([`Grads::value`]) and adds its inputs'
-//! gradients through [`Grads::buffer`], [`Grads::add`],
-//! [`Grads::add_scaled`] or [`Grads::add_rows`]; the first touch of a node
+//! reads the values it needs ([`NodeGrads::value`]) and adds its inputs'
+//! gradients through [`NodeGrads::buffer`], [`NodeGrads::add`],
+//! [`NodeGrads::add_scaled`] or [`NodeGrads::add_rows`]; the first touch of a node
 //! decides its buffer, so a fresh array handed over by an op becomes the
 //! buffer with no zero-fill and no add.
 
@@ -29,7 +29,7 @@ struct Slot<'a, T> {
 }
 
 /// The gradients of one backward sweep, node by node.
-pub struct Grads<'a, T> {
+pub struct NodeGrads<'a, T> {
     slots: Vec<Slot<'a, T>>,
     /// Rows sent to 2-D parameters, by node, in the order they were sent
     /// (reverse tape order).
@@ -37,14 +37,14 @@ pub struct Grads<'a, T> {
     pool: Pool<T>,
 }
 
-impl<'a, T: Real> Grads<'a, T> {
+impl<'a, T: Real> NodeGrads<'a, T> {
     /// A store for nodes given as (value, requires gradient, is a 2-D
     /// parameter).
     pub(crate) fn new(
         nodes: impl Iterator<Item = (ArrayViewD<'a, T>, bool, bool)>,
         pool: Pool<T>,
     ) -> Self {
-        Grads {
+        NodeGrads {
             slots: nodes
                 .map(|(value, requires_grad, row_sparse)| Slot {
                     value,
@@ -139,7 +139,7 @@ impl<'a, T: Real> Grads<'a, T> {
 
     /// Takes `v`'s gradient buffer out (zero-initialised when it has none),
     /// so that an op can write several buffers at once; give it back with
-    /// [`Grads::add`]. `None` when no gradient flows into `v`.
+    /// [`NodeGrads::add`]. `None` when no gradient flows into `v`.
     pub fn take_buffer(&mut self, v: Var) -> Option<ArrayD<T>> {
         self.buffer(v)?;
         match self.slots[v.0].flow.take() {
@@ -158,7 +158,7 @@ impl<'a, T: Real> Grads<'a, T> {
         assert_eq!(
             d.shape(),
             slot.value.shape(),
-            "Grads::add: a gradient of another shape than its node"
+            "NodeGrads::add: a gradient of another shape than its node"
         );
         if !slot.requires_grad {
             self.pool.give(d);
@@ -183,7 +183,7 @@ impl<'a, T: Real> Grads<'a, T> {
         assert_eq!(
             r.shape(),
             slot.value.shape(),
-            "Grads::add_scaled: a gradient of another shape than its node"
+            "NodeGrads::add_scaled: a gradient of another shape than its node"
         );
         if !slot.requires_grad {
             return;

@@ -11,9 +11,9 @@
 //! [`Tape::push_op`] together with the state its backward needs, and the
 //! reverse sweep calls that state's [`Backward::backward`] with the
 //! gradient flowing into the node. The gradients themselves live in
-//! [`Grads`], whose methods add into the buffer of a node ([`Grads::buffer`],
-//! [`Grads::add`], [`Grads::add_scaled`]) or send rows to a table
-//! ([`Grads::add_rows`], the row-sparse flow of [`flow`]).
+//! [`NodeGrads`], whose methods add into the buffer of a node ([`NodeGrads::buffer`],
+//! [`NodeGrads::add`], [`NodeGrads::add_scaled`]) or send rows to a table
+//! ([`NodeGrads::add_rows`], the row-sparse flow of [`flow`]).
 //!
 //! Parameters are borrowed, not copied: [`Tape::param`] stores a view of the
 //! parameter's array, so using a 151936 × 1024 table costs nothing but the
@@ -36,12 +36,12 @@ use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
 
 pub use flow::{Flow, RowPart};
 pub use gradients::Gradients;
-pub use grads::Grads;
+pub use grads::NodeGrads;
 
 pub use crate::kernels::pool::Pool;
 
 use crate::kernels::Real;
-use crate::param::{Grad, ParamId, Parameter};
+use crate::param::{ParamGrad, ParamId, Parameter};
 
 /// A node of a [`Tape`]: an index, valid only for the tape that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,14 +90,14 @@ impl<T> Value<'_, T> {
 ///
 /// ```
 /// use ndarray::{ArrayD, ArrayViewD};
-/// use splitgrad::tape::{Backward, Flow, Grads};
+/// use splitgrad::tape::{Backward, Flow, NodeGrads};
 /// use splitgrad::{Tape, Var};
 ///
 /// /// y = x³, element-wise; ∂x += 3x²·∂y.
 /// struct Cube { x: Var }
 ///
 /// impl Backward<f64> for Cube {
-///     fn backward<'a>(&'a self, _y: ArrayViewD<'a, f64>, gy: Flow<'a, f64>, grads: &mut Grads<'a, f64>) {
+///     fn backward<'a>(&'a self, _y: ArrayViewD<'a, f64>, gy: Flow<'a, f64>, grads: &mut NodeGrads<'a, f64>) {
 ///         let gy = gy.into_owned();
 ///         let x = grads.value(self.x);
 ///         if let Some(g) = grads.buffer(self.x) {
@@ -117,7 +117,7 @@ impl<T> Value<'_, T> {
 pub trait Backward<T: Real>: Send + Sync {
     /// Adds the gradients of the op's inputs, given its output `y` and the
     /// gradient `gy` of that output.
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut Grads<'a, T>);
+    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>);
 }
 
 /// What a node is: a leaf, or the output of an op with its backward state.
@@ -428,12 +428,12 @@ impl<'p, T: Real> Tape<'p, T> {
     }
 
     /// The reverse sweep from `root`, whose gradient `seed` puts in place.
-    fn sweep<'a>(&'a self, root: Var, seed: impl FnOnce(&mut Grads<'a, T>)) -> Gradients<T> {
+    fn sweep<'a>(&'a self, root: Var, seed: impl FnOnce(&mut NodeGrads<'a, T>)) -> Gradients<T> {
         let mut out = Gradients::with_pool(self.pool.clone());
         if !self.nodes[root.0].requires_grad {
             return out;
         }
-        let mut grads = Grads::new(
+        let mut grads = NodeGrads::new(
             self.nodes.iter().map(|node| {
                 let sparse = matches!(node.kind, Kind::Param(_)) && node.value.view().ndim() == 2;
                 (node.value.view(), node.requires_grad, sparse)
@@ -471,14 +471,14 @@ impl<'p, T: Real> Tape<'p, T> {
         for (id, nodes) in per_param {
             let rs = grads.coalesce_rows(&nodes);
             match out.params.get_mut(&id) {
-                Some(Grad::Dense(d)) => rs.add_to(
+                Some(ParamGrad::Dense(d)) => rs.add_to(
                     d.view_mut()
                         .into_dimensionality::<Ix2>()
                         .expect("2-D table"),
                 ),
-                Some(Grad::RowSparse(_)) => unreachable!("one entry per parameter"),
+                Some(ParamGrad::RowSparse(_)) => unreachable!("one entry per parameter"),
                 None => {
-                    out.params.insert(id, Grad::RowSparse(rs));
+                    out.params.insert(id, ParamGrad::RowSparse(rs));
                 }
             }
         }
@@ -518,7 +518,7 @@ mod tests {
         let loss = b.dot_const_view(yb, seed.view());
         let gb = b.backward(loss);
         let bits = |v: &ArrayD<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(matches!(ga.param(&w), Some(Grad::RowSparse(_))));
+        assert!(matches!(ga.param(&w), Some(ParamGrad::RowSparse(_))));
         assert_eq!(bits(&ga.dense(&w)), bits(&gb.dense(&w)));
         assert_eq!(bits(ga.input(xa).unwrap()), bits(gb.input(xb).unwrap()));
     }

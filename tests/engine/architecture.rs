@@ -41,7 +41,7 @@ fn root_names() -> BTreeMap<&'static str, &'static str> {
         ("ErrorKind", "error"),
         ("Result", "error"),
         ("Real", "kernels"),
-        ("Grad", "param"),
+        ("ParamGrad", "param"),
         ("GradSource", "param"),
         ("ParamId", "param"),
         ("Parameter", "param"),

@@ -18,7 +18,7 @@ use splitgrad::layers::SplitTokenEmbeddings;
 use splitgrad::ops::gather::gather_forward;
 use splitgrad::ops::split_gather::split_gather_forward;
 use splitgrad::state::Module;
-use splitgrad::{Grad, Rng, RowSparse, Tape};
+use splitgrad::{ParamGrad, Rng, RowSparse, Tape};
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -153,7 +153,7 @@ fn dot_const_gradient_read_in_place_equals_the_materialised_one() {
                 .select(Axis(0), &routed.positions[k])
                 .mapv(|x| 0.0 + c * x + if also_summed { 1.0 } else { 0.0 });
             let want = coalesce_rows_naive(p.value().shape()[0], &routed.local[k], plain.view());
-            let Some(Grad::RowSparse(got)) = got else {
+            let Some(ParamGrad::RowSparse(got)) = got else {
                 panic!("split {k}: expected a row-sparse gradient, got {got:?}")
             };
             assert_eq!(got.rows, want.rows, "split {k}");

@@ -7,7 +7,7 @@
 //! Each loss is `L = Σ y ⊙ R` (dot_const), so `∂y = R`.
 
 use ndarray::{ArrayD, Axis, array};
-use splitgrad::{Grad, Parameter, Tape};
+use splitgrad::{ParamGrad, Parameter, Tape};
 
 fn d(a: ndarray::Array2<f64>) -> ArrayD<f64> {
     a.into_dyn()
@@ -33,7 +33,7 @@ fn gather_from_parameter_is_row_sparse() {
     let r = array![[1.0, 10.0], [100.0, 1000.0], [10000.0, 100000.0]];
     let loss = t.dot_const(y, d(r));
     let g = t.backward(loss);
-    let Some(Grad::RowSparse(rs)) = g.param(&p) else {
+    let Some(ParamGrad::RowSparse(rs)) = g.param(&p) else {
         panic!("expected a row-sparse gradient, got {:?}", g.param(&p))
     };
     assert_eq!(rs.n_rows, 3);
@@ -386,7 +386,7 @@ fn parameter_registered_twice_accumulates() {
     let y = t.concat_rows(&[ga, gb]);
     let loss = t.dot_const(y, d(array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]]));
     let g = t.backward(loss);
-    let Some(Grad::RowSparse(rs)) = g.param(&p) else {
+    let Some(ParamGrad::RowSparse(rs)) = g.param(&p) else {
         panic!("expected row-sparse, got {:?}", g.param(&p))
     };
     assert_eq!(rs.rows, vec![0, 1]);
@@ -400,7 +400,7 @@ fn parameter_registered_twice_accumulates() {
     let g = t.backward(loss);
     assert_eq!(
         g.param(&p),
-        Some(&Grad::Dense(d(array![[2.0, 4.0], [12.0, -8.0]])))
+        Some(&ParamGrad::Dense(d(array![[2.0, 4.0], [12.0, -8.0]])))
     );
 }
 
@@ -415,7 +415,7 @@ fn gather_and_dense_use_of_one_parameter_mix_into_a_dense_gradient() {
     let loss = t.dot_const(y, d(array![[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]]));
     let g = t.backward(loss);
     let expect = d(array![[10.0, 20.0], [101.0, 202.0]]);
-    assert_eq!(g.param(&p), Some(&Grad::Dense(expect)));
+    assert_eq!(g.param(&p), Some(&ParamGrad::Dense(expect)));
 }
 
 #[test]
@@ -428,7 +428,7 @@ fn row_sparse_rows_are_sorted_and_unique() {
     let y = t.gather(pv, &[5, 1, 5, 3, 1]);
     let loss = t.dot_const(y, d(array![[1.0], [2.0], [4.0], [8.0], [16.0]]));
     let g = t.backward(loss);
-    let Some(Grad::RowSparse(rs)) = g.param(&p) else {
+    let Some(ParamGrad::RowSparse(rs)) = g.param(&p) else {
         panic!("expected row-sparse, got {:?}", g.param(&p))
     };
     assert_eq!(rs.rows, vec![1, 3, 5]);

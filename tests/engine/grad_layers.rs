@@ -26,7 +26,7 @@ use splitgrad::layers::{
 };
 use splitgrad::ops::fused_ce::ChunkSizes;
 use splitgrad::state::Module;
-use splitgrad::{Grad, Real, Tape};
+use splitgrad::{ParamGrad, Real, Tape};
 
 /// Cases of each property test (the head's: fewer, they are slower).
 const CASES: u32 = 64;
@@ -37,12 +37,12 @@ fn names(n: usize) -> Vec<String> {
 }
 
 /// The dense gradient of a parameter of this shape (zeros for none).
-fn dense(g: Option<&Grad<f64>>, shape: &[usize]) -> ArrayD<f64> {
-    g.map_or_else(|| ArrayD::zeros(IxDyn(shape)), Grad::to_dense)
+fn dense(g: Option<&ParamGrad<f64>>, shape: &[usize]) -> ArrayD<f64> {
+    g.map_or_else(|| ArrayD::zeros(IxDyn(shape)), ParamGrad::to_dense)
 }
 
 /// Whether a gradient is absent or exactly zero.
-fn none_or_zero(g: Option<&Grad<f64>>) -> bool {
+fn none_or_zero(g: Option<&ParamGrad<f64>>) -> bool {
     g.is_none_or(|g| g.to_dense().iter().all(|&x| x == 0.0))
 }
 
@@ -113,7 +113,7 @@ impl EmbCase {
 fn emb_pass(
     e: &SplitTokenEmbeddings<f64>,
     ids: &ArrayD<i64>,
-) -> (ArrayD<f64>, f64, Vec<Option<Grad<f64>>>) {
+) -> (ArrayD<f64>, f64, Vec<Option<ParamGrad<f64>>>) {
     let mut tape = Tape::new();
     let y = e.forward(&mut tape, ids.view()).unwrap();
     let out = tape.value(y).to_owned();
@@ -187,12 +187,12 @@ fn check_embeddings(c: &EmbCase) -> Result<Report, TestCaseError> {
                 k,
                 rows
             ),
-            Some(Grad::RowSparse(rs)) => {
+            Some(ParamGrad::RowSparse(rs)) => {
                 prop_assert!(c.trainable[k], "frozen split {} got a gradient", k);
                 prop_assert_eq!(&rs.rows, &rows, "split {}", k);
                 prop_assert_eq!(rs.n_rows, c.sizes[k]);
             }
-            Some(Grad::Dense(_)) => prop_assert!(false, "split {} has a dense gradient", k),
+            Some(ParamGrad::Dense(_)) => prop_assert!(false, "split {} has a dense gradient", k),
         }
     }
     // Finite differences, over the trainable tables.
@@ -290,7 +290,7 @@ fn split_embeddings_repeated_id_sums_its_upstream_rows() {
     );
     let (_, _, grads) = emb_pass(&c.layer(&c.tables), &c.ids);
     assert!(grads[0].is_none());
-    let Some(Grad::RowSparse(rs)) = &grads[1] else {
+    let Some(ParamGrad::RowSparse(rs)) = &grads[1] else {
         panic!("{:?}", grads[1])
     };
     assert_eq!(rs.rows, vec![0]);
@@ -309,7 +309,7 @@ fn split_embeddings_prompt_tuning_freezes_orig() {
     let c = emb_fixed(&[5, 2], 3, &[false, true], ids);
     let (_, _, grads) = emb_pass(&c.layer(&c.tables), &c.ids);
     assert!(grads[0].is_none());
-    let Some(Grad::RowSparse(rs)) = &grads[1] else {
+    let Some(ParamGrad::RowSparse(rs)) = &grads[1] else {
         panic!("{:?}", grads[1])
     };
     assert_eq!(rs.rows, vec![0, 1]);
@@ -345,8 +345,8 @@ struct SvCase {
 struct SvPass {
     out: ArrayD<f64>,
     loss: f64,
-    rows: Option<Grad<f64>>,
-    gate_logit: Option<Grad<f64>>,
+    rows: Option<ParamGrad<f64>>,
+    gate_logit: Option<ParamGrad<f64>>,
     shared: Option<ArrayD<f64>>,
 }
 
@@ -991,7 +991,7 @@ struct HeadCase {
 struct HeadPass {
     loss: ArrayD<f64>,
     total: f64,
-    weights: Vec<Option<Grad<f64>>>,
+    weights: Vec<Option<ParamGrad<f64>>>,
     hidden: Option<ArrayD<f64>>,
 }
 

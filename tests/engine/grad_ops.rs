@@ -8,7 +8,7 @@ use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::kernels::routing::SplitRouting;
 use splitgrad::kernels::scatter::{coalesce_rows, coalesce_rows_naive};
-use splitgrad::{ErrorKind, Grad, Parameter, Tape, Var};
+use splitgrad::{ErrorKind, ParamGrad, Parameter, Tape, Var};
 
 /// Cases of each property test (the slow ones: fewer).
 const CASES: u32 = 64;
@@ -337,7 +337,7 @@ proptest! {
         let r = crate::common::upstream(t.value(both).shape());
         let loss = t.dot_const(both, r.clone());
         let grads = t.backward(loss);
-        let Some(Grad::RowSparse(rs)) = grads.param(&p) else {
+        let Some(ParamGrad::RowSparse(rs)) = grads.param(&p) else {
             return Err(TestCaseError::fail(format!("not row-sparse: {:?}", grads.param(&p))));
         };
         let all: Vec<usize> = ids_a.iter().chain(&ids_b).copied().collect();

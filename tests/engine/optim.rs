@@ -6,7 +6,7 @@ use ndarray::{Array2, ArrayD, IxDyn, array};
 use splitgrad::optim::{
     Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, Sgd, SgdConfig, StateValue,
 };
-use splitgrad::{ErrorKind, Grad, Parameter, Real, RowSparse};
+use splitgrad::{ErrorKind, ParamGrad, Parameter, Real, RowSparse};
 
 fn close(found: f64, expected: f64) {
     assert!(
@@ -15,12 +15,12 @@ fn close(found: f64, expected: f64) {
     );
 }
 
-fn dense(x: &[f64]) -> Grad<f64> {
-    Grad::Dense(ArrayD::from_shape_vec(IxDyn(&[x.len()]), x.to_vec()).unwrap())
+fn dense(x: &[f64]) -> ParamGrad<f64> {
+    ParamGrad::Dense(ArrayD::from_shape_vec(IxDyn(&[x.len()]), x.to_vec()).unwrap())
 }
 
-fn sparse<T: Real>(n_rows: usize, rows: Vec<usize>, values: Array2<T>) -> Grad<T> {
-    Grad::RowSparse(RowSparse {
+fn sparse<T: Real>(n_rows: usize, rows: Vec<usize>, values: Array2<T>) -> ParamGrad<T> {
+    ParamGrad::RowSparse(RowSparse {
         n_rows,
         rows,
         values,
@@ -113,7 +113,7 @@ fn sgd_row_sparse_with_momentum_equals_its_dense_equivalent() {
         ..SgdConfig::default()
     };
     let g = sparse(3, vec![0, 2], array![[1.0, -1.0], [0.5, 0.25]]);
-    let d = Grad::Dense(g.to_dense());
+    let d = ParamGrad::Dense(g.to_dense());
     let init = array![[1.0, -2.0], [3.0, -4.0], [0.5, 0.0]].into_dyn();
     let (mut a, mut b) = (Parameter::new("t", init.clone()), Parameter::new("t", init));
     let (mut sa, mut sb) = (Sgd::new(config).unwrap(), Sgd::new(config).unwrap());
@@ -233,14 +233,14 @@ fn adam_and_adamw_differ_as_documented() {
     let (mut plain_c, mut plain_d) = (Adam::new(none).unwrap(), Adam::new(none).unwrap());
     for g in grads {
         let g = g.into_dyn();
-        adam.update(&mut a, &Grad::Dense(g.clone())).unwrap();
+        adam.update(&mut a, &ParamGrad::Dense(g.clone())).unwrap();
         // Adam(λ) = Adam(0) on g + λ·p.
         let with_l2 = &g + &c.value().mapv(|p| (wd as f32) * p);
-        plain_c.update(&mut c, &Grad::Dense(with_l2)).unwrap();
-        adamw.update(&mut b, &Grad::Dense(g.clone())).unwrap();
+        plain_c.update(&mut c, &ParamGrad::Dense(with_l2)).unwrap();
+        adamw.update(&mut b, &ParamGrad::Dense(g.clone())).unwrap();
         // AdamW(λ) = p·(1 − γλ), then Adam(0) on g.
         d.value_mut().mapv_inplace(|p| p * (1.0 - lr * wd) as f32);
-        plain_d.update(&mut d, &Grad::Dense(g)).unwrap();
+        plain_d.update(&mut d, &ParamGrad::Dense(g)).unwrap();
     }
     assert_eq!(a.value().mapv(f32::to_bits), c.value().mapv(f32::to_bits));
     assert_eq!(b.value().mapv(f32::to_bits), d.value().mapv(f32::to_bits));
@@ -270,7 +270,7 @@ fn adam_row_sparse_equals_its_dense_equivalent_bit_for_bit() {
         ];
         for (rows, values) in steps {
             let g = sparse(5, rows, values);
-            let d = Grad::Dense(g.to_dense());
+            let d = ParamGrad::Dense(g.to_dense());
             sa.update(&mut a, &g).unwrap();
             sb.update(&mut b, &d).unwrap();
         }
@@ -395,7 +395,7 @@ fn lazy_adam_dense_gradient_is_every_row_present() {
     let mut oa = LazyAdam::new(LazyAdamConfig::default()).unwrap();
     let mut ob = LazyAdam::new(LazyAdamConfig::default()).unwrap();
     for _ in 0..2 {
-        oa.update(&mut a, &Grad::Dense(g.clone().into_dyn()))
+        oa.update(&mut a, &ParamGrad::Dense(g.clone().into_dyn()))
             .unwrap();
         ob.update(&mut b, &sparse(3, vec![0, 1, 2], g.clone()))
             .unwrap();
@@ -426,7 +426,7 @@ fn frozen_parameters_are_never_moved_and_get_no_state() {
         opt.update(&mut p, &g).unwrap();
         opt.update(
             &mut p,
-            &Grad::Dense(array![[1.0, 1.0], [1.0, 1.0]].into_dyn()),
+            &ParamGrad::Dense(array![[1.0, 1.0], [1.0, 1.0]].into_dyn()),
         )
         .unwrap();
         assert_eq!(p.value(), &init);
@@ -463,7 +463,7 @@ fn run_steps(opt: &mut dyn Optimizer<f32>, p: &mut Parameter<f32>, steps: std::o
     for s in steps {
         let g = match s % 3 {
             0 => sparse(2, vec![0], array![[0.5f32, -0.25, 1.0]]),
-            1 => Grad::Dense(array![[0.125f32, 2.0, -1.5], [0.75, -0.5, 0.3]].into_dyn()),
+            1 => ParamGrad::Dense(array![[0.125f32, 2.0, -1.5], [0.75, -0.5, 0.3]].into_dyn()),
             _ => sparse(2, vec![1], array![[-0.7f32, 0.1, 0.9]]),
         };
         opt.update(p, &g).unwrap();
@@ -567,7 +567,7 @@ fn step_counts_past_two_to_the_24_stay_exact_in_f32() {
     ])
     .unwrap();
     let mut w = Parameter::new("w", array![1.0f32].into_dyn());
-    opt.update(&mut w, &Grad::Dense(array![1.0f32].into_dyn()))
+    opt.update(&mut w, &ParamGrad::Dense(array![1.0f32].into_dyn()))
         .unwrap();
     assert_eq!(opt.state()[2].1, StateValue::Step(big + 1));
     let other = Parameter::new("w", array![1.0f32, 2.0].into_dyn());

@@ -488,8 +488,8 @@ fn evaluate_file(layer: Layer, input: &Path, output: &Path) -> Result<()> {
     if len > limit {
         return Err(Error::format(format!(
             "a case file of {} is larger than any case can be ({} at most: {MAX_CASE_ELEMENTS} elements)",
-            crate::io::human_bytes(len),
-            crate::io::human_bytes(limit)
+            crate::error::human_bytes(len),
+            crate::error::human_bytes(limit)
         ))
         .in_file(input));
     }
