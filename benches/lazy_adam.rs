@@ -8,7 +8,7 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use splitgrad::kernels::scatter::coalesce_rows;
 use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
-use splitgrad::{ParamGrad, Parameter};
+use splitgrad::{ParamGrad, Parameter, RowSparse};
 
 const V: usize = 32000;
 const H: usize = 256;
@@ -17,7 +17,8 @@ const N: usize = 8192;
 fn lazy_adam(c: &mut Criterion) {
     let (one, all) = common::pools();
     let ids = common::zipf_ids(12, V, N);
-    let grad = ParamGrad::RowSparse(coalesce_rows(V, &ids, common::normal2(13, N, H).view()));
+    let rows = coalesce_rows(V, &ids, common::normal2(13, N, H).view());
+    let grad = ParamGrad::RowSparse(RowSparse::from_coalesced(V, rows));
     let ParamGrad::RowSparse(rs) = &grad else {
         unreachable!()
     };

@@ -4,15 +4,17 @@
 //! and never copies it; [`crate::Tape::backward`] returns
 //! [`Gradients`](crate::Gradients) keyed by [`ParamId`]. A gradient is dense
 //! or row-sparse ([`ParamGrad`]): a table that was only read through a gather
-//! gets the sorted unique rows that occurred and one gradient row each.
+//! gets the sorted unique rows that occurred and one gradient row each
+//! ([`RowSparse`], built from what the coalescing kernels of
+//! [`crate::kernels::scatter`] return).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ndarray::ArrayD;
+use ndarray::{Array2, ArrayD, ArrayView1, ArrayViewMut2};
 
 use crate::kernels::Real;
-pub use crate::kernels::scatter::RowSparse;
+use crate::kernels::scatter::Coalesced;
 
 /// The identity of a [`Parameter`], unique in the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +94,76 @@ impl<T> Parameter<T> {
     /// receives no gradient and an optimiser never moves it.
     pub fn set_trainable(&mut self, trainable: bool) {
         self.trainable = trainable;
+    }
+}
+
+/// A row-sparse array of shape `(n_rows, width)`: the gradient of a table
+/// whose other rows received nothing.
+///
+/// `rows` is sorted and unique; `values[i]` is the gradient of row
+/// `rows[i]`; every other row's gradient is zero.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::RowSparse;
+/// let g = RowSparse { n_rows: 3, rows: vec![1], values: array![[2.0f64, -1.0]] };
+/// assert_eq!(g.to_dense(), array![[0.0, 0.0], [2.0, -1.0], [0.0, 0.0]]);
+/// assert_eq!(g.row(1).unwrap(), array![2.0, -1.0]);
+/// assert!(g.row(0).is_none());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSparse<T> {
+    /// Rows of the table.
+    pub n_rows: usize,
+    /// The sorted unique rows that carry gradient.
+    pub rows: Vec<usize>,
+    /// One gradient row per entry of `rows`: (rows.len(), width).
+    pub values: Array2<T>,
+}
+
+impl<T> RowSparse<T> {
+    /// The gradient of an `n_rows`-row table from its coalesced rows (what
+    /// [`coalesce_rows`](crate::kernels::scatter::coalesce_rows) and
+    /// [`coalesce_sources`](crate::kernels::scatter::coalesce_sources)
+    /// return, rows already checked to be < n_rows).
+    pub fn from_coalesced(n_rows: usize, c: Coalesced<T>) -> Self {
+        RowSparse {
+            n_rows,
+            rows: c.rows,
+            values: c.values,
+        }
+    }
+}
+
+impl<T: Real> RowSparse<T> {
+    /// The dense `(n_rows, width)` gradient.
+    pub fn to_dense(&self) -> Array2<T> {
+        let mut out = Array2::zeros((self.n_rows, self.values.ncols()));
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            out.row_mut(r).assign(&v);
+        }
+        out
+    }
+
+    /// The gradient row of table row `r`, if it carries one.
+    pub fn row(&self, r: usize) -> Option<ArrayView1<'_, T>> {
+        self.rows.binary_search(&r).ok().map(|i| self.values.row(i))
+    }
+
+    /// Adds this gradient into a dense `(n_rows, width)` buffer.
+    ///
+    /// **Panics** if `dense` has another shape.
+    #[track_caller]
+    pub fn add_to(&self, mut dense: ArrayViewMut2<'_, T>) {
+        assert_eq!(
+            dense.dim(),
+            (self.n_rows, self.values.ncols()),
+            "RowSparse::add_to: shape mismatch"
+        );
+        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
+            let mut d = dense.row_mut(r);
+            d += &v;
+        }
     }
 }
 

@@ -539,7 +539,10 @@ fn emb_backward<T: PyReal>(
             out.push(Entry {
                 name: p.name().to_string(),
                 id: p.id(),
-                grad: ParamGrad::RowSparse(rs),
+                grad: ParamGrad::RowSparse(splitgrad::RowSparse::from_coalesced(
+                    p.value().shape()[0],
+                    rs,
+                )),
             });
         }
         out

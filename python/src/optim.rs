@@ -864,7 +864,7 @@ where
                     scale: Some(c),
                 }],
             );
-            ParamGrad::RowSparse(rs)
+            ParamGrad::RowSparse(splitgrad::RowSparse::from_coalesced(n_rows, rs))
         };
         entries.push(Entry {
             name,

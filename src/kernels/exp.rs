@@ -122,6 +122,26 @@ fn scaled_exp_lanes(z: &mut [f32], shift: f32, scale: f32) {
     }
 }
 
+/// `max`, `sum_exp` and `scaled_exp`: the portable lanes above compiled
+/// for the instruction set `$feature` (the CPU must have it).
+#[cfg(target_arch = "x86_64")]
+macro_rules! lanes_compiled_for {
+    ($feature:literal) => {
+        #[target_feature(enable = $feature)]
+        pub(super) unsafe fn max(z: &[f32]) -> f32 {
+            super::max_lanes(z)
+        }
+        #[target_feature(enable = $feature)]
+        pub(super) unsafe fn sum_exp(z: &[f32], m: f32) -> f32 {
+            super::sum_exp_lanes(z, m)
+        }
+        #[target_feature(enable = $feature)]
+        pub(super) unsafe fn scaled_exp(z: &mut [f32], shift: f32, scale: f32) {
+            super::scaled_exp_lanes(z, shift, scale)
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
@@ -163,34 +183,12 @@ pub(crate) mod avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)))
     }
 
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn max(z: &[f32]) -> f32 {
-        super::max_lanes(z)
-    }
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn sum_exp(z: &[f32], m: f32) -> f32 {
-        super::sum_exp_lanes(z, m)
-    }
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn scaled_exp(z: &mut [f32], shift: f32, scale: f32) {
-        super::scaled_exp_lanes(z, shift, scale)
-    }
+    lanes_compiled_for!("avx2");
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn max(z: &[f32]) -> f32 {
-        super::max_lanes(z)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn sum_exp(z: &[f32], m: f32) -> f32 {
-        super::sum_exp_lanes(z, m)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scaled_exp(z: &mut [f32], shift: f32, scale: f32) {
-        super::scaled_exp_lanes(z, shift, scale)
-    }
+    lanes_compiled_for!("avx512f");
 }
 
 /// The widest vector path of this CPU, checked once. `SPLITGRAD_SIMD`
@@ -361,36 +359,32 @@ mod tests {
         (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
     }
 
-    #[test]
-    fn exp_is_within_two_ulp_of_std() {
+    /// `exp` is within two ulp of the standard library's over
+    /// [−87, 88) and at its edges, underflows to a tiny non-negative
+    /// value, and keeps NaN.
+    fn within_two_ulp_of_std(exp: fn(f32) -> f32) {
         let mut worst = 0;
         let mut x = -87.0f32;
         while x < 88.0 {
-            worst = worst.max(ulps(exp_f32(x), x.exp()));
+            worst = worst.max(ulps(exp(x), x.exp()));
             x += 0.000_731;
         }
         for x in [0.0f32, -0.0, 1.0, -1.0, 1e-8, -1e-8, 88.0, -87.0] {
-            worst = worst.max(ulps(exp_f32(x), x.exp()));
+            worst = worst.max(ulps(exp(x), x.exp()));
         }
         assert!(worst <= 2, "worst error {worst} ulp");
-        assert!(exp_f32(-1e4) >= 0.0 && exp_f32(-1e4) < 1e-37);
-        assert!(exp_f32(f32::NAN).is_nan());
+        assert!(exp(-1e4) >= 0.0 && exp(-1e4) < 1e-37);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_std() {
+        within_two_ulp_of_std(exp_f32);
     }
 
     #[test]
     fn the_fma_exp_is_within_two_ulp_of_std() {
-        let mut worst = 0;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            worst = worst.max(ulps(exp_fma(x), x.exp()));
-            x += 0.000_731;
-        }
-        for x in [0.0f32, -0.0, 1.0, -1.0, 1e-8, -1e-8, 88.0, -87.0] {
-            worst = worst.max(ulps(exp_fma(x), x.exp()));
-        }
-        assert!(worst <= 2, "worst error {worst} ulp");
-        assert!(exp_fma(-1e4) >= 0.0 && exp_fma(-1e4) < 1e-37);
-        assert!(exp_fma(f32::NAN).is_nan());
+        within_two_ulp_of_std(exp_fma);
     }
 
     #[test]
@@ -478,24 +472,27 @@ mod tests {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 was detected on this CPU.
-                let (am, asum) = unsafe { (avx2::max(&z), avx2::sum_exp(&z, m)) };
+            /// One instruction set's max, Σ exp and scaled exp.
+            type Kernels = (
+                unsafe fn(&[f32]) -> f32,
+                unsafe fn(&[f32], f32) -> f32,
+                unsafe fn(&mut [f32], f32, f32),
+            );
+            let avx2: Kernels = (avx2::max, avx2::sum_exp, avx2::scaled_exp);
+            let avx512: Kernels = (avx512::max, avx512::sum_exp, avx512::scaled_exp);
+            let detected = [
+                (is_x86_feature_detected!("avx2"), avx2),
+                (is_x86_feature_detected!("avx512f"), avx512),
+            ];
+            for (_, (max, sum_exp, scaled_exp)) in detected.into_iter().filter(|d| d.0) {
+                // SAFETY: the instruction set of these kernels was detected
+                // on this CPU.
+                let (am, asum) = unsafe { (max(&z), sum_exp(&z, m)) };
                 assert_eq!(am.to_bits(), m.to_bits());
                 assert_eq!(asum.to_bits(), base.to_bits());
                 let mut b = z.clone();
                 // SAFETY: as above.
-                unsafe { avx2::scaled_exp(&mut b, m, 0.25) };
-                assert!(same(&b));
-            }
-            if is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F was detected on this CPU.
-                let (am, asum) = unsafe { (avx512::max(&z), avx512::sum_exp(&z, m)) };
-                assert_eq!(am.to_bits(), m.to_bits());
-                assert_eq!(asum.to_bits(), base.to_bits());
-                let mut b = z.clone();
-                // SAFETY: as above.
-                unsafe { avx512::scaled_exp(&mut b, m, 0.25) };
+                unsafe { scaled_exp(&mut b, m, 0.25) };
                 assert!(same(&b));
             }
         }

@@ -13,7 +13,7 @@
 //! | [`exp`] | the vectorised softmax arithmetic (row max, `Σ exp`, scaled `exp`) |
 //! | [`reduce`] | the blocked inner product, scaled copies and adds |
 //! | [`rows`] | row copies (gathers) and dense row scatter-adds |
-//! | [`scatter`] | coalescing a row scatter-add into a [`RowSparse`](scatter::RowSparse) array |
+//! | [`scatter`] | coalescing a row scatter-add: the sorted unique rows and their sums ([`Coalesced`](scatter::Coalesced)) |
 //! | [`pool`] | a pool of large buffers, reused across training steps |
 //! | [`routing`] | global id → (split, local row) for split vocabularies |
 //! | `stream` | copies with streaming (non-temporal) stores |

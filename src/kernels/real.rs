@@ -8,9 +8,37 @@
 use ndarray::{ArrayView2, ArrayViewMut2, NdFloat};
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for f64 {}
+    /// `matrixmultiply`'s `sgemm` or `dgemm`: m, k, n, α, a and its row
+    /// and column strides, b and its strides, β, c and its strides.
+    pub type RawGemm<T> = unsafe fn(
+        usize,
+        usize,
+        usize,
+        T,
+        *const T,
+        isize,
+        isize,
+        *const T,
+        isize,
+        isize,
+        T,
+        *mut T,
+        isize,
+        isize,
+    );
+
+    pub trait Sealed: Sized {
+        /// The type's `matrixmultiply` kernel.
+        const RAW_GEMM: RawGemm<Self>;
+    }
+
+    impl Sealed for f32 {
+        const RAW_GEMM: RawGemm<f32> = matrixmultiply::sgemm;
+    }
+
+    impl Sealed for f64 {
+        const RAW_GEMM: RawGemm<f64> = matrixmultiply::dgemm;
+    }
 }
 
 /// A floating-point element type: `f32` or `f64`.
@@ -55,12 +83,48 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
         a: ArrayView2<'_, Self>,
         b: ArrayView2<'_, Self>,
         beta: Self,
-        c: ArrayViewMut2<'_, Self>,
-    );
+        mut c: ArrayViewMut2<'_, Self>,
+    ) {
+        let (m, k) = a.dim();
+        let (k2, n) = b.dim();
+        assert!(
+            k == k2 && c.dim() == (m, n),
+            "gemm: shapes ({m}, {k}) · ({k2}, {n}) → {:?} do not agree",
+            c.dim()
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        let (rsa, csa) = (a.strides()[0], a.strides()[1]);
+        let (rsb, csb) = (b.strides()[0], b.strides()[1]);
+        let (rsc, csc) = (c.strides()[0], c.strides()[1]);
+        // SAFETY: the three views are valid for their shapes and strides
+        // (ndarray guarantees it), `c` is a unique mutable view so it
+        // aliases neither input, and the dimensions passed are exactly the
+        // views' dimensions, checked above.
+        unsafe {
+            <Self as sealed::Sealed>::RAW_GEMM(
+                m,
+                k,
+                n,
+                alpha,
+                a.as_ptr(),
+                rsa,
+                csa,
+                b.as_ptr(),
+                rsb,
+                csb,
+                beta,
+                c.as_mut_ptr(),
+                rsc,
+                csc,
+            );
+        }
+    }
 }
 
 macro_rules! impl_real {
-    ($t:ty, $name:literal, $variant:ident, $gemm:path) => {
+    ($t:ty, $name:literal, $variant:ident) => {
         impl Real for $t {
             const NAME: &'static str = $name;
             #[inline]
@@ -93,56 +157,12 @@ macro_rules! impl_real {
                     _ => None,
                 }
             }
-            #[track_caller]
-            fn gemm(
-                alpha: Self,
-                a: ArrayView2<'_, Self>,
-                b: ArrayView2<'_, Self>,
-                beta: Self,
-                mut c: ArrayViewMut2<'_, Self>,
-            ) {
-                let (m, k) = a.dim();
-                let (k2, n) = b.dim();
-                assert!(
-                    k == k2 && c.dim() == (m, n),
-                    "gemm: shapes ({m}, {k}) · ({k2}, {n}) → {:?} do not agree",
-                    c.dim()
-                );
-                if m == 0 || n == 0 {
-                    return;
-                }
-                let (rsa, csa) = (a.strides()[0], a.strides()[1]);
-                let (rsb, csb) = (b.strides()[0], b.strides()[1]);
-                let (rsc, csc) = (c.strides()[0], c.strides()[1]);
-                // SAFETY: the three views are valid for their shapes and
-                // strides (ndarray guarantees it), `c` is a unique mutable
-                // view so it aliases neither input, and the dimensions passed
-                // are exactly the views' dimensions, checked above.
-                unsafe {
-                    $gemm(
-                        m,
-                        k,
-                        n,
-                        alpha,
-                        a.as_ptr(),
-                        rsa,
-                        csa,
-                        b.as_ptr(),
-                        rsb,
-                        csb,
-                        beta,
-                        c.as_mut_ptr(),
-                        rsc,
-                        csc,
-                    );
-                }
-            }
         }
     };
 }
 
-impl_real!(f32, "f32", F32, matrixmultiply::sgemm);
-impl_real!(f64, "f64", F64, matrixmultiply::dgemm);
+impl_real!(f32, "f32", F32);
+impl_real!(f64, "f64", F64);
 
 /// An owned array of a [`Real`] type, as the type it is.
 #[derive(Clone, Debug, PartialEq)]

@@ -67,13 +67,7 @@ pub const DOT_LANES: usize = 16;
 /// **Panics** if the lengths differ.
 #[track_caller]
 pub fn dot_slices<T: Real>(x: &[T], r: &[T]) -> T {
-    assert_eq!(
-        x.len(),
-        r.len(),
-        "dot: lengths {} and {} differ",
-        x.len(),
-        r.len()
-    );
+    same_length(x, r);
     let block = |(x, r): (&[T], &[T])| dot_block(x, r);
     let sums: Vec<T> = if x.len() >= super::PAR_MIN_ELEMS {
         x.par_chunks(DOT_BLOCK)
@@ -87,6 +81,18 @@ pub fn dot_slices<T: Real>(x: &[T], r: &[T]) -> T {
             .collect()
     };
     sums.into_iter().fold(T::zero(), |acc, s| acc + s)
+}
+
+/// **Panics** if the two slices of an inner product differ in length.
+#[track_caller]
+fn same_length<T>(x: &[T], r: &[T]) {
+    assert_eq!(
+        x.len(),
+        r.len(),
+        "dot: lengths {} and {} differ",
+        x.len(),
+        r.len()
+    );
 }
 
 /// One block: [`DOT_LANES`] interleaved sums, added left to right.
@@ -108,13 +114,7 @@ fn dot_block<T: Real>(x: &[T], r: &[T]) -> T {
 /// The naive twin of [`dot_slices`]: the same order, one element at a time
 /// on one thread. Equal bit for bit.
 pub fn dot_naive<T: Real>(x: &[T], r: &[T]) -> T {
-    assert_eq!(
-        x.len(),
-        r.len(),
-        "dot: lengths {} and {} differ",
-        x.len(),
-        r.len()
-    );
+    same_length(x, r);
     let mut total = T::zero();
     for (xb, rb) in x.chunks(DOT_BLOCK).zip(r.chunks(DOT_BLOCK)) {
         let mut lanes = [T::zero(); DOT_LANES];

@@ -20,51 +20,17 @@ use rayon::prelude::*;
 use super::Real;
 use super::pool::Pool;
 
-/// A row-sparse array of shape `(n_rows, width)`: the gradient of a table
-/// whose other rows received nothing.
-///
-/// `rows` is sorted and unique; `values[i]` is the gradient of row
-/// `rows[i]`; every other row's gradient is zero.
+/// What coalescing returns: the sorted unique rows that received a
+/// contribution and the sum of each one's contributions,
+/// `values[i] = Σ_{k : ids[k] = rows[i]} values_k` (`(rows.len(), width)`).
+/// A row-sparse gradient is built from it with the number of rows of its
+/// table ([`RowSparse::from_coalesced`](crate::param::RowSparse::from_coalesced)).
 #[derive(Clone, Debug, PartialEq)]
-pub struct RowSparse<T> {
-    /// Rows of the table.
-    pub n_rows: usize,
-    /// The sorted unique rows that carry gradient.
+pub struct Coalesced<T> {
+    /// The sorted unique rows that received a contribution.
     pub rows: Vec<usize>,
-    /// One gradient row per entry of `rows`: (rows.len(), width).
+    /// One summed row per entry of `rows`: (rows.len(), width).
     pub values: Array2<T>,
-}
-
-impl<T: Real> RowSparse<T> {
-    /// The dense `(n_rows, width)` gradient.
-    pub fn to_dense(&self) -> Array2<T> {
-        let mut out = Array2::zeros((self.n_rows, self.values.ncols()));
-        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
-            out.row_mut(r).assign(&v);
-        }
-        out
-    }
-
-    /// The gradient row of table row `r`, if it carries one.
-    pub fn row(&self, r: usize) -> Option<ndarray::ArrayView1<'_, T>> {
-        self.rows.binary_search(&r).ok().map(|i| self.values.row(i))
-    }
-
-    /// Adds this gradient into a dense `(n_rows, width)` buffer.
-    ///
-    /// **Panics** if `dense` has another shape.
-    #[track_caller]
-    pub fn add_to(&self, mut dense: ndarray::ArrayViewMut2<'_, T>) {
-        assert_eq!(
-            dense.dim(),
-            (self.n_rows, self.values.ncols()),
-            "RowSparse::add_to: shape mismatch"
-        );
-        for (&r, v) in self.rows.iter().zip(self.values.outer_iter()) {
-            let mut d = dense.row_mut(r);
-            d += &v;
-        }
-    }
 }
 
 /// Sorted unique rows and their summed gradients (the fast kernel).
@@ -77,7 +43,7 @@ pub fn coalesce_rows<T: Real>(
     n_rows: usize,
     ids: &[usize],
     values: ArrayView2<'_, T>,
-) -> RowSparse<T> {
+) -> Coalesced<T> {
     assert_eq!(
         ids.len(),
         values.nrows(),
@@ -136,7 +102,7 @@ pub fn coalesce_sources<T: Real>(
     width: usize,
     ids: &[usize],
     sources: &[RowSource<'_, T>],
-) -> RowSparse<T> {
+) -> Coalesced<T> {
     coalesce_sources_in(&Pool::new(), n_rows, width, ids, sources)
 }
 
@@ -150,7 +116,7 @@ pub fn coalesce_sources_in<T: Real>(
     width: usize,
     ids: &[usize],
     sources: &[RowSource<'_, T>],
-) -> RowSparse<T> {
+) -> Coalesced<T> {
     let total: usize = sources.iter().map(RowSource::len).sum();
     assert_eq!(
         ids.len(),
@@ -289,11 +255,7 @@ pub fn coalesce_sources_in<T: Real>(
             parts.into_iter().zip(mine).for_each(sum_part);
         }
     }
-    RowSparse {
-        n_rows,
-        rows,
-        values: out,
-    }
+    Coalesced { rows, values: out }
 }
 
 /// `dst[i] += f(src[i])`, one cache line at a time, prefetching the same
@@ -331,7 +293,7 @@ pub fn coalesce_rows_naive<T: Real>(
     n_rows: usize,
     ids: &[usize],
     values: ArrayView2<'_, T>,
-) -> RowSparse<T> {
+) -> Coalesced<T> {
     let mut acc: std::collections::BTreeMap<usize, Vec<T>> = Default::default();
     for (k, &id) in ids.iter().enumerate() {
         assert!(
@@ -350,11 +312,7 @@ pub fn coalesce_rows_naive<T: Real>(
     for (mut o, v) in out.outer_iter_mut().zip(acc.values()) {
         o.assign(&ndarray::ArrayView1::from(v.as_slice()));
     }
-    RowSparse {
-        n_rows,
-        rows,
-        values: out,
-    }
+    Coalesced { rows, values: out }
 }
 
 #[cfg(test)]

@@ -25,13 +25,13 @@ use crate::io::{PairLookup, SplitIndex, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::reduce::scaled_copy_in;
-use crate::kernels::scatter::{RowSource, RowSparse, coalesce_sources_in};
+use crate::kernels::scatter::{RowSource, coalesce_sources_in};
 use crate::ops::fusion_penalty::{
     FusionRowGrads, RowGroups, fusion_penalty_backward, fusion_penalty_forward,
 };
 use crate::ops::gated_mix::{NO_ROW, Want, gated_mix_backward};
 use crate::ops::sigmoid::{sigmoid, sigmoid_backward};
-use crate::param::Parameter;
+use crate::param::{Parameter, RowSparse};
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
 
@@ -535,7 +535,9 @@ impl<T: Real> SplitVocabulary<T> {
             let vals = vals
                 .into_dimensionality::<Ix2>()
                 .expect("2-D row contributions");
-            coalesce_sources_in(pool, self.n_rows(), d, &ids, &[RowSource::all(vals.view())])
+            let rows =
+                coalesce_sources_in(pool, self.n_rows(), d, &ids, &[RowSource::all(vals.view())]);
+            RowSparse::from_coalesced(self.n_rows(), rows)
         });
         // ∂gate_logit = 0 + ∂g·g·(1 − g): the sigmoid's backward into a zero buffer.
         let gate_logit = match (gg, gate_value) {

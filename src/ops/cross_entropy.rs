@@ -9,10 +9,11 @@
 //! nothing for an ignored row.
 //! Derivation: `docs/gradients.md#log-sum-exp-and-cross-entropy`.
 
-use ndarray::{Array1, ArrayD, ArrayView1, ArrayViewD, Ix2, Zip};
+use ndarray::{Array1, ArrayD, ArrayView1, ArrayViewD, Zip};
 
+use super::{as_2d, grad_2d};
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// The label whose token is ignored: loss 0, no gradient (PyTorch's
 /// `ignore_index` default).
@@ -44,9 +45,7 @@ pub fn max_and_log_sum<T: Real>(x: ArrayView1<'_, T>) -> (T, T) {
 
 #[track_caller]
 fn rows2<'a, T>(op: &str, x: ArrayViewD<'a, T>) -> ndarray::ArrayView2<'a, T> {
-    let shape = x.shape().to_vec();
-    x.into_dimensionality::<Ix2>()
-        .unwrap_or_else(|_| panic!("{op}: expected (n, V) logits, got shape {shape:?}"))
+    as_2d(x, format_args!("{op}: expected (n, V) logits, got shape"))
 }
 
 /// `lse[i]` for each row. x: (n, V) → (n).
@@ -68,10 +67,7 @@ pub fn logsumexp_backward<T: Real>(
     g: &mut ArrayD<T>,
 ) {
     let x = rows2("logsumexp", x);
-    let mut g = g
-        .view_mut()
-        .into_dimensionality::<Ix2>()
-        .expect("2-D gradient");
+    let mut g = grad_2d(g);
     for (((mut gr, xr), &l), &gyi) in g
         .outer_iter_mut()
         .zip(x.outer_iter())
@@ -142,10 +138,7 @@ pub fn cross_entropy_backward<T: Real>(
     g: &mut ArrayD<T>,
 ) {
     let x = rows2("cross_entropy", x);
-    let mut g = g
-        .view_mut()
-        .into_dimensionality::<Ix2>()
-        .expect("2-D gradient");
+    let mut g = grad_2d(g);
     for (i, (mut gr, xr)) in g.outer_iter_mut().zip(x.outer_iter()).enumerate() {
         let l = labels[i];
         if l == IGNORE_INDEX {
@@ -160,44 +153,18 @@ pub fn cross_entropy_backward<T: Real>(
     }
 }
 
-/// The saved state of `logsumexp`: its input (the backward reads the
-/// output too).
-struct LogSumExp {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for LogSumExp {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
-        let gy = gy.into_owned_in(grads.pool());
-        let x = grads.value(self.x);
-        if let Some(g) = grads.buffer(self.x) {
-            logsumexp_backward(x, y, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 /// The saved state of `cross_entropy`: the logits and the labels.
 struct CrossEntropy {
     logits: Var,
     labels: Vec<i64>,
 }
 
-impl<T: Real> Backward<T> for CrossEntropy {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        let x = grads.value(self.logits);
-        if let Some(g) = grads.buffer(self.logits) {
-            cross_entropy_backward(x, &self.labels, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(CrossEntropy, |s, _y, gy, grads| {
+    let x = grads.value(s.logits);
+    grads.accumulate(gy, &[s.logits], |_, gy, g| {
+        cross_entropy_backward(x.view(), &s.labels, gy, g)
+    });
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// Row-wise log-sum-exp: (n, V) → (n), stable for logits in the thousands.
@@ -215,7 +182,7 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn logsumexp(&mut self, x: Var) -> Var {
         let y = logsumexp_forward(self.value(x));
-        self.push_op(y, &[x], LogSumExp { x })
+        self.push_unary(y, x, logsumexp_backward)
     }
 
     /// Per-row cross-entropy of logits against labels (reduction none):
@@ -247,18 +214,18 @@ impl<'p, T: Real> Tape<'p, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case() {
         // Two equal logits: softmax = [1/2, 1/2], label 1:
         // ∂x = softmax − onehot = [1/2, −1/2].
-        let mut t = Tape::<f64>::new();
-        let x = t.input(array![[3.0, 3.0]].into_dyn());
-        let ce = t.cross_entropy(x, &[1]);
-        let loss = t.sum(ce);
-        let g = t.backward(loss);
-        let gx = g.input(x).unwrap();
+        let g = input_grads(vec![array![[3.0, 3.0]].into_dyn()], |t, x| {
+            let ce = t.cross_entropy(x[0], &[1]);
+            t.sum(ce)
+        });
+        let gx = &g[0];
         assert!(
             (gx[[0, 0]] - 0.5).abs() < 1e-15 && (gx[[0, 1]] + 0.5).abs() < 1e-15,
             "{gx}"

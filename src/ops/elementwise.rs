@@ -11,16 +11,9 @@
 
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
+use super::{SideBackward, same_shape};
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
-
-#[track_caller]
-fn same_shape(op: &str, a: &[usize], b: &[usize]) {
-    assert_eq!(
-        a, b,
-        "{op}: shapes {a:?} and {b:?} differ (no broadcasting)"
-    );
-}
+use crate::tape::{Tape, Var};
 
 /// `g += gy` (the backward of `add`, and of `sub` for its left side).
 pub fn add_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
@@ -46,101 +39,35 @@ pub fn scale_backward<T: Real>(gy: ArrayViewD<'_, T>, c: T, g: &mut ArrayD<T>) {
     Zip::from(g).and(&gy).for_each(|g, &gy| *g += c * gy);
 }
 
-/// The saved state of `add`: its inputs.
-struct Add {
-    a: Var,
-    b: Var,
-}
-
-impl<T: Real> Backward<T> for Add {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        for v in [self.a, self.b] {
-            if let Some(g) = grads.buffer(v) {
-                add_backward(gy.view(), g);
-            }
-        }
-        grads.recycle(gy);
-    }
-}
-
-/// The saved state of `sub`: its inputs.
-struct Sub {
-    a: Var,
-    b: Var,
-}
-
-impl<T: Real> Backward<T> for Sub {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.a) {
-            add_backward(gy.view(), g);
-        }
-        if let Some(g) = grads.buffer(self.b) {
-            sub_backward_rhs(gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
-/// The saved state of `mul`: its inputs (each side's gradient reads the
-/// other's value).
-struct Mul {
-    a: Var,
-    b: Var,
-}
-
-impl<T: Real> Backward<T> for Mul {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        let (va, vb) = (grads.value(self.a), grads.value(self.b));
-        if let Some(g) = grads.buffer(self.a) {
-            mul_backward(gy.view(), vb, g);
-        }
-        if let Some(g) = grads.buffer(self.b) {
-            mul_backward(gy.view(), va, g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 /// The saved state of `scale`: its input and the constant.
 struct Scale<T> {
     a: Var,
     c: T,
 }
 
-impl<T: Real> Backward<T> for Scale<T> {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.a) {
-            scale_backward(gy.view(), self.c, g);
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(Scale<T>, |s, _y, gy, grads| {
+    grads.accumulate(gy, &[s.a], |_, gy, g| scale_backward(gy, s.c, g));
+});
 
 impl<'p, T: Real> Tape<'p, T> {
+    /// `f(a, b)` for values of one shape, recorded with the accumulating
+    /// backwards of its two sides.
+    ///
+    /// **Panics** if the shapes differ.
+    #[track_caller]
+    fn elementwise(
+        &mut self,
+        op: &str,
+        (a, b): (Var, Var),
+        f: impl FnOnce(&ArrayViewD<'_, T>, &ArrayViewD<'_, T>) -> ArrayD<T>,
+        backward: [SideBackward<T>; 2],
+    ) -> Var {
+        let (va, vb) = (self.value(a), self.value(b));
+        same_shape(op, va.shape(), vb.shape(), " (no broadcasting)");
+        let y = f(&va, &vb);
+        self.push_binary(y, (a, b), backward)
+    }
+
     /// `a + b`, element-wise; both of one shape.
     ///
     /// **Panics** if the shapes differ.
@@ -156,10 +83,8 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn add(&mut self, a: Var, b: Var) -> Var {
-        let (va, vb) = (self.value(a), self.value(b));
-        same_shape("add", va.shape(), vb.shape());
-        let y = &va + &vb;
-        self.push_op(y, &[a, b], Add { a, b })
+        let backward: SideBackward<T> = |_, gy, g| add_backward(gy, g);
+        self.elementwise("add", (a, b), |a, b| a + b, [backward; 2])
     }
 
     /// `a − b`, element-wise; both of one shape.
@@ -177,10 +102,11 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn sub(&mut self, a: Var, b: Var) -> Var {
-        let (va, vb) = (self.value(a), self.value(b));
-        same_shape("sub", va.shape(), vb.shape());
-        let y = &va - &vb;
-        self.push_op(y, &[a, b], Sub { a, b })
+        let backward: [SideBackward<T>; 2] = [
+            |_, gy, g| add_backward(gy, g),
+            |_, gy, g| sub_backward_rhs(gy, g),
+        ];
+        self.elementwise("sub", (a, b), |a, b| a - b, backward)
     }
 
     /// `a ⊙ b`, element-wise; both of one shape.
@@ -198,10 +124,8 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn mul(&mut self, a: Var, b: Var) -> Var {
-        let (va, vb) = (self.value(a), self.value(b));
-        same_shape("mul", va.shape(), vb.shape());
-        let y = &va * &vb;
-        self.push_op(y, &[a, b], Mul { a, b })
+        let backward: SideBackward<T> = |other, gy, g| mul_backward(gy, other, g);
+        self.elementwise("mul", (a, b), |a, b| a * b, [backward; 2])
     }
 
     /// `c·a` for a constant `c`.
@@ -223,35 +147,37 @@ impl<'p, T: Real> Tape<'p, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case_product_rule() {
         // y = a ⊙ b with a = [2, 3], b = [5, 7], ∂y = [1, 10]:
         // ∂a = ∂y ⊙ b = [5, 70]; ∂b = ∂y ⊙ a = [2, 30].
-        let mut t = Tape::<f64>::new();
-        let a = t.input(array![2.0, 3.0].into_dyn());
-        let b = t.input(array![5.0, 7.0].into_dyn());
-        let y = t.mul(a, b);
-        let r = array![1.0, 10.0].into_dyn();
-        let loss = t.dot_const(y, r);
-        let g = t.backward(loss);
-        assert_eq!(g.input(a).unwrap(), &array![5.0, 70.0].into_dyn());
-        assert_eq!(g.input(b).unwrap(), &array![2.0, 30.0].into_dyn());
+        let (a, b) = (array![2.0, 3.0].into_dyn(), array![5.0, 7.0].into_dyn());
+        let g = input_grads(vec![a, b], |t, x| {
+            let y = t.mul(x[0], x[1]);
+            t.dot_const(y, array![1.0, 10.0].into_dyn())
+        });
+        assert_eq!(
+            g,
+            [array![5.0, 70.0].into_dyn(), array![2.0, 30.0].into_dyn()]
+        );
     }
 
     #[test]
     fn hand_case_sub_and_scale() {
         // loss = Σ 3·(a − b): ∂a = 3, ∂b = −3.
-        let mut t = Tape::<f64>::new();
-        let a = t.input(array![1.0, 2.0].into_dyn());
-        let b = t.input(array![5.0, 7.0].into_dyn());
-        let d = t.sub(a, b);
-        let y = t.scale(d, 3.0);
-        let loss = t.sum(y);
-        let g = t.backward(loss);
-        assert_eq!(g.input(a).unwrap(), &array![3.0, 3.0].into_dyn());
-        assert_eq!(g.input(b).unwrap(), &array![-3.0, -3.0].into_dyn());
+        let (a, b) = (array![1.0, 2.0].into_dyn(), array![5.0, 7.0].into_dyn());
+        let g = input_grads(vec![a, b], |t, x| {
+            let d = t.sub(x[0], x[1]);
+            let y = t.scale(d, 3.0);
+            t.sum(y)
+        });
+        assert_eq!(
+            g,
+            [array![3.0, 3.0].into_dyn(), array![-3.0, -3.0].into_dyn()]
+        );
     }
 
     #[test]

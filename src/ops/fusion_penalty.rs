@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// A partition of `n_rows` rows into groups, kept both ways: the group of
 /// each row, and the rows of each group in increasing order.
@@ -437,26 +437,19 @@ struct FusionPenalty<'p, T> {
     norms: Vec<T>,
 }
 
-impl<T: Real> Backward<T> for FusionPenalty<'_, T> {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        if grads.wants(self.x) {
-            let gy = gy.into_owned();
-            let d = fusion_penalty_backward(
-                grads.pool(),
-                grads.value(self.x),
-                self.groups,
-                &self.norms,
-                gy.view(),
-            );
-            grads.add(self.x, d);
-        }
+backward!(FusionPenalty<'_, T>, |s, _y, gy, grads| {
+    if grads.wants(s.x) {
+        let gy = gy.into_owned();
+        let d = fusion_penalty_backward(
+            grads.pool(),
+            grads.value(s.x),
+            s.groups,
+            &s.norms,
+            gy.view(),
+        );
+        grads.add(s.x, d);
     }
-}
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// The fusion penalty of rows x (n, D) grouped by `groups`:

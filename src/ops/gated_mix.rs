@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
+use crate::tape::{RowPart, Tape, Var};
 
 /// The row of a token that has none.
 pub const NO_ROW: u32 = u32::MAX;
@@ -41,41 +41,34 @@ struct GatedMix {
     row_of: Vec<u32>,
 }
 
-impl<T: Real> Backward<T> for GatedMix {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let want = Want {
-            shared: grads.wants(self.shared),
-            rows: grads.wants(self.rows),
-            gate: self.gate.is_some_and(|g| grads.wants(g)),
-        };
-        let gate = self.gate.map(|g| grads.value(g));
-        let (gs, row_contrib, gg) = gated_mix_backward(
-            grads.pool(),
-            &self.row_of,
-            grads.value(self.shared),
-            grads.value(self.rows),
-            gate,
-            gy.into_owned_in(grads.pool()),
-            want,
-        );
-        // ∂shared is ∂out changed in place: it becomes the buffer when
-        // there is none yet.
-        if let Some(d) = gs {
-            grads.add(self.shared, d);
-        }
-        if let (Some(gate), Some(d)) = (self.gate, gg) {
-            grads.add(gate, d);
-        }
-        if let Some((ids, vals)) = row_contrib {
-            grads.add_rows(self.rows, RowPart::owned(ids, vals));
-        }
+backward!(GatedMix, |s, _y, gy, grads| {
+    let want = Want {
+        shared: grads.wants(s.shared),
+        rows: grads.wants(s.rows),
+        gate: s.gate.is_some_and(|g| grads.wants(g)),
+    };
+    let gate = s.gate.map(|g| grads.value(g));
+    let (gs, row_contrib, gg) = gated_mix_backward(
+        grads.pool(),
+        &s.row_of,
+        grads.value(s.shared),
+        grads.value(s.rows),
+        gate,
+        gy.into_owned_in(grads.pool()),
+        want,
+    );
+    // ∂shared is ∂out changed in place: it becomes the buffer when
+    // there is none yet.
+    if let Some(d) = gs {
+        grads.add(s.shared, d);
     }
-}
+    if let (Some(gate), Some(d)) = (s.gate, gg) {
+        grads.add(gate, d);
+    }
+    if let Some((ids, vals)) = row_contrib {
+        grads.add_rows(s.rows, RowPart::owned(ids, vals));
+    }
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// The gated mix: shared (N, D), rows (n_rows, D), gate (n_rows) or

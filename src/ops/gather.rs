@@ -12,7 +12,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::rows_from_in;
-use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
+use crate::tape::{Flow, RowPart, Tape, Var};
 
 /// `out[i, …] = table[ids[i], …]`.
 ///
@@ -59,14 +59,9 @@ pub fn gather_forward_in<T: Real>(
 }
 
 /// `∂table[ids[i]] += ∂out[i]` for every i: the rows of `gy`, read where
-/// they are (a lazy `c·R` included), sent to the table's rows.
-pub fn gather_backward<'a, T: Real>(
-    table: Var,
-    ids: &'a [usize],
-    gy: Flow<'a, T>,
-    grads: &mut NodeGrads<'a, T>,
-) {
-    grads.add_rows(table, RowPart::new(ids, gy));
+/// they are (a lazy `c·R` included), as the part the table receives.
+pub fn gather_backward<'a, T: Real>(ids: &'a [usize], gy: Flow<'a, T>) -> RowPart<'a, T> {
+    RowPart::new(ids, gy)
 }
 
 /// The saved state of `gather`: the table and the ids read.
@@ -75,16 +70,9 @@ struct Gather {
     ids: Vec<usize>,
 }
 
-impl<T: Real> Backward<T> for Gather {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        gather_backward(self.table, &self.ids, gy, grads);
-    }
-}
+backward!(Gather, |s, _y, gy, grads| {
+    grads.add_rows(s.table, gather_backward(&s.ids, gy));
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// Gathers rows: `out[i] = table[ids[i]]`.

@@ -4,16 +4,15 @@
 //! `∂B += Aᵀ·∂C` (each one more gemm, accumulating with β = 1).
 //! Derivation: `docs/gradients.md#matmul`.
 
-use ndarray::{Array2, ArrayD, ArrayViewD, Ix2};
+use ndarray::{Array2, ArrayD, ArrayViewD};
 
+use super::{SideBackward, as_2d, grad_2d};
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 #[track_caller]
 fn two_d<'a, T>(what: &str, x: ArrayViewD<'a, T>) -> ndarray::ArrayView2<'a, T> {
-    let shape = x.shape().to_vec();
-    x.into_dimensionality::<Ix2>()
-        .unwrap_or_else(|_| panic!("matmul: {what} must be 2-D, it has shape {shape:?}"))
+    as_2d(x, format_args!("matmul: {what} must be 2-D, it has shape"))
 }
 
 /// `A·B`. a: (m, k), b: (k, n) → (m, n).
@@ -43,11 +42,7 @@ pub fn matmul_backward_lhs<T: Real>(
     g: &mut ArrayD<T>,
 ) {
     let (gy, b) = (two_d("∂C", gy), two_d("B", b));
-    let g = g
-        .view_mut()
-        .into_dimensionality::<Ix2>()
-        .expect("2-D gradient");
-    T::gemm(T::one(), gy, b.t(), T::one(), g);
+    T::gemm(T::one(), gy, b.t(), T::one(), grad_2d(g));
 }
 
 /// `∂B += Aᵀ·∂C`. gy: (m, n), a: (m, k), g: (k, n).
@@ -57,36 +52,7 @@ pub fn matmul_backward_rhs<T: Real>(
     g: &mut ArrayD<T>,
 ) {
     let (gy, a) = (two_d("∂C", gy), two_d("A", a));
-    let g = g
-        .view_mut()
-        .into_dimensionality::<Ix2>()
-        .expect("2-D gradient");
-    T::gemm(T::one(), a.t(), gy, T::one(), g);
-}
-
-/// The saved state of `matmul`: its inputs.
-struct MatMul {
-    a: Var,
-    b: Var,
-}
-
-impl<T: Real> Backward<T> for MatMul {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        let (a, b) = (grads.value(self.a), grads.value(self.b));
-        if let Some(g) = grads.buffer(self.a) {
-            matmul_backward_lhs(gy.view(), b, g);
-        }
-        if let Some(g) = grads.buffer(self.b) {
-            matmul_backward_rhs(gy.view(), a, g);
-        }
-        grads.recycle(gy);
-    }
+    T::gemm(T::one(), a.t(), gy, T::one(), grad_2d(g));
 }
 
 impl<'p, T: Real> Tape<'p, T> {
@@ -106,25 +72,31 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn matmul(&mut self, a: Var, b: Var) -> Var {
         let c = matmul_forward(self.value(a), self.value(b));
-        self.push_op(c, &[a, b], MatMul { a, b })
+        let backward: [SideBackward<T>; 2] = [
+            |b, gy, g| matmul_backward_lhs(gy, b, g),
+            |a, gy, g| matmul_backward_rhs(gy, a, g),
+        ];
+        self.push_binary(c, (a, b), backward)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case() {
         // c = a·b = a0·b0 + a1·b1 (1×2 · 2×1): ∂a = bᵀ, ∂b = aᵀ.
-        let mut t = Tape::<f64>::new();
-        let a = t.input(array![[1.0, 2.0]].into_dyn());
-        let b = t.input(array![[3.0], [4.0]].into_dyn());
-        let c = t.matmul(a, b);
-        let loss = t.sum(c);
-        let g = t.backward(loss);
-        assert_eq!(g.input(a).unwrap(), &array![[3.0, 4.0]].into_dyn());
-        assert_eq!(g.input(b).unwrap(), &array![[1.0], [2.0]].into_dyn());
+        let (a, b) = (
+            array![[1.0, 2.0]].into_dyn(),
+            array![[3.0], [4.0]].into_dyn(),
+        );
+        let g = input_grads(vec![a, b], |t, x| {
+            let c = t.matmul(x[0], x[1]);
+            t.sum(c)
+        });
+        assert_eq!(g[0], array![[3.0, 4.0]].into_dyn());
+        assert_eq!(g[1], array![[1.0], [2.0]].into_dyn());
     }
 }

@@ -12,14 +12,15 @@
 //! The inner product is summed in a fixed order whatever the number of
 //! threads ([`dot_slices`], with its naive twin
 //! [`dot_naive`](crate::kernels::reduce::dot_naive)). Its backward never
-//! writes `∂y·R` out: it hands the pair to the tape as a lazy gradient
-//! ([`NodeGrads::add_scaled`]), which a gather reads row by row.
+//! writes `∂y·R` out: it returns the pair, which the tape keeps as a lazy
+//! gradient ([`NodeGrads::add_scaled`](crate::tape::NodeGrads::add_scaled)) that a gather reads row by row.
 
 use ndarray::{ArrayD, ArrayViewD, arr0};
 
+use super::same_shape;
 use crate::kernels::Real;
 use crate::kernels::reduce::dot_slices;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Value, Var};
+use crate::tape::{Flow, Tape, Value, Var};
 
 fn scalar_of<T: Real>(gy: &ArrayViewD<'_, T>) -> T {
     *gy.iter().next().expect("a scalar gradient")
@@ -37,53 +38,14 @@ pub fn mean_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
     g.mapv_inplace(|v| v + c);
 }
 
-/// `∂x += ∂y·R`, handed to the tape as the pair `(∂y, R)`: written out
-/// only if an op other than a gather reads it.
+/// `∂x += ∂y·R` as the pair `(∂y, R)`, for the tape to keep as it is
+/// ([`NodeGrads::add_scaled`](crate::tape::NodeGrads::add_scaled)): written out only if an op other than a
+/// gather reads it.
 pub fn dot_const_backward<'a, T: Real>(
-    x: Var,
     r: ArrayViewD<'a, T>,
     gy: Flow<'a, T>,
-    grads: &mut NodeGrads<'a, T>,
-) {
-    grads.add_scaled(x, gy.first(), r);
-}
-
-/// The saved state of `sum`: its input.
-struct Sum {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for Sum {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned();
-        if let Some(g) = grads.buffer(self.x) {
-            sum_backward(gy.view(), g);
-        }
-    }
-}
-
-/// The saved state of `mean`: its input.
-struct Mean {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for Mean {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned();
-        if let Some(g) = grads.buffer(self.x) {
-            mean_backward(gy.view(), g);
-        }
-    }
+) -> (T, ArrayViewD<'a, T>) {
+    (gy.first(), r)
 }
 
 /// The saved state of `dot_const`: its input and the constant `R`.
@@ -92,16 +54,10 @@ struct DotConst<'p, T> {
     r: Value<'p, T>,
 }
 
-impl<T: Real> Backward<T> for DotConst<'_, T> {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        dot_const_backward(self.x, self.r.view(), gy, grads);
-    }
-}
+backward!(DotConst<'_, T>, |s, _y, gy, grads| {
+    let (c, r) = dot_const_backward(s.r.view(), gy);
+    grads.add_scaled(s.x, c, r);
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// `Σ x` over every element, as a 0-D value.
@@ -116,7 +72,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     pub fn sum(&mut self, x: Var) -> Var {
         let y = self.value(x).sum();
-        self.push_op(arr0(y).into_dyn(), &[x], Sum { x })
+        self.push_unary(arr0(y).into_dyn(), x, |_, _, gy, g| sum_backward(gy, g))
     }
 
     /// The mean of every element (0 for an empty array), as a 0-D value.
@@ -132,7 +88,7 @@ impl<'p, T: Real> Tape<'p, T> {
     pub fn mean(&mut self, x: Var) -> Var {
         let v = self.value(x);
         let y = v.sum() / T::from_f64(v.len().max(1) as f64);
-        self.push_op(arr0(y).into_dyn(), &[x], Mean { x })
+        self.push_unary(arr0(y).into_dyn(), x, |_, _, gy, g| mean_backward(gy, g))
     }
 
     /// `Σ x ⊙ r` for a constant `r` of x's shape, as a 0-D value.
@@ -150,15 +106,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn dot_const(&mut self, x: Var, r: ArrayD<T>) -> Var {
-        let y = dot(self.value(x), r.view());
-        self.push_op(
-            arr0(y).into_dyn(),
-            &[x],
-            DotConst {
-                x,
-                r: Value::Owned(r),
-            },
-        )
+        self.dot_const_value(x, Value::Owned(r))
     }
 
     /// [`Tape::dot_const`] with a borrowed `r` (no copy).
@@ -166,27 +114,19 @@ impl<'p, T: Real> Tape<'p, T> {
     /// **Panics** if the shapes differ.
     #[track_caller]
     pub fn dot_const_view(&mut self, x: Var, r: ArrayViewD<'p, T>) -> Var {
+        self.dot_const_value(x, Value::Borrowed(r))
+    }
+
+    #[track_caller]
+    fn dot_const_value(&mut self, x: Var, r: Value<'p, T>) -> Var {
         let y = dot(self.value(x), r.view());
-        self.push_op(
-            arr0(y).into_dyn(),
-            &[x],
-            DotConst {
-                x,
-                r: Value::Borrowed(r),
-            },
-        )
+        self.push_op(arr0(y).into_dyn(), &[x], DotConst { x, r })
     }
 }
 
 #[track_caller]
 fn dot<T: Real>(x: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>) -> T {
-    assert_eq!(
-        x.shape(),
-        r.shape(),
-        "dot_const: shapes {:?} and {:?} differ",
-        x.shape(),
-        r.shape()
-    );
+    same_shape("dot_const", x.shape(), r.shape(), "");
     match (x.as_slice(), r.as_slice()) {
         (Some(x), Some(r)) => dot_slices(x, r),
         _ => {
@@ -201,18 +141,14 @@ fn dot<T: Real>(x: ArrayViewD<'_, T>, r: ArrayViewD<'_, T>) -> T {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case_mean() {
         // y = (x0 + x1 + x2 + x3)/4: ∂x_i = 1/4.
-        let mut t = Tape::<f64>::new();
-        let x = t.input(array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
-        let m = t.mean(x);
-        assert_eq!(
-            t.backward(m).input(x).unwrap(),
-            &array![[0.25, 0.25], [0.25, 0.25]].into_dyn()
-        );
+        let x = array![[1.0, 2.0], [3.0, 4.0]].into_dyn();
+        let g = input_grads(vec![x], |t, x| t.mean(x[0]));
+        assert_eq!(g, [array![[0.25, 0.25], [0.25, 0.25]].into_dyn()]);
     }
 }

@@ -7,7 +7,7 @@
 use ndarray::{Array1, ArrayD, ArrayViewD, Axis, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// `y[i] = ‖x[i]‖₂`. x: (n, …) → (n).
 ///
@@ -42,23 +42,6 @@ pub fn row_norm_backward<T: Real>(
     }
 }
 
-/// The saved state of `row_norm`: its input (the backward reads the
-/// output norms too).
-struct RowNorm {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for RowNorm {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
-        let gy = gy.into_owned_in(grads.pool());
-        let x = grads.value(self.x);
-        if let Some(g) = grads.buffer(self.x) {
-            row_norm_backward(x, y, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 impl<'p, T: Real> Tape<'p, T> {
     /// The L2 norm of each row: x: (n, …) → (n). Its gradient is 0 at a
     /// row that is exactly zero.
@@ -79,6 +62,6 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn row_norm(&mut self, x: Var) -> Var {
         let y = row_norm_forward(self.value(x));
-        self.push_op(y, &[x], RowNorm { x })
+        self.push_unary(y, x, row_norm_backward)
     }
 }

@@ -6,8 +6,9 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, Zip};
 
+use super::SideBackward;
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// `out[i, …] = s[i]·x[i, …]`. x: (n, …), s: (n).
 ///
@@ -64,31 +65,6 @@ pub fn row_scale_backward_s<T: Real>(
     }
 }
 
-/// The saved state of `row_scale`: its inputs.
-struct RowScale {
-    x: Var,
-    s: Var,
-}
-
-impl<T: Real> Backward<T> for RowScale {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        let (x, s) = (grads.value(self.x), grads.value(self.s));
-        if let Some(g) = grads.buffer(self.x) {
-            row_scale_backward_x(gy.view(), s, g);
-        }
-        if let Some(g) = grads.buffer(self.s) {
-            row_scale_backward_s(gy.view(), x, g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 impl<'p, T: Real> Tape<'p, T> {
     /// Scales each row by its own scalar: `out[i, …] = s[i]·x[i, …]`.
     ///
@@ -108,29 +84,30 @@ impl<'p, T: Real> Tape<'p, T> {
     #[track_caller]
     pub fn row_scale(&mut self, x: Var, s: Var) -> Var {
         let y = row_scale_forward(self.value(x), self.value(s));
-        self.push_op(y, &[x, s], RowScale { x, s })
+        let backward: [SideBackward<T>; 2] = [
+            |s, gy, g| row_scale_backward_x(gy, s, g),
+            |x, gy, g| row_scale_backward_s(gy, x, g),
+        ];
+        self.push_binary(y, (x, s), backward)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case() {
         // y = s_i·x_i, loss = Σ y ⊙ R with R = 1:
         // ∂x[i, j] = s_i, ∂s_i = Σ_j x[i, j] → [3, 7].
-        let mut t = Tape::<f64>::new();
-        let x = t.input(array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
-        let s = t.input(array![10.0, 0.5].into_dyn());
-        let y = t.row_scale(x, s);
-        let loss = t.sum(y);
-        let g = t.backward(loss);
-        assert_eq!(
-            g.input(x).unwrap(),
-            &array![[10.0, 10.0], [0.5, 0.5]].into_dyn()
-        );
-        assert_eq!(g.input(s).unwrap(), &array![3.0, 7.0].into_dyn());
+        let x = array![[1.0, 2.0], [3.0, 4.0]].into_dyn();
+        let s = array![10.0, 0.5].into_dyn();
+        let g = input_grads(vec![x, s], |t, v| {
+            let y = t.row_scale(v[0], v[1]);
+            t.sum(y)
+        });
+        assert_eq!(g[0], array![[10.0, 10.0], [0.5, 0.5]].into_dyn());
+        assert_eq!(g[1], array![3.0, 7.0].into_dyn());
     }
 }

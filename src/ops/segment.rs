@@ -14,10 +14,13 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
+/// A zero array of the output's shape, (n_segments, …) for x: (n, …),
+/// after checking that there is one segment id per row and each is in
+/// range.
 #[track_caller]
-fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
+fn zero_output<T: Real>(shape: &[usize], segments: &[usize], n_segments: usize) -> ArrayD<T> {
     assert!(
         !shape.is_empty() && shape[0] == segments.len(),
         "segment: {} segment ids for rows of {shape:?}",
@@ -26,6 +29,9 @@ fn check(shape: &[usize], segments: &[usize], n_segments: usize) {
     if let Some(&bad) = segments.iter().find(|&&s| s >= n_segments) {
         panic!("segment: segment id {bad} is out of range 0..{n_segments}");
     }
+    let mut out = shape.to_vec();
+    out[0] = n_segments;
+    ArrayD::zeros(IxDyn(&out))
 }
 
 /// `out[s] = Σ_{i : seg[i] = s} x[i]`, summed in increasing i.
@@ -38,10 +44,7 @@ pub fn segment_sum_forward<T: Real>(
     segments: &[usize],
     n_segments: usize,
 ) -> ArrayD<T> {
-    check(x.shape(), segments, n_segments);
-    let mut shape = x.shape().to_vec();
-    shape[0] = n_segments;
-    let mut out = ArrayD::zeros(IxDyn(&shape));
+    let mut out = zero_output(x.shape(), segments, n_segments);
     for (row, &s) in x.axis_iter(Axis(0)).zip(segments) {
         let mut o = out.index_axis_mut(Axis(0), s);
         o += &row;
@@ -60,16 +63,13 @@ pub fn segment_mean_forward<T: Real>(
     segments: &[usize],
     n_segments: usize,
 ) -> ArrayD<T> {
-    check(x.shape(), segments, n_segments);
+    let mut dev = zero_output::<T>(x.shape(), segments, n_segments);
     let mut first = vec![usize::MAX; n_segments];
     for (i, &s) in segments.iter().enumerate() {
         if first[s] == usize::MAX {
             first[s] = i;
         }
     }
-    let mut shape = x.shape().to_vec();
-    shape[0] = n_segments;
-    let mut dev = ArrayD::<T>::zeros(IxDyn(&shape));
     for (row, &s) in x.axis_iter(Axis(0)).zip(segments) {
         let base = x.index_axis(Axis(0), first[s]);
         let mut o = dev.index_axis_mut(Axis(0), s);
@@ -124,20 +124,11 @@ struct SegmentSum {
     segments: Vec<usize>,
 }
 
-impl<T: Real> Backward<T> for SegmentSum {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.x) {
-            segment_sum_backward(&self.segments, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(SegmentSum, |s, _y, gy, grads| {
+    grads.accumulate(gy, &[s.x], |_, gy, g| {
+        segment_sum_backward(&s.segments, gy, g)
+    });
+});
 
 /// The saved state of `segment_mean`: its input, each row's segment and
 /// the size of each segment.
@@ -147,20 +138,11 @@ struct SegmentMean {
     counts: Vec<usize>,
 }
 
-impl<T: Real> Backward<T> for SegmentMean {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.x) {
-            segment_mean_backward(&self.segments, &self.counts, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(SegmentMean, |s, _y, gy, grads| {
+    grads.accumulate(gy, &[s.x], |_, gy, g| {
+        segment_mean_backward(&s.segments, &s.counts, gy, g)
+    });
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// Sums rows by segment: `out[s] = Σ_{i : segments[i] = s} x[i]`.
@@ -214,18 +196,18 @@ impl<'p, T: Real> Tape<'p, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case_mean() {
         // mean[1] = (x0 + x2)/2, mean[0] = x1: with ∂mean = [[1], [1]],
         // ∂x = [1/2, 1, 1/2].
-        let mut t = Tape::<f64>::new();
-        let x = t.input(array![[1.0], [2.0], [4.0]].into_dyn());
-        let m = t.segment_mean(x, &[1, 0, 1], 2);
-        let loss = t.sum(m);
-        let g = t.backward(loss);
-        assert_eq!(g.input(x).unwrap(), &array![[0.5], [1.0], [0.5]].into_dyn());
+        let x = array![[1.0], [2.0], [4.0]].into_dyn();
+        let g = input_grads(vec![x], |t, x| {
+            let m = t.segment_mean(x[0], &[1, 0, 1], 2);
+            t.sum(m)
+        });
+        assert_eq!(g, [array![[0.5], [1.0], [0.5]].into_dyn()]);
     }
 }

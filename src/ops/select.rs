@@ -6,8 +6,9 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis};
 
+use super::same_shape;
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// `out[i] = if mask[i] { a[i] } else { b[i] }`. a, b: (n, …), mask: (n).
 ///
@@ -18,13 +19,7 @@ pub fn select_forward<T: Real>(
     a: ArrayViewD<'_, T>,
     b: ArrayViewD<'_, T>,
 ) -> ArrayD<T> {
-    assert_eq!(
-        a.shape(),
-        b.shape(),
-        "select: shapes {:?} and {:?} differ",
-        a.shape(),
-        b.shape()
-    );
+    same_shape("select", a.shape(), b.shape(), "");
     assert!(
         a.ndim() >= 1 && a.shape()[0] == mask.len(),
         "select: mask of length {} for rows of {:?}",
@@ -61,23 +56,12 @@ struct Select {
     b: Var,
 }
 
-impl<T: Real> Backward<T> for Select {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.a) {
-            select_backward(&self.mask, true, gy.view(), g);
-        }
-        if let Some(g) = grads.buffer(self.b) {
-            select_backward(&self.mask, false, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(Select, |s, _y, gy, grads| {
+    // a takes the rows where the mask is true, b the others.
+    grads.accumulate(gy, &[s.a, s.b], |k, gy, g| {
+        select_backward(&s.mask, k == 0, gy, g)
+    });
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// Row-wise choice: `out[i] = mask[i] ? a[i] : b[i]`.
@@ -108,25 +92,19 @@ impl<'p, T: Real> Tape<'p, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case() {
         // Row 0 from a, row 1 from b: ∂a = [1, 0], ∂b = [0, 1] (per row).
-        let mut t = Tape::<f64>::new();
-        let a = t.input(array![[1.0, 1.0], [2.0, 2.0]].into_dyn());
-        let b = t.input(array![[10.0, 10.0], [20.0, 20.0]].into_dyn());
-        let y = t.select(&[true, false], a, b);
-        let loss = t.sum(y);
-        let g = t.backward(loss);
-        assert_eq!(
-            g.input(a).unwrap(),
-            &array![[1.0, 1.0], [0.0, 0.0]].into_dyn()
-        );
-        assert_eq!(
-            g.input(b).unwrap(),
-            &array![[0.0, 0.0], [1.0, 1.0]].into_dyn()
-        );
+        let a = array![[1.0, 1.0], [2.0, 2.0]].into_dyn();
+        let b = array![[10.0, 10.0], [20.0, 20.0]].into_dyn();
+        let g = input_grads(vec![a, b], |t, x| {
+            let y = t.select(&[true, false], x[0], x[1]);
+            t.sum(y)
+        });
+        assert_eq!(g[0], array![[1.0, 1.0], [0.0, 0.0]].into_dyn());
+        assert_eq!(g[1], array![[0.0, 0.0], [1.0, 1.0]].into_dyn());
     }
 }

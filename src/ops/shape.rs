@@ -7,7 +7,7 @@
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// `g += gyᵀ`. gy: (n, m), g: (m, n).
 pub fn transpose_backward<T: Real>(gy: ArrayViewD<'_, T>, g: &mut ArrayD<T>) {
@@ -30,70 +30,26 @@ pub fn concat_rows_backward<T: Real>(start: usize, gy: ArrayViewD<'_, T>, g: &mu
     *g += &gy.slice_axis(Axis(0), Slice::from(start..start + rows));
 }
 
-/// The saved state of `transpose`: its input.
-struct Transpose {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for Transpose {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.x) {
-            transpose_backward(gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
-/// The saved state of `reshape`: its input.
-struct Reshape {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for Reshape {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.x) {
-            reshape_backward(gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 /// The saved state of `concat_rows`: the parts, in order.
 struct ConcatRows {
     parts: Vec<Var>,
 }
 
-impl<T: Real> Backward<T> for ConcatRows {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        let gy = gy.into_owned_in(grads.pool());
-        let mut start = 0;
-        for &p in &self.parts {
-            let rows = grads.value(p).shape()[0];
-            if let Some(g) = grads.buffer(p) {
-                concat_rows_backward(start, gy.view(), g);
-            }
-            start += rows;
-        }
-        grads.recycle(gy);
-    }
-}
+backward!(ConcatRows, |s, _y, gy, grads| {
+    // Part k's rows of ∂y start after the rows of the parts before it.
+    let starts: Vec<usize> = s
+        .parts
+        .iter()
+        .scan(0, |start, &p| {
+            let here = *start;
+            *start += grads.value(p).shape()[0];
+            Some(here)
+        })
+        .collect();
+    grads.accumulate(gy, &s.parts, |k, gy, g| {
+        concat_rows_backward(starts[k], gy, g)
+    });
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// The transpose of a 2-D value: (n, m) → (m, n).
@@ -118,7 +74,7 @@ impl<'p, T: Real> Tape<'p, T> {
             v.shape()
         );
         let y = v.t().as_standard_layout().into_owned();
-        self.push_op(y, &[x], Transpose { x })
+        self.push_unary(y, x, |_, _, gy, g| transpose_backward(gy, g))
     }
 
     /// The same elements, in row-major order, in another shape.
@@ -149,7 +105,7 @@ impl<'p, T: Real> Tape<'p, T> {
             .into_owned()
             .into_shape_with_order(IxDyn(shape))
             .expect("checked above");
-        self.push_op(y, &[x], Reshape { x })
+        self.push_unary(y, x, |_, _, gy, g| reshape_backward(gy, g))
     }
 
     /// Stacks values along their first axis: (n₁, …), (n₂, …) → (n₁ + n₂, …).
@@ -181,20 +137,19 @@ impl<'p, T: Real> Tape<'p, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ops::input_grads;
     use ndarray::array;
 
     #[test]
     fn hand_case_concat_then_transpose() {
         // loss = Σ R ⊙ [a; b]ᵀ: each part gets its rows of Rᵀ.
-        let mut t = Tape::<f64>::new();
-        let a = t.input(array![[1.0, 2.0]].into_dyn());
-        let b = t.input(array![[3.0, 4.0]].into_dyn());
-        let c = t.concat_rows(&[a, b]);
-        let ct = t.transpose(c);
-        let loss = t.dot_const(ct, array![[1.0, 2.0], [3.0, 4.0]].into_dyn());
-        let g = t.backward(loss);
-        assert_eq!(g.input(a).unwrap(), &array![[1.0, 3.0]].into_dyn());
-        assert_eq!(g.input(b).unwrap(), &array![[2.0, 4.0]].into_dyn());
+        let (a, b) = (array![[1.0, 2.0]].into_dyn(), array![[3.0, 4.0]].into_dyn());
+        let g = input_grads(vec![a, b], |t, x| {
+            let c = t.concat_rows(x);
+            let ct = t.transpose(c);
+            t.dot_const(ct, array![[1.0, 2.0], [3.0, 4.0]].into_dyn())
+        });
+        assert_eq!(g[0], array![[1.0, 3.0]].into_dyn());
+        assert_eq!(g[1], array![[2.0, 4.0]].into_dyn());
     }
 }

@@ -6,7 +6,7 @@
 use ndarray::{ArrayD, ArrayViewD, Zip};
 
 use crate::kernels::Real;
-use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
+use crate::tape::{Tape, Var};
 
 /// σ(x) without overflow: `1 / (1 + e^{−x})` for x ≥ 0, `e^x / (1 + e^x)`
 /// for x < 0.
@@ -28,21 +28,6 @@ pub fn sigmoid_backward<T: Real>(y: ArrayViewD<'_, T>, gy: ArrayViewD<'_, T>, g:
         .for_each(|g, &y, &gy| *g += gy * y * (T::one() - y));
 }
 
-/// The saved state of `sigmoid`: its input (the backward reads the output).
-struct Sigmoid {
-    x: Var,
-}
-
-impl<T: Real> Backward<T> for Sigmoid {
-    fn backward<'a>(&'a self, y: ArrayViewD<'a, T>, gy: Flow<'a, T>, grads: &mut NodeGrads<'a, T>) {
-        let gy = gy.into_owned_in(grads.pool());
-        if let Some(g) = grads.buffer(self.x) {
-            sigmoid_backward(y, gy.view(), g);
-        }
-        grads.recycle(gy);
-    }
-}
-
 impl<'p, T: Real> Tape<'p, T> {
     /// `σ(x)`, element-wise. Its backward uses only the output.
     ///
@@ -56,7 +41,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     pub fn sigmoid(&mut self, x: Var) -> Var {
         let y = self.value(x).mapv(sigmoid);
-        self.push_op(y, &[x], Sigmoid { x })
+        self.push_unary(y, x, |_, y, gy, g| sigmoid_backward(y, gy, g))
     }
 }
 
@@ -68,12 +53,11 @@ mod tests {
     #[test]
     fn hand_case() {
         // σ(0) = 1/2, σ'(0) = 1/2·1/2 = 1/4.
-        let mut t = Tape::<f64>::new();
-        let x = t.input(array![0.0].into_dyn());
-        let y = t.sigmoid(x);
-        let loss = t.sum(y);
-        let g = t.backward(loss);
-        assert_eq!(g.input(x).unwrap(), &array![0.25].into_dyn());
+        let g = crate::ops::input_grads(vec![array![0.0].into_dyn()], |t, x| {
+            let y = t.sigmoid(x[0]);
+            t.sum(y)
+        });
+        assert_eq!(g, [array![0.25].into_dyn()]);
     }
 
     #[test]

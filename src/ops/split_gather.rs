@@ -14,7 +14,7 @@ use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
 use crate::kernels::rows::rows_from_in;
-use crate::tape::{Backward, Flow, NodeGrads, RowPart, Tape, Var};
+use crate::tape::{Flow, RowPart, Tape, Var};
 
 /// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
 /// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
@@ -105,27 +105,23 @@ pub fn split_gather_forward_in<T: Real>(
     out
 }
 
-/// Sends row n of `gy` to row `local(n)` of split `k(n)`'s table, for every
-/// split that wants a gradient: one [`RowPart`] per split, all reading the
-/// same `gy` in place.
+/// Row n of `gy` for row `local(n)` of split `k(n)`'s table: one
+/// [`RowPart`] for each split k that was routed a token, `(k, part)`, all
+/// reading the same `gy` in place.
 pub fn split_gather_backward<'a, T: Real>(
-    tables: &[Var],
     routed: &'a Routed,
     gy: Flow<'a, T>,
-    grads: &mut NodeGrads<'a, T>,
-) {
+) -> impl Iterator<Item = (usize, RowPart<'a, T>)> {
     let src = Rc::new(gy);
-    for (k, &t) in tables.iter().enumerate() {
-        if grads.wants(t) && !routed.positions[k].is_empty() {
-            let part = RowPart::routed(
-                &routed.local[k],
-                &routed.positions[k],
-                routed.n_ids(),
-                Rc::clone(&src),
-            );
-            grads.add_rows(t, part);
-        }
-    }
+    (0..routed.positions.len())
+        .filter(|&k| !routed.positions[k].is_empty())
+        .map(move |k| {
+            let (ids, rows) = (&routed.local[k], &routed.positions[k]);
+            (
+                k,
+                RowPart::routed(ids, rows, routed.n_ids(), Rc::clone(&src)),
+            )
+        })
 }
 
 /// The saved state of `split_gather`: the tables and the routing.
@@ -134,16 +130,12 @@ struct SplitGather {
     routed: Routed,
 }
 
-impl<T: Real> Backward<T> for SplitGather {
-    fn backward<'a>(
-        &'a self,
-        _y: ArrayViewD<'a, T>,
-        gy: Flow<'a, T>,
-        grads: &mut NodeGrads<'a, T>,
-    ) {
-        split_gather_backward(&self.tables, &self.routed, gy, grads);
+backward!(SplitGather, |s, _y, gy, grads| {
+    // A split that wants no gradient (a frozen one) declines its part.
+    for (k, part) in split_gather_backward(&s.routed, gy) {
+        grads.add_rows(s.tables[k], part);
     }
-}
+});
 
 impl<'p, T: Real> Tape<'p, T> {
     /// Gathers each id's row from the split that owns it (the routed form of

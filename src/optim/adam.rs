@@ -1,17 +1,11 @@
 //! Dense Adam and AdamW (`torch.optim.Adam`, `torch.optim.AdamW`).
 
-use ndarray::Zip;
 use rayon::prelude::*;
 
-use super::moments::MomentTable;
-use super::{
-    Optimizer, StateValue, check_beta, check_grad, check_lr, check_non_negative, flat_mut,
-};
+use super::moments::{CHUNK, Kernel, MomentTable, Rule};
+use super::{Optimizer, StateValue, check_beta, check_lr, check_non_negative};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::{ParamGrad, Parameter, Real, Result};
-
-/// Elements per parallel task of the dense update.
-const CHUNK: usize = 1 << 14;
+use crate::{ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`Adam`], PyTorch's defaults by
 /// [`Default`] (Adam) and [`AdamConfig::adamw`] (AdamW).
@@ -135,7 +129,9 @@ struct Coeffs<T> {
     decay: Option<T>,
 }
 
-impl<T: Real> Coeffs<T> {
+impl<T: Real> Rule<T> for Coeffs<T> {
+    type Config = AdamConfig;
+
     fn new(c: &AdamConfig, step: u64) -> Self {
         let t = step as f64;
         let bias_correction1 = 1.0 - c.beta1.powf(t);
@@ -157,7 +153,6 @@ impl<T: Real> Coeffs<T> {
         }
     }
 
-    /// One element's update.
     #[inline(always)]
     fn apply(&self, p: &mut T, m: &mut T, v: &mut T, g: T) {
         if let Some(f) = self.decay {
@@ -177,15 +172,43 @@ impl<T: Real> Coeffs<T> {
         *p += self.neg_step_size * *m / denom;
     }
 
-    /// The update of a run of elements; `g = None` is a zero gradient.
-    #[inline]
-    fn apply_run(&self, p: &mut [T], m: &mut [T], v: &mut [T], g: Option<&[T]>) {
-        let pmv = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut());
-        match g {
-            Some(g) => pmv
-                .zip(g)
-                .for_each(|(((p, m), v), &g)| self.apply(p, m, v, g)),
-            None => pmv.for_each(|((p, m), v)| self.apply(p, m, v, T::zero())),
+    /// Every row moves: a row with a gradient row from it, the others from
+    /// a zero gradient (the dense equivalent).
+    fn apply_sparse(&self, p: &mut [T], m: &mut [T], v: &mut [T], s: &RowSparse<T>) {
+        let width = s.values.ncols();
+        if p.is_empty() {
+            return;
+        }
+        let values = s.values.as_standard_layout();
+        let values = values.as_slice().expect("standard layout is contiguous");
+        // Rows [r0, r0 + len / width) of the table, each with its
+        // gradient row or none (a zero gradient).
+        let rows_from = |r0: usize, p: &mut [T], m: &mut [T], v: &mut [T]| {
+            let mut k = s.rows.partition_point(|&r| r < r0);
+            let runs = p
+                .chunks_mut(width)
+                .zip(m.chunks_mut(width))
+                .zip(v.chunks_mut(width));
+            for (i, ((p, m), v)) in runs.enumerate() {
+                let g = if s.rows.get(k) == Some(&(r0 + i)) {
+                    k += 1;
+                    Some(&values[(k - 1) * width..k * width])
+                } else {
+                    None
+                };
+                self.apply_run(p, m, v, g);
+            }
+        };
+        if p.len() < PAR_MIN_ELEMS {
+            rows_from(0, p, m, v);
+        } else {
+            let chunk_rows = (CHUNK / width).max(1);
+            let chunk = chunk_rows * width;
+            p.par_chunks_mut(chunk)
+                .zip(m.par_chunks_mut(chunk))
+                .zip(v.par_chunks_mut(chunk))
+                .enumerate()
+                .for_each(|(i, ((p, m), v))| rows_from(i * chunk_rows, p, m, v));
         }
     }
 }
@@ -220,132 +243,22 @@ impl<T: Real> Adam<T> {
         &self.config
     }
 
-    /// [`Optimizer::update`] computed serially, element by element over a
-    /// dense copy of the gradient: the reference the parallel update is
-    /// tested against (bit for bit).
+    /// [`Optimizer::update`] computed serially, element by element over the
+    /// dense gradient (a row-sparse one written out): the reference the
+    /// parallel update is tested against (bit for bit).
     ///
-    /// **Panics** as [`Optimizer::update`] does.
-    ///
-    /// ```
-    /// use ndarray::array;
-    /// use splitgrad::optim::{Adam, AdamConfig, Optimizer};
-    /// use splitgrad::{ParamGrad, Parameter, RowSparse};
-    /// # fn main() -> splitgrad::Result<()> {
-    /// let g = ParamGrad::RowSparse(RowSparse { n_rows: 2, rows: vec![1], values: array![[0.5f32, -1.0]] });
-    /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
-    /// let (mut fast, mut naive) = (Adam::new(AdamConfig::default())?, Adam::new(AdamConfig::default())?);
-    /// fast.update(&mut a, &g)?;
-    /// naive.update_naive(&mut b, &g)?;
-    /// assert_eq!(a.value(), b.value());
-    /// # Ok(()) }
-    /// ```
+    /// **Panics** as [`Optimizer::update`] does. Example: [the module's
+    /// serial references](crate::optim#serial-references).
     #[track_caller]
     pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
-        if !param.is_trainable() {
-            return Ok(());
-        }
-        check_grad(param, grad)?;
-        let slot = self.moments.slot(param)?;
-        slot.step += 1;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        let g = grad.to_dense();
-        Zip::from(param.value_mut())
-            .and(&mut slot.exp_avg)
-            .and(&mut slot.exp_avg_sq)
-            .and(&g)
-            .for_each(|p, m, v, &g| c.apply(p, m, v, g));
-        Ok(())
+        let naive = Kernel::Naive;
+        self.moments
+            .update::<Coeffs<T>>(&self.config, param, grad, naive)
     }
 }
 
 impl<T: Real> Optimizer<T> for Adam<T> {
-    #[track_caller]
-    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
-        if !param.is_trainable() {
-            return Ok(());
-        }
-        check_grad(param, grad)?;
-        let slot = self.moments.slot(param)?;
-        slot.step += 1;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        let p = flat_mut(param);
-        let (m, v) = slot.slices_mut();
-        match grad {
-            ParamGrad::Dense(g) => {
-                let g = g.as_standard_layout();
-                let g = g.as_slice().expect("standard layout is contiguous");
-                if p.len() < PAR_MIN_ELEMS {
-                    c.apply_run(p, m, v, Some(g));
-                } else {
-                    p.par_chunks_mut(CHUNK)
-                        .zip(m.par_chunks_mut(CHUNK))
-                        .zip(v.par_chunks_mut(CHUNK))
-                        .zip(g.par_chunks(CHUNK))
-                        .for_each(|(((p, m), v), g)| c.apply_run(p, m, v, Some(g)));
-                }
-            }
-            ParamGrad::RowSparse(s) => {
-                let width = s.values.ncols();
-                if p.is_empty() {
-                    return Ok(());
-                }
-                let values = s.values.as_standard_layout();
-                let values = values.as_slice().expect("standard layout is contiguous");
-                // Rows [r0, r0 + len / width) of the table, each with its
-                // gradient row or none (a zero gradient).
-                let rows_from = |r0: usize, p: &mut [T], m: &mut [T], v: &mut [T]| {
-                    let mut k = s.rows.partition_point(|&r| r < r0);
-                    let runs = p
-                        .chunks_mut(width)
-                        .zip(m.chunks_mut(width))
-                        .zip(v.chunks_mut(width));
-                    for (i, ((p, m), v)) in runs.enumerate() {
-                        let g = if s.rows.get(k) == Some(&(r0 + i)) {
-                            k += 1;
-                            Some(&values[(k - 1) * width..k * width])
-                        } else {
-                            None
-                        };
-                        c.apply_run(p, m, v, g);
-                    }
-                };
-                if p.len() < PAR_MIN_ELEMS {
-                    rows_from(0, p, m, v);
-                } else {
-                    let chunk_rows = (CHUNK / width).max(1);
-                    let chunk = chunk_rows * width;
-                    p.par_chunks_mut(chunk)
-                        .zip(m.par_chunks_mut(chunk))
-                        .zip(v.par_chunks_mut(chunk))
-                        .enumerate()
-                        .for_each(|(i, ((p, m), v))| rows_from(i * chunk_rows, p, m, v));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn state(&self) -> Vec<(String, StateValue<T>)> {
-        self.moments.state()
-    }
-
-    fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
-        self.moments.load(entries)
-    }
-
-    fn check_state(&self, params: &[&Parameter<T>]) -> Result<()> {
-        self.moments.check(params)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.config.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
-        check_lr(lr, false)?;
-        self.config.lr = lr;
-        Ok(())
-    }
+    adam_family_methods!(Coeffs<T>, false);
 }
 
 #[cfg(test)]

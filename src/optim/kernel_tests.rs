@@ -65,11 +65,20 @@ where
     p.value().mapv(f32::to_bits)
 }
 
-fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[ParamGrad<f32>]) -> Outcome {
-    let mut opt = Adam::new(config).unwrap();
+/// The update of an optimiser's naive reference.
+type NaiveUpdate<O> = fn(&mut O, &mut Parameter<f32>, &ParamGrad<f32>) -> crate::Result<()>;
+
+/// The parameter and state after [`run`] with `opt`: its `update_naive`
+/// on the naive path, its `update` otherwise.
+fn outcome<O: Optimizer<f32> + Send>(
+    path: Path,
+    (mut opt, update_naive): (O, NaiveUpdate<O>),
+    init: &ArrayD<f32>,
+    grads: &[ParamGrad<f32>],
+) -> Outcome {
     let p = run(path, init, grads, |naive, p, g| {
         if naive {
-            opt.update_naive(p, g).unwrap()
+            update_naive(&mut opt, p, g).unwrap()
         } else {
             opt.update(p, g).unwrap()
         }
@@ -77,16 +86,14 @@ fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[ParamGrad<f
     (p, opt.state())
 }
 
+fn adam(path: Path, config: AdamConfig, init: &ArrayD<f32>, grads: &[ParamGrad<f32>]) -> Outcome {
+    let opt = Adam::new(config).unwrap();
+    outcome(path, (opt, Adam::update_naive), init, grads)
+}
+
 fn lazy(path: Path, init: &ArrayD<f32>, grads: &[ParamGrad<f32>]) -> Outcome {
-    let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
-    let p = run(path, init, grads, |naive, p, g| {
-        if naive {
-            opt.update_naive(p, g).unwrap()
-        } else {
-            opt.update(p, g).unwrap()
-        }
-    });
-    (p, opt.state())
+    let opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+    outcome(path, (opt, LazyAdam::update_naive), init, grads)
 }
 
 #[test]

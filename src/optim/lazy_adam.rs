@@ -1,14 +1,12 @@
 //! Lazy Adam: `torch.optim.SparseAdam` for row-sparse gradients.
 
-use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
+use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
-use super::moments::MomentTable;
-use super::{
-    GradRow, Optimizer, StateValue, check_beta, check_grad, check_lr, flat_mut, rows_width,
-};
+use super::moments::{Kernel, MomentTable, Rule, apply_zip};
+use super::{GradRow, Optimizer, StateValue, check_beta, check_lr, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::{Error, ParamGrad, Parameter, Real, Result};
+use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
 ///
@@ -108,7 +106,9 @@ struct Coeffs<T> {
     neg_step_size: T,
 }
 
-impl<T: Real> Coeffs<T> {
+impl<T: Real> Rule<T> for Coeffs<T> {
+    type Config = LazyAdamConfig;
+
     fn new(c: &LazyAdamConfig, step: u64) -> Self {
         let t = step as f64;
         let bias_correction1 = 1.0 - c.beta1.powf(t);
@@ -130,11 +130,38 @@ impl<T: Real> Coeffs<T> {
         *p += self.neg_step_size * (*m / (v.sqrt() + self.eps));
     }
 
-    /// The update of a run of elements.
-    #[inline]
-    fn apply_run(&self, p: &mut [T], m: &mut [T], v: &mut [T], g: &[T]) {
-        let pmvg = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g);
-        pmvg.for_each(|(((p, m), v), &g)| self.apply(p, m, v, g));
+    /// Only the gradient's rows move, in parallel.
+    fn apply_sparse(&self, p: &mut [T], m: &mut [T], v: &mut [T], s: &RowSparse<T>) {
+        let width = s.values.ncols();
+        if width == 0 || s.rows.is_empty() {
+            return;
+        }
+        let values = s.values.as_standard_layout();
+        let values = values.as_slice().expect("standard layout is contiguous");
+        let rows = pick_rows(p, width, &s.rows)
+            .into_iter()
+            .zip(pick_rows(m, width, &s.rows))
+            .zip(pick_rows(v, width, &s.rows))
+            .zip(values.chunks(width))
+            .map(|(((p, m), v), g)| RowJob { p, m, v, g });
+        let run = |r: RowJob<'_, T>| self.apply_run(r.p, r.m, r.v, Some(r.g));
+        if values.len() < PAR_MIN_ELEMS {
+            rows.for_each(run);
+        } else {
+            // Rows of a narrow table are batched so that a task has a few
+            // thousand elements.
+            let min_rows = (4096 / width).max(1);
+            let rows: Vec<_> = rows.collect();
+            rows.into_par_iter().with_min_len(min_rows).for_each(run);
+        }
+    }
+
+    /// Row by row through `ndarray` views.
+    fn apply_sparse_naive(&self, mut pmv: [ArrayViewMutD<'_, T>; 3], s: &RowSparse<T>) {
+        for (&r, g) in s.rows.iter().zip(s.values.outer_iter()) {
+            let row = pmv.each_mut().map(|a| a.index_axis_mut(Axis(0), r));
+            apply_zip(self, row, g.into_dyn());
+        }
     }
 }
 
@@ -202,116 +229,18 @@ impl<T: Real> LazyAdam<T> {
     /// `ndarray` views: the reference the parallel update is tested
     /// against (bit for bit).
     ///
-    /// **Panics** as [`Optimizer::update`] does.
-    ///
-    /// ```
-    /// use ndarray::array;
-    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
-    /// use splitgrad::{ParamGrad, Parameter, RowSparse};
-    /// # fn main() -> splitgrad::Result<()> {
-    /// let g = ParamGrad::RowSparse(RowSparse { n_rows: 2, rows: vec![0], values: array![[0.5f32, -1.0]] });
-    /// let (mut a, mut b) = (Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()), Parameter::new("t", array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn()));
-    /// let (mut fast, mut naive) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
-    /// fast.update(&mut a, &g)?;
-    /// naive.update_naive(&mut b, &g)?;
-    /// assert_eq!(a.value(), b.value());
-    /// # Ok(()) }
-    /// ```
+    /// **Panics** as [`Optimizer::update`] does. Example: [the module's
+    /// serial references](crate::optim#serial-references).
     #[track_caller]
     pub fn update_naive(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
-        if !param.is_trainable() {
-            return Ok(());
-        }
-        check_grad(param, grad)?;
-        let slot = self.moments.slot(param)?;
-        slot.step += 1;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        let apply = |p: ArrayViewMutD<'_, T>,
-                     m: ArrayViewMutD<'_, T>,
-                     v: ArrayViewMutD<'_, T>,
-                     g: ArrayViewD<'_, T>| {
-            Zip::from(p)
-                .and(m)
-                .and(v)
-                .and(g)
-                .for_each(|p, m, v, &g| c.apply(p, m, v, g));
-        };
-        match grad {
-            ParamGrad::Dense(g) => apply(
-                param.value_mut().view_mut(),
-                slot.exp_avg.view_mut(),
-                slot.exp_avg_sq.view_mut(),
-                g.view(),
-            ),
-            ParamGrad::RowSparse(s) => {
-                for (&r, g) in s.rows.iter().zip(s.values.outer_iter()) {
-                    apply(
-                        param.value_mut().index_axis_mut(Axis(0), r),
-                        slot.exp_avg.index_axis_mut(Axis(0), r),
-                        slot.exp_avg_sq.index_axis_mut(Axis(0), r),
-                        g.into_dyn(),
-                    );
-                }
-            }
-        }
-        Ok(())
+        let naive = Kernel::Naive;
+        self.moments
+            .update::<Coeffs<T>>(&self.config, param, grad, naive)
     }
 }
 
 impl<T: Real> Optimizer<T> for LazyAdam<T> {
-    #[track_caller]
-    fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
-        if !param.is_trainable() {
-            return Ok(());
-        }
-        check_grad(param, grad)?;
-        let slot = self.moments.slot(param)?;
-        slot.step += 1;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        let p = flat_mut(param);
-        let (m, v) = slot.slices_mut();
-        match grad {
-            ParamGrad::Dense(g) => {
-                let g = g.as_standard_layout();
-                let g = g.as_slice().expect("standard layout is contiguous");
-                if p.len() < PAR_MIN_ELEMS {
-                    c.apply_run(p, m, v, g);
-                } else {
-                    const CHUNK: usize = 1 << 14;
-                    p.par_chunks_mut(CHUNK)
-                        .zip(m.par_chunks_mut(CHUNK))
-                        .zip(v.par_chunks_mut(CHUNK))
-                        .zip(g.par_chunks(CHUNK))
-                        .for_each(|(((p, m), v), g)| c.apply_run(p, m, v, g));
-                }
-            }
-            ParamGrad::RowSparse(s) => {
-                let width = s.values.ncols();
-                if width == 0 || s.rows.is_empty() {
-                    return Ok(());
-                }
-                let values = s.values.as_standard_layout();
-                let values = values.as_slice().expect("standard layout is contiguous");
-                let rows = pick_rows(p, width, &s.rows)
-                    .into_iter()
-                    .zip(pick_rows(m, width, &s.rows))
-                    .zip(pick_rows(v, width, &s.rows))
-                    .zip(values.chunks(width))
-                    .map(|(((p, m), v), g)| RowJob { p, m, v, g });
-                let run = |r: RowJob<'_, T>| c.apply_run(r.p, r.m, r.v, r.g);
-                if values.len() < PAR_MIN_ELEMS {
-                    rows.for_each(run);
-                } else {
-                    // Rows of a narrow table are batched so that a task has a few
-                    // thousand elements.
-                    let min_rows = (4096 / width).max(1);
-                    let rows: Vec<_> = rows.collect();
-                    rows.into_par_iter().with_min_len(min_rows).for_each(run);
-                }
-            }
-        }
-        Ok(())
-    }
+    adam_family_methods!(Coeffs<T>, true);
 
     /// Rows in parallel, each row's gradient computed into a buffer of
     /// the task just before the row is updated.
@@ -324,8 +253,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             return Ok(());
         }
         let width = rows_width(param)?;
-        let slot = self.moments.slot(param)?;
-        slot.step += 1;
+        let slot = self.moments.step(param)?;
         let c = Coeffs::<T>::new(&self.config, slot.step);
         if width == 0 {
             return Ok(());
@@ -334,7 +262,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         let (m, v) = slot.slices_mut();
         let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
             grad_row(r, p, g);
-            c.apply_run(p, m, v, g);
+            c.apply_run(p, m, v, Some(g));
         };
         if p.len() < PAR_MIN_ELEMS {
             let mut g = vec![T::zero(); width];
@@ -353,28 +281,6 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
                 .with_min_len(min_rows)
                 .for_each_init(|| vec![T::zero(); width], run);
         }
-        Ok(())
-    }
-
-    fn state(&self) -> Vec<(String, StateValue<T>)> {
-        self.moments.state()
-    }
-
-    fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
-        self.moments.load(entries)
-    }
-
-    fn check_state(&self, params: &[&Parameter<T>]) -> Result<()> {
-        self.moments.check(params)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.config.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
-        check_lr(lr, true)?;
-        self.config.lr = lr;
         Ok(())
     }
 }

@@ -23,6 +23,39 @@
 //! vectorised kernels may fuse, so results agree with PyTorch to rounding,
 //! and with themselves bit for bit whatever the number of threads.
 //!
+//! # Serial references
+//!
+//! The Adam family's updates run in parallel; each has a serial twin,
+//! [`Adam::update_naive`] and [`LazyAdam::update_naive`], that it equals
+//! bit for bit whatever the number of threads:
+//!
+//! ```
+//! use ndarray::array;
+//! use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
+//! use splitgrad::{ParamGrad, Parameter, Result, RowSparse};
+//!
+//! type Naive<O> = fn(&mut O, &mut Parameter<f32>, &ParamGrad<f32>) -> Result<()>;
+//!
+//! /// One update of a table by `fast`, and by `naive` through its serial
+//! /// twin, from a gradient of table row `row`.
+//! fn agree<O: Optimizer<f32>>(mut fast: O, (mut naive, update_naive): (O, Naive<O>), row: usize) -> Result<()> {
+//!     let g = ParamGrad::RowSparse(RowSparse { n_rows: 2, rows: vec![row], values: array![[0.5f32, -1.0]] });
+//!     let table = array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn();
+//!     let (mut a, mut b) = (Parameter::new("t", table.clone()), Parameter::new("t", table));
+//!     fast.update(&mut a, &g)?;
+//!     update_naive(&mut naive, &mut b, &g)?;
+//!     assert_eq!(a.value(), b.value());
+//!     Ok(())
+//! }
+//!
+//! # fn main() -> Result<()> {
+//! let adam = || Adam::new(AdamConfig::default());
+//! agree(adam()?, (adam()?, Adam::update_naive), 1)?;
+//! let lazy = || LazyAdam::new(LazyAdamConfig::default());
+//! agree(lazy()?, (lazy()?, LazyAdam::update_naive), 0)?;
+//! # Ok(()) }
+//! ```
+//!
 //! # State and checkpoints
 //!
 //! State is keyed by the parameter's **name** ([`Parameter::name`]), not its
@@ -56,6 +89,52 @@
 //! assert!((w.value()[0] - 0.9).abs() < 1e-6 && (w.value()[1] + 1.9).abs() < 1e-6);
 //! # Ok(()) }
 //! ```
+
+/// `learning_rate` and `set_learning_rate` of an [`Optimizer`] impl whose
+/// configuration is `self.config`: the rate is `config.lr`, a new one
+/// checked as at construction (`check_lr(lr, $strict)`).
+macro_rules! learning_rate_methods {
+    ($strict:expr) => {
+        fn learning_rate(&self) -> f64 {
+            self.config.lr
+        }
+
+        fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+            super::check_lr(lr, $strict)?;
+            self.config.lr = lr;
+            Ok(())
+        }
+    };
+}
+
+/// The [`Optimizer`] methods of the Adam family, whose state is the
+/// [`moments::MomentTable`] `self.moments`: `update` by the rule `$rule`
+/// (from `self.config`), the state's three methods, and the learning rate's
+/// two (`$strict` as in `learning_rate_methods`).
+macro_rules! adam_family_methods {
+    ($rule:ty, $strict:expr) => {
+        #[track_caller]
+        fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
+            let fast = super::moments::Kernel::Fast;
+            self.moments
+                .update::<$rule>(&self.config, param, grad, fast)
+        }
+
+        fn state(&self) -> Vec<(String, StateValue<T>)> {
+            self.moments.state()
+        }
+
+        fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
+            self.moments.load(entries)
+        }
+
+        fn check_state(&self, params: &[&Parameter<T>]) -> Result<()> {
+            self.moments.check(params)
+        }
+
+        learning_rate_methods!($strict);
+    };
+}
 
 mod adam;
 mod groups;
@@ -461,6 +540,18 @@ mod tests {
     use crate::RowSparse;
     use ndarray::{Array2, array};
 
+    /// A (4, 2) parameter `t` of zeros, and a gradient of ones in `rows`.
+    fn table_and_rows(rows: Vec<usize>) -> (Parameter<f64>, RowSparse<f64>) {
+        let p = Parameter::new("t", Array2::<f64>::zeros((4, 2)).into_dyn());
+        let values = Array2::ones((rows.len(), 2));
+        let g = RowSparse {
+            n_rows: 4,
+            rows,
+            values,
+        };
+        (p, g)
+    }
+
     #[test]
     fn entry_names_split_at_the_last_dot() {
         assert_eq!(
@@ -475,12 +566,7 @@ mod tests {
 
     #[test]
     fn gradients_are_checked_against_the_parameter() {
-        let p = Parameter::new("t", Array2::<f64>::zeros((4, 2)).into_dyn());
-        let ok = RowSparse {
-            n_rows: 4,
-            rows: vec![0, 3],
-            values: Array2::ones((2, 2)),
-        };
+        let (p, ok) = table_and_rows(vec![0, 3]);
         assert!(check_grad(&p, &ParamGrad::RowSparse(ok.clone())).is_ok());
         let far = RowSparse {
             rows: vec![0, 4],
@@ -510,12 +596,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "rows are not sorted and unique")]
     fn unsorted_rows_are_a_caller_bug() {
-        let p = Parameter::new("t", Array2::<f64>::zeros((4, 2)).into_dyn());
-        let g = RowSparse {
-            n_rows: 4,
-            rows: vec![2, 1],
-            values: Array2::ones((2, 2)),
-        };
+        let (p, g) = table_and_rows(vec![2, 1]);
         let _ = check_grad(&p, &ParamGrad::RowSparse(g));
     }
 

@@ -1,13 +1,102 @@
-//! The per-parameter state of the Adam family ([`super::Adam`],
-//! [`super::LazyAdam`]): a step count and the two moments, keyed by
-//! parameter name, with its checkpoint form.
+//! What the Adam family ([`super::Adam`], [`super::LazyAdam`]) shares: the
+//! per-parameter state (a step count and the two moments, keyed by
+//! parameter name, with its checkpoint form), and the update itself, each
+//! member giving its element rule and its treatment of a row-sparse
+//! gradient ([`Rule`]).
 
 use std::collections::BTreeMap;
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, IxDyn, Zip};
+use rayon::prelude::*;
 
-use super::{StateValue, split_entry, unknown_field, wrong_kind};
-use crate::{Error, Parameter, Real, Result};
+use super::{StateValue, check_grad, flat_mut, split_entry, unknown_field, wrong_kind};
+use crate::kernels::PAR_MIN_ELEMS;
+use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
+
+/// Elements per parallel task of a dense update.
+pub(super) const CHUNK: usize = 1 << 14;
+
+/// The update rule of one member of the family: its coefficients for one
+/// step, rounded to `T` once, and how they apply.
+pub(super) trait Rule<T: Real>: Sized + Sync {
+    /// The hyper-parameters.
+    type Config;
+
+    /// The coefficients of the step whose count (after the increment) is
+    /// `step`.
+    fn new(config: &Self::Config, step: u64) -> Self;
+
+    /// One element's update from its gradient `g`.
+    fn apply(&self, p: &mut T, m: &mut T, v: &mut T, g: T);
+
+    /// The update of a run of elements; `g = None` is a zero gradient.
+    #[inline]
+    fn apply_run(&self, p: &mut [T], m: &mut [T], v: &mut [T], g: Option<&[T]>) {
+        let pmv = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut());
+        match g {
+            Some(g) => pmv
+                .zip(g)
+                .for_each(|(((p, m), v), &g)| self.apply(p, m, v, g)),
+            None => pmv.for_each(|((p, m), v)| self.apply(p, m, v, T::zero())),
+        }
+    }
+
+    /// The update of the whole parameter and its moments, flat and
+    /// row-major, from a row-sparse gradient of its shape.
+    fn apply_sparse(&self, p: &mut [T], m: &mut [T], v: &mut [T], s: &RowSparse<T>);
+
+    /// [`Rule::apply_sparse`] serially through `ndarray` views of the
+    /// parameter and its moments: the reference it is tested against, bit
+    /// for bit. This default updates every element from the dense
+    /// gradient, the row-sparse one written out (right for a member whose
+    /// row-sparse update is its dense equivalent's).
+    fn apply_sparse_naive(&self, pmv: [ArrayViewMutD<'_, T>; 3], s: &RowSparse<T>) {
+        apply_zip(self, pmv, s.to_dense().into_dyn().view());
+    }
+}
+
+/// Every element's update from a dense gradient, in parallel chunks above
+/// [`PAR_MIN_ELEMS`] elements (each element is independent, so the result
+/// is the same for any number of threads).
+pub(super) fn apply_dense<T: Real>(
+    rule: &impl Rule<T>,
+    p: &mut [T],
+    m: &mut [T],
+    v: &mut [T],
+    g: &[T],
+) {
+    if p.len() < PAR_MIN_ELEMS {
+        rule.apply_run(p, m, v, Some(g));
+    } else {
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(((p, m), v), g)| rule.apply_run(p, m, v, Some(g)));
+    }
+}
+
+/// Every element's update, serially through `ndarray` views (the naive
+/// path).
+pub(super) fn apply_zip<T: Real>(
+    rule: &impl Rule<T>,
+    [p, m, v]: [ArrayViewMutD<'_, T>; 3],
+    g: ArrayViewD<'_, T>,
+) {
+    Zip::from(p)
+        .and(m)
+        .and(v)
+        .and(g)
+        .for_each(|p, m, v, &g| rule.apply(p, m, v, g));
+}
+
+/// Which update to run: the parallel kernels, or their serial reference
+/// (`update_naive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    Fast,
+    Naive,
+}
 
 const FIELDS: [&str; 3] = ["exp_avg", "exp_avg_sq", "step"];
 
@@ -44,6 +133,59 @@ pub(super) struct MomentTable<T> {
 }
 
 impl<T: Real> MomentTable<T> {
+    /// One update of `param` from its gradient by the member whose rule
+    /// is `R` ([`Optimizer::update`](super::Optimizer::update), or
+    /// `update_naive` with [`Kernel::Naive`]): a frozen parameter is left
+    /// alone and gets no state; otherwise the gradient is checked (its
+    /// error comes before a state error), the step counted, and every
+    /// element of a dense gradient, or the rows of a row-sparse one as the
+    /// rule treats them, updated.
+    ///
+    /// **Panics** if a row-sparse gradient's rows are not sorted and unique.
+    #[track_caller]
+    pub fn update<R: Rule<T>>(
+        &mut self,
+        config: &R::Config,
+        param: &mut Parameter<T>,
+        grad: &ParamGrad<T>,
+        kernel: Kernel,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        check_grad(param, grad)?;
+        let slot = self.step(param)?;
+        let rule = R::new(config, slot.step);
+        if kernel == Kernel::Naive {
+            let (m, v) = (slot.exp_avg.view_mut(), slot.exp_avg_sq.view_mut());
+            let pmv = [param.value_mut().view_mut(), m, v];
+            match grad {
+                ParamGrad::Dense(g) => apply_zip(&rule, pmv, g.view()),
+                ParamGrad::RowSparse(s) => rule.apply_sparse_naive(pmv, s),
+            }
+            return Ok(());
+        }
+        let p = flat_mut(param);
+        let (m, v) = slot.slices_mut();
+        match grad {
+            ParamGrad::Dense(g) => {
+                let g = g.as_standard_layout();
+                let g = g.as_slice().expect("standard layout is contiguous");
+                apply_dense(&rule, p, m, v, g);
+            }
+            ParamGrad::RowSparse(s) => rule.apply_sparse(p, m, v, s),
+        }
+        Ok(())
+    }
+
+    /// The state of `param` with one more step counted (zeros and step 1
+    /// the first time); an error as [`MomentTable::slot`].
+    pub fn step(&mut self, param: &Parameter<T>) -> Result<&mut Moments<T>> {
+        let slot = self.slot(param)?;
+        slot.step += 1;
+        Ok(slot)
+    }
+
     /// The state of `param`, zeros (step 0) the first time; an error if
     /// the kept state has another shape than the parameter.
     pub fn slot(&mut self, param: &Parameter<T>) -> Result<&mut Moments<T>> {
@@ -140,22 +282,34 @@ impl<T: Real> MomentTable<T> {
 
     /// Every parameter with state is in `params`, with the state's shape.
     pub fn check(&self, params: &[&Parameter<T>]) -> Result<()> {
-        for (name, m) in &self.slots {
-            match params.iter().find(|p| p.name() == name) {
-                None => {
-                    return Err(Error::format(
-                        "optimiser state for a parameter that is not being trained",
-                    )
-                    .in_array(format!("{name}.exp_avg")));
-                }
-                Some(p) if p.value().shape() != m.exp_avg.shape() => {
-                    return Err(state_shape_error(p, "exp_avg", m.exp_avg.shape()));
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
+        let kept = self.slots.iter().map(|(n, m)| (n, m.exp_avg.shape()));
+        check_kept(kept, "exp_avg", params)
     }
+}
+
+/// Checks kept state, `(parameter name, shape)` for each parameter with
+/// state, against the parameters it will update: each is among `params`
+/// with that shape. An error names the entry `<name>.<field>`.
+pub(super) fn check_kept<'k, T>(
+    kept: impl Iterator<Item = (&'k String, &'k [usize])>,
+    field: &str,
+    params: &[&Parameter<T>],
+) -> Result<()> {
+    for (name, shape) in kept {
+        match params.iter().find(|p| p.name() == name) {
+            None => {
+                return Err(Error::format(
+                    "optimiser state for a parameter that is not being trained",
+                )
+                .in_array(format!("{name}.{field}")));
+            }
+            Some(p) if p.value().shape() != shape => {
+                return Err(state_shape_error(p, field, shape));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Kept state of `param` (field `field`) has shape `found`, not the

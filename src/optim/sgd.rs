@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::moments::state_shape_error;
+use super::moments::{check_kept, state_shape_error};
 use super::{
     Optimizer, StateValue, check_grad, check_lr, check_non_negative, flat_mut, split_entry,
     unknown_field, wrong_kind,
@@ -262,32 +262,11 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
     }
 
     fn check_state(&self, params: &[&Parameter<T>]) -> Result<()> {
-        for (name, b) in &self.buffers {
-            match params.iter().find(|p| p.name() == name) {
-                None => {
-                    return Err(Error::format(
-                        "optimiser state for a parameter that is not being trained",
-                    )
-                    .in_array(format!("{name}.momentum_buffer")));
-                }
-                Some(p) if p.value().shape() != b.shape() => {
-                    return Err(state_shape_error(p, "momentum_buffer", b.shape()));
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
+        let kept = self.buffers.iter().map(|(n, b)| (n, b.shape()));
+        check_kept(kept, "momentum_buffer", params)
     }
 
-    fn learning_rate(&self) -> f64 {
-        self.config.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
-        check_lr(lr, false)?;
-        self.config.lr = lr;
-        Ok(())
-    }
+    learning_rate_methods!(false);
 }
 
 #[cfg(test)]
@@ -325,20 +304,21 @@ mod tests {
             ..SgdConfig::default()
         })
         .unwrap();
-        let e = sgd
-            .load_state(vec![("w.exp_avg".into(), StateValue::Step(3))])
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "array `w.exp_avg`: unknown optimiser state field (this optimiser keeps momentum_buffer)"
-        );
-        let e = sgd
-            .load_state(vec![("w.momentum_buffer".into(), StateValue::Step(3))])
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "array `w.momentum_buffer`: has dtype u64 step count, expected real array"
-        );
+        for (entry, message) in [
+            (
+                "w.exp_avg",
+                "array `w.exp_avg`: unknown optimiser state field (this optimiser keeps momentum_buffer)",
+            ),
+            (
+                "w.momentum_buffer",
+                "array `w.momentum_buffer`: has dtype u64 step count, expected real array",
+            ),
+        ] {
+            let e = sgd
+                .load_state(vec![(entry.into(), StateValue::Step(3))])
+                .unwrap_err();
+            assert_eq!(e.to_string(), message);
+        }
         let b = StateValue::Array(array![1.0, 2.0].into_dyn());
         sgd.load_state(vec![("w.momentum_buffer".into(), b)])
             .unwrap();

@@ -182,7 +182,8 @@ pub(crate) fn coalesce_parts<T: Real>(
         .zip(stores.iter_mut())
         .map(|(p, store)| p.src.rows(p.n_src, width, p.rows, store))
         .collect();
-    crate::kernels::scatter::coalesce_sources_in(pool, n_rows, width, &ids, &sources)
+    let rows = crate::kernels::scatter::coalesce_sources_in(pool, n_rows, width, &ids, &sources);
+    crate::RowSparse::from_coalesced(n_rows, rows)
 }
 
 /// Adds the rows of `part` into a dense `(n_rows, …)` buffer `g` (a table

@@ -4,10 +4,11 @@
 //! it so far (none, an array, or a lazy `c·R`), and for every 2-D parameter
 //! the rows sent to it by gathers. An op's [`Backward`](super::Backward)
 //! reads the values it needs ([`NodeGrads::value`]) and adds its inputs'
-//! gradients through [`NodeGrads::buffer`], [`NodeGrads::add`],
-//! [`NodeGrads::add_scaled`] or [`NodeGrads::add_rows`]; the first touch of a node
-//! decides its buffer, so a fresh array handed over by an op becomes the
-//! buffer with no zero-fill and no add.
+//! gradients through [`NodeGrads::accumulate`] (or [`NodeGrads::buffer`]),
+//! [`NodeGrads::add`], [`NodeGrads::add_scaled`] or [`NodeGrads::add_rows`]
+//! (the contract of [`crate::ops`]); the first touch of a node decides its
+//! buffer, so a fresh array handed over by an op becomes the buffer with no
+//! zero-fill and no add.
 
 use std::collections::BTreeMap;
 
@@ -154,22 +155,7 @@ impl<'a, T: Real> NodeGrads<'a, T> {
     /// **Panics** if `d` does not have `v`'s shape.
     #[track_caller]
     pub fn add(&mut self, v: Var, d: ArrayD<T>) {
-        let slot = &mut self.slots[v.0];
-        assert_eq!(
-            d.shape(),
-            slot.value.shape(),
-            "NodeGrads::add: a gradient of another shape than its node"
-        );
-        if !slot.requires_grad {
-            self.pool.give(d);
-            return;
-        }
-        if slot.flow.is_none() {
-            slot.flow = Some(Flow::Dense(d));
-        } else if let Some(g) = self.buffer(v) {
-            *g += &d;
-            self.pool.give(d);
-        }
+        self.add_flow(v, "add", Flow::Dense(d));
     }
 
     /// Adds `c·r` (r of `v`'s shape, held by the tape) to `v`'s gradient:
@@ -179,20 +165,58 @@ impl<'a, T: Real> NodeGrads<'a, T> {
     /// **Panics** if `r` does not have `v`'s shape.
     #[track_caller]
     pub fn add_scaled(&mut self, v: Var, c: T, r: ArrayViewD<'a, T>) {
+        self.add_flow(v, "add_scaled", Flow::Scaled(c, r));
+    }
+
+    /// [`NodeGrads::add`] and [`NodeGrads::add_scaled`]: `flow` becomes
+    /// `v`'s gradient as it is when `v` has none yet, and is added into
+    /// its buffer otherwise (a fresh array then goes back to the pool).
+    #[track_caller]
+    fn add_flow(&mut self, v: Var, method: &str, flow: Flow<'a, T>) {
         let slot = &mut self.slots[v.0];
         assert_eq!(
-            r.shape(),
+            flow.shape(),
             slot.value.shape(),
-            "NodeGrads::add_scaled: a gradient of another shape than its node"
+            "NodeGrads::{method}: a gradient of another shape than its node"
         );
         if !slot.requires_grad {
+            if let Flow::Dense(d) = flow {
+                self.pool.give(d);
+            }
             return;
         }
         if slot.flow.is_none() {
-            slot.flow = Some(Flow::Scaled(c, r));
-        } else if let Some(g) = self.buffer(v) {
-            add_scaled(c, r, g);
+            slot.flow = Some(flow);
+            return;
         }
+        let g = self.buffer(v).expect("gradient flows into v");
+        match flow {
+            Flow::Dense(d) => {
+                *g += &d;
+                self.pool.give(d);
+            }
+            Flow::Scaled(c, r) => add_scaled(c, r, g),
+        }
+    }
+
+    /// The accumulating form's hand-over (see [`crate::ops`]): writes `gy`
+    /// out once (a buffer from the pool), then calls `add(k, ∂y, g)` for
+    /// each `inputs[k]` that wants a gradient, in order, `g` its buffer
+    /// ([`NodeGrads::buffer`]: zero-filled on first use), and gives ∂y back
+    /// to the pool.
+    pub fn accumulate(
+        &mut self,
+        gy: Flow<'a, T>,
+        inputs: &[Var],
+        mut add: impl FnMut(usize, ArrayViewD<'_, T>, &mut ArrayD<T>),
+    ) {
+        let gy = gy.into_owned_in(&self.pool);
+        for (k, &v) in inputs.iter().enumerate() {
+            if let Some(g) = self.buffer(v) {
+                add(k, gy.view(), g);
+            }
+        }
+        self.pool.give(gy);
     }
 
     /// Sends rows to `table`: kept row-sparse when the table is a 2-D

@@ -11,9 +11,11 @@
 //! [`Tape::push_op`] together with the state its backward needs, and the
 //! reverse sweep calls that state's [`Backward::backward`] with the
 //! gradient flowing into the node. The gradients themselves live in
-//! [`NodeGrads`], whose methods add into the buffer of a node ([`NodeGrads::buffer`],
-//! [`NodeGrads::add`], [`NodeGrads::add_scaled`]) or send rows to a table
-//! ([`NodeGrads::add_rows`], the row-sparse flow of [`flow`]).
+//! [`NodeGrads`], whose methods add into the buffer of a node
+//! ([`NodeGrads::accumulate`], [`NodeGrads::buffer`], [`NodeGrads::add`],
+//! [`NodeGrads::add_scaled`]) or send rows to a table
+//! ([`NodeGrads::add_rows`], the row-sparse flow of [`flow`]); the ops'
+//! contract for them is in [`crate::ops`].
 //!
 //! Parameters are borrowed, not copied: [`Tape::param`] stores a view of the
 //! parameter's array, so using a 151936 × 1024 table costs nothing but the
@@ -81,7 +83,10 @@ impl<T> Value<'_, T> {
 /// gradient of that output (an array of its shape, or a scaled constant not
 /// yet written out: [`Flow`]), and adds the gradients of the op's inputs
 /// through `grads`. It must **add**, never overwrite: an input used twice
-/// accumulates both contributions.
+/// accumulates both contributions. The ops add into buffers the store
+/// lends them ([`NodeGrads::accumulate`]) or give it arrays, rows or a lazy
+/// pair ([`NodeGrads::add`], [`NodeGrads::add_rows`],
+/// [`NodeGrads::add_scaled`]): the contract of [`crate::ops`].
 ///
 /// A saved state is `Send` and `Sync` (a tape may be handed to another
 /// thread, or read from several). A new op is a type implementing this
@@ -98,11 +103,10 @@ impl<T> Value<'_, T> {
 ///
 /// impl Backward<f64> for Cube {
 ///     fn backward<'a>(&'a self, _y: ArrayViewD<'a, f64>, gy: Flow<'a, f64>, grads: &mut NodeGrads<'a, f64>) {
-///         let gy = gy.into_owned();
 ///         let x = grads.value(self.x);
-///         if let Some(g) = grads.buffer(self.x) {
+///         grads.accumulate(gy, &[self.x], |_, gy, g| {
 ///             ndarray::Zip::from(g).and(&gy).and(&x).for_each(|g, &gy, &x| *g += 3.0 * x * x * gy);
-///         }
+///         });
 ///     }
 /// }
 ///

@@ -13,12 +13,12 @@ use ndarray::{Array2, ArrayD, Axis, IxDyn, ShapeBuilder, array, concatenate};
 use proptest::prelude::*;
 use splitgrad::kernels::reduce::{dot_naive, dot_slices};
 use splitgrad::kernels::routing::SplitRouting;
-use splitgrad::kernels::scatter::{RowSource, coalesce_rows_naive, coalesce_sources};
+use splitgrad::kernels::scatter::{Coalesced, RowSource, coalesce_rows_naive, coalesce_sources};
 use splitgrad::layers::SplitTokenEmbeddings;
 use splitgrad::ops::gather::gather_forward;
 use splitgrad::ops::split_gather::split_gather_forward;
 use splitgrad::state::Module;
-use splitgrad::{ParamGrad, Rng, RowSparse, Tape};
+use splitgrad::{ParamGrad, Rng, Tape};
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -27,7 +27,7 @@ fn pool(threads: usize) -> rayon::ThreadPool {
         .unwrap()
 }
 
-fn same_bits(a: &RowSparse<f32>, b: &RowSparse<f32>) -> Result<(), TestCaseError> {
+fn same_bits(a: &Coalesced<f32>, b: &Coalesced<f32>) -> Result<(), TestCaseError> {
     prop_assert_eq!(&a.rows, &b.rows);
     prop_assert_eq!(a.values.dim(), b.values.dim());
     for (x, y) in a.values.iter().zip(b.values.iter()) {

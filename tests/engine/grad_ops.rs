@@ -8,7 +8,7 @@ use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use splitgrad::kernels::routing::SplitRouting;
 use splitgrad::kernels::scatter::{coalesce_rows, coalesce_rows_naive};
-use splitgrad::{ErrorKind, ParamGrad, Parameter, Tape, Var};
+use splitgrad::{ErrorKind, ParamGrad, Parameter, RowSparse, Tape, Var};
 
 /// Cases of each property test (the slow ones: fewer).
 const CASES: u32 = 64;
@@ -411,13 +411,13 @@ proptest! {
             }))
         })
     ) {
-        let fast = coalesce_rows(n_rows, &ids, values.view());
-        let naive = coalesce_rows_naive(n_rows, &ids, values.view());
+        let fast = RowSparse::from_coalesced(n_rows, coalesce_rows(n_rows, &ids, values.view()));
+        let naive = RowSparse::from_coalesced(n_rows, coalesce_rows_naive(n_rows, &ids, values.view()));
         assert_bitwise(&fast, &naive)?;
         let narrow = values.mapv(|v| v as f32);
         assert_bitwise(
-            &coalesce_rows(n_rows, &ids, narrow.view()),
-            &coalesce_rows_naive(n_rows, &ids, narrow.view()),
+            &RowSparse::from_coalesced(n_rows, coalesce_rows(n_rows, &ids, narrow.view())),
+            &RowSparse::from_coalesced(n_rows, coalesce_rows_naive(n_rows, &ids, narrow.view())),
         )?;
     }
 }
@@ -435,8 +435,8 @@ proptest! {
             }))
         })
     ) {
-        let fast = coalesce_rows(50, &ids, values.view());
-        let naive = coalesce_rows_naive(50, &ids, values.view());
+        let fast = RowSparse::from_coalesced(50, coalesce_rows(50, &ids, values.view()));
+        let naive = RowSparse::from_coalesced(50, coalesce_rows_naive(50, &ids, values.view()));
         assert_bitwise(&fast, &naive)?;
     }
 }
