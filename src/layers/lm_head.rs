@@ -22,18 +22,45 @@
 //! one `chunk_tokens × V` block, sized by [`SumChunks`]). Derivation:
 //! `docs/gradients.md#summed-fused-cross-entropy`.
 
-use ndarray::ArrayViewD;
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn};
 
-use super::{Ids, SplitTables};
+use super::grads::as_tape_leaves;
+use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::ops::cross_entropy::first_bad_label;
-use crate::ops::fused_ce::{ChunkSizes, HeadKernel, Targets};
-use crate::ops::fused_ce_sum::SumChunks;
-use crate::param::Parameter;
+use crate::ops::fused_ce::{
+    ChunkSizes, HeadKernel, RowStats, Targets, fused_ce_backward_on, fused_ce_forward_on,
+};
+use crate::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward_on};
+use crate::param::{ParamGrad, Parameter};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
+
+/// What [`SplitLanguageModellingHead::backward_saved`] needs of a forward
+/// pass: the checked labels and each token's hidden row, and each hidden
+/// row's log-sum-exp (as its max and log-sum), so that the backward runs
+/// no second forward. 2·N reals and 3·N indices or so.
+#[derive(Clone, Debug)]
+pub struct HeadSaved<T> {
+    targets: Targets,
+    stats: RowStats<T>,
+    hidden_shape: Vec<usize>,
+    labels_shape: Vec<usize>,
+}
+
+impl<T> HeadSaved<T> {
+    /// The shape of the hidden states the forward read.
+    pub fn hidden_shape(&self) -> &[usize] {
+        &self.hidden_shape
+    }
+
+    /// The shape of the labels (and of the loss).
+    pub fn labels_shape(&self) -> &[usize] {
+        &self.labels_shape
+    }
+}
 
 /// The output layer of a split vocabulary with per-token cross-entropy.
 ///
@@ -131,16 +158,12 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         self.kernel
     }
 
-    fn check(
-        &self,
-        tape: &Tape<'_, T>,
-        hidden: Var,
-        labels: ArrayViewD<'_, i64>,
-    ) -> Result<Vec<i64>> {
-        let hs = tape.value(hidden).shape().to_vec();
+    /// The labels, flat, after checking them and the hidden states' shape
+    /// `hs` (the errors of [`Self::forward`]).
+    fn check(&self, hs: &[usize], labels: ArrayViewD<'_, i64>) -> Result<Vec<i64>> {
         let h = self.splits.hidden_size();
         if hs.last() != Some(&h) {
-            return Err(Error::shape("hidden", format!("(…, {h})"), &hs));
+            return Err(Error::shape("hidden", format!("(…, {h})"), hs));
         }
         if labels.shape() != &hs[..hs.len() - 1] {
             return Err(Error::shape(
@@ -176,7 +199,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         labels: impl Ids<'i>,
     ) -> Result<Var> {
         let labels = labels.ids();
-        let flat = self.check(tape, hidden, labels.view())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.view())?;
         let loss = self.fused(tape, hidden, Targets::per_token(flat));
         Ok(tape.reshape(loss, labels.shape()))
     }
@@ -212,7 +235,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         hidden: Var,
         labels: impl Ids<'i>,
     ) -> Result<Var> {
-        let flat = self.check(tape, hidden, labels.ids())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.ids())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         Ok(tape.fused_cross_entropy_sum_on(hidden, &ws, &flat, self.sum_chunks, self.kernel))
     }
@@ -334,6 +357,185 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         tape.fused_cross_entropy_on(hidden, &ws, targets, self.chunks, self.kernel)
     }
 
+    /// [`Self::forward`] without a tape: the per-token loss (labels'
+    /// shape) and what [`Self::backward_saved`] needs. The same bits and
+    /// errors as the tape.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{layers::{SplitLanguageModellingHead, Workspace}, Rng};
+    /// let mut head = SplitLanguageModellingHead::<f64>::new(&[("orig", 5), ("new", 2)], &["orig", "new"], 3)?;
+    /// head.reset_parameters(&mut Rng::new(0));
+    /// let hidden = array![[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]].into_dyn();
+    /// let (loss, saved) = head.forward_saved(hidden.view(), &[6i64, -100])?;
+    /// assert_eq!(loss[[1]], 0.0);
+    /// let g = head.backward_saved(&Workspace::new(), &saved, hidden.view(), array![1.0, 1.0].into_dyn().view(), true)?;
+    /// assert_eq!(g.input.unwrap().shape(), &[2, 3]);
+    /// assert_eq!(g.params.len(), 2);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved<'i>(
+        &self,
+        hidden: ArrayViewD<'_, T>,
+        labels: impl Ids<'i>,
+    ) -> Result<(ArrayD<T>, HeadSaved<T>)> {
+        let labels = labels.ids();
+        let flat = self.check(hidden.shape(), labels.view())?;
+        let targets = Targets::per_token(flat);
+        let h2 = as_rows(hidden.view());
+        let weights = self.weight_views();
+        let (loss, stats) =
+            fused_ce_forward_on(self.kernel, h2.view(), &weights, &targets, self.chunks);
+        let loss = ArrayD::from_shape_vec(IxDyn(labels.shape()), loss).expect("one loss per label");
+        let saved = HeadSaved {
+            targets,
+            stats,
+            hidden_shape: hidden.shape().to_vec(),
+            labels_shape: labels.shape().to_vec(),
+        };
+        Ok((loss, saved))
+    }
+
+    /// The gradients of `Σ loss ⊙ grad_loss` for the loss of
+    /// [`Self::forward_saved`] on these hidden states, from the saved
+    /// log-sum-exps (no second forward): ∂hidden as the input's gradient
+    /// when `want_hidden`, ∂W_k (dense) for each trainable split, each in
+    /// a buffer from `ws`; the bits of the tape's `backward_from`. Errors
+    /// when `grad_loss` is not of the labels' shape or `hidden` not of the
+    /// saved shape.
+    pub fn backward_saved(
+        &self,
+        ws: &Workspace<T>,
+        saved: &HeadSaved<T>,
+        hidden: ArrayViewD<'_, T>,
+        grad_loss: ArrayViewD<'_, T>,
+        want_hidden: bool,
+    ) -> Result<LayerGrads<T>> {
+        if grad_loss.shape() != saved.labels_shape {
+            return Err(Error::shape(
+                "grad_loss",
+                format!("{:?} (the shape of labels)", saved.labels_shape),
+                grad_loss.shape(),
+            ));
+        }
+        if hidden.shape() != saved.hidden_shape {
+            return Err(Error::shape(
+                "hidden",
+                format!("{:?} (the shape the forward read)", saved.hidden_shape),
+                hidden.shape(),
+            ));
+        }
+        // The upstream gradient as the tape's sweep hands it to the op:
+        // its seed `1·g + 0`, through the reshape's `0 + ·`.
+        let gy: Vec<T> = grad_loss
+            .iter()
+            .map(|&g| T::one() * g + T::zero())
+            .collect();
+        let h2 = as_rows(hidden.view());
+        let mut gh = want_hidden.then(|| ws.zeros(hidden.shape()));
+        let tables = self.splits.tables();
+        let mut gws: Vec<Option<ArrayD<T>>> = tables
+            .iter()
+            .map(|p| p.is_trainable().then(|| ws.zeros(p.value().shape())))
+            .collect();
+        if gh.is_some() || gws.iter().any(Option::is_some) {
+            let ghv = gh.as_mut().map(|g| {
+                g.view_mut()
+                    .into_shape_with_order(h2.dim())
+                    .expect("a fresh array")
+            });
+            let mut gwv: Vec<Option<ArrayViewMut2<'_, T>>> = gws
+                .iter_mut()
+                .map(|g| {
+                    g.as_mut()
+                        .map(|g| g.view_mut().into_dimensionality::<Ix2>().expect("2-D"))
+                })
+                .collect();
+            fused_ce_backward_on(
+                self.kernel,
+                ws,
+                h2.view(),
+                &self.weight_views(),
+                &saved.targets,
+                &saved.stats,
+                &gy,
+                self.chunks,
+                ghv,
+                &mut gwv,
+            );
+        }
+        let params = tables
+            .iter()
+            .zip(gws)
+            .filter_map(|(p, g)| g.map(|g| NamedGrad::new(p, ParamGrad::Dense(g))))
+            .collect();
+        Ok(LayerGrads { input: gh, params })
+    }
+
+    /// [`Self::forward_sum`] without a tape: `Σ_n loss_n`, and its
+    /// gradients formed in the same pass (∂hidden when `want_hidden`, ∂W_k
+    /// of each trainable split when `want_weights`; buffers from `ws`),
+    /// the bits of the tape's `backward` of the sum. With neither wanted
+    /// only the loss is computed. Same errors as [`Self::forward`].
+    pub fn forward_sum_saved<'i>(
+        &self,
+        ws: &Workspace<T>,
+        hidden: ArrayViewD<'_, T>,
+        labels: impl Ids<'i>,
+        want_hidden: bool,
+        want_weights: bool,
+    ) -> Result<(T, LayerGrads<T>)> {
+        let flat = self.check(hidden.shape(), labels.ids())?;
+        let tables = self.splits.tables();
+        let want_w: Vec<bool> = tables
+            .iter()
+            .map(|p| want_weights && p.is_trainable())
+            .collect();
+        let h2 = as_rows(hidden.view());
+        let (loss, sums) = fused_ce_sum_forward_on(
+            self.kernel,
+            ws,
+            h2.view(),
+            &self.weight_views(),
+            &flat,
+            self.sum_chunks,
+            want_hidden,
+            &want_w,
+        );
+        // The tape holds these as `1·d` and writes them out as `1·d + 0`.
+        let input = sums.hidden.map(|g| {
+            let mut g = g
+                .into_shape_with_order(IxDyn(hidden.shape()))
+                .expect("(N, H) rows reshape to hidden's shape");
+            as_tape_leaves(&mut g);
+            g
+        });
+        let params = tables
+            .iter()
+            .zip(sums.weights)
+            .filter_map(|(p, g)| {
+                let mut g = g?.into_dyn();
+                as_tape_leaves(&mut g);
+                Some(NamedGrad::new(p, ParamGrad::Dense(g)))
+            })
+            .collect();
+        Ok((loss, LayerGrads { input, params }))
+    }
+
+    /// The split weights as (size_k, H) views.
+    fn weight_views(&self) -> Vec<ArrayView2<'_, T>> {
+        self.splits
+            .tables()
+            .iter()
+            .map(|p| {
+                p.value()
+                    .view()
+                    .into_dimensionality::<Ix2>()
+                    .expect("weights are 2-D")
+            })
+            .collect()
+    }
+
     /// The reference: the same loss from the full logits with the tape's
     /// primitive ops (`concat_rows`, `transpose`, `matmul`,
     /// `cross_entropy`). Materialises N × V; for tests and teaching.
@@ -344,7 +546,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         labels: impl Ids<'i>,
     ) -> Result<Var> {
         let labels = labels.ids();
-        let flat = self.check(tape, hidden, labels.view())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.view())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         let w = tape.concat_rows(&ws);
         let wt = tape.transpose(w);
@@ -394,5 +596,138 @@ impl<T: Real> Module<T> for SplitLanguageModellingHead<T> {
 
     fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
         self.splits.tables_mut().iter_mut().collect()
+    }
+}
+
+/// A (…, H) value as (N, H) rows (a copy only if it is not contiguous).
+fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
+    let width = *h.shape().last().expect("hidden has an H axis (checked)");
+    let n: usize = h.shape()[..h.ndim() - 1].iter().product();
+    if h.is_standard_layout() {
+        ndarray::CowArray::from(
+            h.into_shape_with_order((n, width))
+                .expect("standard layout"),
+        )
+    } else {
+        let owned = h.as_standard_layout().into_owned();
+        ndarray::CowArray::from(owned.into_shape_with_order((n, width)).expect("owned"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::grads::testing::{assert_same_grads, bits};
+    use ndarray::{Array2, Array3, array};
+
+    fn head<T: Real>() -> SplitLanguageModellingHead<T> {
+        let sizes = [("a", 7), ("b", 5), ("c", 6)];
+        let mut head = SplitLanguageModellingHead::<T>::new(&sizes, &["a", "b", "c"], 4).unwrap();
+        head.reset_parameters(&mut Rng::new(3));
+        head.set_trainable("b", false).unwrap();
+        head.set_chunks(ChunkSizes {
+            tokens: 3,
+            vocab: 4,
+        });
+        head
+    }
+
+    fn saved_pair_is_the_tape<T: Real>() {
+        let head = head::<T>();
+        let mut rng = Rng::new(4);
+        let hidden =
+            Array3::from_shape_fn((2, 5, 4), |_| T::from_f64(2.0 * rng.normal())).into_dyn();
+        // Rank-2 labels with ignored tokens, in every split.
+        let labels = array![[0i64, 8, -100, 17, 3], [12, -100, 6, 7, 0]];
+        let up = Array2::from_shape_fn((2, 5), |_| T::from_f64(rng.normal())).into_dyn();
+        let ws = Workspace::new();
+        let (loss, saved) = head.forward_saved(hidden.view(), &labels).unwrap();
+        for want_hidden in [true, false] {
+            let got = head
+                .backward_saved(&ws, &saved, hidden.view(), up.view(), want_hidden)
+                .unwrap();
+            let mut tape = Tape::new();
+            let x = if want_hidden {
+                tape.input(hidden.clone())
+            } else {
+                tape.constant(hidden.clone())
+            };
+            let y = head.forward(&mut tape, x, &labels).unwrap();
+            assert_eq!(bits(loss.view()), bits(tape.value(y)));
+            let mut want = tape.backward_from(y, up.view());
+            assert_same_grads(&head, &got, &want);
+            assert_eq!(got.params.len(), 2);
+            let gh = want.take_input(x);
+            assert_eq!(
+                got.input.map(|g| bits(g.view())),
+                gh.map(|g| bits(g.view()))
+            );
+        }
+    }
+
+    fn summed_is_the_tape<T: Real>() {
+        let head = head::<T>();
+        let mut rng = Rng::new(5);
+        let hidden = Array3::from_shape_fn((2, 3, 4), |_| T::from_f64(rng.normal())).into_dyn();
+        let labels = array![[1i64, -100, 17], [12, 9, 0]];
+        let ws = Workspace::new();
+        for (want_hidden, want_weights) in
+            [(true, true), (false, true), (true, false), (false, false)]
+        {
+            let (loss, got) = head
+                .forward_sum_saved(&ws, hidden.view(), &labels, want_hidden, want_weights)
+                .unwrap();
+            let mut tape = if want_weights || want_hidden {
+                Tape::new()
+            } else {
+                Tape::no_grad()
+            };
+            let x = if want_hidden {
+                tape.input(hidden.clone())
+            } else {
+                tape.constant(hidden.clone())
+            };
+            let total = head.forward_sum(&mut tape, x, &labels).unwrap();
+            assert_eq!(
+                loss.to_f64().to_bits(),
+                tape.scalar(total).to_f64().to_bits()
+            );
+            if !want_weights {
+                assert!(got.params.is_empty());
+            } else {
+                let mut want = tape.backward(total);
+                assert_same_grads(&head, &got, &want);
+                let gh = want.take_input(x);
+                assert_eq!(
+                    got.input.map(|g| bits(g.view())),
+                    gh.map(|g| bits(g.view()))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn saved_pair_is_the_tape_f32_and_f64() {
+        saved_pair_is_the_tape::<f32>();
+        saved_pair_is_the_tape::<f64>();
+        summed_is_the_tape::<f32>();
+        summed_is_the_tape::<f64>();
+    }
+
+    #[test]
+    fn saved_pair_errors_are_the_tapes() {
+        let head = head::<f64>();
+        let hidden = Array2::<f64>::zeros((2, 4)).into_dyn();
+        let err = head.forward_saved(hidden.view(), &[0i64, 18]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "label 18 at position [1] is out of range 0..18"
+        );
+        let (_, saved) = head.forward_saved(hidden.view(), &[0i64, 1]).unwrap();
+        let up = ndarray::Array1::<f64>::zeros(3).into_dyn();
+        let err = head
+            .backward_saved(&Workspace::new(), &saved, hidden.view(), up.view(), true)
+            .unwrap_err();
+        assert!(err.to_string().contains("grad_loss"), "{err}");
     }
 }
