@@ -1,0 +1,206 @@
+//! Checkpoints (`save_checkpoint`, `load_checkpoint`: the layers' and an
+//! optimiser's state in one safetensors file) and golden vectors.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyAny, PyBytes, PyDict};
+use splitgrad::Rng;
+use splitgrad::app::golden::{self, Layer};
+use splitgrad::checkpoint::{load_state, save_state};
+use splitgrad::io::RealDtype;
+use splitgrad::optim::Optimizer;
+use splitgrad::state::{Module, StateDict, TensorRef};
+
+use crate::convert::{Dtype, OrRaise, state_from_py, state_to_py};
+use crate::layer::{ByDtype, dtype_arg, layers_of, typed};
+use crate::optim::PyOptimizer;
+
+fn metadata_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    if let Some(d) = obj {
+        for item in d.call_method0("items")?.try_iter()? {
+            let (k, v): (String, Bound<'_, PyAny>) = item?.extract()?;
+            out.insert(k, v.str()?.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the state of `modules`, of `optimizer` (under `optimizer.`),
+/// the `extra` arrays and string `metadata` to one safetensors file,
+/// atomically.
+#[pyfunction]
+#[pyo3(signature = (path, modules, optimizer = None, metadata = None, extra = None))]
+pub fn save_checkpoint(
+    path: PathBuf,
+    modules: &Bound<'_, PyAny>,
+    optimizer: Option<PyRef<'_, PyOptimizer>>,
+    metadata: Option<&Bound<'_, PyAny>>,
+    extra: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let mut mods = layers_of(modules)?;
+    let meta = metadata_of(metadata)?;
+    let extra_sd = match extra {
+        Some(e) => state_from_py(e)?,
+        None => StateDict::new(),
+    };
+    let extra_refs: Vec<(String, TensorRef<'_>)> = extra_sd
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.view()))
+        .collect();
+    let dt = match (&optimizer, mods.first()) {
+        (Some(o), _) => o.dtype(),
+        (None, Some(m)) => m.dtype(),
+        (None, None) => Dtype::F32,
+    };
+    match dt {
+        Dtype::F32 => {
+            let ms = typed::<f32>(&mut mods, dt)?;
+            let refs: Vec<&dyn Module<f32>> = ms.iter().map(|m| &**m as &dyn Module<f32>).collect();
+            let opt = match &optimizer {
+                Some(o) => match &o.inner {
+                    ByDtype::F32(b) => Some(b.as_ref() as &dyn Optimizer<f32>),
+                    ByDtype::F64(_) => unreachable!("dtype checked"),
+                },
+                None => None,
+            };
+            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
+        }
+        Dtype::F64 => {
+            let ms = typed::<f64>(&mut mods, dt)?;
+            let refs: Vec<&dyn Module<f64>> = ms.iter().map(|m| &**m as &dyn Module<f64>).collect();
+            let opt = match &optimizer {
+                Some(o) => match &o.inner {
+                    ByDtype::F64(b) => Some(b.as_ref() as &dyn Optimizer<f64>),
+                    ByDtype::F32(_) => unreachable!("dtype checked"),
+                },
+                None => None,
+            };
+            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
+        }
+    }
+}
+
+/// Loads `modules` and `optimizer` saved by `save_checkpoint`, checking
+/// every tensor before anything changes: `(metadata, other tensors)`.
+#[pyfunction]
+#[pyo3(signature = (path, modules, optimizer = None))]
+pub fn load_checkpoint<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    modules: &Bound<'py, PyAny>,
+    optimizer: Option<PyRefMut<'py, PyOptimizer>>,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let mut mods = layers_of(modules)?;
+    let mut optimizer = optimizer;
+    let dt = match (&optimizer, mods.first()) {
+        (Some(o), _) => o.dtype(),
+        (None, Some(m)) => m.dtype(),
+        (None, None) => Dtype::F32,
+    };
+    let (meta, rest) = match dt {
+        Dtype::F32 => {
+            let mut ms = typed::<f32>(&mut mods, dt)?;
+            let opt = match optimizer.as_deref_mut() {
+                Some(PyOptimizer {
+                    inner: ByDtype::F32(b),
+                    ..
+                }) => Some(b.as_mut() as &mut dyn Optimizer<f32>),
+                Some(_) => unreachable!("dtype checked"),
+                None => None,
+            };
+            load_state(&path, &mut ms, opt).or_raise()?
+        }
+        Dtype::F64 => {
+            let mut ms = typed::<f64>(&mut mods, dt)?;
+            let opt = match optimizer.as_deref_mut() {
+                Some(PyOptimizer {
+                    inner: ByDtype::F64(b),
+                    ..
+                }) => Some(b.as_mut() as &mut dyn Optimizer<f64>),
+                Some(_) => unreachable!("dtype checked"),
+                None => None,
+            };
+            load_state(&path, &mut ms, opt).or_raise()?
+        }
+    };
+    let m = PyDict::new(py);
+    for (k, v) in meta {
+        m.set_item(k, v)?;
+    }
+    Ok((m, state_to_py(py, rest)?))
+}
+
+fn layer_of(name: &str) -> PyResult<Layer> {
+    name.parse::<Layer>().or_raise()
+}
+
+/// Evaluates one golden case (the bytes of its `.npz`) and returns the
+/// results as `.npz` bytes; `label` names the case in errors.
+#[pyfunction]
+#[pyo3(signature = (layer, case, label = "case.npz"))]
+pub fn golden_evaluate<'py>(
+    py: Python<'py>,
+    layer: &str,
+    case: Vec<u8>,
+    label: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let layer = layer_of(layer)?;
+    let out = py
+        .detach(|| golden::evaluate_bytes(layer, label, case))
+        .or_raise()?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// A random golden case of `layer` (inputs and results) as `.npz` bytes.
+#[pyfunction]
+#[pyo3(signature = (layer, seed, dtype = None))]
+pub fn golden_generate<'py>(
+    py: Python<'py>,
+    layer: &str,
+    seed: u64,
+    dtype: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let layer = layer_of(layer)?;
+    let dt = dtype_arg(dtype, Dtype::F64)?;
+    let dt = match dt {
+        Dtype::F32 => RealDtype::F32,
+        Dtype::F64 => RealDtype::F64,
+    };
+    let out = golden::generate_case(layer, &mut Rng::new(seed), dt);
+    Ok(PyBytes::new(py, &out))
+}
+
+/// `splitgrad golden eval`: every case under `inputs` evaluated into
+/// `out`; returns `{"ok": [names], "failed": [(name, message)]}`.
+#[pyfunction]
+pub fn golden_evaluate_dir<'py>(
+    py: Python<'py>,
+    inputs: PathBuf,
+    out: PathBuf,
+) -> PyResult<Bound<'py, PyDict>> {
+    let summary = py
+        .detach(|| golden::evaluate_dir(&inputs, &out))
+        .or_raise()?;
+    let d = PyDict::new(py);
+    let ok: Vec<String> = summary
+        .ok
+        .iter()
+        .map(|c| format!("{}/{}", c.layer.name(), c.name))
+        .collect();
+    let failed: Vec<(String, String)> = summary
+        .failed
+        .iter()
+        .map(|c| {
+            (
+                format!("{}/{}", c.layer.name(), c.name),
+                c.error.to_string(),
+            )
+        })
+        .collect();
+    d.set_item("ok", ok)?;
+    d.set_item("failed", failed)?;
+    Ok(d)
+}
