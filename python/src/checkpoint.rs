@@ -2,7 +2,7 @@
 //! optimiser's state in one safetensors file) and golden vectors.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBytes, PyDict};
@@ -13,9 +13,9 @@ use splitgrad::io::RealDtype;
 use splitgrad::optim::Optimizer;
 use splitgrad::state::{Module, StateDict, TensorRef};
 
-use crate::convert::{Dtype, OrRaise, state_from_py, state_to_py};
-use crate::layer::{ByDtype, dtype_arg, layers_of, typed};
-use crate::optim::PyOptimizer;
+use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
+use crate::layer::{LayerRef, dtype_arg, layers_of, typed};
+use crate::optim::{Boxed, PyOptimizer};
 
 fn metadata_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
@@ -55,32 +55,29 @@ pub fn save_checkpoint(
         (None, Some(m)) => m.dtype(),
         (None, None) => Dtype::F32,
     };
+    let opt = optimizer.as_deref();
     match dt {
-        Dtype::F32 => {
-            let ms = typed::<f32>(&mut mods, dt)?;
-            let refs: Vec<&dyn Module<f32>> = ms.iter().map(|m| &**m as &dyn Module<f32>).collect();
-            let opt = match &optimizer {
-                Some(o) => match &o.inner {
-                    ByDtype::F32(b) => Some(b.as_ref() as &dyn Optimizer<f32>),
-                    ByDtype::F64(_) => unreachable!("dtype checked"),
-                },
-                None => None,
-            };
-            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
-        }
-        Dtype::F64 => {
-            let ms = typed::<f64>(&mut mods, dt)?;
-            let refs: Vec<&dyn Module<f64>> = ms.iter().map(|m| &**m as &dyn Module<f64>).collect();
-            let opt = match &optimizer {
-                Some(o) => match &o.inner {
-                    ByDtype::F64(b) => Some(b.as_ref() as &dyn Optimizer<f64>),
-                    ByDtype::F32(_) => unreachable!("dtype checked"),
-                },
-                None => None,
-            };
-            save_state(&path, &refs, opt, &extra_refs, &meta).or_raise()
-        }
+        Dtype::F32 => save_typed::<f32>(&path, &mut mods, dt, opt, &extra_refs, &meta),
+        Dtype::F64 => save_typed::<f64>(&path, &mut mods, dt, opt, &extra_refs, &meta),
     }
+}
+
+/// `save_checkpoint` for the real type `dt` (the optimiser's, checked).
+fn save_typed<T: PyReal>(
+    path: &Path,
+    layers: &mut [LayerRef<'_>],
+    dt: Dtype,
+    optimizer: Option<&PyOptimizer>,
+    extra: &[(String, TensorRef<'_>)],
+    meta: &BTreeMap<String, String>,
+) -> PyResult<()> {
+    let ms = typed::<T>(layers, dt)?;
+    let refs: Vec<&dyn Module<T>> = ms.iter().map(|m| &**m as &dyn Module<T>).collect();
+    let opt = optimizer.map(|o| {
+        let b = o.inner.get::<Boxed<T>>().expect("dtype checked");
+        b.as_ref() as &dyn Optimizer<T>
+    });
+    save_state(path, &refs, opt, extra, meta).or_raise()
 }
 
 /// Loads `modules` and `optimizer` saved by `save_checkpoint`, checking
@@ -100,31 +97,10 @@ pub fn load_checkpoint<'py>(
         (None, Some(m)) => m.dtype(),
         (None, None) => Dtype::F32,
     };
+    let opt = optimizer.as_deref_mut();
     let (meta, rest) = match dt {
-        Dtype::F32 => {
-            let mut ms = typed::<f32>(&mut mods, dt)?;
-            let opt = match optimizer.as_deref_mut() {
-                Some(PyOptimizer {
-                    inner: ByDtype::F32(b),
-                    ..
-                }) => Some(b.as_mut() as &mut dyn Optimizer<f32>),
-                Some(_) => unreachable!("dtype checked"),
-                None => None,
-            };
-            load_state(&path, &mut ms, opt).or_raise()?
-        }
-        Dtype::F64 => {
-            let mut ms = typed::<f64>(&mut mods, dt)?;
-            let opt = match optimizer.as_deref_mut() {
-                Some(PyOptimizer {
-                    inner: ByDtype::F64(b),
-                    ..
-                }) => Some(b.as_mut() as &mut dyn Optimizer<f64>),
-                Some(_) => unreachable!("dtype checked"),
-                None => None,
-            };
-            load_state(&path, &mut ms, opt).or_raise()?
-        }
+        Dtype::F32 => load_typed::<f32>(&path, &mut mods, dt, opt)?,
+        Dtype::F64 => load_typed::<f64>(&path, &mut mods, dt, opt)?,
     };
     let m = PyDict::new(py);
     for (k, v) in meta {
@@ -203,4 +179,20 @@ pub fn golden_evaluate_dir<'py>(
     d.set_item("ok", ok)?;
     d.set_item("failed", failed)?;
     Ok(d)
+}
+
+/// `load_checkpoint` for the real type `dt` (the optimiser's, checked):
+/// `(metadata, other tensors)`.
+fn load_typed<T: PyReal>(
+    path: &Path,
+    layers: &mut [LayerRef<'_>],
+    dt: Dtype,
+    optimizer: Option<&mut PyOptimizer>,
+) -> PyResult<(BTreeMap<String, String>, StateDict)> {
+    let mut ms = typed::<T>(layers, dt)?;
+    let opt = optimizer.map(|o| {
+        let b = o.inner.get_mut::<Boxed<T>>().expect("dtype checked");
+        b.as_mut() as &mut dyn Optimizer<T>
+    });
+    load_state(path, &mut ms, opt).or_raise()
 }

@@ -4,9 +4,9 @@
 use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
+use splitgrad::Tape;
 use splitgrad::layers::{NamedGrad, SplitTokenEmbeddings, Workspace};
 use splitgrad::state::Module;
-use splitgrad::{Rng, Tape};
 
 use crate::convert::{OrRaise, PyReal, check_shape, ids_arg, real_arg, to_numpy_pooled};
 use crate::gradients::{PyGradients, gradients_of};
@@ -18,7 +18,11 @@ layer_class!(
     "SplitTokenEmbeddings",
     SplitTokenEmbeddings
 );
-split_layer_methods!(PyEmbeddings, SplitTokenEmbeddings);
+split_layer_methods!(
+    PyEmbeddings,
+    SplitTokenEmbeddings,
+    "Every element N(0, 1) from splitgrad's seeded generator."
+);
 
 fn forward<'py, T: PyReal>(
     py: Python<'py>,
@@ -31,28 +35,23 @@ fn forward<'py, T: PyReal>(
     Ok(to_numpy_pooled(py, out, ws)?.into_any())
 }
 
+/// The tables' gradients of `Σ out ⊙ grad`: from the routed ids
+/// straight, or (`through_tape`) by a forward and a backward on the tape.
 fn backward<T: PyReal>(
     py: Python<'_>,
     layer: &SplitTokenEmbeddings<T>,
     ws: &Workspace<T>,
-    ids: &Bound<'_, PyAny>,
-    grad: &Bound<'_, PyAny>,
+    [ids, grad]: [&Bound<'_, PyAny>; 2],
+    through_tape: bool,
 ) -> PyResult<Vec<NamedGrad<T>>> {
     let ids = ids_arg(ids, "input_ids")?;
-    let saved = layer.route(&ids).or_raise()?;
-    let g = real_arg::<T>(grad, "grad_output")?;
-    let gv = g.as_array();
-    let grads = py.detach(|| layer.backward_saved(ws, &saved, gv.view()));
-    Ok(grads.or_raise()?.params)
-}
-
-fn backward_tape<T: PyReal>(
-    layer: &SplitTokenEmbeddings<T>,
-    ws: &Workspace<T>,
-    ids: &Bound<'_, PyAny>,
-    grad: &Bound<'_, PyAny>,
-) -> PyResult<Vec<NamedGrad<T>>> {
-    let ids = ids_arg(ids, "input_ids")?;
+    if !through_tape {
+        let saved = layer.route(&ids).or_raise()?;
+        let g = real_arg::<T>(grad, "grad_output")?;
+        let gv = g.as_array();
+        let grads = py.detach(|| layer.backward_saved(ws, &saved, gv.view()));
+        return Ok(grads.or_raise()?.params);
+    }
     let g = real_arg::<T>(grad, "grad_output")?;
     let mut want = ids.shape().to_vec();
     want.push(layer.hidden_size());
@@ -68,11 +67,6 @@ fn backward_tape<T: PyReal>(
 
 #[pymethods]
 impl PyEmbeddings {
-    /// Every element N(0, 1) from splitgrad's seeded generator.
-    fn reset_parameters(&mut self, seed: u64) {
-        crate::each!(&mut self.inner, l => l.reset_parameters(&mut Rng::new(seed)))
-    }
-
     /// ids of any shape → `(*ids.shape, H)`.
     fn forward<'py>(
         &self,
@@ -90,10 +84,8 @@ impl PyEmbeddings {
         input_ids: &Bound<'_, PyAny>,
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
-        crate::each!(&self.inner, l => Ok(gradients_of(
-            backward(py, l, self.ws.of(), input_ids, grad_output)?,
-            &self.ws,
-        )))
+        let args = [input_ids, grad_output];
+        crate::each!(&self.inner, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, false)?, &self.ws)))
     }
 
     /// [`backward`] through the crate's tape (forward, `Σ out ⊙ g`,
@@ -103,9 +95,7 @@ impl PyEmbeddings {
         input_ids: &Bound<'_, PyAny>,
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
-        crate::each!(&self.inner, l => Ok(gradients_of(
-            backward_tape(l, self.ws.of(), input_ids, grad_output)?,
-            &self.ws,
-        )))
+        let (py, args) = (input_ids.py(), [input_ids, grad_output]);
+        crate::each!(&self.inner, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, true)?, &self.ws)))
     }
 }

@@ -5,9 +5,9 @@
 use ndarray::ArrayD;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
+use splitgrad::Real;
 use splitgrad::layers::{HeadSaved, LayerGrads, SplitLanguageModellingHead, Workspace};
 use splitgrad::state::Module;
-use splitgrad::{Real, Rng};
 
 use crate::convert::{OrRaise, PyReal, ids_arg, real_arg, to_numpy, to_numpy_pooled};
 use crate::gradients::{PyGradients, gradients_of};
@@ -19,47 +19,17 @@ layer_class!(
     "SplitLanguageModellingHead",
     SplitLanguageModellingHead
 );
-split_layer_methods!(PyHead, SplitLanguageModellingHead);
+split_layer_methods!(
+    PyHead,
+    SplitLanguageModellingHead,
+    "Every weight U(−1/√H, 1/√H) from splitgrad's seeded generator."
+);
 
 /// What `forward_saved` kept for `backward`: each token's log-sum-exp, so
 /// that the backward runs no second forward pass.
 #[pyclass(module = "splitgrad._splitgrad", name = "HeadSaved", frozen)]
 pub struct PyHeadSaved {
     inner: ByDtype<HeadSaved<f32>, HeadSaved<f64>>,
-}
-
-/// The saved context of `T`, if it is of that type.
-trait SavedOf: PyReal {
-    fn saved(s: &PyHeadSaved) -> Option<&HeadSaved<Self>>;
-    fn wrap(s: HeadSaved<Self>) -> PyHeadSaved;
-}
-
-impl SavedOf for f32 {
-    fn saved(s: &PyHeadSaved) -> Option<&HeadSaved<f32>> {
-        match &s.inner {
-            ByDtype::F32(s) => Some(s),
-            ByDtype::F64(_) => None,
-        }
-    }
-    fn wrap(s: HeadSaved<f32>) -> PyHeadSaved {
-        PyHeadSaved {
-            inner: ByDtype::F32(s),
-        }
-    }
-}
-
-impl SavedOf for f64 {
-    fn saved(s: &PyHeadSaved) -> Option<&HeadSaved<f64>> {
-        match &s.inner {
-            ByDtype::F64(s) => Some(s),
-            ByDtype::F32(_) => None,
-        }
-    }
-    fn wrap(s: HeadSaved<f64>) -> PyHeadSaved {
-        PyHeadSaved {
-            inner: ByDtype::F64(s),
-        }
-    }
 }
 
 #[pymethods]
@@ -86,7 +56,7 @@ fn forward<T: PyReal>(
         .or_raise()
 }
 
-fn backward<T: SavedOf>(
+fn backward<T: PyReal>(
     py: Python<'_>,
     layer: &SplitLanguageModellingHead<T>,
     ws: &Workspace<T>,
@@ -101,7 +71,7 @@ fn backward<T: SavedOf>(
     let hv = std_layout(h.as_array());
     let gv = g.as_array();
     let saved = match saved {
-        Some(s) => Some(T::saved(s).ok_or_else(|| {
+        Some(s) => Some(s.inner.get::<HeadSaved<T>>().ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(
                 "saved: the forward_saved of a layer of another dtype",
             )
@@ -155,11 +125,6 @@ fn to_py<'py, T: PyReal>(
 
 #[pymethods]
 impl PyHead {
-    /// Every weight U(−1/√H, 1/√H) from splitgrad's seeded generator.
-    fn reset_parameters(&mut self, seed: u64) {
-        crate::each!(&mut self.inner, l => l.reset_parameters(&mut Rng::new(seed)))
-    }
-
     /// Per-token cross-entropy (the fused kernel): hidden (…, H), labels
     /// (…) → loss (…), 0 where the label is −100.
     fn forward<'py>(
@@ -182,7 +147,10 @@ impl PyHead {
     ) -> PyResult<(Bound<'py, PyAny>, PyHeadSaved)> {
         crate::each!(&self.inner, l => {
             let (loss, saved) = forward(py, l, hidden, labels)?;
-            Ok((to_numpy(py, loss).into_any(), SavedOf::wrap(saved)))
+            let saved = PyHeadSaved {
+                inner: ByDtype::new(saved),
+            };
+            Ok((to_numpy(py, loss).into_any(), saved))
         })
     }
 

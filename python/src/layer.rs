@@ -9,6 +9,8 @@
 //! reallocates a parameter's buffer, so a view stays valid: loads and
 //! `seed_from` write into the buffer that is there.
 
+use std::any::Any;
+
 use ndarray::ArrayViewD;
 use numpy::PyArrayDyn;
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
@@ -34,6 +36,34 @@ impl<A, B> ByDtype<A, B> {
         match self {
             ByDtype::F32(_) => Dtype::F32,
             ByDtype::F64(_) => Dtype::F64,
+        }
+    }
+}
+
+impl<A: 'static, B: 'static> ByDtype<A, B> {
+    /// The value if it is an `X` (`A` or `B`: a generic caller's own type,
+    /// such as `HeadSaved<T>` for `ByDtype<HeadSaved<f32>, HeadSaved<f64>>`).
+    pub fn get<X: 'static>(&self) -> Option<&X> {
+        crate::each!(self, v => (v as &dyn Any).downcast_ref())
+    }
+
+    /// [`Self::get`], mutably.
+    pub fn get_mut<X: 'static>(&mut self) -> Option<&mut X> {
+        crate::each!(self, v => (v as &mut dyn Any).downcast_mut())
+    }
+
+    /// `x` in its slot.
+    ///
+    /// **Panics** if `X` is neither `A` nor `B`.
+    pub fn new<X: 'static>(x: X) -> Self {
+        let mut x = Some(x);
+        let any = &mut x as &mut dyn Any;
+        if let Some(a) = any.downcast_mut::<Option<A>>() {
+            return ByDtype::F32(a.take().expect("just put"));
+        }
+        match any.downcast_mut::<Option<B>>() {
+            Some(b) => ByDtype::F64(b.take().expect("just put")),
+            None => unreachable!("a value of neither real type"),
         }
     }
 }
@@ -250,10 +280,30 @@ macro_rules! layer_class {
 }
 pub(crate) use layer_class;
 
-/// The constructor and getters the two split layers share:
+/// Getters of sizes: `#[getter] fn $name(&self) -> usize` from the
+/// layer's method of that name.
+macro_rules! size_getters {
+    ($py:ident: $($name:ident),+) => {
+        #[pymethods]
+        impl $py {
+            $(
+                #[getter]
+                fn $name(&self) -> usize {
+                    $crate::each!(&self.inner, l => l.$name())
+                }
+            )+
+        }
+    };
+}
+pub(crate) use size_getters;
+
+/// The constructor, initialisation (`$reset`, its doc) and getters the
+/// two split layers share:
 /// `$py(split_vocab_size, split_order, hidden_size, dtype="float32")`.
 macro_rules! split_layer_methods {
-    ($py:ident, $layer:ident) => {
+    ($py:ident, $layer:ident, $reset:literal) => {
+        $crate::layer::size_getters!($py: vocab_size, hidden_size);
+
         #[pymethods]
         impl $py {
             #[new]
@@ -270,6 +320,11 @@ macro_rules! split_layer_methods {
                 Ok(Self::of($crate::by_dtype!(dt, T => $layer::<T>::new(&sizes, &split_order, h).or_raise()?)))
             }
 
+            #[doc = $reset]
+            fn reset_parameters(&mut self, seed: u64) {
+                $crate::each!(&mut self.inner, l => l.reset_parameters(&mut splitgrad::Rng::new(seed)))
+            }
+
             /// Freezes (`False`) or unfreezes a split.
             fn set_trainable(&mut self, split: &str, trainable: bool) -> PyResult<()> {
                 $crate::each!(&mut self.inner, l => l.set_trainable(split, trainable).or_raise())
@@ -278,16 +333,6 @@ macro_rules! split_layer_methods {
             #[getter]
             fn split_order(&self) -> Vec<String> {
                 $crate::each!(&self.inner, l => l.splits().split_order().to_vec())
-            }
-
-            #[getter]
-            fn vocab_size(&self) -> usize {
-                $crate::each!(&self.inner, l => l.vocab_size())
-            }
-
-            #[getter]
-            fn hidden_size(&self) -> usize {
-                $crate::each!(&self.inner, l => l.hidden_size())
             }
         }
     };

@@ -18,7 +18,7 @@ use crate::convert::{
     Dtype, OrRaise, PyReal, dtype_of, ids_arg, py_err, real_arg, to_numpy, to_numpy_pooled,
 };
 use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
-use crate::layer::{ByDtype, dtype_arg, layer_class, positive, std_layout};
+use crate::layer::{ByDtype, dtype_arg, layer_class, positive, size_getters, std_layout};
 use crate::optim::PyOptimizer;
 
 layer_class!(
@@ -28,6 +28,22 @@ layer_class!(
     "SplitVocabulary",
     SplitVocabulary
 );
+size_getters!(PyVocabulary: n_rows, dim, vocab_size, n_languages);
+
+/// The sizes, each ≥ 0.
+fn config(
+    vocab_size: i64,
+    dim: i64,
+    n_languages: i64,
+    gate_init: f64,
+) -> PyResult<SplitVocabularyConfig> {
+    Ok(SplitVocabularyConfig {
+        vocab_size: positive(vocab_size, "vocab_size")?,
+        dim: positive(dim, "dim")?,
+        n_languages: positive(n_languages, "n_languages")?,
+        gate_init,
+    })
+}
 
 /// Builds the layer from ids that may be negative: a negative id is put
 /// out of range for the crate's checks, which keep their order, and the
@@ -209,12 +225,7 @@ impl PyVocabulary {
                 ));
             }
         }
-        let cfg = SplitVocabularyConfig {
-            vocab_size: positive(vocab_size, "vocab_size")?,
-            dim: positive(dim, "dim")?,
-            n_languages: positive(n_languages, "n_languages")?,
-            gate_init,
-        };
+        let cfg = config(vocab_size, dim, n_languages, gate_init)?;
         let (l, t) = (l.into_raw_vec_and_offset().0, t.into_raw_vec_and_offset().0);
         let dt = dtype_arg(dtype, Dtype::F32)?;
         Ok(Self::of(
@@ -234,33 +245,11 @@ impl PyVocabulary {
         gate_init: f64,
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let cfg = SplitVocabularyConfig {
-            vocab_size: positive(vocab_size, "vocab_size")?,
-            dim: positive(dim, "dim")?,
-            n_languages: positive(n_languages, "n_languages")?,
-            gate_init,
-        };
+        let cfg = config(vocab_size, dim, n_languages, gate_init)?;
         let dt = dtype_arg(dtype, Dtype::F32)?;
         Ok(Self::of(
             crate::by_dtype!(dt, T => SplitVocabulary::<T>::from_npz(&path, &cfg).or_raise()?),
         ))
-    }
-
-    #[getter]
-    fn n_rows(&self) -> usize {
-        crate::each!(&self.inner, l => l.n_rows())
-    }
-    #[getter]
-    fn dim(&self) -> usize {
-        crate::each!(&self.inner, l => l.dim())
-    }
-    #[getter]
-    fn vocab_size(&self) -> usize {
-        crate::each!(&self.inner, l => l.vocab_size())
-    }
-    #[getter]
-    fn n_languages(&self) -> usize {
-        crate::each!(&self.inner, l => l.n_languages())
     }
 
     /// `(language_index, token_index)`, int64.

@@ -164,4 +164,21 @@ pub(crate) mod testing {
         let names: Vec<&str> = module.parameters().iter().map(|p| p.name()).collect();
         assert!(got.params.iter().all(|g| names.contains(&g.name.as_str())));
     }
+
+    /// The input's gradients, bit for bit.
+    pub(crate) fn assert_same_input<T: Real>(got: Option<&ArrayD<T>>, want: Option<ArrayD<T>>) {
+        assert_eq!(got.map(|g| bits(g.view())), want.map(|g| bits(g.view())));
+    }
+
+    /// A test `$test` running the generic `$check` in f32 and in f64.
+    macro_rules! in_f32_and_f64 {
+        ($test:ident, $check:ident) => {
+            #[test]
+            fn $test() {
+                $check::<f32>();
+                $check::<f64>();
+            }
+        };
+    }
+    pub(crate) use in_f32_and_f64;
 }

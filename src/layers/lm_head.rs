@@ -444,13 +444,8 @@ impl<T: Real> SplitLanguageModellingHead<T> {
                     .into_shape_with_order(h2.dim())
                     .expect("a fresh array")
             });
-            let mut gwv: Vec<Option<ArrayViewMut2<'_, T>>> = gws
-                .iter_mut()
-                .map(|g| {
-                    g.as_mut()
-                        .map(|g| g.view_mut().into_dimensionality::<Ix2>().expect("2-D"))
-                })
-                .collect();
+            let mut gwv: Vec<Option<ArrayViewMut2<'_, T>>> =
+                gws.iter_mut().map(as_2d_mut).collect();
             fused_ce_backward_on(
                 self.kernel,
                 ws,
@@ -556,178 +551,24 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         let ce = tape.cross_entropy(logits, &flat);
         Ok(tape.reshape(ce, labels.shape()))
     }
-
-    /// The weight of a split (`lm_head.<split>.weight`, (size_k, H)).
-    pub fn split(&self, name: &str) -> Option<&Parameter<T>> {
-        self.splits.table(name)
-    }
-
-    /// Freezes (`false`) or unfreezes a split.
-    pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
-        self.splits.set_trainable(split, trainable)
-    }
-
-    /// The splits.
-    pub fn splits(&self) -> &SplitTables<T> {
-        &self.splits
-    }
-
-    /// The splits, to change in place.
-    pub fn splits_mut(&mut self) -> &mut SplitTables<T> {
-        &mut self.splits
-    }
-
-    /// V.
-    pub fn vocab_size(&self) -> usize {
-        self.splits.vocab_size()
-    }
-
-    /// H.
-    pub fn hidden_size(&self) -> usize {
-        self.splits.hidden_size()
-    }
 }
 
-impl<T: Real> Module<T> for SplitLanguageModellingHead<T> {
-    /// The weights, in split order.
-    fn parameters(&self) -> Vec<&Parameter<T>> {
-        self.splits.tables().iter().collect()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
-        self.splits.tables_mut().iter_mut().collect()
-    }
-}
+super::splits::split_layer_api!(SplitLanguageModellingHead);
 
 /// A (…, H) value as (N, H) rows (a copy only if it is not contiguous).
 fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
     let width = *h.shape().last().expect("hidden has an H axis (checked)");
-    let n: usize = h.shape()[..h.ndim() - 1].iter().product();
-    if h.is_standard_layout() {
-        ndarray::CowArray::from(
-            h.into_shape_with_order((n, width))
-                .expect("standard layout"),
-        )
-    } else {
-        let owned = h.as_standard_layout().into_owned();
-        ndarray::CowArray::from(owned.into_shape_with_order((n, width)).expect("owned"))
-    }
+    let n = h.shape()[..h.ndim() - 1].iter().product();
+    let rows: ndarray::CowArray<'_, T, IxDyn> = match h.is_standard_layout() {
+        true => h.into(),
+        false => h.as_standard_layout().into_owned().into(),
+    };
+    rows.into_shape_with_order((n, width))
+        .expect("standard layout")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::layers::grads::testing::{assert_same_grads, bits};
-    use ndarray::{Array2, Array3, array};
-
-    fn head<T: Real>() -> SplitLanguageModellingHead<T> {
-        let sizes = [("a", 7), ("b", 5), ("c", 6)];
-        let mut head = SplitLanguageModellingHead::<T>::new(&sizes, &["a", "b", "c"], 4).unwrap();
-        head.reset_parameters(&mut Rng::new(3));
-        head.set_trainable("b", false).unwrap();
-        head.set_chunks(ChunkSizes {
-            tokens: 3,
-            vocab: 4,
-        });
-        head
-    }
-
-    fn saved_pair_is_the_tape<T: Real>() {
-        let head = head::<T>();
-        let mut rng = Rng::new(4);
-        let hidden =
-            Array3::from_shape_fn((2, 5, 4), |_| T::from_f64(2.0 * rng.normal())).into_dyn();
-        // Rank-2 labels with ignored tokens, in every split.
-        let labels = array![[0i64, 8, -100, 17, 3], [12, -100, 6, 7, 0]];
-        let up = Array2::from_shape_fn((2, 5), |_| T::from_f64(rng.normal())).into_dyn();
-        let ws = Workspace::new();
-        let (loss, saved) = head.forward_saved(hidden.view(), &labels).unwrap();
-        for want_hidden in [true, false] {
-            let got = head
-                .backward_saved(&ws, &saved, hidden.view(), up.view(), want_hidden)
-                .unwrap();
-            let mut tape = Tape::new();
-            let x = if want_hidden {
-                tape.input(hidden.clone())
-            } else {
-                tape.constant(hidden.clone())
-            };
-            let y = head.forward(&mut tape, x, &labels).unwrap();
-            assert_eq!(bits(loss.view()), bits(tape.value(y)));
-            let mut want = tape.backward_from(y, up.view());
-            assert_same_grads(&head, &got, &want);
-            assert_eq!(got.params.len(), 2);
-            let gh = want.take_input(x);
-            assert_eq!(
-                got.input.map(|g| bits(g.view())),
-                gh.map(|g| bits(g.view()))
-            );
-        }
-    }
-
-    fn summed_is_the_tape<T: Real>() {
-        let head = head::<T>();
-        let mut rng = Rng::new(5);
-        let hidden = Array3::from_shape_fn((2, 3, 4), |_| T::from_f64(rng.normal())).into_dyn();
-        let labels = array![[1i64, -100, 17], [12, 9, 0]];
-        let ws = Workspace::new();
-        for (want_hidden, want_weights) in
-            [(true, true), (false, true), (true, false), (false, false)]
-        {
-            let (loss, got) = head
-                .forward_sum_saved(&ws, hidden.view(), &labels, want_hidden, want_weights)
-                .unwrap();
-            let mut tape = if want_weights || want_hidden {
-                Tape::new()
-            } else {
-                Tape::no_grad()
-            };
-            let x = if want_hidden {
-                tape.input(hidden.clone())
-            } else {
-                tape.constant(hidden.clone())
-            };
-            let total = head.forward_sum(&mut tape, x, &labels).unwrap();
-            assert_eq!(
-                loss.to_f64().to_bits(),
-                tape.scalar(total).to_f64().to_bits()
-            );
-            if !want_weights {
-                assert!(got.params.is_empty());
-            } else {
-                let mut want = tape.backward(total);
-                assert_same_grads(&head, &got, &want);
-                let gh = want.take_input(x);
-                assert_eq!(
-                    got.input.map(|g| bits(g.view())),
-                    gh.map(|g| bits(g.view()))
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn saved_pair_is_the_tape_f32_and_f64() {
-        saved_pair_is_the_tape::<f32>();
-        saved_pair_is_the_tape::<f64>();
-        summed_is_the_tape::<f32>();
-        summed_is_the_tape::<f64>();
-    }
-
-    #[test]
-    fn saved_pair_errors_are_the_tapes() {
-        let head = head::<f64>();
-        let hidden = Array2::<f64>::zeros((2, 4)).into_dyn();
-        let err = head.forward_saved(hidden.view(), &[0i64, 18]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "label 18 at position [1] is out of range 0..18"
-        );
-        let (_, saved) = head.forward_saved(hidden.view(), &[0i64, 1]).unwrap();
-        let up = ndarray::Array1::<f64>::zeros(3).into_dyn();
-        let err = head
-            .backward_saved(&Workspace::new(), &saved, hidden.view(), up.view(), true)
-            .unwrap_err();
-        assert!(err.to_string().contains("grad_loss"), "{err}");
-    }
+/// A weight's gradient buffer as (size_k, H).
+fn as_2d_mut<T>(g: &mut Option<ArrayD<T>>) -> Option<ArrayViewMut2<'_, T>> {
+    let g = g.as_mut()?.view_mut();
+    Some(g.into_dimensionality::<Ix2>().expect("2-D"))
 }

@@ -214,54 +214,9 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             params,
         })
     }
-
-    /// The table of a split (`token_embedding.<split>.weight`).
-    pub fn split(&self, name: &str) -> Option<&Parameter<T>> {
-        self.splits.table(name)
-    }
-
-    /// The table of a split, to change in place.
-    pub fn split_mut(&mut self, name: &str) -> Option<&mut Parameter<T>> {
-        self.splits.table_mut(name)
-    }
-
-    /// Freezes (`false`) or unfreezes a split: a frozen split receives no
-    /// gradient and is never updated. An unknown split is an error.
-    pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
-        self.splits.set_trainable(split, trainable)
-    }
-
-    /// The splits: names, sizes, routing.
-    pub fn splits(&self) -> &SplitTables<T> {
-        &self.splits
-    }
-
-    /// The splits, to change in place.
-    pub fn splits_mut(&mut self) -> &mut SplitTables<T> {
-        &mut self.splits
-    }
-
-    /// V.
-    pub fn vocab_size(&self) -> usize {
-        self.splits.vocab_size()
-    }
-
-    /// H.
-    pub fn hidden_size(&self) -> usize {
-        self.splits.hidden_size()
-    }
 }
 
-impl<T: Real> Module<T> for SplitTokenEmbeddings<T> {
-    /// The tables, in split order.
-    fn parameters(&self) -> Vec<&Parameter<T>> {
-        self.splits.tables().iter().collect()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
-        self.splits.tables_mut().iter_mut().collect()
-    }
-}
+super::splits::split_layer_api!(SplitTokenEmbeddings);
 
 #[cfg(test)]
 mod tests {
@@ -310,7 +265,7 @@ mod tests {
 #[cfg(test)]
 mod saved_tests {
     use super::*;
-    use crate::layers::grads::testing::{assert_same_grads, bits};
+    use crate::layers::grads::testing::{assert_same_grads, bits, in_f32_and_f64};
     use ndarray::{IxDyn, array};
 
     fn saved_pair_is_the_tape<T: Real>() {
@@ -339,11 +294,7 @@ mod saved_tests {
         assert_same_grads(&e, &again, &want);
     }
 
-    #[test]
-    fn saved_pair_is_the_tape_f32_and_f64() {
-        saved_pair_is_the_tape::<f32>();
-        saved_pair_is_the_tape::<f64>();
-    }
+    in_f32_and_f64!(saved_pair_is_the_tape_f32_and_f64, saved_pair_is_the_tape);
 
     #[test]
     fn saved_pair_errors_are_the_tapes() {

@@ -377,13 +377,18 @@ impl<T: Real> SplitVocabulary<T> {
     /// Errors if `norms` does not have one element per row.
     pub fn fusion_row_grads(&self, norms: &[T], weight: T) -> Result<FusionRowGrads<T>> {
         self.check_norms(norms)?;
-        let rows = self
-            .rows
-            .value()
-            .view()
-            .into_dimensionality::<Ix2>()
-            .expect("rows are 2-D");
-        Ok(FusionRowGrads::new(rows, &self.groups, norms, weight))
+        Ok(FusionRowGrads::new(
+            self.rows_2d(),
+            &self.groups,
+            norms,
+            weight,
+        ))
+    }
+
+    /// The rows as (n_rows, D).
+    fn rows_2d(&self) -> ndarray::ArrayView2<'_, T> {
+        let rows = self.rows.value().view();
+        rows.into_dimensionality::<Ix2>().expect("rows are 2-D")
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {

@@ -134,15 +134,9 @@ impl<T: Real> SplitVocabulary<T> {
         let shared2 = shared
             .to_shape((n, d))
             .expect("shared has n·D elements (checked)");
-        let rows = self
-            .rows
-            .value()
-            .view()
-            .into_dimensionality::<Ix2>()
-            .expect("rows are 2-D");
         let gate = use_gate.then(|| self.gate());
         let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
-        let out = gated_mix_forward_in(ws, shared2.view(), rows, gate, &saved.row_of);
+        let out = gated_mix_forward_in(ws, shared2.view(), self.rows_2d(), gate, &saved.row_of);
         let out = out
             .into_dyn()
             .into_shape_with_order(IxDyn(shared.shape()))
@@ -260,7 +254,9 @@ mod tests {
     use crate::Tape;
     use crate::io::SplitIndex;
     use crate::layers::SplitVocabularyConfig;
-    use crate::layers::grads::testing::{assert_same_grads, bits};
+    use crate::layers::grads::testing::{
+        assert_same_grads, assert_same_input, bits, in_f32_and_f64,
+    };
     use crate::rng::Rng;
     use crate::state::Module;
     use ndarray::{Array3, array};
@@ -302,19 +298,12 @@ mod tests {
                 let mut want = tape.backward_from(y, up.view());
                 assert_same_grads(&sv, &got, &want);
                 let gs = want.take_input(s);
-                assert_eq!(
-                    got.input.map(|g| bits(g.view())),
-                    gs.map(|g| bits(g.view()))
-                );
+                assert_same_input(got.input.as_ref(), gs);
             }
         }
     }
 
-    #[test]
-    fn saved_pair_is_the_tape_f32_and_f64() {
-        saved_pair_is_the_tape::<f32>();
-        saved_pair_is_the_tape::<f64>();
-    }
+    in_f32_and_f64!(saved_pair_is_the_tape_f32_and_f64, saved_pair_is_the_tape);
 
     #[test]
     fn saved_pair_errors_are_the_tapes() {
