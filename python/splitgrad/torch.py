@@ -402,8 +402,8 @@ class _HeadFunction(torch.autograd.Function):
     def forward(ctx, module, hidden, labels, *weights):
         h = _real(hidden, "hidden_states")
         lab = _ids(labels, "labels")
-        loss = module._core.forward(h, lab)
-        ctx.module, ctx.h, ctx.labels = module, h, lab
+        loss, saved = module._core.forward_saved(h, lab)
+        ctx.module, ctx.h, ctx.labels, ctx.saved = module, h, lab, saved
         return torch.from_numpy(loss)
 
     @staticmethod
@@ -417,7 +417,7 @@ class _HeadFunction(torch.autograd.Function):
             # sum or mean of the losses: the summed kernel (6·N·V·H flops), scaled
             _, gh, grads = m._core.forward_sum_backward(h, lab, hidden_grad=want_h)
         else:
-            gh, grads = m._core.backward(h, lab, g, hidden_grad=want_h)
+            gh, grads = m._core.backward(h, lab, g, hidden_grad=want_h, saved=ctx.saved)
             scale = 1.0
         out_h = None
         if want_h:

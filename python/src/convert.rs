@@ -1,4 +1,4 @@
-//! Errors, dtypes and arrays between Python and the crate.
+//! Errors, dtypes, arrays and state dicts between Python and the crate.
 //!
 //! Every argument from Python is checked here or by the crate before any
 //! kernel sees it: a bad id, shape or dtype raises `ValueError`, a file
@@ -8,9 +8,13 @@ use ndarray::{ArrayD, ArrayViewD};
 use numpy::{Element, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyFloatingPointError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyAny;
-use splitgrad::kernels::pool::Pool;
+use pyo3::types::{PyAny, PyDict};
+use splitgrad::layers::{NamedGrad, Workspace};
+use splitgrad::state::{Module, StateDict, TensorData};
 use splitgrad::{Error, ErrorKind, Real};
+
+use crate::gradients::GradsByDtype;
+use crate::layer::{ByDtype, Modules, Workspaces};
 
 /// The crate's error as the Python exception of its kind, with its message.
 pub fn py_err(e: Error) -> PyErr {
@@ -153,71 +157,80 @@ pub struct PooledBuffer {
     inner: std::sync::Mutex<Pooled>,
 }
 
-enum Pooled {
-    F32(Option<ArrayD<f32>>, Pool<f32>),
-    F64(Option<ArrayD<f64>>, Pool<f64>),
-}
+type Pooled = ByDtype<(Option<ArrayD<f32>>, Workspace<f32>), (Option<ArrayD<f64>>, Workspace<f64>)>;
 
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
-        match inner {
-            Pooled::F32(a, p) => {
-                if let Some(a) = a.take() {
-                    p.give(a)
-                }
+        crate::each!(inner, slot => {
+            if let Some(a) = slot.0.take() {
+                slot.1.give(a)
             }
-            Pooled::F64(a, p) => {
-                if let Some(a) = a.take() {
-                    p.give(a)
-                }
-            }
-        }
+        })
     }
 }
 
-/// The element types the bindings move between numpy and the crate.
+/// The element types the bindings move between numpy and the crate, and
+/// their slots in the values of either type.
 pub trait PyReal: Real + Element {
-    /// Wraps an array and its pool for [`PooledBuffer`].
-    fn pooled(a: ArrayD<Self>, pool: Pool<Self>) -> PooledBuffer;
+    /// Wraps an array and its workspace for [`PooledBuffer`].
+    fn pooled(a: ArrayD<Self>, ws: Workspace<Self>) -> PooledBuffer;
     /// A view of the array a [`PooledBuffer`] holds.
     fn pooled_view(b: &PooledBuffer) -> (*const Self, Vec<usize>);
+    /// The workspace of this type.
+    fn workspace(w: &Workspaces) -> &Workspace<Self>;
+    /// The module if it is of this type.
+    fn module(m: Modules<'_>) -> Option<&mut dyn Module<Self>>;
+    /// The gradients if they are of this type.
+    fn grads(g: &GradsByDtype) -> Option<&[NamedGrad<Self>]>;
+    /// Gradients of this type in their slot.
+    fn wrap_grads(v: Vec<NamedGrad<Self>>) -> GradsByDtype;
 }
 
-impl PyReal for f32 {
-    fn pooled(a: ArrayD<f32>, pool: Pool<f32>) -> PooledBuffer {
-        PooledBuffer {
-            inner: std::sync::Mutex::new(Pooled::F32(Some(a), pool)),
+macro_rules! py_real {
+    ($t:ty, $v:ident, $field:ident) => {
+        impl PyReal for $t {
+            fn pooled(a: ArrayD<$t>, ws: Workspace<$t>) -> PooledBuffer {
+                PooledBuffer {
+                    inner: std::sync::Mutex::new(ByDtype::$v((Some(a), ws))),
+                }
+            }
+            fn pooled_view(b: &PooledBuffer) -> (*const $t, Vec<usize>) {
+                match &*b.inner.lock().unwrap_or_else(|e| e.into_inner()) {
+                    ByDtype::$v((Some(a), _)) => (a.as_ptr(), a.shape().to_vec()),
+                    _ => unreachable!("a buffer of this type"),
+                }
+            }
+            fn workspace(w: &Workspaces) -> &Workspace<$t> {
+                &w.$field
+            }
+            fn module(m: Modules<'_>) -> Option<&mut dyn Module<$t>> {
+                match m {
+                    ByDtype::$v(m) => Some(m),
+                    _ => None,
+                }
+            }
+            fn grads(g: &GradsByDtype) -> Option<&[NamedGrad<$t>]> {
+                match g {
+                    ByDtype::$v(g) => Some(g),
+                    _ => None,
+                }
+            }
+            fn wrap_grads(v: Vec<NamedGrad<$t>>) -> GradsByDtype {
+                ByDtype::$v(v)
+            }
         }
-    }
-    fn pooled_view(b: &PooledBuffer) -> (*const f32, Vec<usize>) {
-        match &*b.inner.lock().unwrap_or_else(|e| e.into_inner()) {
-            Pooled::F32(Some(a), _) => (a.as_ptr(), a.shape().to_vec()),
-            _ => unreachable!("an f32 buffer"),
-        }
-    }
+    };
 }
-
-impl PyReal for f64 {
-    fn pooled(a: ArrayD<f64>, pool: Pool<f64>) -> PooledBuffer {
-        PooledBuffer {
-            inner: std::sync::Mutex::new(Pooled::F64(Some(a), pool)),
-        }
-    }
-    fn pooled_view(b: &PooledBuffer) -> (*const f64, Vec<usize>) {
-        match &*b.inner.lock().unwrap_or_else(|e| e.into_inner()) {
-            Pooled::F64(Some(a), _) => (a.as_ptr(), a.shape().to_vec()),
-            _ => unreachable!("an f64 buffer"),
-        }
-    }
-}
+py_real!(f32, F32, f32);
+py_real!(f64, F64, f64);
 
 /// Hands an array to numpy without a copy; its buffer goes back to `pool`
 /// when the numpy array (and every view of it) is gone.
 pub fn to_numpy_pooled<'py, T: PyReal>(
     py: Python<'py>,
     a: ArrayD<T>,
-    pool: &Pool<T>,
+    pool: &Workspace<T>,
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let a = if a.is_standard_layout() {
         a
@@ -253,4 +266,86 @@ pub fn check_shape(found: &[usize], expected: &[usize], what: &str) -> PyResult<
         )));
     }
     Ok(())
+}
+
+/// A [`StateDict`] as a Python dict of name → numpy array.
+pub fn state_to_py<'py>(py: Python<'py>, sd: StateDict) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let names: Vec<String> = sd.names().map(str::to_string).collect();
+    let mut sd = sd;
+    for name in names {
+        let t = sd.remove(&name).expect("listed");
+        let a = match t {
+            TensorData::F32(a) => to_numpy(py, a).into_any(),
+            TensorData::F64(a) => to_numpy(py, a).into_any(),
+            TensorData::I64(a) => to_numpy(py, a).into_any(),
+            TensorData::U64(a) => to_numpy(py, a).into_any(),
+        };
+        d.set_item(name, a)?;
+    }
+    Ok(d)
+}
+
+/// A Python mapping of name → array as a [`StateDict`]: reals as float32
+/// or float64 as they are, integers as int64 (uint64 for a 0-d optimiser
+/// step, which may also be a Python int).
+pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
+    let py = obj.py();
+    let np = py.import("numpy")?;
+    let mut sd = StateDict::new();
+    let items = obj.call_method0("items")?;
+    for item in items.try_iter()? {
+        let (name, value): (String, Bound<'_, PyAny>) = item?.extract()?;
+        // torch tensors: numpy arrays of the same memory.
+        let value = if value.hasattr("detach")? && value.hasattr("numpy")? {
+            value
+                .call_method0("detach")?
+                .call_method0("cpu")?
+                .call_method0("numpy")?
+        } else {
+            value
+        };
+        let arr = np.call_method1("asarray", (&value,))?;
+        let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+        let data = match dtype.as_str() {
+            "float32" => TensorData::F32(
+                arr.extract::<PyReadonlyArrayDyn<'_, f32>>()?
+                    .as_array()
+                    .to_owned(),
+            ),
+            "float64" => TensorData::F64(
+                arr.extract::<PyReadonlyArrayDyn<'_, f64>>()?
+                    .as_array()
+                    .to_owned(),
+            ),
+            "uint64" => TensorData::U64(
+                arr.extract::<PyReadonlyArrayDyn<'_, u64>>()?
+                    .as_array()
+                    .to_owned(),
+            ),
+            _ if name.ends_with(".step") => TensorData::U64(
+                arr.call_method1("astype", ("uint64",))?
+                    .extract::<PyReadonlyArrayDyn<'_, u64>>()?
+                    .as_array()
+                    .to_owned(),
+            ),
+            d if d.starts_with("int") || d.starts_with("uint") => TensorData::I64(
+                arr.call_method1("astype", ("int64",))?
+                    .extract::<PyReadonlyArrayDyn<'_, i64>>()?
+                    .as_array()
+                    .to_owned(),
+            ),
+            other => {
+                return Err(py_err(
+                    Error::new(ErrorKind::Dtype {
+                        found: other.to_string(),
+                        expected: "float32, float64, an integer dtype".into(),
+                    })
+                    .in_array(name.clone()),
+                ));
+            }
+        };
+        sd.insert(name, data);
+    }
+    Ok(sd)
 }

@@ -2,13 +2,16 @@
 //! and golden vectors over numpy arrays (module `splitgrad._splitgrad`;
 //! the package `splitgrad` re-exports it and adds `splitgrad.torch`).
 
+mod checkpoint;
 mod convert;
-mod layers;
+mod embeddings;
+mod gradients;
+mod head;
+mod layer;
 mod optim;
+mod vocabulary;
 
 use pyo3::prelude::*;
-
-pub(crate) use layers::state_to_py as layers_state_to_py;
 
 /// Sizes rayon's global pool (the kernels' threads); only before the first
 /// parallel call of the process. The matrix products of the head read
@@ -38,16 +41,17 @@ fn num_threads() -> usize {
 
 #[pymodule]
 fn _splitgrad(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<layers::PyEmbeddings>()?;
-    m.add_class::<layers::PyHead>()?;
-    m.add_class::<layers::PyVocabulary>()?;
-    m.add_class::<layers::PyGradients>()?;
+    m.add_class::<embeddings::PyEmbeddings>()?;
+    m.add_class::<head::PyHead>()?;
+    m.add_class::<head::PyHeadSaved>()?;
+    m.add_class::<vocabulary::PyVocabulary>()?;
+    m.add_class::<gradients::PyGradients>()?;
     m.add_class::<optim::PyOptimizer>()?;
-    m.add_function(wrap_pyfunction!(optim::save_checkpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(optim::load_checkpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(optim::golden_evaluate, m)?)?;
-    m.add_function(wrap_pyfunction!(optim::golden_generate, m)?)?;
-    m.add_function(wrap_pyfunction!(optim::golden_evaluate_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::save_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::load_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::golden_evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::golden_generate, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::golden_evaluate_dir, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     Ok(())

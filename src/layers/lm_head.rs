@@ -22,18 +22,45 @@
 //! one `chunk_tokens × V` block, sized by [`SumChunks`]). Derivation:
 //! `docs/gradients.md#summed-fused-cross-entropy`.
 
-use ndarray::ArrayViewD;
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn};
 
-use super::{Ids, SplitTables};
+use super::grads::as_tape_leaves;
+use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::ops::cross_entropy::first_bad_label;
-use crate::ops::fused_ce::{ChunkSizes, HeadKernel, Targets};
-use crate::ops::fused_ce_sum::SumChunks;
-use crate::param::Parameter;
+use crate::ops::fused_ce::{
+    ChunkSizes, HeadKernel, RowStats, Targets, fused_ce_backward_on, fused_ce_forward_on,
+};
+use crate::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward_on};
+use crate::param::{ParamGrad, Parameter};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
+
+/// What [`SplitLanguageModellingHead::backward_saved`] needs of a forward
+/// pass: the checked labels and each token's hidden row, and each hidden
+/// row's log-sum-exp (as its max and log-sum), so that the backward runs
+/// no second forward. 2·N reals and 3·N indices or so.
+#[derive(Clone, Debug)]
+pub struct HeadSaved<T> {
+    targets: Targets,
+    stats: RowStats<T>,
+    hidden_shape: Vec<usize>,
+    labels_shape: Vec<usize>,
+}
+
+impl<T> HeadSaved<T> {
+    /// The shape of the hidden states the forward read.
+    pub fn hidden_shape(&self) -> &[usize] {
+        &self.hidden_shape
+    }
+
+    /// The shape of the labels (and of the loss).
+    pub fn labels_shape(&self) -> &[usize] {
+        &self.labels_shape
+    }
+}
 
 /// The output layer of a split vocabulary with per-token cross-entropy.
 ///
@@ -131,16 +158,12 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         self.kernel
     }
 
-    fn check(
-        &self,
-        tape: &Tape<'_, T>,
-        hidden: Var,
-        labels: ArrayViewD<'_, i64>,
-    ) -> Result<Vec<i64>> {
-        let hs = tape.value(hidden).shape().to_vec();
+    /// The labels, flat, after checking them and the hidden states' shape
+    /// `hs` (the errors of [`Self::forward`]).
+    fn check(&self, hs: &[usize], labels: ArrayViewD<'_, i64>) -> Result<Vec<i64>> {
         let h = self.splits.hidden_size();
         if hs.last() != Some(&h) {
-            return Err(Error::shape("hidden", format!("(…, {h})"), &hs));
+            return Err(Error::shape("hidden", format!("(…, {h})"), hs));
         }
         if labels.shape() != &hs[..hs.len() - 1] {
             return Err(Error::shape(
@@ -176,7 +199,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         labels: impl Ids<'i>,
     ) -> Result<Var> {
         let labels = labels.ids();
-        let flat = self.check(tape, hidden, labels.view())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.view())?;
         let loss = self.fused(tape, hidden, Targets::per_token(flat));
         Ok(tape.reshape(loss, labels.shape()))
     }
@@ -212,7 +235,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         hidden: Var,
         labels: impl Ids<'i>,
     ) -> Result<Var> {
-        let flat = self.check(tape, hidden, labels.ids())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.ids())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         Ok(tape.fused_cross_entropy_sum_on(hidden, &ws, &flat, self.sum_chunks, self.kernel))
     }
@@ -334,6 +357,180 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         tape.fused_cross_entropy_on(hidden, &ws, targets, self.chunks, self.kernel)
     }
 
+    /// [`Self::forward`] without a tape: the per-token loss (labels'
+    /// shape) and what [`Self::backward_saved`] needs. The same bits and
+    /// errors as the tape.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{layers::{SplitLanguageModellingHead, Workspace}, Rng};
+    /// let mut head = SplitLanguageModellingHead::<f64>::new(&[("orig", 5), ("new", 2)], &["orig", "new"], 3)?;
+    /// head.reset_parameters(&mut Rng::new(0));
+    /// let hidden = array![[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]].into_dyn();
+    /// let (loss, saved) = head.forward_saved(hidden.view(), &[6i64, -100])?;
+    /// assert_eq!(loss[[1]], 0.0);
+    /// let g = head.backward_saved(&Workspace::new(), &saved, hidden.view(), array![1.0, 1.0].into_dyn().view(), true)?;
+    /// assert_eq!(g.input.unwrap().shape(), &[2, 3]);
+    /// assert_eq!(g.params.len(), 2);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved<'i>(
+        &self,
+        hidden: ArrayViewD<'_, T>,
+        labels: impl Ids<'i>,
+    ) -> Result<(ArrayD<T>, HeadSaved<T>)> {
+        let labels = labels.ids();
+        let flat = self.check(hidden.shape(), labels.view())?;
+        let targets = Targets::per_token(flat);
+        let h2 = as_rows(hidden.view());
+        let weights = self.weight_views();
+        let (loss, stats) =
+            fused_ce_forward_on(self.kernel, h2.view(), &weights, &targets, self.chunks);
+        let loss = ArrayD::from_shape_vec(IxDyn(labels.shape()), loss).expect("one loss per label");
+        let saved = HeadSaved {
+            targets,
+            stats,
+            hidden_shape: hidden.shape().to_vec(),
+            labels_shape: labels.shape().to_vec(),
+        };
+        Ok((loss, saved))
+    }
+
+    /// The gradients of `Σ loss ⊙ grad_loss` for the loss of
+    /// [`Self::forward_saved`] on these hidden states, from the saved
+    /// log-sum-exps (no second forward): ∂hidden as the input's gradient
+    /// when `want_hidden`, ∂W_k (dense) for each trainable split, each in
+    /// a buffer from `ws`; the bits of the tape's `backward_from`. Errors
+    /// when `grad_loss` is not of the labels' shape or `hidden` not of the
+    /// saved shape.
+    pub fn backward_saved(
+        &self,
+        ws: &Workspace<T>,
+        saved: &HeadSaved<T>,
+        hidden: ArrayViewD<'_, T>,
+        grad_loss: ArrayViewD<'_, T>,
+        want_hidden: bool,
+    ) -> Result<LayerGrads<T>> {
+        if grad_loss.shape() != saved.labels_shape {
+            return Err(Error::shape(
+                "grad_loss",
+                format!("{:?} (the shape of labels)", saved.labels_shape),
+                grad_loss.shape(),
+            ));
+        }
+        if hidden.shape() != saved.hidden_shape {
+            return Err(Error::shape(
+                "hidden",
+                format!("{:?} (the shape the forward read)", saved.hidden_shape),
+                hidden.shape(),
+            ));
+        }
+        // The upstream gradient as the tape's sweep hands it to the op:
+        // its seed `1·g + 0`, through the reshape's `0 + ·`.
+        let gy: Vec<T> = grad_loss
+            .iter()
+            .map(|&g| T::one() * g + T::zero())
+            .collect();
+        let h2 = as_rows(hidden.view());
+        let mut gh = want_hidden.then(|| ws.zeros(hidden.shape()));
+        let tables = self.splits.tables();
+        let mut gws: Vec<Option<ArrayD<T>>> = tables
+            .iter()
+            .map(|p| p.is_trainable().then(|| ws.zeros(p.value().shape())))
+            .collect();
+        if gh.is_some() || gws.iter().any(Option::is_some) {
+            let ghv = gh.as_mut().map(|g| {
+                g.view_mut()
+                    .into_shape_with_order(h2.dim())
+                    .expect("a fresh array")
+            });
+            let mut gwv: Vec<Option<ArrayViewMut2<'_, T>>> =
+                gws.iter_mut().map(as_2d_mut).collect();
+            fused_ce_backward_on(
+                self.kernel,
+                ws,
+                h2.view(),
+                &self.weight_views(),
+                &saved.targets,
+                &saved.stats,
+                &gy,
+                self.chunks,
+                ghv,
+                &mut gwv,
+            );
+        }
+        let params = tables
+            .iter()
+            .zip(gws)
+            .filter_map(|(p, g)| g.map(|g| NamedGrad::new(p, ParamGrad::Dense(g))))
+            .collect();
+        Ok(LayerGrads { input: gh, params })
+    }
+
+    /// [`Self::forward_sum`] without a tape: `Σ_n loss_n`, and its
+    /// gradients formed in the same pass (∂hidden when `want_hidden`, ∂W_k
+    /// of each trainable split when `want_weights`; buffers from `ws`),
+    /// the bits of the tape's `backward` of the sum. With neither wanted
+    /// only the loss is computed. Same errors as [`Self::forward`].
+    pub fn forward_sum_saved<'i>(
+        &self,
+        ws: &Workspace<T>,
+        hidden: ArrayViewD<'_, T>,
+        labels: impl Ids<'i>,
+        want_hidden: bool,
+        want_weights: bool,
+    ) -> Result<(T, LayerGrads<T>)> {
+        let flat = self.check(hidden.shape(), labels.ids())?;
+        let tables = self.splits.tables();
+        let want_w: Vec<bool> = tables
+            .iter()
+            .map(|p| want_weights && p.is_trainable())
+            .collect();
+        let h2 = as_rows(hidden.view());
+        let (loss, sums) = fused_ce_sum_forward_on(
+            self.kernel,
+            ws,
+            h2.view(),
+            &self.weight_views(),
+            &flat,
+            self.sum_chunks,
+            want_hidden,
+            &want_w,
+        );
+        // The tape holds these as `1·d` and writes them out as `1·d + 0`.
+        let input = sums.hidden.map(|g| {
+            let mut g = g
+                .into_shape_with_order(IxDyn(hidden.shape()))
+                .expect("(N, H) rows reshape to hidden's shape");
+            as_tape_leaves(&mut g);
+            g
+        });
+        let params = tables
+            .iter()
+            .zip(sums.weights)
+            .filter_map(|(p, g)| {
+                let mut g = g?.into_dyn();
+                as_tape_leaves(&mut g);
+                Some(NamedGrad::new(p, ParamGrad::Dense(g)))
+            })
+            .collect();
+        Ok((loss, LayerGrads { input, params }))
+    }
+
+    /// The split weights as (size_k, H) views.
+    fn weight_views(&self) -> Vec<ArrayView2<'_, T>> {
+        self.splits
+            .tables()
+            .iter()
+            .map(|p| {
+                p.value()
+                    .view()
+                    .into_dimensionality::<Ix2>()
+                    .expect("weights are 2-D")
+            })
+            .collect()
+    }
+
     /// The reference: the same loss from the full logits with the tape's
     /// primitive ops (`concat_rows`, `transpose`, `matmul`,
     /// `cross_entropy`). Materialises N × V; for tests and teaching.
@@ -344,7 +541,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         labels: impl Ids<'i>,
     ) -> Result<Var> {
         let labels = labels.ids();
-        let flat = self.check(tape, hidden, labels.view())?;
+        let flat = self.check(tape.value(hidden).shape(), labels.view())?;
         let ws: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
         let w = tape.concat_rows(&ws);
         let wt = tape.transpose(w);
@@ -354,45 +551,24 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         let ce = tape.cross_entropy(logits, &flat);
         Ok(tape.reshape(ce, labels.shape()))
     }
-
-    /// The weight of a split (`lm_head.<split>.weight`, (size_k, H)).
-    pub fn split(&self, name: &str) -> Option<&Parameter<T>> {
-        self.splits.table(name)
-    }
-
-    /// Freezes (`false`) or unfreezes a split.
-    pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
-        self.splits.set_trainable(split, trainable)
-    }
-
-    /// The splits.
-    pub fn splits(&self) -> &SplitTables<T> {
-        &self.splits
-    }
-
-    /// The splits, to change in place.
-    pub fn splits_mut(&mut self) -> &mut SplitTables<T> {
-        &mut self.splits
-    }
-
-    /// V.
-    pub fn vocab_size(&self) -> usize {
-        self.splits.vocab_size()
-    }
-
-    /// H.
-    pub fn hidden_size(&self) -> usize {
-        self.splits.hidden_size()
-    }
 }
 
-impl<T: Real> Module<T> for SplitLanguageModellingHead<T> {
-    /// The weights, in split order.
-    fn parameters(&self) -> Vec<&Parameter<T>> {
-        self.splits.tables().iter().collect()
-    }
+super::splits::split_layer_api!(SplitLanguageModellingHead);
 
-    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
-        self.splits.tables_mut().iter_mut().collect()
-    }
+/// A (…, H) value as (N, H) rows (a copy only if it is not contiguous).
+fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
+    let width = *h.shape().last().expect("hidden has an H axis (checked)");
+    let n = h.shape()[..h.ndim() - 1].iter().product();
+    let rows: ndarray::CowArray<'_, T, IxDyn> = match h.is_standard_layout() {
+        true => h.into(),
+        false => h.as_standard_layout().into_owned().into(),
+    };
+    rows.into_shape_with_order((n, width))
+        .expect("standard layout")
+}
+
+/// A weight's gradient buffer as (size_k, H).
+fn as_2d_mut<T>(g: &mut Option<ArrayD<T>>) -> Option<ArrayViewMut2<'_, T>> {
+    let g = g.as_mut()?.view_mut();
+    Some(g.into_dimensionality::<Ix2>().expect("2-D"))
 }

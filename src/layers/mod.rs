@@ -9,7 +9,17 @@
 //! allows — and all three are [`Module`](crate::state::Module)s:
 //! `parameters()`, `parameters_mut()`, `named_parameters()`,
 //! `state_dict()` and `load_state_dict()` under their checkpoint names.
+//!
+//! Besides its tape forward, each layer has a tape-free pair for a caller
+//! whose forward and backward are separate calls (a binding, another
+//! framework's autograd function): `forward_saved` returns the output and
+//! a small saved context ([`EmbeddingsSaved`], [`VocabularySaved`],
+//! [`HeadSaved`]); `backward_saved` takes that context and the upstream
+//! gradient and returns [`LayerGrads`]. Both run the ops the tape runs,
+//! after the same checks, and give the same bits; their scratch and
+//! output buffers come from a [`Workspace`].
 
+mod grads;
 pub mod lm_head;
 pub mod split_embeddings;
 pub mod split_vocabulary;
@@ -17,10 +27,21 @@ mod splits;
 
 use ndarray::{ArrayBase, ArrayView2, ArrayViewD, Data, Dimension, Ix2};
 
-pub use lm_head::SplitLanguageModellingHead;
-pub use split_embeddings::SplitTokenEmbeddings;
-pub use split_vocabulary::{SplitVocabulary, SplitVocabularyConfig, VocabularyGrads};
+pub use grads::{LayerGrads, NamedGrad};
+pub use lm_head::{HeadSaved, SplitLanguageModellingHead};
+pub use split_embeddings::{EmbeddingsSaved, SplitTokenEmbeddings};
+pub use split_vocabulary::{
+    NO_ROW, SplitVocabulary, SplitVocabularyConfig, VocabularyGrads, VocabularySaved,
+};
 pub use splits::SplitTables;
+
+/// The layers' scratch buffers: a pool of arrays that the tape-free
+/// passes (`forward_saved`, `backward_saved`, …) take their outputs,
+/// gradients and workspaces from, and that a caller gives them back to
+/// ([`Workspace::give`], [`NamedGrad::give_back`]) so that the next step
+/// reuses them instead of allocating. Clones share one pool; a
+/// [`Tape::with_pool`](crate::Tape::with_pool) draws from the same kind.
+pub use crate::kernels::pool::Pool as Workspace;
 
 use crate::kernels::Real;
 use crate::param::Parameter;

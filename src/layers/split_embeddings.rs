@@ -7,13 +7,34 @@
 //! split receives nothing. Derivation: `docs/gradients.md#gather` and
 //! `docs/gradients.md#split-routing`.
 
-use super::{Ids, SplitTables};
-use crate::error::Result;
+use ndarray::{ArrayD, ArrayViewD};
+
+use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
+use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::Parameter;
+use crate::kernels::routing::Routed;
+use crate::kernels::scatter::{RowSource, coalesce_sources_in};
+use crate::ops::split_gather::split_gather_forward_in;
+use crate::param::{ParamGrad, Parameter, RowSparse};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
+
+/// What [`SplitTokenEmbeddings::backward_saved`] needs of a forward pass:
+/// the ids, checked and routed to their splits
+/// ([`SplitTokenEmbeddings::route`]).
+#[derive(Clone, Debug)]
+pub struct EmbeddingsSaved {
+    routed: Routed,
+    ids_shape: Vec<usize>,
+}
+
+impl EmbeddingsSaved {
+    /// The ids' shape.
+    pub fn ids_shape(&self) -> &[usize] {
+        &self.ids_shape
+    }
+}
 
 /// Token embeddings made of several named tables (splits).
 ///
@@ -98,59 +119,108 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         tape: &mut Tape<'p, T>,
         input_ids: impl Ids<'i>,
     ) -> Result<Var> {
-        let input_ids = input_ids.ids();
-        let routed = self.splits.route(input_ids.view(), "input id")?;
+        let saved = self.route(input_ids)?;
         let tables: Vec<Var> = self.splits.tables().iter().map(|p| tape.param(p)).collect();
-        Ok(tape.split_gather(&tables, &routed, input_ids.shape()))
+        Ok(tape.split_gather(&tables, &saved.routed, &saved.ids_shape))
     }
 
-    /// The table of a split (`token_embedding.<split>.weight`).
-    pub fn split(&self, name: &str) -> Option<&Parameter<T>> {
-        self.splits.table(name)
+    /// The ids checked (the errors of [`Self::forward`]) and routed to
+    /// their splits: what [`Self::backward_saved`] needs, without the
+    /// forward pass.
+    pub fn route<'i>(&self, input_ids: impl Ids<'i>) -> Result<EmbeddingsSaved> {
+        let input_ids = input_ids.ids();
+        Ok(EmbeddingsSaved {
+            routed: self.splits.route(input_ids.view(), "input id")?,
+            ids_shape: input_ids.shape().to_vec(),
+        })
     }
 
-    /// The table of a split, to change in place.
-    pub fn split_mut(&mut self, name: &str) -> Option<&mut Parameter<T>> {
-        self.splits.table_mut(name)
+    /// [`Self::forward`] without a tape: the embeddings `(*ids.shape, H)`
+    /// in a buffer from `ws`, and the routing the backward needs. The same
+    /// bits and errors as the tape.
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use splitgrad::{layers::{SplitTokenEmbeddings, Workspace}, ParamGrad, Rng};
+    /// let mut e = SplitTokenEmbeddings::<f32>::new(&[("a", 3), ("b", 2)], &["a", "b"], 2)?;
+    /// e.reset_parameters(&mut Rng::new(0));
+    /// let ws = Workspace::new();
+    /// let (out, saved) = e.forward_saved(&ws, &array![[0i64, 4, 4]])?;
+    /// assert_eq!(out.shape(), &[1, 3, 2]);
+    /// let g = e.backward_saved(&ws, &saved, Array2::ones((3, 2)).into_shape_with_order((1, 3, 2)).unwrap().into_dyn().view())?;
+    /// let Some(ParamGrad::RowSparse(b)) = g.get("token_embedding.b.weight") else { panic!() };
+    /// assert_eq!((b.rows.clone(), b.values.row(0).to_vec()), (vec![1], vec![2.0, 2.0]));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved<'i>(
+        &self,
+        ws: &Workspace<T>,
+        input_ids: impl Ids<'i>,
+    ) -> Result<(ArrayD<T>, EmbeddingsSaved)> {
+        let saved = self.route(input_ids)?;
+        let views: Vec<ArrayViewD<'_, T>> = self
+            .splits
+            .tables()
+            .iter()
+            .map(|p| p.value().view())
+            .collect();
+        let out = split_gather_forward_in(ws, &views, &saved.routed, &saved.ids_shape);
+        Ok((out, saved))
     }
 
-    /// Freezes (`false`) or unfreezes a split: a frozen split receives no
-    /// gradient and is never updated. An unknown split is an error.
-    pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
-        self.splits.set_trainable(split, trainable)
-    }
-
-    /// The splits: names, sizes, routing.
-    pub fn splits(&self) -> &SplitTables<T> {
-        &self.splits
-    }
-
-    /// The splits, to change in place.
-    pub fn splits_mut(&mut self) -> &mut SplitTables<T> {
-        &mut self.splits
-    }
-
-    /// V.
-    pub fn vocab_size(&self) -> usize {
-        self.splits.vocab_size()
-    }
-
-    /// H.
-    pub fn hidden_size(&self) -> usize {
-        self.splits.hidden_size()
+    /// The tables' gradients of `Σ out ⊙ grad_output` for the ids of
+    /// `saved`: row-sparse, one per trainable split the ids reach, in split
+    /// order, each in a buffer from `ws`; the bits of the tape's
+    /// `backward_from(forward(…), grad_output)`. Errors when
+    /// `grad_output` is not `(*ids.shape, H)`.
+    pub fn backward_saved(
+        &self,
+        ws: &Workspace<T>,
+        saved: &EmbeddingsSaved,
+        grad_output: ArrayViewD<'_, T>,
+    ) -> Result<LayerGrads<T>> {
+        let h = self.hidden_size();
+        let mut want = saved.ids_shape.clone();
+        want.push(h);
+        if grad_output.shape() != want {
+            let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
+            return Err(Error::shape(
+                "grad_output",
+                format!("({})", dims.join(", ")),
+                grad_output.shape(),
+            ));
+        }
+        let g = grad_output.as_standard_layout();
+        let routed = &saved.routed;
+        let g2 = g
+            .view()
+            .into_shape_with_order((routed.n_ids(), h))
+            .expect("standard layout reshapes");
+        let mut params = Vec::new();
+        for (k, p) in self.splits.tables().iter().enumerate() {
+            if !p.is_trainable() || routed.positions[k].is_empty() {
+                continue;
+            }
+            let source = RowSource {
+                values: g2.view(),
+                rows: Some(&routed.positions[k]),
+                scale: None,
+            };
+            let n_rows = p.value().shape()[0];
+            let rs = RowSparse::from_coalesced(
+                n_rows,
+                coalesce_sources_in(ws, n_rows, h, &routed.local[k], &[source]),
+            );
+            params.push(NamedGrad::new(p, ParamGrad::RowSparse(rs)));
+        }
+        Ok(LayerGrads {
+            input: None,
+            params,
+        })
     }
 }
 
-impl<T: Real> Module<T> for SplitTokenEmbeddings<T> {
-    /// The tables, in split order.
-    fn parameters(&self) -> Vec<&Parameter<T>> {
-        self.splits.tables().iter().collect()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
-        self.splits.tables_mut().iter_mut().collect()
-    }
-}
+super::splits::split_layer_api!(SplitTokenEmbeddings);
 
 #[cfg(test)]
 mod tests {
@@ -193,5 +263,58 @@ mod tests {
         let v = a.split("x").unwrap().value();
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.05, "{mean}");
+    }
+}
+
+#[cfg(test)]
+mod saved_tests {
+    use super::*;
+    use crate::layers::grads::testing::{assert_same_grads, bits, in_f32_and_f64};
+    use ndarray::{IxDyn, array};
+
+    fn saved_pair_is_the_tape<T: Real>() {
+        let sizes = [("a", 5), ("b", 3), ("c", 4), ("d", 2)];
+        let mut e = SplitTokenEmbeddings::<T>::new(&sizes, &["a", "b", "c", "d"], 3).unwrap();
+        e.reset_parameters(&mut Rng::new(7));
+        e.set_trainable("c", false).unwrap();
+        // Rank-2 ids; b's rows repeat; c is frozen; d is not reached.
+        let ids = array![[0i64, 6, 5, 9], [6, 1, 0, 11]];
+        let mut rng = Rng::new(8);
+        let up = ArrayD::from_shape_fn(IxDyn(&[2, 4, 3]), |_| T::from_f64(rng.normal()));
+        let ws = Workspace::new();
+        let (out, saved) = e.forward_saved(&ws, &ids).unwrap();
+        let got = e.backward_saved(&ws, &saved, up.view()).unwrap();
+        let mut tape = Tape::new();
+        let y = e.forward(&mut tape, &ids).unwrap();
+        assert_eq!(bits(out.view()), bits(tape.value(y)));
+        let want = tape.backward_from(y, up.view());
+        assert_same_grads(&e, &got, &want);
+        assert!(got.input.is_none());
+        assert_eq!(got.params.len(), 2);
+        // A transposed upstream gradient: the same bits.
+        let up_t = up.t().as_standard_layout().into_owned();
+        let strided = up_t.t();
+        let again = e.backward_saved(&ws, &saved, strided.view()).unwrap();
+        assert_same_grads(&e, &again, &want);
+    }
+
+    in_f32_and_f64!(saved_pair_is_the_tape_f32_and_f64, saved_pair_is_the_tape);
+
+    #[test]
+    fn saved_pair_errors_are_the_tapes() {
+        let e = SplitTokenEmbeddings::<f32>::new(&[("a", 3)], &["a"], 2).unwrap();
+        let ws = Workspace::new();
+        let err = e.forward_saved(&ws, &array![[0i64], [3]]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "input id 3 at position [1, 0] is out of range 0..3"
+        );
+        let saved = e.route(&[0i64, 1]).unwrap();
+        let bad = ArrayD::<f32>::zeros(IxDyn(&[2, 3]));
+        let err = e.backward_saved(&ws, &saved, bad.view()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "grad_output has shape [2, 3], expected (2, 2)"
+        );
     }
 }

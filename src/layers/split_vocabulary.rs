@@ -17,23 +17,25 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayViewD, Axis, Ix2, IxDyn};
+use ndarray::{Array1, Array2, ArrayD, ArrayViewD, Axis, Ix2};
 
 use super::{AsTable, Ids};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::{PairLookup, SplitIndex, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::kernels::reduce::scaled_copy_in;
-use crate::kernels::scatter::{RowSource, coalesce_sources_in};
+use crate::param::RowSparse;
 use crate::ops::fusion_penalty::{
     FusionRowGrads, RowGroups, fusion_penalty_backward, fusion_penalty_forward,
 };
-use crate::ops::gated_mix::{NO_ROW, Want, gated_mix_backward};
-use crate::ops::sigmoid::{sigmoid, sigmoid_backward};
-use crate::param::{Parameter, RowSparse};
+pub use crate::ops::gated_mix::NO_ROW;
+use crate::ops::sigmoid::sigmoid;
+use crate::param::Parameter;
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
+
+mod saved;
+pub use saved::VocabularySaved;
 
 /// The gradients [`SplitVocabulary::backward_from`] returns; `None` where
 /// not asked for or not trainable.
@@ -213,7 +215,9 @@ impl<T: Real> SplitVocabulary<T> {
     /// Copies each row from the shared row it specialises:
     /// `rows[i] = table[token_index[i]]`. After it the layer's output equals
     /// `shared` exactly, whatever the gates. table: (V, D) — the shared
-    /// embedding [`Parameter`] itself, or any 2-D array or view.
+    /// embedding [`Parameter`] itself, or any 2-D array or view. The rows
+    /// are written into their own buffer (a view of it stays valid); on an
+    /// error nothing changes.
     ///
     /// ```
     /// use splitgrad::{io::SplitIndex, layers::{SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig}, Rng};
@@ -233,8 +237,15 @@ impl<T: Real> SplitVocabulary<T> {
         if table.dim() != (self.vocab_size, self.dim) {
             return Err(Error::shape("seed table", expected, table.shape()));
         }
-        let rows = table.select(Axis(0), &self.index.token_index);
-        *self.rows.value_mut() = rows.into_dyn();
+        let mut rows = self
+            .rows
+            .value_mut()
+            .view_mut()
+            .into_dimensionality::<Ix2>()
+            .expect("rows are 2-D");
+        for (mut row, &t) in rows.outer_iter_mut().zip(&self.index.token_index) {
+            row.assign(&table.index_axis(Axis(0), t));
+        }
         Ok(())
     }
 
@@ -366,13 +377,18 @@ impl<T: Real> SplitVocabulary<T> {
     /// Errors if `norms` does not have one element per row.
     pub fn fusion_row_grads(&self, norms: &[T], weight: T) -> Result<FusionRowGrads<T>> {
         self.check_norms(norms)?;
-        let rows = self
-            .rows
-            .value()
-            .view()
-            .into_dimensionality::<Ix2>()
-            .expect("rows are 2-D");
-        Ok(FusionRowGrads::new(rows, &self.groups, norms, weight))
+        Ok(FusionRowGrads::new(
+            self.rows_2d(),
+            &self.groups,
+            norms,
+            weight,
+        ))
+    }
+
+    /// The rows as (n_rows, D).
+    fn rows_2d(&self) -> ndarray::ArrayView2<'_, T> {
+        let rows = self.rows.value().view();
+        rows.into_dimensionality::<Ix2>().expect("rows are 2-D")
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {
@@ -442,7 +458,7 @@ impl<T: Real> SplitVocabulary<T> {
         use_gate: bool,
     ) -> Result<Var> {
         let shape = tape.value(shared).shape().to_vec();
-        let row_of = self.route(token_ids.ids(), language_ids.ids(), &shape)?;
+        let row_of = self.route_rows(token_ids.ids(), language_ids.ids(), &shape)?;
         let flat = if shape.len() == 2 {
             shared
         } else {
@@ -458,106 +474,9 @@ impl<T: Real> SplitVocabulary<T> {
         })
     }
 
-    /// The gradients of `Σ out ⊙ grad_output` for the output of
-    /// [`Self::forward`] on these inputs, without computing that output:
-    /// for a caller whose forward and backward are separate calls (the
-    /// Python package's autograd functions). They equal, bit for bit, the
-    /// tape's `backward_from(forward(…), grad_output)`: ∂shared when
-    /// `want_shared`, ∂rows (row-sparse) and ∂gate_logit where those are
-    /// trainable (∂gate_logit only with the gate).
-    ///
-    /// Errors as [`Self::forward`], and when `grad_output` is not of shared's
-    /// shape.
-    ///
-    /// ```
-    /// use ndarray::{array, Array2};
-    /// use splitgrad::{io::SplitIndex, kernels::pool::Pool, Tape};
-    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
-    /// let index = SplitIndex::new(vec![0, 1], vec![2, 2]);
-    /// let sv = SplitVocabulary::<f64>::new(index, &SplitVocabularyConfig::new(4, 2, 2))?;
-    /// let shared = array![[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]].into_dyn();
-    /// let up = Array2::from_elem((3, 2), 0.5).into_dyn();
-    /// let (tokens, langs) = ([2i64, 2, 0], [0i64, 1, 0]);
-    /// let g = sv.backward_from(&Pool::new(), &tokens, &langs, shared.view(), up.view(), true, true)?;
-    /// let mut tape = Tape::new();
-    /// let s = tape.input(shared.clone());
-    /// let out = sv.forward(&mut tape, &tokens, &langs, s, true)?;
-    /// let want = tape.backward_from(out, up.view());
-    /// assert_eq!(g.shared.as_ref(), want.input(s));
-    /// assert_eq!(g.rows.unwrap().to_dense().into_dyn(), want.dense(sv.rows()));
-    /// assert_eq!(g.gate_logit.unwrap(), want.dense(sv.gate_logit()));
-    /// # Ok::<(), splitgrad::Error>(())
-    /// ```
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_from<'i, 'j>(
-        &self,
-        pool: &Pool<T>,
-        token_ids: impl Ids<'i>,
-        language_ids: impl Ids<'j>,
-        shared: ArrayViewD<'_, T>,
-        grad_output: ArrayViewD<'_, T>,
-        use_gate: bool,
-        want_shared: bool,
-    ) -> Result<VocabularyGrads<T>> {
-        let row_of = self.route(token_ids.ids(), language_ids.ids(), shared.shape())?;
-        if grad_output.shape() != shared.shape() {
-            return Err(Error::shape(
-                "grad_output",
-                format!("{:?} (the shape of shared)", shared.shape()),
-                grad_output.shape(),
-            ));
-        }
-        let (n, d) = (row_of.len(), self.dim);
-        let want = Want {
-            shared: want_shared,
-            rows: self.rows.is_trainable(),
-            gate: use_gate && self.gate_logit.is_trainable(),
-        };
-        let shared2 = shared
-            .to_shape(IxDyn(&[n, d]))
-            .expect("shared has n·D elements (checked)");
-        // ∂out becomes ∂shared in place, as on the tape: a copy from the
-        // pool, 1·∂out + 0 as the tape's seed hands it over.
-        let gy = scaled_copy_in(pool, T::one(), grad_output)
-            .into_shape_with_order(IxDyn(&[n, d]))
-            .expect("a fresh copy is in standard layout");
-        let gate_value = use_gate.then(|| self.gate().into_dyn());
-        let (gs, contrib, gg) = gated_mix_backward(
-            pool,
-            &row_of,
-            shared2.view(),
-            self.rows.value().view(),
-            gate_value.as_ref().map(|g| g.view()),
-            gy,
-            want,
-        );
-        let rows = contrib.map(|(ids, vals)| {
-            let vals = vals
-                .into_dimensionality::<Ix2>()
-                .expect("2-D row contributions");
-            let rows =
-                coalesce_sources_in(pool, self.n_rows(), d, &ids, &[RowSource::all(vals.view())]);
-            RowSparse::from_coalesced(self.n_rows(), rows)
-        });
-        // ∂gate_logit = 0 + ∂g·g·(1 − g): the sigmoid's backward into a zero buffer.
-        let gate_logit = match (gg, gate_value) {
-            (Some(gg), Some(g)) if want.gate => {
-                let mut out = ArrayD::<T>::zeros(g.raw_dim());
-                sigmoid_backward(g.view(), gg.view(), &mut out);
-                Some(out)
-            }
-            _ => None,
-        };
-        Ok(VocabularyGrads {
-            shared: gs.map(|g| g.into_shape_with_order(IxDyn(shared.shape())).expect("n·D")),
-            rows,
-            gate_logit,
-        })
-    }
-
     /// The row of each token for ids of one shape and shared of that shape
     /// plus D, the errors naming positions in the ids' shape.
-    fn route(
+    fn route_rows(
         &self,
         tokens: ArrayViewD<'_, i64>,
         languages: ArrayViewD<'_, i64>,
@@ -591,12 +510,7 @@ impl<T: Real> SplitVocabulary<T> {
         let mut want = tokens.shape().to_vec();
         want.push(self.dim);
         if shared_shape != want {
-            let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
-            return Err(Error::shape(
-                "shared",
-                format!("({})", dims.join(", ")),
-                shared_shape,
-            ));
+            return Err(shared_shape_error(&want, shared_shape));
         }
         Ok(row_of)
     }
@@ -685,4 +599,10 @@ impl<T: Real> Module<T> for SplitVocabulary<T> {
         }
         out
     }
+}
+
+/// The error of a `shared` of shape `found` where `want` was due.
+fn shared_shape_error(want: &[usize], found: &[usize]) -> Error {
+    let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
+    Error::shape("shared", format!("({})", dims.join(", ")), found)
 }

@@ -192,6 +192,63 @@ impl<T: Real> SplitTables<T> {
     }
 }
 
+/// The accessors and the [`Module`](crate::state::Module) impl that the
+/// layers made of [`SplitTables`] (a field `splits`) share.
+macro_rules! split_layer_api {
+    ($layer:ident) => {
+        impl<T: Real> $layer<T> {
+            /// The table of a split (its `<prefix>.<split>.weight`, (size_k, H)).
+            pub fn split(&self, name: &str) -> Option<&Parameter<T>> {
+                self.splits.table(name)
+            }
+
+            /// The table of a split, to change in place.
+            pub fn split_mut(&mut self, name: &str) -> Option<&mut Parameter<T>> {
+                self.splits.table_mut(name)
+            }
+
+            /// Freezes (`false`) or unfreezes a split: a frozen split
+            /// receives no gradient and is never updated. An unknown split
+            /// is an error.
+            pub fn set_trainable(&mut self, split: &str, trainable: bool) -> Result<()> {
+                self.splits.set_trainable(split, trainable)
+            }
+
+            /// The splits: names, sizes, routing.
+            pub fn splits(&self) -> &SplitTables<T> {
+                &self.splits
+            }
+
+            /// The splits, to change in place.
+            pub fn splits_mut(&mut self) -> &mut SplitTables<T> {
+                &mut self.splits
+            }
+
+            /// V.
+            pub fn vocab_size(&self) -> usize {
+                self.splits.vocab_size()
+            }
+
+            /// H.
+            pub fn hidden_size(&self) -> usize {
+                self.splits.hidden_size()
+            }
+        }
+
+        impl<T: Real> Module<T> for $layer<T> {
+            /// The tables, in split order.
+            fn parameters(&self) -> Vec<&Parameter<T>> {
+                self.splits.tables().iter().collect()
+            }
+
+            fn parameters_mut(&mut self) -> Vec<&mut Parameter<T>> {
+                self.splits.tables_mut().iter_mut().collect()
+            }
+        }
+    };
+}
+pub(crate) use split_layer_api;
+
 /// The multi-index of flat position `p` in an array of this shape.
 pub(crate) fn unflatten(mut p: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];

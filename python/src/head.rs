@@ -1,0 +1,208 @@
+//! `SplitLanguageModellingHead` for numpy arrays: the crate's layer
+//! through its tape-free pair (`forward_saved`, `backward_saved`) and its
+//! summed pass (`forward_sum_saved`).
+
+use ndarray::ArrayD;
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+use splitgrad::Real;
+use splitgrad::layers::{HeadSaved, LayerGrads, SplitLanguageModellingHead, Workspace};
+use splitgrad::state::Module;
+
+use crate::convert::{OrRaise, PyReal, ids_arg, real_arg, to_numpy, to_numpy_pooled};
+use crate::gradients::{PyGradients, gradients_of};
+use crate::layer::{ByDtype, Workspaces, layer_class, split_layer_methods, std_layout};
+
+layer_class!(
+    /// `SplitLanguageModellingHead(split_vocab_size, split_order, hidden_size, dtype="float32")`.
+    PyHead,
+    "SplitLanguageModellingHead",
+    SplitLanguageModellingHead
+);
+split_layer_methods!(
+    PyHead,
+    SplitLanguageModellingHead,
+    "Every weight U(−1/√H, 1/√H) from splitgrad's seeded generator."
+);
+
+/// What `forward_saved` kept for `backward`: each token's log-sum-exp, so
+/// that the backward runs no second forward pass.
+#[pyclass(module = "splitgrad._splitgrad", name = "HeadSaved", frozen)]
+pub struct PyHeadSaved {
+    inner: ByDtype<HeadSaved<f32>, HeadSaved<f64>>,
+}
+
+#[pymethods]
+impl PyHeadSaved {
+    fn __repr__(&self) -> String {
+        crate::each!(&self.inner, s => format!(
+            "HeadSaved(hidden {:?}, labels {:?})",
+            s.hidden_shape(),
+            s.labels_shape()
+        ))
+    }
+}
+
+fn forward<T: PyReal>(
+    py: Python<'_>,
+    layer: &SplitLanguageModellingHead<T>,
+    hidden: &Bound<'_, PyAny>,
+    labels: &Bound<'_, PyAny>,
+) -> PyResult<(ArrayD<T>, HeadSaved<T>)> {
+    let labels = ids_arg(labels, "labels")?;
+    let h = real_arg::<T>(hidden, "hidden")?;
+    let hv = std_layout(h.as_array());
+    py.detach(|| layer.forward_saved(hv.view(), &labels))
+        .or_raise()
+}
+
+fn backward<T: PyReal>(
+    py: Python<'_>,
+    layer: &SplitLanguageModellingHead<T>,
+    ws: &Workspace<T>,
+    args: [&Bound<'_, PyAny>; 3],
+    saved: Option<&PyHeadSaved>,
+    want_hidden: bool,
+) -> PyResult<LayerGrads<T>> {
+    let [hidden, labels, grad] = args;
+    let labels = ids_arg(labels, "labels")?;
+    let h = real_arg::<T>(hidden, "hidden")?;
+    let g = real_arg::<T>(grad, "grad_loss")?;
+    let hv = std_layout(h.as_array());
+    let gv = g.as_array();
+    let saved = match saved {
+        Some(s) => Some(s.inner.get::<HeadSaved<T>>().ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "saved: the forward_saved of a layer of another dtype",
+            )
+        })?),
+        None => None,
+    };
+    let res = py.detach(|| -> splitgrad::Result<LayerGrads<T>> {
+        let own;
+        let saved = match saved {
+            Some(s) => s,
+            None => {
+                own = layer.forward_saved(hv.view(), &labels)?.1;
+                &own
+            }
+        };
+        layer.backward_saved(ws, saved, hv.view(), gv.view(), want_hidden)
+    });
+    res.or_raise()
+}
+
+fn summed<T: PyReal>(
+    py: Python<'_>,
+    layer: &SplitLanguageModellingHead<T>,
+    ws: &Workspace<T>,
+    hidden: &Bound<'_, PyAny>,
+    labels: &Bound<'_, PyAny>,
+    want: Option<bool>,
+) -> PyResult<(T, LayerGrads<T>)> {
+    let labels = ids_arg(labels, "labels")?;
+    let h = real_arg::<T>(hidden, "hidden")?;
+    let hv = std_layout(h.as_array());
+    let (want_hidden, want_weights) = (want == Some(true), want.is_some());
+    py.detach(|| layer.forward_sum_saved(ws, hv.view(), &labels, want_hidden, want_weights))
+        .or_raise()
+}
+
+/// `(grad_hidden, Gradients)` for Python.
+type PyGrads<'py> = (Option<Bound<'py, PyAny>>, PyGradients);
+
+fn to_py<'py, T: PyReal>(
+    py: Python<'py>,
+    g: LayerGrads<T>,
+    ws: &Workspaces,
+) -> PyResult<PyGrads<'py>> {
+    let gh = g
+        .input
+        .map(|a| to_numpy_pooled(py, a, ws.of()).map(|x| x.into_any()))
+        .transpose()?;
+    Ok((gh, gradients_of(g.params, ws)))
+}
+
+#[pymethods]
+impl PyHead {
+    /// Per-token cross-entropy (the fused kernel): hidden (…, H), labels
+    /// (…) → loss (…), 0 where the label is −100.
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        hidden: &Bound<'py, PyAny>,
+        labels: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::each!(&self.inner, l => Ok(to_numpy(py, forward(py, l, hidden, labels)?.0).into_any()))
+    }
+
+    /// [`forward`] and what `backward` needs of it: `(loss, saved)`; pass
+    /// `saved` to `backward` (with the same hidden states and labels) and
+    /// it runs no second forward pass.
+    fn forward_saved<'py>(
+        &self,
+        py: Python<'py>,
+        hidden: &Bound<'py, PyAny>,
+        labels: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyAny>, PyHeadSaved)> {
+        crate::each!(&self.inner, l => {
+            let (loss, saved) = forward(py, l, hidden, labels)?;
+            let saved = PyHeadSaved {
+                inner: ByDtype::new(saved),
+            };
+            Ok((to_numpy(py, loss).into_any(), saved))
+        })
+    }
+
+    /// The gradients of `Σ loss ⊙ grad_loss`: `(grad_hidden, Gradients)`
+    /// (`grad_hidden` None when `hidden_grad` is false). `saved`: what
+    /// `forward_saved` returned for these hidden states and labels; without
+    /// it the forward pass runs again.
+    #[pyo3(signature = (hidden, labels, grad_loss, hidden_grad = true, saved = None))]
+    fn backward<'py>(
+        &self,
+        py: Python<'py>,
+        hidden: &Bound<'py, PyAny>,
+        labels: &Bound<'py, PyAny>,
+        grad_loss: &Bound<'py, PyAny>,
+        hidden_grad: bool,
+        saved: Option<PyRef<'py, PyHeadSaved>>,
+    ) -> PyResult<PyGrads<'py>> {
+        let args = [hidden, labels, grad_loss];
+        let saved = saved.as_deref();
+        crate::each!(&self.inner, l => {
+            let g = backward(py, l, self.ws.of(), args, saved, hidden_grad)?;
+            to_py(py, g, &self.ws)
+        })
+    }
+
+    /// `Σ_n loss_n` (the summed fused kernel), a float.
+    fn forward_sum(
+        &self,
+        py: Python<'_>,
+        hidden: &Bound<'_, PyAny>,
+        labels: &Bound<'_, PyAny>,
+    ) -> PyResult<f64> {
+        crate::each!(&self.inner, l => {
+            let (loss, _) = summed(py, l, self.ws.of(), hidden, labels, None)?;
+            Ok(Real::to_f64(loss))
+        })
+    }
+
+    /// `Σ_n loss_n` and its gradients in one pass (6·N·V·H flops):
+    /// `(loss, grad_hidden, Gradients)`.
+    #[pyo3(signature = (hidden, labels, hidden_grad = true))]
+    fn forward_sum_backward<'py>(
+        &self,
+        py: Python<'py>,
+        hidden: &Bound<'py, PyAny>,
+        labels: &Bound<'py, PyAny>,
+        hidden_grad: bool,
+    ) -> PyResult<(f64, Option<Bound<'py, PyAny>>, PyGradients)> {
+        crate::each!(&self.inner, l => {
+            let (loss, g) = summed(py, l, self.ws.of(), hidden, labels, Some(hidden_grad))?;
+            let (gh, grads) = to_py(py, g, &self.ws)?;
+            Ok((Real::to_f64(loss), gh, grads))
+        })
+    }
+}

@@ -1,0 +1,451 @@
+//! What the three layer classes share: a value of either real type
+//! ([`ByDtype`]), the layers' workspaces, the class macros (the struct,
+//! its dtype, parameters and state dicts; the constructor and getters of
+//! the two split layers), and a layer borrowed from Python ([`LayerRef`]).
+//!
+//! A layer owns its parameters (the crate's `Parameter`s); `parameter()`
+//! hands numpy a writable view of one, without a copy, whose base is the
+//! layer (so the layer lives as long as any view of it). No method ever
+//! reallocates a parameter's buffer, so a view stays valid: loads and
+//! `seed_from` write into the buffer that is there.
+
+use std::any::Any;
+
+use ndarray::ArrayViewD;
+use numpy::PyArrayDyn;
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+use splitgrad::layers::Workspace;
+use splitgrad::state::Module;
+
+use crate::convert::{Dtype, PyReal};
+use crate::embeddings::PyEmbeddings;
+use crate::head::PyHead;
+use crate::vocabulary::PyVocabulary;
+
+/// One value per real type.
+pub enum ByDtype<A, B> {
+    F32(A),
+    F64(B),
+}
+
+impl<A, B> ByDtype<A, B> {
+    /// Which real type the value is of.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            ByDtype::F32(_) => Dtype::F32,
+            ByDtype::F64(_) => Dtype::F64,
+        }
+    }
+}
+
+impl<A: 'static, B: 'static> ByDtype<A, B> {
+    /// The value if it is an `X` (`A` or `B`: a generic caller's own type,
+    /// such as `HeadSaved<T>` for `ByDtype<HeadSaved<f32>, HeadSaved<f64>>`).
+    pub fn get<X: 'static>(&self) -> Option<&X> {
+        crate::each!(self, v => (v as &dyn Any).downcast_ref())
+    }
+
+    /// [`Self::get`], mutably.
+    pub fn get_mut<X: 'static>(&mut self) -> Option<&mut X> {
+        crate::each!(self, v => (v as &mut dyn Any).downcast_mut())
+    }
+
+    /// `x` in its slot.
+    ///
+    /// **Panics** if `X` is neither `A` nor `B`.
+    pub fn new<X: 'static>(x: X) -> Self {
+        let mut x = Some(x);
+        let any = &mut x as &mut dyn Any;
+        if let Some(a) = any.downcast_mut::<Option<A>>() {
+            return ByDtype::F32(a.take().expect("just put"));
+        }
+        match any.downcast_mut::<Option<B>>() {
+            Some(b) => ByDtype::F64(b.take().expect("just put")),
+            None => unreachable!("a value of neither real type"),
+        }
+    }
+}
+
+/// Runs `$body` with `$l` bound to the f32 or the f64 value of a [`ByDtype`].
+#[macro_export]
+macro_rules! each {
+    ($inner:expr, $l:ident => $body:expr) => {
+        match $inner {
+            $crate::layer::ByDtype::F32($l) => $body,
+            $crate::layer::ByDtype::F64($l) => $body,
+        }
+    };
+}
+
+/// `$body` with the type `$t` naming f32 or f64 as `$dtype` says, in its
+/// [`ByDtype`] slot.
+#[macro_export]
+macro_rules! by_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::convert::Dtype::F32 => {
+                type $t = f32;
+                $crate::layer::ByDtype::F32($body)
+            }
+            $crate::convert::Dtype::F64 => {
+                type $t = f64;
+                $crate::layer::ByDtype::F64($body)
+            }
+        }
+    };
+}
+
+/// A layer's workspaces (the crate's scratch buffers), one per real type:
+/// its outputs and gradients come from them and go back to them.
+#[derive(Clone, Default)]
+pub struct Workspaces {
+    pub(crate) f32: Workspace<f32>,
+    pub(crate) f64: Workspace<f64>,
+}
+
+impl Workspaces {
+    /// The workspace of `T`.
+    pub fn of<T: PyReal>(&self) -> &Workspace<T> {
+        T::workspace(self)
+    }
+}
+
+/// A layer's modules of either real type, borrowed mutably.
+pub type Modules<'a> = ByDtype<&'a mut dyn Module<f32>, &'a mut dyn Module<f64>>;
+
+/// The `dtype` argument, `default` when not given.
+pub fn dtype_arg(dtype: Option<&Bound<'_, PyAny>>, default: Dtype) -> PyResult<Dtype> {
+    dtype.map_or(Ok(default), Dtype::parse)
+}
+
+/// `{name: size}` or `[(name, size)]`, every size ≥ 0.
+pub fn split_sizes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(String, usize)>> {
+    let items = if obj.hasattr("items")? {
+        obj.call_method0("items")?
+    } else {
+        obj.clone()
+    };
+    let mut out = Vec::new();
+    for item in items.try_iter()? {
+        let (name, size): (String, i64) = item?.extract()?;
+        if size < 0 {
+            return Err(PyValueError::new_err(format!(
+                "split `{name}` has size {size}; sizes must be ≥ 0"
+            )));
+        }
+        out.push((name, size as usize));
+    }
+    Ok(out)
+}
+
+/// A size argument, ≥ 0.
+pub fn positive(x: i64, what: &str) -> PyResult<usize> {
+    usize::try_from(x).map_err(|_| PyValueError::new_err(format!("{what} must be ≥ 0, got {x}")))
+}
+
+/// A parameter as a writable numpy view of the layer's own buffer.
+pub fn parameter_view<'py, T: PyReal>(
+    slf: &Bound<'py, PyAny>,
+    module: &dyn Module<T>,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = module
+        .parameters()
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = module.parameters().iter().map(|p| p.name()).collect();
+            PyKeyError::new_err(format!(
+                "no parameter named `{name}` (parameters: {})",
+                names.join(", ")
+            ))
+        })?;
+    // SAFETY: the layer (`slf`, the array's base) owns the parameter and
+    // never reallocates its buffer (module docs).
+    Ok(unsafe { PyArrayDyn::borrow_from_array(p.value(), slf.clone()) }.into_any())
+}
+
+/// Freezes or unfreezes the parameter `name`.
+pub fn set_trainable<T: PyReal>(module: &mut dyn Module<T>, name: &str, on: bool) -> PyResult<()> {
+    let p = module
+        .parameters_mut()
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| PyKeyError::new_err(format!("no parameter named `{name}`")))?;
+    p.set_trainable(on);
+    Ok(())
+}
+
+/// A standard-layout view (a copy only when the input is strided).
+pub fn std_layout<'a, T: Clone>(a: ArrayViewD<'a, T>) -> ndarray::CowArray<'a, T, ndarray::IxDyn> {
+    if a.is_standard_layout() {
+        ndarray::CowArray::from(a)
+    } else {
+        ndarray::CowArray::from(a.as_standard_layout().into_owned())
+    }
+}
+
+/// A layer class `$py` (Python name `$name`) over the crate's `$layer`:
+/// the struct (the layer of either real type and its workspaces) and the
+/// methods every layer has — dtype, parameters, freezing, state dicts.
+macro_rules! layer_class {
+    ($(#[$doc:meta])* $py:ident, $name:literal, $layer:ident) => {
+        $(#[$doc])*
+        #[pyclass(module = "splitgrad._splitgrad", name = $name)]
+        pub struct $py {
+            pub inner: $crate::layer::ByDtype<$layer<f32>, $layer<f64>>,
+            pub(crate) ws: $crate::layer::Workspaces,
+        }
+
+        impl $py {
+            fn of(inner: $crate::layer::ByDtype<$layer<f32>, $layer<f64>>) -> Self {
+                $py {
+                    inner,
+                    ws: $crate::layer::Workspaces::default(),
+                }
+            }
+
+            /// The layer as a module of its real type.
+            pub(crate) fn modules(&mut self) -> $crate::layer::Modules<'_> {
+                match &mut self.inner {
+                    $crate::layer::ByDtype::F32(l) => $crate::layer::ByDtype::F32(l),
+                    $crate::layer::ByDtype::F64(l) => $crate::layer::ByDtype::F64(l),
+                }
+            }
+        }
+
+        #[pymethods]
+        impl $py {
+            /// numpy's name of the layer's real type.
+            #[getter]
+            fn dtype(&self) -> &'static str {
+                self.inner.dtype().name()
+            }
+
+            /// The parameters' names, in order.
+            fn parameter_names(&self) -> Vec<String> {
+                $crate::each!(&self.inner, l => l.parameters().iter().map(|p| p.name().to_string()).collect())
+            }
+
+            /// A parameter as a writable numpy view of the layer's own
+            /// buffer (no copy; the layer lives as long as the view).
+            fn parameter<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+                let any = slf.clone().into_any();
+                let this = slf.borrow();
+                $crate::each!(&this.inner, l => $crate::layer::parameter_view(&any, l, name))
+            }
+
+            /// `[(name, view)]` for every parameter, in order.
+            fn named_parameters<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+                let py = slf.py();
+                let names = slf.borrow().parameter_names();
+                let out = pyo3::types::PyList::empty(py);
+                for n in names {
+                    let v = Self::parameter(slf.clone(), &n)?;
+                    out.append((n, v))?;
+                }
+                Ok(out)
+            }
+
+            /// Whether a parameter is trained (receives gradients).
+            fn is_trainable(&self, name: &str) -> PyResult<bool> {
+                $crate::each!(&self.inner, l => l.parameters().into_iter().find(|p| p.name() == name)
+                    .map(|p| p.is_trainable())
+                    .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no parameter named `{name}`"))))
+            }
+
+            /// Freezes (`False`) or unfreezes a parameter by its name.
+            fn set_parameter_trainable(&mut self, name: &str, trainable: bool) -> PyResult<()> {
+                $crate::each!(&mut self.inner, l => $crate::layer::set_trainable(l, name, trainable))
+            }
+
+            /// Every parameter and buffer by name, copied.
+            fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+                let sd = $crate::each!(&self.inner, l => l.state_dict());
+                $crate::convert::state_to_py(py, sd)
+            }
+
+            /// Loads every parameter by name, in place, after checking every
+            /// tensor (dtype, shape, finiteness; a split vocabulary's index);
+            /// on an error nothing is changed. Names of other modules are
+            /// ignored.
+            fn load_state_dict(&mut self, state: &Bound<'_, PyAny>) -> PyResult<()> {
+                let sd = $crate::convert::state_from_py(state)?;
+                $crate::each!(&mut self.inner, l => l.load_state_dict(&sd).or_raise())
+            }
+        }
+    };
+}
+pub(crate) use layer_class;
+
+/// Getters of sizes: `#[getter] fn $name(&self) -> usize` from the
+/// layer's method of that name.
+macro_rules! size_getters {
+    ($py:ident: $($name:ident),+) => {
+        #[pymethods]
+        impl $py {
+            $(
+                #[getter]
+                fn $name(&self) -> usize {
+                    $crate::each!(&self.inner, l => l.$name())
+                }
+            )+
+        }
+    };
+}
+pub(crate) use size_getters;
+
+/// The constructor, initialisation (`$reset`, its doc) and getters the
+/// two split layers share:
+/// `$py(split_vocab_size, split_order, hidden_size, dtype="float32")`.
+macro_rules! split_layer_methods {
+    ($py:ident, $layer:ident, $reset:literal) => {
+        $crate::layer::size_getters!($py: vocab_size, hidden_size);
+
+        #[pymethods]
+        impl $py {
+            #[new]
+            #[pyo3(signature = (split_vocab_size, split_order, hidden_size, dtype = None))]
+            fn new(
+                split_vocab_size: &Bound<'_, PyAny>,
+                split_order: Vec<String>,
+                hidden_size: i64,
+                dtype: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<Self> {
+                let sizes = $crate::layer::split_sizes(split_vocab_size)?;
+                let h = $crate::layer::positive(hidden_size, "hidden_size")?;
+                let dt = $crate::layer::dtype_arg(dtype, $crate::convert::Dtype::F32)?;
+                Ok(Self::of($crate::by_dtype!(dt, T => $layer::<T>::new(&sizes, &split_order, h).or_raise()?)))
+            }
+
+            #[doc = $reset]
+            fn reset_parameters(&mut self, seed: u64) {
+                $crate::each!(&mut self.inner, l => l.reset_parameters(&mut splitgrad::Rng::new(seed)))
+            }
+
+            /// Freezes (`False`) or unfreezes a split.
+            fn set_trainable(&mut self, split: &str, trainable: bool) -> PyResult<()> {
+                $crate::each!(&mut self.inner, l => l.set_trainable(split, trainable).or_raise())
+            }
+
+            #[getter]
+            fn split_order(&self) -> Vec<String> {
+                $crate::each!(&self.inner, l => l.splits().split_order().to_vec())
+            }
+        }
+    };
+}
+pub(crate) use split_layer_methods;
+
+/// A layer borrowed mutably from Python (a numpy-level layer, or a
+/// `splitgrad.torch` module through its `_core`).
+pub enum LayerRef<'py> {
+    Embeddings(PyRefMut<'py, PyEmbeddings>),
+    Head(PyRefMut<'py, PyHead>),
+    Vocabulary(PyRefMut<'py, PyVocabulary>),
+}
+
+impl LayerRef<'_> {
+    /// The layer's real type.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            LayerRef::Embeddings(r) => r.inner.dtype(),
+            LayerRef::Head(r) => r.inner.dtype(),
+            LayerRef::Vocabulary(r) => r.inner.dtype(),
+        }
+    }
+
+    /// The layer as a module of its real type.
+    pub fn modules(&mut self) -> Modules<'_> {
+        match self {
+            LayerRef::Embeddings(r) => r.modules(),
+            LayerRef::Head(r) => r.modules(),
+            LayerRef::Vocabulary(r) => r.modules(),
+        }
+    }
+
+    /// The layer as a module of `T`, `None` when it is of the other type.
+    pub fn module<T: PyReal>(&mut self) -> Option<&mut dyn Module<T>> {
+        T::module(self.modules())
+    }
+
+    /// The layer's workspaces.
+    pub fn workspaces(&self) -> Workspaces {
+        match self {
+            LayerRef::Embeddings(r) => r.ws.clone(),
+            LayerRef::Head(r) => r.ws.clone(),
+            LayerRef::Vocabulary(r) => r.ws.clone(),
+        }
+    }
+}
+
+fn one_layer<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<LayerRef<'py>>> {
+    let obj = if obj.hasattr("_core")? {
+        obj.getattr("_core")?
+    } else {
+        obj.clone()
+    };
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyEmbeddings>>() {
+        return Ok(Some(LayerRef::Embeddings(r)));
+    }
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyHead>>() {
+        return Ok(Some(LayerRef::Head(r)));
+    }
+    if let Ok(r) = obj.extract::<PyRefMut<'py, PyVocabulary>>() {
+        return Ok(Some(LayerRef::Vocabulary(r)));
+    }
+    Ok(None)
+}
+
+/// One layer, or a list or tuple of layers.
+pub fn layers_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<LayerRef<'py>>> {
+    if let Some(m) = one_layer(obj)? {
+        return Ok(vec![m]);
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter().map_err(|_| not_a_layer(obj))? {
+        let item = item?;
+        match one_layer(&item)? {
+            Some(m) => out.push(m),
+            None => return Err(not_a_layer(&item)),
+        }
+    }
+    Ok(out)
+}
+
+fn not_a_layer(obj: &Bound<'_, PyAny>) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!(
+        "expected a splitgrad layer (SplitTokenEmbeddings, SplitLanguageModellingHead, SplitVocabulary) or a list of them, got {ty}"
+    ))
+}
+
+/// The layers as modules of `T` (`dt`, the optimiser's or the first
+/// layer's type); a layer of the other type is an error.
+pub fn typed<'a, T: PyReal>(
+    layers: &'a mut [LayerRef<'_>],
+    dt: Dtype,
+) -> PyResult<Vec<&'a mut dyn Module<T>>> {
+    let mut out = Vec::new();
+    for m in layers.iter_mut() {
+        let mdt = m.dtype();
+        match m.module::<T>() {
+            Some(x) => out.push(x),
+            None => {
+                return Err(PyValueError::new_err(format!(
+                    "a {} layer cannot be used with {} ones or a {} optimiser",
+                    mdt.name(),
+                    dt.name(),
+                    dt.name()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}

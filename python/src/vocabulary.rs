@@ -1,0 +1,519 @@
+//! `SplitVocabulary` for numpy arrays: the crate's layer through its
+//! tape-free pair (`forward_saved`; `route`, then `backward_saved`), its
+//! penalties, and one optimiser step of rows and gates from the
+//! gradients of several forward passes (`fused_step`).
+
+use numpy::PyUntypedArrayMethods;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+use splitgrad::io::SplitIndex;
+use splitgrad::layers::{NO_ROW, NamedGrad, SplitVocabulary, SplitVocabularyConfig, Workspace};
+use splitgrad::optim::Optimizer;
+use splitgrad::param::ParamGrad;
+use splitgrad::state::Module;
+use splitgrad::{Error, ErrorKind, RowSparse, Tape};
+
+use crate::convert::{
+    Dtype, OrRaise, PyReal, dtype_of, ids_arg, py_err, real_arg, to_numpy, to_numpy_pooled,
+};
+use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
+use crate::layer::{ByDtype, dtype_arg, layer_class, positive, size_getters, std_layout};
+use crate::optim::PyOptimizer;
+
+layer_class!(
+    /// `SplitVocabulary(language_index, token_index, vocab_size, dim, n_languages, gate_init=0.0, dtype="float32")`;
+    /// `SplitVocabulary.from_npz(path, vocab_size, dim, n_languages, gate_init=0.0, dtype="float32")`.
+    PyVocabulary,
+    "SplitVocabulary",
+    SplitVocabulary
+);
+size_getters!(PyVocabulary: n_rows, dim, vocab_size, n_languages);
+
+/// The sizes, each ≥ 0.
+fn config(
+    vocab_size: i64,
+    dim: i64,
+    n_languages: i64,
+    gate_init: f64,
+) -> PyResult<SplitVocabularyConfig> {
+    Ok(SplitVocabularyConfig {
+        vocab_size: positive(vocab_size, "vocab_size")?,
+        dim: positive(dim, "dim")?,
+        n_languages: positive(n_languages, "n_languages")?,
+        gate_init,
+    })
+}
+
+/// Builds the layer from ids that may be negative: a negative id is put
+/// out of range for the crate's checks, which keep their order, and the
+/// error then names the id as given.
+fn vocab_new<T: PyReal>(
+    languages: &[i64],
+    tokens: &[i64],
+    score: Option<Vec<f64>>,
+    cfg: &SplitVocabularyConfig,
+) -> splitgrad::Result<SplitVocabulary<T>> {
+    let as_usize = |v: &[i64]| -> Vec<usize> {
+        v.iter()
+            .map(|&x| usize::try_from(x).unwrap_or(usize::MAX))
+            .collect()
+    };
+    let mut index = SplitIndex::new(as_usize(languages), as_usize(tokens));
+    index.score = score;
+    SplitVocabulary::new(index, cfg).map_err(|e| match e.kind() {
+        ErrorKind::OutOfRange {
+            what,
+            position,
+            low,
+            high,
+            ..
+        } => {
+            let given = if what.starts_with("language") {
+                languages
+            } else {
+                tokens
+            };
+            let value = given[position[0]];
+            let array = e.array().map(str::to_string);
+            let mut out = Error::out_of_range(what, position.clone(), value, *low, *high);
+            if let Some(a) = array {
+                out = out.in_array(a);
+            }
+            out
+        }
+        _ => e,
+    })
+}
+
+/// `rows[i] = table[token_index[i]]`, in the rows' own buffer.
+fn seed_rows<T: PyReal>(sv: &mut SplitVocabulary<T>, table: &Bound<'_, PyAny>) -> PyResult<()> {
+    let t = real_arg::<T>(table, "table")?;
+    let tv = t.as_array();
+    sv.seed_from(tv.view()).or_raise()
+}
+
+fn forward<'py, T: PyReal>(
+    py: Python<'py>,
+    sv: &SplitVocabulary<T>,
+    ws: &Workspace<T>,
+    args: [&Bound<'py, PyAny>; 3],
+    use_gate: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let tokens = ids_arg(args[0], "token_ids")?;
+    let langs = ids_arg(args[1], "language_ids")?;
+    let shared = real_arg::<T>(args[2], "shared")?;
+    let sv_ = std_layout(shared.as_array());
+    let out = py.detach(|| sv.forward_saved(ws, &tokens, &langs, sv_.view(), use_gate));
+    Ok(to_numpy_pooled(py, out.or_raise()?.0, ws)?.into_any())
+}
+
+/// `(∂shared, the gradients of rows and gate_logit)`.
+type Grads<T> = (Option<ndarray::ArrayD<T>>, Vec<NamedGrad<T>>);
+
+fn backward<T: PyReal>(
+    py: Python<'_>,
+    sv: &SplitVocabulary<T>,
+    ws: &Workspace<T>,
+    args: [&Bound<'_, PyAny>; 4],
+    use_gate: bool,
+    want_shared: bool,
+) -> PyResult<Grads<T>> {
+    let tokens = ids_arg(args[0], "token_ids")?;
+    let langs = ids_arg(args[1], "language_ids")?;
+    let shared = real_arg::<T>(args[2], "shared")?;
+    let g = real_arg::<T>(args[3], "grad_output")?;
+    let s_ = std_layout(shared.as_array());
+    let gv = g.as_array();
+    let res = py.detach(|| {
+        let saved = sv.route(&tokens, &langs, s_.shape())?;
+        sv.backward_saved(ws, &saved, s_.view(), gv.view(), use_gate, want_shared)
+    });
+    let g = res.or_raise()?;
+    Ok((g.input, g.params))
+}
+
+/// The distances `fusion_norms` names, one per row, copied out of the
+/// array (n_rows elements).
+fn norms_arg<T: PyReal>(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<T>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let a = real_arg::<T>(obj, "fusion_norms")?;
+    if a.ndim() != 1 {
+        return Err(py_err(
+            Error::shape("fusion_norms", "(n_rows,)", a.shape()).in_array("fusion_norms"),
+        ));
+    }
+    Ok(Some(a.as_array().iter().copied().collect()))
+}
+
+/// The gradients of `penalty_weight·penalty + fusion_weight·fusion_penalty`.
+/// With `norms` (from `fusion_penalty_norms`, for the rows as they are),
+/// the fusion penalty's backward runs without its forward pass.
+fn penalty_backward<T: PyReal>(
+    py: Python<'_>,
+    sv: &SplitVocabulary<T>,
+    pool: &Workspace<T>,
+    penalty_weight: f64,
+    fusion_weight: f64,
+    norms: Option<Vec<T>>,
+) -> PyResult<Vec<NamedGrad<T>>> {
+    if !penalty_weight.is_finite() || !fusion_weight.is_finite() {
+        return Err(PyValueError::new_err(format!(
+            "the penalty weights must be finite, got {penalty_weight} and {fusion_weight}"
+        )));
+    }
+    let res = py.detach(|| -> splitgrad::Result<Vec<NamedGrad<T>>> {
+        let mut tape = Tape::with_pool(pool);
+        let mut terms = Vec::new();
+        if penalty_weight != 0.0 {
+            let p = sv.penalty_var(&mut tape);
+            terms.push(tape.scale(p, T::from_f64(penalty_weight)));
+        }
+        let mut fusion_rows = None;
+        if fusion_weight != 0.0 && sv.n_rows() > 0 {
+            match &norms {
+                Some(n) => {
+                    fusion_rows =
+                        Some(sv.fusion_penalty_grad(pool, n, T::from_f64(fusion_weight))?)
+                }
+                None => {
+                    let f = sv.fusion_penalty_var(&mut tape);
+                    terms.push(tape.scale(f, T::from_f64(fusion_weight)));
+                }
+            }
+        }
+        let mut entries = match terms.first().copied() {
+            None => Vec::new(),
+            Some(mut total) => {
+                for &t in &terms[1..] {
+                    total = tape.add(total, t);
+                }
+                NamedGrad::of_module(sv, tape.backward(total))
+            }
+        };
+        if let Some(g) = fusion_rows {
+            entries.push(NamedGrad::new(sv.rows(), ParamGrad::Dense(g)));
+        }
+        Ok(entries)
+    });
+    res.or_raise()
+}
+
+#[pymethods]
+impl PyVocabulary {
+    #[new]
+    #[pyo3(signature = (language_index, token_index, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None, score = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        language_index: &Bound<'_, PyAny>,
+        token_index: &Bound<'_, PyAny>,
+        vocab_size: i64,
+        dim: i64,
+        n_languages: i64,
+        gate_init: f64,
+        dtype: Option<&Bound<'_, PyAny>>,
+        score: Option<Vec<f64>>,
+    ) -> PyResult<Self> {
+        let l = ids_arg(language_index, "language_index")?;
+        let t = ids_arg(token_index, "token_index")?;
+        for (a, name) in [(&l, "language_index"), (&t, "token_index")] {
+            if a.ndim() != 1 {
+                return Err(py_err(
+                    Error::shape(name, "(n_rows,)", a.shape()).in_array(name),
+                ));
+            }
+        }
+        let cfg = config(vocab_size, dim, n_languages, gate_init)?;
+        let (l, t) = (l.into_raw_vec_and_offset().0, t.into_raw_vec_and_offset().0);
+        let dt = dtype_arg(dtype, Dtype::F32)?;
+        Ok(Self::of(
+            crate::by_dtype!(dt, T => vocab_new::<T>(&l, &t, score, &cfg).or_raise()?),
+        ))
+    }
+
+    /// Reads the index from an `.npz` file (`language_index`,
+    /// `token_index`, optional `score`).
+    #[staticmethod]
+    #[pyo3(signature = (path, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None))]
+    fn from_npz(
+        path: std::path::PathBuf,
+        vocab_size: i64,
+        dim: i64,
+        n_languages: i64,
+        gate_init: f64,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let cfg = config(vocab_size, dim, n_languages, gate_init)?;
+        let dt = dtype_arg(dtype, Dtype::F32)?;
+        Ok(Self::of(
+            crate::by_dtype!(dt, T => SplitVocabulary::<T>::from_npz(&path, &cfg).or_raise()?),
+        ))
+    }
+
+    /// `(language_index, token_index)`, int64.
+    fn index<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
+        let (l, t) = crate::each!(&self.inner, s => {
+            let i = s.index();
+            (
+                i.language_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>(),
+                i.token_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>(),
+            )
+        });
+        (to_numpy(py, l).into_any(), to_numpy(py, t).into_any())
+    }
+
+    /// The row of each (language, token) pair, −1 for none: token_ids and
+    /// language_ids of one length.
+    fn rows_of<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        language_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = ids_arg(token_ids, "token_ids")?;
+        let l = ids_arg(language_ids, "language_ids")?;
+        let (t, l) = (
+            t.iter().copied().collect::<Vec<_>>(),
+            l.iter().copied().collect::<Vec<_>>(),
+        );
+        let rows = crate::each!(&self.inner, s => s.rows_of(&t, &l).or_raise()?);
+        let rows: ndarray::Array1<i64> = rows
+            .iter()
+            .map(|&r| if r == NO_ROW { -1 } else { r as i64 })
+            .collect();
+        Ok(to_numpy(py, rows).into_any())
+    }
+
+    /// `rows[i] = table[token_index[i]]`; table (V, D) of the layer's dtype.
+    fn seed_from(&mut self, table: &Bound<'_, PyAny>) -> PyResult<()> {
+        crate::each!(&mut self.inner, s => seed_rows(s, table))
+    }
+
+    /// σ(gate_logit), (n_rows).
+    fn gate<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        crate::each!(&self.inner, s => to_numpy(py, s.gate()).into_any())
+    }
+
+    /// mean(σ(gate_logit)).
+    fn penalty(&self) -> f64 {
+        crate::each!(&self.inner, s => splitgrad::Real::to_f64(s.penalty()))
+    }
+
+    /// `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂`.
+    fn fusion_penalty(&self, py: Python<'_>) -> f64 {
+        crate::each!(&self.inner, s => py.detach(|| splitgrad::Real::to_f64(s.fusion_penalty())))
+    }
+
+    /// `(fusion_penalty, norms)`: the value and each row's distance from
+    /// its token's centroid, (n_rows), which `penalty_backward` and
+    /// `fused_step` take as `fusion_norms` to skip the forward pass.
+    fn fusion_penalty_norms<'py>(&self, py: Python<'py>) -> (f64, Bound<'py, PyAny>) {
+        crate::each!(&self.inner, s => {
+            let (v, n) = py.detach(|| s.fusion_penalty_norms());
+            (splitgrad::Real::to_f64(v), to_numpy(py, n).into_any())
+        })
+    }
+
+    /// token_ids (…), language_ids (…), shared (…, D) → (…, D).
+    #[pyo3(signature = (token_ids, language_ids, shared, use_gate = true))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        language_ids: &Bound<'py, PyAny>,
+        shared: &Bound<'py, PyAny>,
+        use_gate: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let args = [token_ids, language_ids, shared];
+        crate::each!(&self.inner, s => forward(py, s, self.ws.of(), args, use_gate))
+    }
+
+    /// The gradients of `Σ out ⊙ grad_output`: `(grad_shared, Gradients)`
+    /// of rows (row-sparse) and gate_logit.
+    #[pyo3(signature = (token_ids, language_ids, shared, grad_output, use_gate = true, shared_grad = true))]
+    #[allow(clippy::too_many_arguments)]
+    fn backward<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        language_ids: &Bound<'py, PyAny>,
+        shared: &Bound<'py, PyAny>,
+        grad_output: &Bound<'py, PyAny>,
+        use_gate: bool,
+        shared_grad: bool,
+    ) -> PyResult<(Option<Bound<'py, PyAny>>, PyGradients)> {
+        let args = [token_ids, language_ids, shared, grad_output];
+        crate::each!(&self.inner, s => {
+            let (g, e) = backward(py, s, self.ws.of(), args, use_gate, shared_grad)?;
+            let g = g.map(|a| to_numpy_pooled(py, a, self.ws.of()).map(|x| x.into_any()));
+            Ok((g.transpose()?, gradients_of(e, &self.ws)))
+        })
+    }
+
+    /// The gradients of `penalty_weight·penalty + fusion_weight·fusion_penalty`.
+    /// `fusion_norms`: the distances `fusion_penalty_norms` returned for
+    /// the rows as they still are; the backward then skips the fusion
+    /// penalty's forward pass (distances of other rows give a wrong
+    /// gradient).
+    #[pyo3(signature = (penalty_weight = 1.0, fusion_weight = 1.0, fusion_norms = None))]
+    fn penalty_backward(
+        &self,
+        py: Python<'_>,
+        penalty_weight: f64,
+        fusion_weight: f64,
+        fusion_norms: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyGradients> {
+        Ok(crate::each!(&self.inner, s => gradients_of(
+            penalty_backward(
+                py,
+                s,
+                self.ws.of(),
+                penalty_weight,
+                fusion_weight,
+                norms_arg(fusion_norms)?,
+            )?,
+            &self.ws,
+        )))
+    }
+
+    /// One optimiser step of the rows (`rows_optimizer`) and the gate
+    /// logits (`gate_optimizer`) from the gradients of the forward passes
+    /// (`grads`, a list of Gradients) plus those of
+    /// `penalty_weight·penalty + fusion_weight·fusion_penalty`, summed.
+    /// `fusion_norms`: as for `penalty_backward`.
+    #[pyo3(signature = (grads, penalty_weight, fusion_weight, rows_optimizer, gate_optimizer, fusion_norms = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn fused_step(
+        &mut self,
+        py: Python<'_>,
+        grads: Vec<PyRef<'_, PyGradients>>,
+        penalty_weight: f64,
+        fusion_weight: f64,
+        mut rows_optimizer: PyRefMut<'_, PyOptimizer>,
+        mut gate_optimizer: PyRefMut<'_, PyOptimizer>,
+        fusion_norms: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let w = (penalty_weight, fusion_weight, fusion_norms);
+        let PyVocabulary { inner, ws } = self;
+        let (ro, go) = (&mut rows_optimizer.inner, &mut gate_optimizer.inner);
+        match (inner, ro, go) {
+            (ByDtype::F32(sv), ByDtype::F32(r), ByDtype::F32(g)) => {
+                fused_step(py, sv, ws.of(), &grads, w, r.as_mut(), g.as_mut())
+            }
+            (ByDtype::F64(sv), ByDtype::F64(r), ByDtype::F64(g)) => {
+                fused_step(py, sv, ws.of(), &grads, w, r.as_mut(), g.as_mut())
+            }
+            _ => Err(PyValueError::new_err(
+                "the layer and both optimisers must have one dtype",
+            )),
+        }
+    }
+}
+
+/// `fused_step` for the layer's real type: the pieces' gradients checked
+/// to be of it.
+fn fused_step<T: PyReal>(
+    py: Python<'_>,
+    sv: &mut SplitVocabulary<T>,
+    ws: &Workspace<T>,
+    grads: &[PyRef<'_, PyGradients>],
+    // The penalties' weights, and the fusion penalty's row distances if known.
+    penalties: (f64, f64, Option<&Bound<'_, PyAny>>),
+    rows_opt: &mut dyn Optimizer<T>,
+    gate_opt: &mut dyn Optimizer<T>,
+) -> PyResult<()> {
+    let mut pieces = Vec::new();
+    for x in grads {
+        match T::grads(&x.inner) {
+            Some(v) => pieces.push(v),
+            None => {
+                return Err(PyValueError::new_err(format!(
+                    "{} gradients for a {} layer",
+                    x.inner.dtype().name(),
+                    dtype_of::<T>().name()
+                )));
+            }
+        }
+    }
+    step_rows_and_gates(py, sv, ws, pieces, penalties, rows_opt, gate_opt)
+}
+
+/// One step of the rows and of the gate logits from the pieces'
+/// gradients plus the penalties'.
+fn step_rows_and_gates<T: PyReal>(
+    py: Python<'_>,
+    sv: &mut SplitVocabulary<T>,
+    pool: &Workspace<T>,
+    pieces: Vec<&[NamedGrad<T>]>,
+    penalties: (f64, f64, Option<&Bound<'_, PyAny>>),
+    rows_opt: &mut dyn Optimizer<T>,
+    gate_opt: &mut dyn Optimizer<T>,
+) -> PyResult<()> {
+    let (penalty_weight, fusion_weight, norms) = penalties;
+    let norms = norms_arg(norms)?;
+    let rows_name = sv.rows().name().to_string();
+    let entries = || pieces.iter().flat_map(|p| p.iter());
+    // With the distances known and every forward's rows gradient row-sparse,
+    // the rows' gradient is formed row by row inside their update: the
+    // fusion penalty's row, then each forward's row where it has one, in
+    // the order the dense sum below adds them. The gradient is never stored.
+    let by_rows = fusion_weight.is_finite()
+        && fusion_weight != 0.0
+        && sv.n_rows() > 0
+        && sv.rows().is_trainable()
+        && entries()
+            .filter(|e| e.name == rows_name)
+            .all(|e| matches!(e.grad, ParamGrad::RowSparse(_)));
+    let (fusion, norms) = match norms {
+        Some(n) if by_rows => (
+            Some(
+                sv.fusion_row_grads(&n, T::from_f64(fusion_weight))
+                    .or_raise()?,
+            ),
+            None,
+        ),
+        norms => (None, norms),
+    };
+    // The penalties' gradients (without the fusion penalty's when it is
+    // formed by rows), plus the forward passes' not formed by rows.
+    let fusion_weight = if fusion.is_some() { 0.0 } else { fusion_weight };
+    let own = penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
+    let by_rows_name = |e: &&NamedGrad<T>| fusion.is_some() && e.name == rows_name;
+    let (own, borrowed) = merge(own, entries().filter(|e| !by_rows_name(e)));
+    let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
+    let rows_step = match &fusion {
+        None => rows_opt.step(vec![sv.rows_mut()], &src),
+        Some(fusion) => {
+            let n_rows = sv.n_rows();
+            let parts: Vec<(&RowSparse<T>, Vec<u32>)> = entries()
+                .filter(by_rows_name)
+                .filter_map(|e| match &e.grad {
+                    ParamGrad::RowSparse(rs) => {
+                        let mut at = vec![u32::MAX; n_rows];
+                        for (k, &r) in rs.rows.iter().enumerate() {
+                            at[r] = k as u32;
+                        }
+                        Some((rs, at))
+                    }
+                    ParamGrad::Dense(_) => None,
+                })
+                .collect();
+            let grad_row = |r: usize, x: &[T], g: &mut [T]| {
+                fusion.row(r, x, g);
+                for (rs, at) in &parts {
+                    if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
+                        let v = rs.values.row(k as usize);
+                        g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
+                    }
+                }
+            };
+            rows_opt.update_by_rows(sv.rows_mut(), &grad_row)
+        }
+    };
+    let r = rows_step.and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
+    drop(src);
+    give_back(own, pool);
+    r.or_raise()
+}

@@ -1,0 +1,348 @@
+//! The split vocabulary's tape-free pair ([`SplitVocabulary::forward_saved`],
+//! [`SplitVocabulary::backward_saved`]) and [`SplitVocabulary::backward_from`]:
+//! the gated mix and its backward without a tape, for a caller whose
+//! forward and backward are separate calls.
+
+use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
+
+use super::{SplitVocabulary, shared_shape_error};
+use crate::error::{Error, Result};
+use crate::kernels::Real;
+use crate::kernels::pool::Pool;
+use crate::kernels::reduce::scaled_copy_in;
+use crate::kernels::scatter::{RowSource, coalesce_sources_in};
+use crate::layers::{Ids, LayerGrads, NamedGrad, VocabularyGrads, Workspace};
+use crate::ops::gated_mix::{Want, gated_mix_backward, gated_mix_forward_in};
+use crate::ops::sigmoid::sigmoid_backward;
+use crate::param::{ParamGrad, RowSparse};
+
+/// What [`SplitVocabulary::backward_saved`] needs of a forward pass: the
+/// row of each token (checked, [`SplitVocabulary::route`]) and the shape
+/// of `shared`.
+#[derive(Clone, Debug)]
+pub struct VocabularySaved {
+    row_of: Vec<u32>,
+    shared_shape: Vec<usize>,
+}
+
+impl VocabularySaved {
+    /// The row of each token, [`NO_ROW`](crate::layers::NO_ROW) for none.
+    pub fn row_of(&self) -> &[u32] {
+        &self.row_of
+    }
+
+    /// The shape of `shared` (the ids' shape, then D).
+    pub fn shared_shape(&self) -> &[usize] {
+        &self.shared_shape
+    }
+}
+
+impl<T: Real> SplitVocabulary<T> {
+    /// The gradients of `Σ out ⊙ grad_output` for the output of
+    /// [`Self::forward`] on these inputs, without computing that output:
+    /// for a caller whose forward and backward are separate calls (the
+    /// Python package's autograd functions). They equal, bit for bit, the
+    /// tape's `backward_from(forward(…), grad_output)`: ∂shared when
+    /// `want_shared`, ∂rows (row-sparse) and ∂gate_logit where those are
+    /// trainable (∂gate_logit only with the gate).
+    ///
+    /// Errors as [`Self::forward`], and when `grad_output` is not of shared's
+    /// shape.
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use splitgrad::{io::SplitIndex, kernels::pool::Pool, Tape};
+    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+    /// let index = SplitIndex::new(vec![0, 1], vec![2, 2]);
+    /// let sv = SplitVocabulary::<f64>::new(index, &SplitVocabularyConfig::new(4, 2, 2))?;
+    /// let shared = array![[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]].into_dyn();
+    /// let up = Array2::from_elem((3, 2), 0.5).into_dyn();
+    /// let (tokens, langs) = ([2i64, 2, 0], [0i64, 1, 0]);
+    /// let g = sv.backward_from(&Pool::new(), &tokens, &langs, shared.view(), up.view(), true, true)?;
+    /// let mut tape = Tape::new();
+    /// let s = tape.input(shared.clone());
+    /// let out = sv.forward(&mut tape, &tokens, &langs, s, true)?;
+    /// let want = tape.backward_from(out, up.view());
+    /// assert_eq!(g.shared.as_ref(), want.input(s));
+    /// assert_eq!(g.rows.unwrap().to_dense().into_dyn(), want.dense(sv.rows()));
+    /// assert_eq!(g.gate_logit.unwrap(), want.dense(sv.gate_logit()));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_from<'i, 'j>(
+        &self,
+        pool: &Pool<T>,
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
+        shared: ArrayViewD<'_, T>,
+        grad_output: ArrayViewD<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<VocabularyGrads<T>> {
+        let row_of = self.route_rows(token_ids.ids(), language_ids.ids(), shared.shape())?;
+        self.backward_rows(pool, &row_of, shared, grad_output, use_gate, want_shared)
+    }
+
+    /// The ids checked against each other and `shared`'s shape (the errors
+    /// of [`Self::forward`]) and each token's row: what
+    /// [`Self::backward_saved`] needs, without the forward pass.
+    pub fn route<'i, 'j>(
+        &self,
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
+        shared_shape: &[usize],
+    ) -> Result<VocabularySaved> {
+        Ok(VocabularySaved {
+            row_of: self.route_rows(token_ids.ids(), language_ids.ids(), shared_shape)?,
+            shared_shape: shared_shape.to_vec(),
+        })
+    }
+
+    /// [`Self::forward`] without a tape: the output (shared's shape) in a
+    /// buffer from `ws`, and what the backward needs. The same bits and
+    /// errors as the tape.
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use splitgrad::{io::SplitIndex, layers::{SplitVocabulary, SplitVocabularyConfig, Workspace}, Tape};
+    /// let sv = SplitVocabulary::<f64>::new(SplitIndex::new(vec![0, 1], vec![2, 2]), &SplitVocabularyConfig::new(4, 2, 2))?;
+    /// let shared = array![[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]].into_dyn();
+    /// let (tokens, langs) = ([2i64, 2, 0], [0i64, 1, 0]);
+    /// let ws = Workspace::new();
+    /// let (out, saved) = sv.forward_saved(&ws, &tokens, &langs, shared.view(), true)?;
+    /// let up = Array2::from_elem((3, 2), 0.5).into_dyn();
+    /// let g = sv.backward_saved(&ws, &saved, shared.view(), up.view(), true, true)?;
+    /// let mut tape = Tape::new();
+    /// let s = tape.input(shared.clone());
+    /// let y = sv.forward(&mut tape, &tokens, &langs, s, true)?;
+    /// assert_eq!(out, tape.value(y));
+    /// let want = tape.backward_from(y, up.view());
+    /// assert_eq!(g.input.as_ref(), want.input(s));
+    /// assert_eq!(g.get("split_vocabulary.gate_logit").unwrap().to_dense(), want.dense(sv.gate_logit()));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved<'i, 'j>(
+        &self,
+        ws: &Workspace<T>,
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
+        shared: ArrayViewD<'_, T>,
+        use_gate: bool,
+    ) -> Result<(ArrayD<T>, VocabularySaved)> {
+        let saved = self.route(token_ids, language_ids, shared.shape())?;
+        let (n, d) = (saved.row_of.len(), self.dim);
+        let shared2 = shared
+            .to_shape((n, d))
+            .expect("shared has n·D elements (checked)");
+        let gate = use_gate.then(|| self.gate());
+        let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
+        let out = gated_mix_forward_in(ws, shared2.view(), self.rows_2d(), gate, &saved.row_of);
+        let out = out
+            .into_dyn()
+            .into_shape_with_order(IxDyn(shared.shape()))
+            .expect("a fresh array in standard layout");
+        Ok((out, saved))
+    }
+
+    /// The gradients of `Σ out ⊙ grad_output` for the output of
+    /// [`Self::forward_saved`]: [`Self::backward_from`] from the saved
+    /// rows, as [`LayerGrads`] (∂shared as the input's gradient when
+    /// `want_shared`; ∂rows row-sparse and ∂gate_logit dense where
+    /// trainable). Errors when `shared` is not of the saved shape or
+    /// `grad_output` not of shared's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_saved(
+        &self,
+        ws: &Workspace<T>,
+        saved: &VocabularySaved,
+        shared: ArrayViewD<'_, T>,
+        grad_output: ArrayViewD<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<LayerGrads<T>> {
+        if shared.shape() != saved.shared_shape {
+            return Err(shared_shape_error(&saved.shared_shape, shared.shape()));
+        }
+        let g = self.backward_rows(
+            ws,
+            &saved.row_of,
+            shared,
+            grad_output,
+            use_gate,
+            want_shared,
+        )?;
+        let mut params = Vec::new();
+        if let Some(rs) = g.rows {
+            params.push(NamedGrad::new(&self.rows, ParamGrad::RowSparse(rs)));
+        }
+        if let Some(d) = g.gate_logit {
+            params.push(NamedGrad::new(&self.gate_logit, ParamGrad::Dense(d)));
+        }
+        Ok(LayerGrads {
+            input: g.shared,
+            params,
+        })
+    }
+
+    /// [`Self::backward_from`] for tokens already routed.
+    fn backward_rows(
+        &self,
+        pool: &Pool<T>,
+        row_of: &[u32],
+        shared: ArrayViewD<'_, T>,
+        grad_output: ArrayViewD<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<VocabularyGrads<T>> {
+        if grad_output.shape() != shared.shape() {
+            return Err(Error::shape(
+                "grad_output",
+                format!("{:?} (the shape of shared)", shared.shape()),
+                grad_output.shape(),
+            ));
+        }
+        let (n, d) = (row_of.len(), self.dim);
+        let want = Want {
+            shared: want_shared,
+            rows: self.rows.is_trainable(),
+            gate: use_gate && self.gate_logit.is_trainable(),
+        };
+        let shared2 = shared
+            .to_shape(IxDyn(&[n, d]))
+            .expect("shared has n·D elements (checked)");
+        // ∂out becomes ∂shared in place, as on the tape: a copy from the
+        // pool, 1·∂out + 0 as the tape's seed hands it over.
+        let gy = scaled_copy_in(pool, T::one(), grad_output)
+            .into_shape_with_order(IxDyn(&[n, d]))
+            .expect("a fresh copy is in standard layout");
+        let gate_value = use_gate.then(|| self.gate().into_dyn());
+        let (gs, contrib, gg) = gated_mix_backward(
+            pool,
+            row_of,
+            shared2.view(),
+            self.rows.value().view(),
+            gate_value.as_ref().map(|g| g.view()),
+            gy,
+            want,
+        );
+        let rows = contrib.map(|(ids, vals)| {
+            let vals = vals
+                .into_dimensionality::<Ix2>()
+                .expect("2-D row contributions");
+            let rows =
+                coalesce_sources_in(pool, self.n_rows(), d, &ids, &[RowSource::all(vals.view())]);
+            RowSparse::from_coalesced(self.n_rows(), rows)
+        });
+        // ∂gate_logit = 0 + ∂g·g·(1 − g): the sigmoid's backward into a zero buffer.
+        let gate_logit = match (gg, gate_value) {
+            (Some(gg), Some(g)) if want.gate => {
+                let mut out = ArrayD::<T>::zeros(g.raw_dim());
+                sigmoid_backward(g.view(), gg.view(), &mut out);
+                Some(out)
+            }
+            _ => None,
+        };
+        Ok(VocabularyGrads {
+            shared: gs.map(|g| g.into_shape_with_order(IxDyn(shared.shape())).expect("n·D")),
+            rows,
+            gate_logit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tape;
+    use crate::io::SplitIndex;
+    use crate::layers::SplitVocabularyConfig;
+    use crate::layers::grads::testing::{
+        assert_same_grads, assert_same_input, bits, in_f32_and_f64,
+    };
+    use crate::rng::Rng;
+    use crate::state::Module;
+    use ndarray::{Array3, array};
+
+    fn layer<T: Real>(rng: &mut Rng) -> SplitVocabulary<T> {
+        // Pairs (language, token): (0, 2), (1, 2), (1, 4), (0, 1).
+        let index = SplitIndex::new(vec![0, 1, 1, 0], vec![2, 2, 4, 1]);
+        let mut sv =
+            SplitVocabulary::<T>::new(index, &SplitVocabularyConfig::new(6, 3, 2)).unwrap();
+        for p in sv.parameters_mut() {
+            p.value_mut().mapv_inplace(|_| T::from_f64(rng.normal()));
+        }
+        sv
+    }
+
+    fn saved_pair_is_the_tape<T: Real>() {
+        let mut rng = Rng::new(11);
+        let mut sv = layer::<T>(&mut rng);
+        // Rank-2 ids: rows used twice, tokens without a row.
+        let tokens = array![[2i64, 2, 4, 0], [1, 2, 5, 4]];
+        let langs = array![[0i64, 1, 1, 0], [0, 0, 1, 1]];
+        let shared = Array3::from_shape_fn((2, 4, 3), |_| T::from_f64(rng.normal())).into_dyn();
+        let up = Array3::from_shape_fn((2, 4, 3), |_| T::from_f64(rng.normal())).into_dyn();
+        let ws = Workspace::new();
+        for frozen in [None, Some("rows"), Some("gate")] {
+            sv.rows_mut().set_trainable(frozen != Some("rows"));
+            sv.gate_logit_mut().set_trainable(frozen != Some("gate"));
+            for use_gate in [true, false] {
+                let (out, saved) = sv
+                    .forward_saved(&ws, &tokens, &langs, shared.view(), use_gate)
+                    .unwrap();
+                let got = sv
+                    .backward_saved(&ws, &saved, shared.view(), up.view(), use_gate, true)
+                    .unwrap();
+                let mut tape = Tape::new();
+                let s = tape.input(shared.clone());
+                let y = sv.forward(&mut tape, &tokens, &langs, s, use_gate).unwrap();
+                assert_eq!(bits(out.view()), bits(tape.value(y)));
+                let mut want = tape.backward_from(y, up.view());
+                assert_same_grads(&sv, &got, &want);
+                let gs = want.take_input(s);
+                assert_same_input(got.input.as_ref(), gs);
+            }
+        }
+    }
+
+    in_f32_and_f64!(saved_pair_is_the_tape_f32_and_f64, saved_pair_is_the_tape);
+
+    #[test]
+    fn saved_pair_errors_are_the_tapes() {
+        let sv = layer::<f64>(&mut Rng::new(1));
+        let ws = Workspace::new();
+        let shared = ndarray::Array2::<f64>::zeros((2, 3)).into_dyn();
+        let err = sv
+            .forward_saved(&ws, &[2i64, 6], &[0i64, 0], shared.view(), true)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "token id 6 at position [1] is out of range 0..6"
+        );
+        let saved = sv.route(&[2i64, 1], &[0i64, 0], shared.shape()).unwrap();
+        let other = ndarray::Array2::<f64>::zeros((2, 4)).into_dyn();
+        let err = sv
+            .backward_saved(&ws, &saved, other.view(), shared.view(), true, true)
+            .unwrap_err();
+        assert_eq!(err.to_string(), "shared has shape [2, 4], expected (2, 3)");
+    }
+
+    #[test]
+    fn seed_from_writes_in_place() {
+        let mut sv = layer::<f32>(&mut Rng::new(2));
+        let before = sv.rows().value().as_ptr();
+        let table = ndarray::Array2::from_shape_fn((6, 3), |(i, j)| (10 * i + j) as f32);
+        sv.seed_from(&table).unwrap();
+        assert_eq!(sv.rows().value().as_ptr(), before);
+        assert_eq!(
+            sv.rows().value(),
+            &table.select(ndarray::Axis(0), &[2, 2, 4, 1]).into_dyn()
+        );
+        let seeded = sv.rows().value().clone();
+        assert!(
+            sv.seed_from(&ndarray::Array2::<f32>::zeros((5, 3)))
+                .is_err()
+        );
+        assert_eq!(sv.rows().value(), &seeded);
+    }
+}
