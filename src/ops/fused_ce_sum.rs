@@ -269,45 +269,15 @@ pub fn fused_ce_sum_forward_on<T: Real>(
     want_hidden: bool,
     want_weights: &[bool],
 ) -> (T, SumGrads<T>) {
-    let (n, width) = h.dim();
-    let v: usize = weights.iter().map(|w| w.nrows()).sum();
-    assert_eq!(
-        labels.len(),
-        n,
-        "fused_ce_sum: {} labels for {n} rows",
-        labels.len()
-    );
-    assert_eq!(
-        want_weights.len(),
-        weights.len(),
-        "fused_ce_sum: one wish per weight"
-    );
-    let targets = Targets::per_token(labels.to_vec());
-    let active = targets.active_rows();
-    if let Some(&i) = active
-        .iter()
-        .find(|&&i| labels[i] < 0 || labels[i] as usize >= v)
-    {
-        panic!(
-            "fused_ce_sum: label {} of row {i} is outside 0..{v}",
-            labels[i]
-        );
-    }
-    let grads = SumGrads::zeros(pool, (n, width), weights, want_hidden, want_weights);
-    let tc = chunks.tokens::<T>(v).min(active.len()).max(1);
-    let sum = Summed {
+    let wants = (want_hidden, want_weights);
+    sum_forward(
+        Form::PerToken(labels),
         kernel,
         pool,
         h,
         weights,
-        targets: &targets,
-        tc,
-    };
-    sum.run(
-        grads,
-        // The active tokens are in token order.
-        |_, loss| loss.iter().map(|&l| l as f64).sum(),
-        |grads| fallback::whole_rows(pool, h, weights, labels, active, tc, grads),
+        chunks,
+        wants,
     )
 }
 
@@ -350,54 +320,101 @@ pub fn fused_ce_sum_grouped_forward_on<T: Real>(
     want_hidden: bool,
     want_weights: &[bool],
 ) -> (T, SumGrads<T>) {
-    let (m, width) = h.dim();
+    let wants = (want_hidden, want_weights);
+    sum_forward(
+        Form::Grouped(targets),
+        kernel,
+        pool,
+        h,
+        weights,
+        chunks,
+        wants,
+    )
+}
+
+/// The two forms of the summed head.
+#[derive(Clone, Copy)]
+enum Form<'a> {
+    /// Token n reads hidden row n, with label `labels[n]`.
+    PerToken(&'a [i64]),
+    /// Tokens share hidden rows.
+    Grouped(&'a Targets),
+}
+
+/// The scaffold of both forms: checks the inputs (in the form's words),
+/// makes the gradients' buffers, and sums the loss with its gradients on
+/// the tile kernel where it runs, the form's `matrixmultiply` path
+/// elsewhere. `wants`: whether ∂h is wanted, and each ∂W_k.
+#[track_caller]
+fn sum_forward<T: Real>(
+    form: Form<'_>,
+    kernel: HeadKernel,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    chunks: SumChunks,
+    (want_hidden, want_weights): (bool, &[bool]),
+) -> (T, SumGrads<T>) {
+    let m = h.nrows();
     let v: usize = weights.iter().map(|w| w.nrows()).sum();
-    assert_eq!(
-        targets.n_rows(),
-        m,
-        "fused_ce_sum_grouped: targets for {} rows, hidden has {m}",
-        targets.n_rows()
-    );
+    let op = match form {
+        Form::PerToken(labels) => {
+            assert_eq!(
+                labels.len(),
+                m,
+                "fused_ce_sum: {} labels for {m} rows",
+                labels.len()
+            );
+            "fused_ce_sum"
+        }
+        Form::Grouped(targets) => {
+            assert_eq!(
+                targets.n_rows(),
+                m,
+                "fused_ce_sum_grouped: targets for {} rows, hidden has {m}",
+                targets.n_rows()
+            );
+            "fused_ce_sum_grouped"
+        }
+    };
     assert_eq!(
         want_weights.len(),
         weights.len(),
-        "fused_ce_sum_grouped: one wish per weight"
+        "{op}: one wish per weight"
     );
+    let per_token;
+    let (targets, unit, rows) = match form {
+        Form::PerToken(labels) => {
+            per_token = Targets::per_token(labels.to_vec());
+            (&per_token, "row", per_token.active_rows().len())
+        }
+        Form::Grouped(targets) => (targets, "token", m),
+    };
     if let Some((n, &l)) = targets
         .labels
         .iter()
         .enumerate()
         .find(|&(_, &l)| l != IGNORE_INDEX && (l < 0 || l as usize >= v))
     {
-        panic!("fused_ce_sum_grouped: label {l} of token {n} is outside 0..{v}");
+        panic!("{op}: label {l} of {unit} {n} is outside 0..{v}");
     }
-    let grads = SumGrads::zeros(pool, (m, width), weights, want_hidden, want_weights);
-    let tc = chunks.tokens::<T>(v).min(m).max(1);
+    let grads = SumGrads::zeros(pool, h.dim(), weights, want_hidden, want_weights);
     let sum = Summed {
+        form,
         kernel,
         pool,
         h,
         weights,
         targets,
-        tc,
+        tc: chunks.tokens::<T>(v).min(rows).max(1),
     };
-    sum.run(
-        grads,
-        |slots, loss| {
-            // Σ_n in token order.
-            let mut by_token = vec![0f64; targets.labels.len()];
-            for (&n, &l) in slots.iter().zip(loss) {
-                by_token[n] = l as f64;
-            }
-            by_token.iter().sum()
-        },
-        |grads| fallback::per_token_kernel(kernel, pool, h, weights, targets, tc, grads),
-    )
+    sum.run(grads)
 }
 
-/// The scaffold of both forms: hidden rows, their targets, and the rows
-/// per chunk.
+/// A call of the summed head: its form, products and inputs (`targets`
+/// the per-token ones for [`Form::PerToken`]), and the rows per chunk.
 struct Summed<'a, 'v, T: Real> {
+    form: Form<'a>,
     kernel: HeadKernel,
     pool: &'a Pool<T>,
     h: ArrayView2<'v, T>,
@@ -407,20 +424,22 @@ struct Summed<'a, 'v, T: Real> {
 }
 
 impl<T: Real> Summed<'_, '_, T> {
-    /// `Σ_n loss_n` and the gradients, added into `grads` (zeros): on the
-    /// tile kernel where it runs (f32 on the kernel's variant), the
-    /// per-token losses summed by `tile_total` (given each loss's token);
-    /// elsewhere by `fallback`, which returns the sum.
-    fn run(
-        self,
-        mut grads: SumGrads<T>,
-        tile_total: impl FnOnce(&[usize], &[f32]) -> f64,
-        fallback: impl FnOnce(&mut SumGrads<T>) -> f64,
-    ) -> (T, SumGrads<T>) {
-        if let Some((slots, loss)) = self.tile(&mut grads) {
-            return (T::from_f64(tile_total(&slots, &loss)), grads);
-        }
-        let total = fallback(&mut grads);
+    /// `Σ_n loss_n`, its gradients added into `grads` (zeros).
+    fn run(self, mut grads: SumGrads<T>) -> (T, SumGrads<T>) {
+        let total = match (self.tile(&mut grads), self.form) {
+            // The active tokens are in token order.
+            (Some((_, loss)), Form::PerToken(_)) => loss.iter().map(|&l| l as f64).sum(),
+            (Some((slots, loss)), Form::Grouped(_)) => {
+                // Σ_n in token order.
+                let mut by_token = vec![0f64; self.targets.labels.len()];
+                for (&n, &l) in slots.iter().zip(&loss) {
+                    by_token[n] = l as f64;
+                }
+                by_token.iter().sum()
+            }
+            (None, Form::PerToken(_)) => fallback::whole_rows(&self, &mut grads),
+            (None, Form::Grouped(_)) => fallback::per_token_kernel(&self, &mut grads),
+        };
         (T::from_f64(total), grads)
     }
 

@@ -202,7 +202,7 @@ pub fn fused_ce(
                 hp: &hp,
                 hd,
                 w: &vocab.wptrs,
-                panels: &vocab.panels[blk.p0..blk.p1],
+                panels: &vocab.panels[blk.panels.clone()],
                 vb0: blk.v0,
                 vbw: blk.rows,
                 store,
@@ -244,7 +244,7 @@ pub fn fused_ce(
                     hd,
                     gw: &gwp,
                 };
-                products::weight_product(isa, &b2, &vocab.panels[blk.p0..blk.p1], &want_w);
+                products::weight_product(isa, &b2, &vocab.panels[blk.panels.clone()], &want_w);
             }
         }
         if loss_pass {

@@ -1,33 +1,32 @@
 //! The summed heads on `matrixmultiply` (f64, and
-//! [`HeadKernel::Matrixmultiply`]). Tokens with their own rows
-//! ([`whole_rows`]): each chunk's logits against the whole vocabulary, one
-//! gemm per split, turned into `softmax − onehot` in place, then the two
-//! gradient gemms. Tokens that share rows ([`per_token_kernel`]): the
-//! per-token kernel's forward and backward, every upstream gradient 1.
+//! [`HeadKernel::Matrixmultiply`](crate::ops::fused_ce::HeadKernel)). Tokens
+//! with their own rows ([`whole_rows`]): each chunk's logits against the
+//! whole vocabulary, one gemm per split, turned into `softmax − onehot` in
+//! place, then the two gradient gemms. Tokens that share rows
+//! ([`per_token_kernel`]): the per-token kernel's forward and backward,
+//! every upstream gradient 1.
 
 use ndarray::parallel::prelude::*;
-use ndarray::{Array2, ArrayView2, Axis, Ix2, s};
+use ndarray::{Array2, Axis, Ix2, s};
 
-use super::SumGrads;
+use super::{SumGrads, Summed};
 use crate::kernels::Real;
 use crate::kernels::exp;
-use crate::kernels::pool::Pool;
-use crate::ops::fused_ce::{
-    ChunkSizes, HeadKernel, Targets, fused_ce_backward_on, fused_ce_forward_on,
-};
+use crate::ops::fused_ce::{ChunkSizes, fused_ce_backward_on, fused_ce_forward_on};
 
-/// `Σ_n loss_n` of the tokens `active` (rows of h, labels in `[0, V)`),
-/// `tc` a chunk, their gradients added into `grads` (zeros): ∂h rows of
-/// active tokens written, ∂W_k added. The sum is in f64, in token order.
-pub(super) fn whole_rows<T: Real>(
-    pool: &Pool<T>,
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    labels: &[i64],
-    active: &[usize],
-    tc: usize,
-    grads: &mut SumGrads<T>,
-) -> f64 {
+/// `Σ_n loss_n` of the active tokens (rows of h, labels in `[0, V)`), `tc`
+/// a chunk, their gradients added into `grads` (zeros): ∂h rows of active
+/// tokens written, ∂W_k added. The sum is in f64, in token order.
+pub(super) fn whole_rows<T: Real>(sum: &Summed<'_, '_, T>, grads: &mut SumGrads<T>) -> f64 {
+    let Summed {
+        pool,
+        h,
+        weights,
+        targets,
+        tc,
+        ..
+    } = *sum;
+    let (labels, active) = (&targets.labels, targets.active_rows());
     let width = h.ncols();
     let v: usize = weights.iter().map(|w| w.nrows()).sum();
     let want_hidden = grads.hidden.is_some();
@@ -118,15 +117,16 @@ pub(super) fn whole_rows<T: Real>(
 /// `Σ_n loss_n` of tokens that share hidden rows, by the per-token
 /// kernel's forward and backward (every upstream gradient 1, `tc` rows a
 /// chunk), the gradients added into `grads`.
-pub(super) fn per_token_kernel<T: Real>(
-    kernel: HeadKernel,
-    pool: &Pool<T>,
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    tc: usize,
-    grads: &mut SumGrads<T>,
-) -> f64 {
+pub(super) fn per_token_kernel<T: Real>(sum: &Summed<'_, '_, T>, grads: &mut SumGrads<T>) -> f64 {
+    let Summed {
+        kernel,
+        pool,
+        h,
+        weights,
+        targets,
+        tc,
+        ..
+    } = *sum;
     let want_grad = grads.hidden.is_some() || grads.weights.iter().any(Option::is_some);
     let per_token = ChunkSizes {
         tokens: tc,

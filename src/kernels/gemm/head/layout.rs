@@ -117,11 +117,11 @@ pub(super) struct Panel {
     pub(super) rows: usize,
 }
 
-/// A block of the vocabulary: panels `p0..p1`, global rows `v0..v0 + rows`.
-#[derive(Clone, Copy, Debug)]
+/// A block of the vocabulary: whole panels, global rows `v0..v0 + rows`.
+#[derive(Clone, Debug)]
 pub(super) struct Block {
-    pub(super) p0: usize,
-    pub(super) p1: usize,
+    /// Its panels, indices into [`Vocab::panels`].
+    pub(super) panels: Range<usize>,
     pub(super) v0: usize,
     pub(super) rows: usize,
 }
@@ -180,8 +180,7 @@ impl Vocab {
         let blocks: Vec<Block> = ranges
             .into_iter()
             .map(|(p0, p1)| Block {
-                p0,
-                p1,
+                panels: p0..p1,
                 v0: panels.get(p0).map_or(0, |p| p.global),
                 rows: if p1 > p0 {
                     panels[p1 - 1].global + panels[p1 - 1].rows - panels[p0].global

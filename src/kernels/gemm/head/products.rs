@@ -23,13 +23,18 @@ const PANELS_B2: usize = 16;
 
 /// What phase B1 reads.
 pub(super) struct B1Job<'a> {
+    /// The variant's tile kernel.
     pub(super) tile: TileFn,
+    /// Wᵀ packed ([`super::layout::pack_wt`]): `n_h6` panels, `wp_stride` apart.
     pub(super) wp: &'a [f32],
     pub(super) wp_stride: usize,
     pub(super) n_h6: usize,
+    /// H.
     pub(super) hd: usize,
+    /// The block's first vocabulary row and its rows.
     pub(super) vb0: usize,
     pub(super) vbw: usize,
+    /// Whether this is the first block (the tiles are set, not added to).
     pub(super) first: bool,
 }
 
@@ -126,15 +131,21 @@ pub(super) fn add_hidden_rows(
 
 /// What phase B2 reads.
 pub(super) struct B2Job<'a> {
+    /// The variant's tile kernel.
     pub(super) tile: TileFn,
+    /// The block's E (G = f·E), `[chunk panel][vbw rows][16]`.
     pub(super) e: &'a [f32],
+    /// The block's first vocabulary row and its rows.
     pub(super) vb0: usize,
     pub(super) vbw: usize,
     /// Rows of the chunk, padded to whole panels.
     pub(super) kt: usize,
+    /// `f ⊙ h` packed ([`pack_scaled_rows`]): `n_h16` panels of 16 columns.
     pub(super) hpp: &'a [f32],
     pub(super) n_h16: usize,
+    /// H.
     pub(super) hd: usize,
+    /// Each split's ∂W_k, where wanted.
     pub(super) gw: &'a [Option<MutPtr>],
 }
 

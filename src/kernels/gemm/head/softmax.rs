@@ -55,14 +55,20 @@ type Group<'a> = (usize, &'a mut [Cols], &'a mut [Vec<f32>]);
 
 /// What phase A reads.
 pub(super) struct AJob<'a> {
+    /// The variant's tile kernel.
     pub(super) tile: TileFn,
+    /// The chunk's rows packed ([`Chunk::pack`]), H of them.
     pub(super) hp: &'a [f32],
     pub(super) hd: usize,
+    /// The splits, and the block's panels of them.
     pub(super) w: &'a [WPtr],
     pub(super) panels: &'a [Panel],
+    /// The block's first vocabulary row and its rows.
     pub(super) vb0: usize,
     pub(super) vbw: usize,
+    /// Whether E (or G) is stored.
     pub(super) store: bool,
+    /// In a [`super::Pass::Grads`] call, each token's weight: write G.
     pub(super) grads_given: Option<&'a [f32]>,
 }
 
