@@ -1,4 +1,4 @@
-//! The fused cross-entropy kernel of the LM head: per-token loss over split
+//! The fused cross-entropy of the LM head: per-token loss over split
 //! weights without the N × V logits.
 //!
 //! Hidden rows may be shared by several tokens (a bigram model's tokens with
@@ -21,86 +21,33 @@
 //! chunks of `tokens` hidden rows × chunks of `vocab` rows of one split, each
 //! block of logits one `matrixmultiply` gemm into the workspace. Derivation:
 //! `docs/gradients.md#fused-cross-entropy`.
+//!
+//! This file holds the op (its entry points, saved state and tape method)
+//! and its inputs' types; beside it:
+//!
+//! | module | what |
+//! |---|---|
+//! | `kernel_choice` | [`HeadKernel`], [`ChunkSizes`], the f32 views the tile kernel takes |
+//! | `tile` | the forward and backward on the tile kernel |
+//! | `fallback` | the forward and backward on `matrixmultiply`, one chunk loop for both |
+//! | `naive` | the naive twins [`naive_ce_forward`] and [`naive_ce_backward`] |
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn, s};
-use rayon::prelude::*;
+mod fallback;
+mod kernel_choice;
+mod naive;
+pub(crate) mod tile;
+
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn};
 
 use crate::kernels::Real;
-use crate::kernels::exp;
-use crate::kernels::gemm::{self, Isa, head};
 use crate::kernels::pool::Pool;
-use crate::ops::cross_entropy::{IGNORE_INDEX, max_and_log_sum};
+use crate::ops::cross_entropy::IGNORE_INDEX;
 use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
 
-/// The products the fused cross-entropy runs on.
-///
-/// ```
-/// use splitgrad::ops::fused_ce::HeadKernel;
-/// assert_eq!(HeadKernel::default(), HeadKernel::Auto);
-/// assert_eq!(HeadKernel::Matrixmultiply.isa::<f32>(), None);
-/// assert_eq!(HeadKernel::Auto.isa::<f64>(), None);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum HeadKernel {
-    /// The tile kernel ([`Isa::fast`]) for f32 where the CPU has AVX2 and
-    /// FMA; `matrixmultiply` otherwise.
-    #[default]
-    Auto,
-    /// `matrixmultiply`, the reference.
-    Matrixmultiply,
-    /// The tile kernel of this variant, for f32 (f64 uses `matrixmultiply`).
-    ///
-    /// **Panics** when used on a CPU that cannot run it.
-    Tile(Isa),
-}
-
-impl HeadKernel {
-    /// The tile kernel variant this choice runs for element type `T`, or
-    /// `None` for `matrixmultiply`.
-    pub fn isa<T: Real>(self) -> Option<Isa> {
-        if T::NAME != "f32" {
-            return None;
-        }
-        match self {
-            HeadKernel::Auto => Isa::fast(),
-            HeadKernel::Matrixmultiply => None,
-            HeadKernel::Tile(isa) => Some(isa),
-        }
-    }
-}
-
-/// Chunk sizes of the fused cross-entropy: the workspace holds
-/// `tokens × vocab` logits plus two `tokens × H` blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkSizes {
-    /// Hidden rows per chunk.
-    pub tokens: usize,
-    /// Vocabulary rows per chunk.
-    pub vocab: usize,
-}
-
-impl Default for ChunkSizes {
-    fn default() -> Self {
-        ChunkSizes {
-            tokens: 256,
-            vocab: 4096,
-        }
-    }
-}
-
-impl ChunkSizes {
-    /// Bytes of workspace the kernel allocates for hidden size `h` and
-    /// element type `T`: independent of N and V.
-    ///
-    /// ```
-    /// use splitgrad::ops::fused_ce::ChunkSizes;
-    /// let c = ChunkSizes { tokens: 256, vocab: 4096 };
-    /// assert_eq!(c.workspace_bytes::<f32>(512), (256 * 4096 + 2 * 256 * 512) * 4);
-    /// ```
-    pub fn workspace_bytes<T: Real>(&self, h: usize) -> usize {
-        (self.tokens * self.vocab + 2 * self.tokens * h) * std::mem::size_of::<T>()
-    }
-}
+pub use fallback::PARTIAL_LIMIT;
+pub use kernel_choice::{ChunkSizes, HeadKernel};
+pub(crate) use kernel_choice::{f32_weights, pool_f32};
+pub use naive::{naive_ce_backward, naive_ce_forward};
 
 /// Which hidden row and which label each token has.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,18 +145,14 @@ impl Targets {
     }
 }
 
-/// Columns of the logits block: the vocabulary chunk, or the largest split
-/// when every split is smaller (no need to zero a wider block).
-fn block_width<T: Real>(weights: &[ArrayView2<'_, T>], chunks: ChunkSizes) -> usize {
-    let widest = weights.iter().map(|w| w.nrows()).max().unwrap_or(0);
-    chunks.vocab.max(1).min(widest.max(1))
-}
-
-/// Copies rows `idx` of `h` into the first `idx.len()` rows of `buf`.
-fn gather_rows<T: Real>(h: ArrayView2<'_, T>, idx: &[usize], buf: &mut Array2<T>) {
-    for (i, &p) in idx.iter().enumerate() {
-        buf.row_mut(i).assign(&h.row(p));
-    }
+/// The inputs of a call: hidden rows (m, H), the splits (size_k, H), which
+/// row and label each token has, and the chunk sizes.
+#[derive(Clone, Copy)]
+struct Head<'a, 'v, T> {
+    h: ArrayView2<'v, T>,
+    weights: &'a [ArrayView2<'v, T>],
+    targets: &'a Targets,
+    chunks: ChunkSizes,
 }
 
 /// Per-token loss (N) and per-row log-sum-exp (m), chunked (the fast
@@ -236,81 +179,17 @@ pub fn fused_ce_forward_on<T: Real>(
     targets: &Targets,
     chunks: ChunkSizes,
 ) -> (Vec<T>, RowStats<T>) {
-    if let Some(isa) = kernel.isa::<T>() {
-        if let Some(out) = tile_forward(isa, h, weights, targets, chunks) {
-            return out;
-        }
-    }
-    let mut loss = vec![T::zero(); targets.labels.len()];
-    let mut stats = RowStats {
-        max: vec![T::zero(); h.nrows()],
-        log_sum: vec![T::zero(); h.nrows()],
+    let head = Head {
+        h,
+        weights,
+        targets,
+        chunks,
     };
-    let tc = chunks.tokens.max(1);
-    let parts: Vec<ForwardPart<T>> = targets
-        .active
-        .par_chunks(tc)
-        .map(|idx| forward_chunk(h, weights, targets, idx, chunks))
-        .collect();
-    for (idx, ((max, log_sum), chunk_loss)) in targets.active.chunks(tc).zip(parts) {
-        for ((&r, m), s) in idx.iter().zip(max).zip(log_sum) {
-            stats.max[r] = m;
-            stats.log_sum[r] = s;
-        }
-        for (n, l) in chunk_loss {
-            loss[n] = l;
-        }
-    }
-    (loss, stats)
+    kernel
+        .isa::<T>()
+        .and_then(|isa| tile::forward(isa, head))
+        .unwrap_or_else(|| fallback::forward(head))
 }
-
-/// [`fused_ce_forward`] on the tile kernel (f32 only: `None` otherwise).
-fn tile_forward<T: Real>(
-    isa: Isa,
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    chunks: ChunkSizes,
-) -> Option<(Vec<T>, RowStats<T>)> {
-    let h32 = gemm::f32_view(h)?;
-    let w32: Vec<ArrayView2<'_, f32>> = weights
-        .iter()
-        .map(|w| gemm::f32_view(w.view()))
-        .collect::<Option<_>>()?;
-    let (starts, labels, slots) = targets.active_csr();
-    let rows = head::Rows {
-        rows: &targets.active,
-        starts: &starts,
-        labels: &labels,
-    };
-    let st = head::fused_ce(
-        isa,
-        &Pool::new(),
-        h32,
-        &w32,
-        rows,
-        head::Pass::Loss,
-        chunks.tokens.max(1),
-        usize::MAX,
-        &mut head::Out::default(),
-    );
-    let mut loss = vec![T::zero(); targets.labels.len()];
-    for (&n, &l) in slots.iter().zip(&st.loss) {
-        loss[n] = T::from_f64(l as f64);
-    }
-    let mut stats = RowStats {
-        max: vec![T::zero(); h.nrows()],
-        log_sum: vec![T::zero(); h.nrows()],
-    };
-    for (a, &r) in targets.active.iter().enumerate() {
-        stats.max[r] = T::from_f64(st.max[a] as f64);
-        stats.log_sum[r] = T::from_f64(st.log_sum[a] as f64);
-    }
-    Some((loss, stats))
-}
-
-/// A chunk's (max, ln Σ) per row and (token, loss) per token.
-type ForwardPart<T> = ((Vec<T>, Vec<T>), Vec<(usize, T)>);
 
 /// Each hidden row's log-sum-exp, as its maximum logit `max` and
 /// `log_sum = ln Σ_v e^{z_v − max}` kept apart (their sum rounds away the
@@ -326,6 +205,14 @@ pub struct RowStats<T> {
 }
 
 impl<T: Real> RowStats<T> {
+    /// Zeros for m rows.
+    fn zeros(m: usize) -> Self {
+        RowStats {
+            max: vec![T::zero(); m],
+            log_sum: vec![T::zero(); m],
+        }
+    }
+
     /// `lse_i = m_i + ln Σ_v e^{z_iv − m_i}` (m), rounded.
     pub fn lse(&self) -> Vec<T> {
         self.max
@@ -335,83 +222,18 @@ impl<T: Real> RowStats<T> {
             .collect()
     }
 }
-/// A chunk's hidden gradient (rows, H) and weight-gradient partials.
-type BackwardPart<T> = (Array2<T>, Vec<Option<Array2<T>>>);
-
-/// One chunk of hidden rows `idx`: their log-sum-exp, and (token, loss)
-/// for each of their tokens.
-fn forward_chunk<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    idx: &[usize],
-    chunks: ChunkSizes,
-) -> ForwardPart<T> {
-    let vc = block_width(weights, chunks);
-    let rows = idx.len();
-    let mut hc = Array2::<T>::zeros((rows, h.ncols()));
-    let mut work = Array2::<T>::zeros((rows, vc));
-    gather_rows(h, idx, &mut hc);
-    let mut label_logit: Vec<(usize, T)> = Vec::new();
-    let mut m = vec![T::neg_infinity(); rows];
-    let mut sum = vec![T::zero(); rows];
-    let mut start = 0usize;
-    for w in weights {
-        for v0 in (0..w.nrows()).step_by(vc) {
-            let v1 = (v0 + vc).min(w.nrows());
-            let mut blk = work.slice_mut(s![.., ..v1 - v0]);
-            T::gemm(
-                T::one(),
-                hc.view(),
-                w.slice(s![v0..v1, ..]).t(),
-                T::zero(),
-                blk.view_mut(),
-            );
-            let (lo, hi) = (start + v0, start + v1);
-            for (i, row) in blk.outer_iter().enumerate() {
-                let zs = row.as_slice().expect("rows of the block are contiguous");
-                let bm = exp::max(zs);
-                if bm > m[i] {
-                    sum[i] *= (m[i] - bm).exp();
-                    m[i] = bm;
-                }
-                let mi = m[i];
-                if mi > T::neg_infinity() {
-                    sum[i] += exp::sum_exp(zs, mi);
-                }
-                for &n in targets.tokens_of(idx[i]) {
-                    let l = targets.labels[n] as usize;
-                    if (lo..hi).contains(&l) {
-                        label_logit.push((n, row[l - lo]));
-                    }
-                }
-            }
-        }
-        start += w.nrows();
-    }
-    let log_sum: Vec<T> = sum.iter().map(|&si| si.ln()).collect();
-    let mut out = Vec::with_capacity(label_logit.len());
-    for (n, z) in label_logit {
-        let i = idx
-            .binary_search(&targets.row_of[n])
-            .expect("the token's row is in its chunk");
-        out.push((n, (m[i] - z) + log_sum[i]));
-    }
-    ((m, log_sum), out)
-}
-
-/// Adds the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
+/// Adds (`+=`) the gradients of `Σ_n gy[n]·loss_n` (the fast kernel).
 ///
 /// h: (m, H), weights: (size_k, H), stats: (m) from [`fused_ce_forward`],
 /// gy: (N); gh: (m, H) and `gws[k]`: (size_k, H), each `None` when not wanted.
 ///
-/// Chunks of hidden rows run in parallel when every chunk's weight
-/// gradient fits a small partial buffer (chunks × V × H ≤
-/// [`PARTIAL_LIMIT`] elements); the partials are then added in chunk order.
-/// Otherwise the chunks run one after another, each adding into the weight
-/// gradient, and only the matrix products use several threads. The choice
-/// depends on the sizes alone, so the result never depends on the thread
-/// count.
+/// On `matrixmultiply`, chunks of hidden rows run in parallel when every
+/// chunk's weight gradient fits a small partial buffer (chunks × V × H ≤
+/// [`PARTIAL_LIMIT`] elements, V counting the splits whose gradient is
+/// wanted); the partials are then added in chunk order. Otherwise the
+/// chunks run one after another, each adding into the weight gradient, and
+/// only the matrix products use several threads. The choice depends on the
+/// sizes alone, so the result never depends on the thread count.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_ce_backward<T: Real>(
     h: ArrayView2<'_, T>,
@@ -454,292 +276,18 @@ pub fn fused_ce_backward_on<T: Real>(
     mut gh: Option<ArrayViewMut2<'_, T>>,
     gws: &mut [Option<ArrayViewMut2<'_, T>>],
 ) {
+    let head = Head {
+        h,
+        weights,
+        targets,
+        chunks,
+    };
     if let Some(isa) = kernel.isa::<T>() {
-        if tile_backward(
-            isa, pool, h, weights, targets, stats, gy, chunks, &mut gh, gws,
-        ) {
+        if tile::backward(isa, pool, head, stats, gy, &mut gh, gws).is_some() {
             return;
         }
     }
-    let tc = chunks.tokens.max(1);
-    let width = h.ncols();
-    let n_chunks = targets.active.len().div_ceil(tc);
-    let wanted_v: usize = weights
-        .iter()
-        .zip(gws.iter())
-        .filter(|(_, g)| g.is_some())
-        .map(|(w, _)| w.nrows())
-        .sum();
-    let want_gh = gh.is_some();
-    if n_chunks > 1 && n_chunks * wanted_v * width <= PARTIAL_LIMIT {
-        let parts: Vec<BackwardPart<T>> = targets
-            .active
-            .par_chunks(tc)
-            .map(|idx| {
-                let mut ghc = Array2::<T>::zeros((idx.len(), width));
-                let mut partial: Vec<Option<Array2<T>>> = weights
-                    .iter()
-                    .zip(gws.iter())
-                    .map(|(w, g)| g.as_ref().map(|_| Array2::<T>::zeros(w.dim())))
-                    .collect();
-                let mut views: Vec<Option<ArrayViewMut2<'_, T>>> = partial
-                    .iter_mut()
-                    .map(|p| p.as_mut().map(|p| p.view_mut()))
-                    .collect();
-                backward_chunk(
-                    h, weights, targets, idx, stats, gy, chunks, want_gh, &mut ghc, &mut views,
-                );
-                drop(views);
-                (ghc, partial)
-            })
-            .collect();
-        for (idx, (ghc, partial)) in targets.active.chunks(tc).zip(parts) {
-            if let Some(gh) = gh.as_mut() {
-                for (i, &r) in idx.iter().enumerate() {
-                    let mut dst = gh.row_mut(r);
-                    dst += &ghc.row(i);
-                }
-            }
-            for (g, p) in gws.iter_mut().zip(partial) {
-                if let (Some(g), Some(p)) = (g.as_mut(), p) {
-                    *g += &p;
-                }
-            }
-        }
-        return;
-    }
-    for idx in targets.active.chunks(tc) {
-        let mut ghc = Array2::<T>::zeros((idx.len(), width));
-        backward_chunk(
-            h, weights, targets, idx, stats, gy, chunks, want_gh, &mut ghc, gws,
-        );
-        if let Some(gh) = gh.as_mut() {
-            for (i, &r) in idx.iter().enumerate() {
-                let mut dst = gh.row_mut(r);
-                dst += &ghc.row(i);
-            }
-        }
-    }
-}
-
-/// [`fused_ce_backward`] on the tile kernel; `false` (nothing done) where
-/// it cannot run (not f32, or gradients with negative strides).
-#[allow(clippy::too_many_arguments)]
-fn tile_backward<T: Real>(
-    isa: Isa,
-    pool: &Pool<T>,
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    stats: &RowStats<T>,
-    gy: &[T],
-    chunks: ChunkSizes,
-    gh: &mut Option<ArrayViewMut2<'_, T>>,
-    gws: &mut [Option<ArrayViewMut2<'_, T>>],
-) -> bool {
-    let Some(h32) = gemm::f32_view(h) else {
-        return false;
-    };
-    let Some(w32) = weights
-        .iter()
-        .map(|w| gemm::f32_view(w.view()))
-        .collect::<Option<Vec<_>>>()
-    else {
-        return false;
-    };
-    let negative = |g: &ArrayViewMut2<'_, T>| g.strides().iter().any(|&s| s < 0);
-    if gh.as_ref().is_some_and(negative) || gws.iter().flatten().any(negative) {
-        return false;
-    }
-    let Some(pool32) = pool_f32(pool) else {
-        return false;
-    };
-    let (starts, labels, slots) = targets.active_csr();
-    let weights_gy: Vec<f32> = slots.iter().map(|&n| gy[n].to_f64() as f32).collect();
-    let max: Vec<f32> = targets
-        .active
-        .iter()
-        .map(|&r| stats.max[r].to_f64() as f32)
-        .collect();
-    let log_sum: Vec<f32> = targets
-        .active
-        .iter()
-        .map(|&r| stats.log_sum[r].to_f64() as f32)
-        .collect();
-    let mut out = head::Out {
-        hidden: gh
-            .as_mut()
-            .map(|g| gemm::f32_view_mut(g.view_mut()).expect("f32, strides checked")),
-        weights: gws
-            .iter_mut()
-            .map(|g| {
-                g.as_mut()
-                    .map(|g| gemm::f32_view_mut(g.view_mut()).expect("f32, strides checked"))
-            })
-            .collect(),
-    };
-    head::fused_ce(
-        isa,
-        pool32,
-        h32,
-        &w32,
-        head::Rows {
-            rows: &targets.active,
-            starts: &starts,
-            labels: &labels,
-        },
-        head::Pass::Grads {
-            max: &max,
-            log_sum: &log_sum,
-            weights: &weights_gy,
-        },
-        chunks.tokens.max(1),
-        chunks.vocab.max(1),
-        &mut out,
-    );
-    true
-}
-
-/// `pool` as the f32 pool it is, when `T` is `f32`.
-pub(crate) fn pool_f32<T: Real>(pool: &Pool<T>) -> Option<&Pool<f32>> {
-    (T::NAME == "f32").then(|| {
-        // SAFETY: `T` is the sealed `Real` whose NAME is "f32", so `T` is
-        // `f32` and `Pool<T>` is `Pool<f32>`.
-        unsafe { &*(pool as *const Pool<T>).cast::<Pool<f32>>() }
-    })
-}
-
-/// Elements of weight-gradient partials (chunks × V × H) below which the
-/// backward runs its chunks in parallel: 4 Mi elements, 16 MiB in f32.
-pub const PARTIAL_LIMIT: usize = 4 << 20;
-
-/// One chunk of hidden rows `idx`: their hidden gradient into `ghc`
-/// (rows, H) when `want_gh`, and `Σ_i ∂z_iv·h_i` added into `gws`.
-#[allow(clippy::too_many_arguments)]
-fn backward_chunk<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    idx: &[usize],
-    stats: &RowStats<T>,
-    gy: &[T],
-    chunks: ChunkSizes,
-    want_gh: bool,
-    ghc: &mut Array2<T>,
-    gws: &mut [Option<ArrayViewMut2<'_, T>>],
-) {
-    let vc = block_width(weights, chunks);
-    let rows = idx.len();
-    let mut hc = Array2::<T>::zeros((rows, h.ncols()));
-    let mut work = Array2::<T>::zeros((rows, vc));
-    gather_rows(h, idx, &mut hc);
-    // Σ_{n ∈ T_i} ∂loss_n: the weight of row i's softmax.
-    let wsum: Vec<T> = idx
-        .iter()
-        .map(|&r| targets.tokens_of(r).iter().map(|&n| gy[n]).sum())
-        .collect();
-    let mut start = 0usize;
-    for (k, w) in weights.iter().enumerate() {
-        for v0 in (0..w.nrows()).step_by(vc) {
-            let v1 = (v0 + vc).min(w.nrows());
-            let (lo, hi) = (start + v0, start + v1);
-            let wblk = w.slice(s![v0..v1, ..]);
-            let mut g = work.slice_mut(s![.., ..v1 - v0]);
-            T::gemm(T::one(), hc.view(), wblk.t(), T::zero(), g.view_mut());
-            for (i, mut row) in g.outer_iter_mut().enumerate() {
-                let r = idx[i];
-                let zs = row
-                    .as_slice_mut()
-                    .expect("rows of the block are contiguous");
-                // e^{(z − m) − ln Σ}: the shift is applied in two steps so
-                // that neither rounds at the scale of m.
-                let m = stats.max[r];
-                for z in zs.iter_mut() {
-                    *z -= m;
-                }
-                exp::scaled_exp(zs, stats.log_sum[r], wsum[i]);
-                for &n in targets.tokens_of(idx[i]) {
-                    let lab = targets.labels[n] as usize;
-                    if (lo..hi).contains(&lab) {
-                        row[lab - lo] -= gy[n];
-                    }
-                }
-            }
-            if want_gh {
-                T::gemm(T::one(), g.view(), wblk, T::one(), ghc.view_mut());
-            }
-            if let Some(gw) = gws[k].as_mut() {
-                T::gemm(
-                    T::one(),
-                    g.t(),
-                    hc.view(),
-                    T::one(),
-                    gw.slice_mut(s![v0..v1, ..]),
-                );
-            }
-        }
-        start += w.nrows();
-    }
-}
-
-/// The naive twin of [`fused_ce_forward`]: the full (m, V) logits, then a
-/// stable log-sum-exp per row. Same outputs to rounding.
-pub fn naive_ce_forward<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-) -> (Vec<T>, RowStats<T>) {
-    let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
-    let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
-    T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
-    let mut loss = vec![T::zero(); targets.labels.len()];
-    let mut stats = RowStats {
-        max: vec![T::zero(); h.nrows()],
-        log_sum: vec![T::zero(); h.nrows()],
-    };
-    for &r in &targets.active {
-        let (m, log_sum) = max_and_log_sum(logits.row(r));
-        stats.max[r] = m;
-        stats.log_sum[r] = log_sum;
-        for &n in targets.tokens_of(r) {
-            loss[n] = (m - logits[[r, targets.labels[n] as usize]]) + log_sum;
-        }
-    }
-    (loss, stats)
-}
-
-/// The naive twin of [`fused_ce_backward`], from the full logits.
-pub fn naive_ce_backward<T: Real>(
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    targets: &Targets,
-    gy: &[T],
-) -> (Array2<T>, Vec<Array2<T>>) {
-    let w = ndarray::concatenate(ndarray::Axis(0), weights).expect("same width");
-    let mut logits = Array2::<T>::zeros((h.nrows(), w.nrows()));
-    T::gemm(T::one(), h, w.t(), T::zero(), logits.view_mut());
-    let mut g = Array2::<T>::zeros(logits.dim());
-    for (n, (&r, &l)) in targets.row_of.iter().zip(&targets.labels).enumerate() {
-        if l == IGNORE_INDEX {
-            continue;
-        }
-        let (m, log_sum) = max_and_log_sum(logits.row(r));
-        for v in 0..w.nrows() {
-            g[[r, v]] += gy[n] * ((logits[[r, v]] - m) - log_sum).exp();
-        }
-        g[[r, l as usize]] -= gy[n];
-    }
-    let mut gh = Array2::<T>::zeros(h.dim());
-    T::gemm(T::one(), g.view(), w.view(), T::zero(), gh.view_mut());
-    let mut gw = Array2::<T>::zeros(w.dim());
-    T::gemm(T::one(), g.t(), h, T::zero(), gw.view_mut());
-    let mut out = Vec::new();
-    let mut start = 0;
-    for wk in weights {
-        out.push(gw.slice(s![start..start + wk.nrows(), ..]).to_owned());
-        start += wk.nrows();
-    }
-    (gh, out)
+    fallback::backward(head, stats, gy, gh, gws)
 }
 
 /// A (…, H) value as (N, H) rows (a copy only if it is not contiguous).
@@ -762,12 +310,18 @@ pub(crate) fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T,
 }
 
 /// Views of 2-D weights as (size_k, H).
-fn weight_views<'a, T: Real>(ws: &[ArrayViewD<'a, T>]) -> Vec<ArrayView2<'a, T>> {
+///
+/// **Panics** (`"{op}: weights must be 2-D"`) if one is not.
+#[track_caller]
+pub(crate) fn weight_views<'a, T: Real>(
+    ws: &[ArrayViewD<'a, T>],
+    op: &str,
+) -> Vec<ArrayView2<'a, T>> {
     ws.iter()
         .map(|w| {
             w.clone()
                 .into_dimensionality::<Ix2>()
-                .expect("fused_ce: weights must be 2-D")
+                .unwrap_or_else(|e| panic!("{op}: weights must be 2-D: {e:?}"))
         })
         .collect()
 }
@@ -817,7 +371,7 @@ impl<T: Real> Backward<T> for FusedCe<T> {
             self.kernel,
             grads.pool(),
             h2.view(),
-            &weight_views(&ws),
+            &weight_views(&ws, "fused_ce"),
             &self.targets,
             &self.stats,
             &gy,
@@ -881,7 +435,13 @@ impl<'p, T: Real> Tape<'p, T> {
         let (loss, stats) = {
             let h = as_rows(self.value(hidden));
             let ws: Vec<ArrayViewD<'_, T>> = weights.iter().map(|&w| self.value(w)).collect();
-            fused_ce_forward_on(kernel, h.view(), &weight_views(&ws), &targets, chunks)
+            fused_ce_forward_on(
+                kernel,
+                h.view(),
+                &weight_views(&ws, "fused_ce"),
+                &targets,
+                chunks,
+            )
         };
         let out = ArrayD::from_shape_vec(IxDyn(&[loss.len()]), loss).expect("one loss per token");
         let mut inputs = weights.to_vec();
@@ -905,6 +465,7 @@ impl<'p, T: Real> Tape<'p, T> {
 mod tests {
     use super::*;
     use crate::Rng;
+    use ndarray::Array2;
 
     fn case(
         rng: &mut Rng,

@@ -31,16 +31,21 @@
 //! Either way each row's softmax is computed by one task in a fixed order,
 //! and no product's inner sum is split between threads, so the result is
 //! the same bits for any thread count.
+//!
+//! Tokens that share hidden rows ([`fused_ce_sum_grouped_forward_on`]) take
+//! the same path: both forms are one scaffold, which tries the tile kernel
+//! and otherwise runs the form's `matrixmultiply` path (in `fallback`: the
+//! above for tokens with their own rows, the per-token kernel's forward and
+//! backward for shared rows).
 
-use ndarray::parallel::prelude::*;
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, s};
+mod fallback;
 
-use super::fused_ce::{
-    ChunkSizes, HeadKernel, Targets, as_rows, fused_ce_backward_on, fused_ce_forward_on, pool_f32,
-};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
+
+use super::fused_ce::tile::TileRows;
+use super::fused_ce::{HeadKernel, Targets, as_rows, f32_weights, pool_f32, weight_views};
 use crate::kernels::Real;
-use crate::kernels::exp;
-use crate::kernels::gemm::{self, Isa, head};
+use crate::kernels::gemm::{self, head};
 use crate::kernels::pool::Pool;
 use crate::ops::cross_entropy::IGNORE_INDEX;
 use crate::tape::{Backward, Flow, NodeGrads, Tape, Var};
@@ -135,6 +140,35 @@ pub struct SumGrads<T> {
 }
 
 impl<T: Real> SumGrads<T> {
+    /// Zeros from `pool`: ∂h of `shape` when `want_hidden`, ∂W_k of
+    /// `weights[k]`'s shape when `want_weights[k]`.
+    fn zeros(
+        pool: &Pool<T>,
+        shape: (usize, usize),
+        weights: &[ArrayView2<'_, T>],
+        want_hidden: bool,
+        want_weights: &[bool],
+    ) -> Self {
+        let zeros2 = |(r, c): (usize, usize)| -> Array2<T> {
+            pool.zeros(&[r, c])
+                .into_dimensionality::<Ix2>()
+                .expect("2-D")
+        };
+        SumGrads {
+            hidden: want_hidden.then(|| zeros2(shape)),
+            weights: weights
+                .iter()
+                .zip(want_weights)
+                .map(|(w, &want)| want.then(|| zeros2(w.dim())))
+                .collect(),
+        }
+    }
+
+    /// Whether any gradient is wanted.
+    fn any(&self) -> bool {
+        self.hidden.is_some() || self.weights.iter().any(Option::is_some)
+    }
+
     /// The gradients as the tile kernel's destination (f32 views).
     ///
     /// **Panics** if `T` is not f32 (the tile kernel's callers have checked).
@@ -235,127 +269,16 @@ pub fn fused_ce_sum_forward_on<T: Real>(
     want_hidden: bool,
     want_weights: &[bool],
 ) -> (T, SumGrads<T>) {
-    let (n, width) = h.dim();
-    let v: usize = weights.iter().map(|w| w.nrows()).sum();
-    assert_eq!(
-        labels.len(),
-        n,
-        "fused_ce_sum: {} labels for {n} rows",
-        labels.len()
-    );
-    assert_eq!(
-        want_weights.len(),
-        weights.len(),
-        "fused_ce_sum: one wish per weight"
-    );
-    let active: Vec<usize> = (0..n).filter(|&i| labels[i] != IGNORE_INDEX).collect();
-    if let Some(&i) = active
-        .iter()
-        .find(|&&i| labels[i] < 0 || labels[i] as usize >= v)
-    {
-        panic!(
-            "fused_ce_sum: label {} of row {i} is outside 0..{v}",
-            labels[i]
-        );
-    }
-    let zeros2 = |r: usize, c: usize| -> Array2<T> {
-        pool.zeros(&[r, c])
-            .into_dimensionality::<Ix2>()
-            .expect("2-D")
-    };
-    let mut grads = SumGrads {
-        hidden: want_hidden.then(|| zeros2(n, width)),
-        weights: weights
-            .iter()
-            .zip(want_weights)
-            .map(|(w, &want)| want.then(|| zeros2(w.nrows(), w.ncols())))
-            .collect(),
-    };
-    let want_grad = want_hidden || want_weights.iter().any(|&w| w);
-    let tc = chunks.tokens::<T>(v).min(active.len()).max(1);
-    if let Some(isa) = kernel.isa::<T>() {
-        if let Some(total) = tile_sum(isa, pool, h, weights, labels, &active, tc, &mut grads) {
-            return (total, grads);
-        }
-    }
-    let mut hc_buf = Array2::<T>::zeros((tc, width));
-    let mut z_buf = zeros2(tc, v);
-    let mut ghc_buf = Array2::<T>::zeros((if want_hidden { tc } else { 0 }, width));
-    let mut total = 0f64;
-    for idx in active.chunks(tc) {
-        let r = idx.len();
-        let mut hc = hc_buf.slice_mut(s![..r, ..]);
-        for (i, &p) in idx.iter().enumerate() {
-            hc.row_mut(i).assign(&h.row(p));
-        }
-        let hc = hc.view();
-        let mut z = z_buf.slice_mut(s![..r, ..]);
-        // Z_cᵀ = W_k·h_cᵀ, one split's columns at a time. W is the left
-        // side, so matrixmultiply packs it on every thread, block by block
-        // (it packs the right side on one thread).
-        let mut start = 0;
-        for w in weights {
-            let cols = s![.., start..start + w.nrows()];
-            T::gemm(
-                T::one(),
-                w.view(),
-                hc.t(),
-                T::zero(),
-                z.slice_mut(cols).reversed_axes(),
-            );
-            start += w.nrows();
-        }
-        // Each row: its loss, and softmax − onehot in place.
-        let losses: Vec<T> = z
-            .axis_iter_mut(Axis(0))
-            .into_par_iter()
-            .enumerate()
-            .map(|(i, mut row)| {
-                let zs = row
-                    .as_slice_mut()
-                    .expect("rows of the block are contiguous");
-                row_loss(zs, labels[idx[i]] as usize, want_grad)
-            })
-            .collect();
-        for l in losses {
-            total += l.to_f64();
-        }
-        if !want_grad {
-            continue;
-        }
-        let g = z.view();
-        if let Some(gh) = grads.hidden.as_mut() {
-            // ∂h_c = Σ_k G_{c,k}·W_k.
-            let mut ghc = ghc_buf.slice_mut(s![..r, ..]);
-            let (mut start, mut first) = (0, true);
-            for w in weights.iter().filter(|w| w.nrows() > 0) {
-                let beta = if first { T::zero() } else { T::one() };
-                let cols = s![.., start..start + w.nrows()];
-                T::gemm(
-                    T::one(),
-                    w.t(),
-                    g.slice(cols).t(),
-                    beta,
-                    ghc.view_mut().reversed_axes(),
-                );
-                (start, first) = (start + w.nrows(), false);
-            }
-            for (i, &p) in idx.iter().enumerate() {
-                gh.row_mut(p).assign(&ghc.row(i));
-            }
-        }
-        // ∂W_k += G_{c,k}ᵀ·h_c.
-        let mut start = 0;
-        for (w, gw) in weights.iter().zip(grads.weights.iter_mut()) {
-            if let Some(gw) = gw.as_mut() {
-                let cols = s![.., start..start + w.nrows()];
-                T::gemm(T::one(), g.slice(cols).t(), hc, T::one(), gw.view_mut());
-            }
-            start += w.nrows();
-        }
-    }
-    pool.give(z_buf);
-    (T::from_f64(total), grads)
+    let wants = (want_hidden, want_weights);
+    sum_forward(
+        Form::PerToken(labels),
+        kernel,
+        pool,
+        h,
+        weights,
+        chunks,
+        wants,
+    )
 }
 
 /// `Σ_n loss_n` for tokens that share hidden rows, and when asked for its
@@ -397,169 +320,156 @@ pub fn fused_ce_sum_grouped_forward_on<T: Real>(
     want_hidden: bool,
     want_weights: &[bool],
 ) -> (T, SumGrads<T>) {
-    let (m, width) = h.dim();
+    let wants = (want_hidden, want_weights);
+    sum_forward(
+        Form::Grouped(targets),
+        kernel,
+        pool,
+        h,
+        weights,
+        chunks,
+        wants,
+    )
+}
+
+/// The two forms of the summed head.
+#[derive(Clone, Copy)]
+enum Form<'a> {
+    /// Token n reads hidden row n, with label `labels[n]`.
+    PerToken(&'a [i64]),
+    /// Tokens share hidden rows.
+    Grouped(&'a Targets),
+}
+
+/// The scaffold of both forms: checks the inputs (in the form's words),
+/// makes the gradients' buffers, and sums the loss with its gradients on
+/// the tile kernel where it runs, the form's `matrixmultiply` path
+/// elsewhere. `wants`: whether ∂h is wanted, and each ∂W_k.
+#[track_caller]
+fn sum_forward<T: Real>(
+    form: Form<'_>,
+    kernel: HeadKernel,
+    pool: &Pool<T>,
+    h: ArrayView2<'_, T>,
+    weights: &[ArrayView2<'_, T>],
+    chunks: SumChunks,
+    (want_hidden, want_weights): (bool, &[bool]),
+) -> (T, SumGrads<T>) {
+    let m = h.nrows();
     let v: usize = weights.iter().map(|w| w.nrows()).sum();
-    assert_eq!(
-        targets.n_rows(),
-        m,
-        "fused_ce_sum_grouped: targets for {} rows, hidden has {m}",
-        targets.n_rows()
-    );
+    let op = match form {
+        Form::PerToken(labels) => {
+            assert_eq!(
+                labels.len(),
+                m,
+                "fused_ce_sum: {} labels for {m} rows",
+                labels.len()
+            );
+            "fused_ce_sum"
+        }
+        Form::Grouped(targets) => {
+            assert_eq!(
+                targets.n_rows(),
+                m,
+                "fused_ce_sum_grouped: targets for {} rows, hidden has {m}",
+                targets.n_rows()
+            );
+            "fused_ce_sum_grouped"
+        }
+    };
     assert_eq!(
         want_weights.len(),
         weights.len(),
-        "fused_ce_sum_grouped: one wish per weight"
+        "{op}: one wish per weight"
     );
+    let per_token;
+    let (targets, unit, rows) = match form {
+        Form::PerToken(labels) => {
+            per_token = Targets::per_token(labels.to_vec());
+            (&per_token, "row", per_token.active_rows().len())
+        }
+        Form::Grouped(targets) => (targets, "token", m),
+    };
     if let Some((n, &l)) = targets
         .labels
         .iter()
         .enumerate()
         .find(|&(_, &l)| l != IGNORE_INDEX && (l < 0 || l as usize >= v))
     {
-        panic!("fused_ce_sum_grouped: label {l} of token {n} is outside 0..{v}");
+        panic!("{op}: label {l} of {unit} {n} is outside 0..{v}");
     }
-    let zeros2 = |r: usize, c: usize| -> Array2<T> {
-        pool.zeros(&[r, c])
-            .into_dimensionality::<Ix2>()
-            .expect("2-D")
+    let grads = SumGrads::zeros(pool, h.dim(), weights, want_hidden, want_weights);
+    let sum = Summed {
+        form,
+        kernel,
+        pool,
+        h,
+        weights,
+        targets,
+        tc: chunks.tokens::<T>(v).min(rows).max(1),
     };
-    let mut grads = SumGrads {
-        hidden: want_hidden.then(|| zeros2(m, width)),
-        weights: weights
-            .iter()
-            .zip(want_weights)
-            .map(|(w, &want)| want.then(|| zeros2(w.nrows(), w.ncols())))
-            .collect(),
-    };
-    let want_grad = want_hidden || want_weights.iter().any(|&w| w);
-    let tc = chunks.tokens::<T>(v).min(m).max(1);
-    if let Some(isa) = kernel.isa::<T>() {
-        if let Some(h32) = gemm::f32_view(h) {
-            let w32: Vec<ArrayView2<'_, f32>> = weights
-                .iter()
-                .map(|w| gemm::f32_view(w.view()).expect("f32 like h"))
-                .collect();
-            let pool32 = pool_f32(pool).expect("f32 like h");
-            let (starts, labels, slots) = targets.active_csr();
-            let mut out = grads.head_out();
-            let st = head::fused_ce(
-                isa,
-                pool32,
-                h32,
-                &w32,
-                head::Rows {
-                    rows: targets.active_rows(),
-                    starts: &starts,
-                    labels: &labels,
-                },
-                if want_grad {
-                    head::Pass::LossAndGrads
-                } else {
-                    head::Pass::Loss
-                },
-                tc,
-                usize::MAX,
-                &mut out,
-            );
-            // Σ_n in token order.
-            let mut loss = vec![0f64; targets.labels.len()];
-            for (&n, &l) in slots.iter().zip(&st.loss) {
-                loss[n] = l as f64;
-            }
-            return (T::from_f64(loss.iter().sum()), grads);
-        }
-    }
-    let per_token = ChunkSizes {
-        tokens: tc,
-        ..ChunkSizes::default()
-    };
-    let (loss, stats) = fused_ce_forward_on(kernel, h, weights, targets, per_token);
-    let total: f64 = loss.iter().map(|&l| Real::to_f64(l)).sum();
-    if want_grad {
-        let ones = vec![T::one(); targets.labels.len()];
-        let mut gws: Vec<Option<ndarray::ArrayViewMut2<'_, T>>> = grads
-            .weights
-            .iter_mut()
-            .map(|g| g.as_mut().map(|g| g.view_mut()))
-            .collect();
-        fused_ce_backward_on(
-            kernel,
-            pool,
-            h,
-            weights,
-            targets,
-            &stats,
-            &ones,
-            per_token,
-            grads.hidden.as_mut().map(|g| g.view_mut()),
-            &mut gws,
-        );
-    }
-    (T::from_f64(total), grads)
+    sum.run(grads)
 }
 
-/// The summed loss on the tile kernel, its gradients added into `grads`
-/// (zeros); `None` (nothing done) where it cannot run (not f32).
-#[allow(clippy::too_many_arguments)]
-fn tile_sum<T: Real>(
-    isa: Isa,
-    pool: &Pool<T>,
-    h: ArrayView2<'_, T>,
-    weights: &[ArrayView2<'_, T>],
-    labels: &[i64],
-    active: &[usize],
+/// A call of the summed head: its form, products and inputs (`targets`
+/// the per-token ones for [`Form::PerToken`]), and the rows per chunk.
+struct Summed<'a, 'v, T: Real> {
+    form: Form<'a>,
+    kernel: HeadKernel,
+    pool: &'a Pool<T>,
+    h: ArrayView2<'v, T>,
+    weights: &'a [ArrayView2<'v, T>],
+    targets: &'a Targets,
     tc: usize,
-    grads: &mut SumGrads<T>,
-) -> Option<T> {
-    let h32 = gemm::f32_view(h)?;
-    let w32: Vec<ArrayView2<'_, f32>> = weights
-        .iter()
-        .map(|w| gemm::f32_view(w.view()))
-        .collect::<Option<_>>()?;
-    let pool32 = pool_f32(pool)?;
-    let starts: Vec<usize> = (0..=active.len()).collect();
-    let labs: Vec<usize> = active.iter().map(|&i| labels[i] as usize).collect();
-    let want_grad = grads.hidden.is_some() || grads.weights.iter().any(Option::is_some);
-    let mut out = grads.head_out();
-    let st = head::fused_ce(
-        isa,
-        pool32,
-        h32,
-        &w32,
-        head::Rows {
-            rows: active,
-            starts: &starts,
-            labels: &labs,
-        },
-        if want_grad {
+}
+
+impl<T: Real> Summed<'_, '_, T> {
+    /// `Σ_n loss_n`, its gradients added into `grads` (zeros).
+    fn run(self, mut grads: SumGrads<T>) -> (T, SumGrads<T>) {
+        let total = match (self.tile(&mut grads), self.form) {
+            // The active tokens are in token order.
+            (Some((_, loss)), Form::PerToken(_)) => loss.iter().map(|&l| l as f64).sum(),
+            (Some((slots, loss)), Form::Grouped(_)) => {
+                // Σ_n in token order.
+                let mut by_token = vec![0f64; self.targets.labels.len()];
+                for (&n, &l) in slots.iter().zip(&loss) {
+                    by_token[n] = l as f64;
+                }
+                by_token.iter().sum()
+            }
+            (None, Form::PerToken(_)) => fallback::whole_rows(&self, &mut grads),
+            (None, Form::Grouped(_)) => fallback::per_token_kernel(&self, &mut grads),
+        };
+        (T::from_f64(total), grads)
+    }
+
+    /// The tile kernel's pass: each loss's token and the per-token losses,
+    /// the gradients added into `grads`; `None` (nothing done) where it
+    /// cannot run.
+    fn tile(&self, grads: &mut SumGrads<T>) -> Option<(Vec<usize>, Vec<f32>)> {
+        let isa = self.kernel.isa::<T>()?;
+        let h32 = gemm::f32_view(self.h)?;
+        let w32 = f32_weights(self.weights)?;
+        let pool32 = pool_f32(self.pool)?;
+        let tr = TileRows::of(self.targets);
+        let pass = if grads.any() {
             head::Pass::LossAndGrads
         } else {
             head::Pass::Loss
-        },
-        tc,
-        usize::MAX,
-        &mut out,
-    );
-    Some(T::from_f64(st.loss.iter().map(|&l| l as f64).sum()))
-}
-
-/// One token's row of logits z (V) with label y: returns
-/// `(m − z_y) + ln Σ_v e^{z_v − m}`, and when `grad` turns z into
-/// `softmax(z) − onehot(y)` in place. The shift by m and by ln Σ are
-/// applied one after the other, so that neither rounds at the scale of m
-/// (logits in the thousands keep the loss of a confident token).
-fn row_loss<T: Real>(z: &mut [T], y: usize, grad: bool) -> T {
-    let m = exp::max(z);
-    let log_sum = exp::sum_exp(z, m).ln();
-    let loss = (m - z[y]) + log_sum;
-    if grad {
-        for x in z.iter_mut() {
-            *x -= m;
-        }
-        exp::scaled_exp(z, log_sum, T::one());
-        z[y] -= T::one();
+        };
+        let st = head::fused_ce(
+            isa,
+            pool32,
+            h32,
+            &w32,
+            tr.rows(self.targets),
+            pass,
+            self.tc,
+            usize::MAX,
+            &mut grads.head_out(),
+        );
+        Some((tr.slots, st.loss))
     }
-    loss
 }
 
 /// `∂x += gy·d°` for every input x whose gradient d° [`fused_ce_sum_forward`]
@@ -654,28 +564,49 @@ impl<'p, T: Real> Tape<'p, T> {
         chunks: SumChunks,
         kernel: HeadKernel,
     ) -> Var {
+        self.record_sum(hidden, weights, |pool, h, ws, want_hidden, want_weights| {
+            let h = as_rows(h);
+            fused_ce_sum_forward_on(
+                kernel,
+                pool,
+                h.view(),
+                &weight_views(ws, "fused_ce_sum"),
+                labels,
+                chunks,
+                want_hidden,
+                want_weights,
+            )
+        })
+    }
+
+    /// Records a summed head: `forward` runs on the pool, hidden's value,
+    /// the weights' values and which gradients the tape wants (hidden's,
+    /// each weight's), and its gradients are held by the node, ∂h in
+    /// hidden's shape.
+    #[track_caller]
+    fn record_sum(
+        &mut self,
+        hidden: Var,
+        weights: &[Var],
+        forward: impl FnOnce(
+            &Pool<T>,
+            ArrayViewD<'_, T>,
+            &[ArrayViewD<'_, T>],
+            bool,
+            &[bool],
+        ) -> (T, SumGrads<T>),
+    ) -> Var {
         let want_hidden = self.is_recording() && self.requires_grad(hidden);
         let want_weights: Vec<bool> = weights
             .iter()
             .map(|&w| self.is_recording() && self.requires_grad(w))
             .collect();
         let (loss, sums) = {
-            let h = as_rows(self.value(hidden));
-            let ws: Vec<ArrayView2<'_, T>> = weights
-                .iter()
-                .map(|&w| {
-                    self.value(w)
-                        .into_dimensionality::<Ix2>()
-                        .expect("fused_ce_sum: weights must be 2-D")
-                })
-                .collect();
-            fused_ce_sum_forward_on(
-                kernel,
+            let ws: Vec<ArrayViewD<'_, T>> = weights.iter().map(|&w| self.value(w)).collect();
+            forward(
                 self.pool(),
-                h.view(),
+                self.value(hidden),
                 &ws,
-                labels,
-                chunks,
                 want_hidden,
                 &want_weights,
             )
@@ -700,9 +631,7 @@ impl<'p, T: Real> Tape<'p, T> {
         inputs.push(hidden);
         self.push_op(ArrayD::from_elem(IxDyn(&[]), loss), &inputs, saved)
     }
-}
 
-impl<'p, T: Real> Tape<'p, T> {
     /// The summed cross-entropy `Σ_n loss_n` of tokens that share hidden
     /// rows: hidden (m, H), `targets` the hidden row and label of each of
     /// N tokens ([`Targets::grouped`]) → a 0-D loss. The gradients of
@@ -735,47 +664,21 @@ impl<'p, T: Real> Tape<'p, T> {
         chunks: SumChunks,
         kernel: HeadKernel,
     ) -> Var {
-        let want_hidden = self.is_recording() && self.requires_grad(hidden);
-        let want_weights: Vec<bool> = weights
-            .iter()
-            .map(|&w| self.is_recording() && self.requires_grad(w))
-            .collect();
-        let (loss, sums) = {
-            let h = self
-                .value(hidden)
+        self.record_sum(hidden, weights, |pool, h, ws, want_hidden, want_weights| {
+            let h = h
                 .into_dimensionality::<Ix2>()
                 .expect("fused_ce_sum_grouped: hidden must be (m, H)");
-            let ws: Vec<ArrayView2<'_, T>> = weights
-                .iter()
-                .map(|&w| {
-                    self.value(w)
-                        .into_dimensionality::<Ix2>()
-                        .expect("fused_ce_sum_grouped: weights must be 2-D")
-                })
-                .collect();
             fused_ce_sum_grouped_forward_on(
                 kernel,
-                self.pool(),
+                pool,
                 h,
-                &ws,
+                &weight_views(ws, "fused_ce_sum_grouped"),
                 &targets,
                 chunks,
                 want_hidden,
-                &want_weights,
+                want_weights,
             )
-        };
-        let saved = FusedCeSum {
-            hidden: (hidden, sums.hidden.map(|g| g.into_dyn())),
-            weights: weights
-                .iter()
-                .zip(sums.weights)
-                .map(|(&w, g)| (w, g.map(|g| g.into_dyn())))
-                .collect(),
-            pool: self.pool().clone(),
-        };
-        let mut inputs = weights.to_vec();
-        inputs.push(hidden);
-        self.push_op(ArrayD::from_elem(IxDyn(&[]), loss), &inputs, saved)
+        })
     }
 }
 
@@ -783,7 +686,7 @@ impl<'p, T: Real> Tape<'p, T> {
 mod tests {
     use super::*;
     use crate::Rng;
-    use crate::ops::fused_ce::{fused_ce_backward, fused_ce_forward};
+    use crate::ops::fused_ce::{ChunkSizes, fused_ce_backward, fused_ce_forward};
     use ndarray::ArrayViewMut2;
 
     /// The per-token kernel with gy = 1, summed: the reference.

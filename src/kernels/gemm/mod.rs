@@ -207,15 +207,22 @@ pub fn gemm(
                                 };
                                 continue;
                             }
+                            let block = CBlock {
+                                c: cptr.get(),
+                                rsc,
+                                csc,
+                                ci,
+                                cj,
+                                rows,
+                                cols,
+                            };
                             // SAFETY: (ci + r, cj + j) for r < rows, j < cols
                             // is inside c, owned by this task as above.
-                            unsafe {
-                                load_tile(cptr.get(), rsc, csc, ci, cj, rows, cols, from_c, &mut t)
-                            };
+                            unsafe { block.load(from_c, &mut t) };
                             // SAFETY: as above, into the tile.
                             unsafe { tile(kc, rows, lhs, rhs, Dst::tile(&mut t), from_c) };
-                            // SAFETY: as for `load_tile`.
-                            unsafe { store_tile(cptr.get(), rsc, csc, ci, cj, rows, cols, &t) };
+                            // SAFETY: as for the load.
+                            unsafe { block.store(&t) };
                         }
                     }
                 });
@@ -237,14 +244,8 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
-/// Copies C's (rows × cols) block at (ci, cj) into `t` (zeros elsewhere), or
-/// zeros when `!from_c`.
-///
-/// # Safety
-///
-/// The block must be inside the matrix at `c` with strides (rsc, csc).
-#[allow(clippy::too_many_arguments)]
-unsafe fn load_tile(
+/// A (rows × cols) block of C at (ci, cj), C at `c` with strides (rsc, csc).
+struct CBlock {
     c: *mut f32,
     rsc: isize,
     csc: isize,
@@ -252,59 +253,70 @@ unsafe fn load_tile(
     cj: usize,
     rows: usize,
     cols: usize,
-    from_c: bool,
-    t: &mut Tile,
-) {
-    if !from_c {
-        *t = [[0.0; NR]; MR];
-        return;
-    }
-    for (r, row) in t.iter_mut().enumerate() {
-        if r >= rows {
-            *row = [0.0; NR];
-            continue;
-        }
-        // SAFETY: row ci + r, columns cj..cj + cols are inside the block,
-        // which the caller guarantees.
-        let base = unsafe { c.offset((ci + r) as isize * rsc + cj as isize * csc) };
-        for (j, x) in row.iter_mut().enumerate() {
-            // SAFETY: as above, for j < cols.
-            *x = if j < cols {
-                unsafe { *base.offset(j as isize * csc) }
-            } else {
-                0.0
-            };
-        }
-    }
 }
 
-/// Writes the (rows × cols) corner of `t` into C at (ci, cj).
-///
-/// # Safety
-///
-/// As [`load_tile`], and nothing else may access the block meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn store_tile(
-    c: *mut f32,
-    rsc: isize,
-    csc: isize,
-    ci: usize,
-    cj: usize,
-    rows: usize,
-    cols: usize,
-    t: &Tile,
-) {
-    for (r, row) in t.iter().enumerate().take(rows) {
-        // SAFETY: row ci + r, columns cj..cj + cols are inside the block,
-        // which the caller guarantees.
-        let base = unsafe { c.offset((ci + r) as isize * rsc + cj as isize * csc) };
-        if csc == 1 && cols == NR {
-            // SAFETY: the 16 floats of the row are inside the block.
-            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), base, NR) };
-        } else {
-            for (j, &x) in row.iter().enumerate().take(cols) {
+impl CBlock {
+    /// The address of element (ci + r, cj).
+    ///
+    /// # Safety
+    ///
+    /// Row ci + r must be inside C.
+    unsafe fn row(&self, r: usize) -> *mut f32 {
+        // SAFETY: row ci + r, columns cj..cj + cols are inside C (the
+        // caller's contract).
+        unsafe {
+            self.c
+                .offset((self.ci + r) as isize * self.rsc + self.cj as isize * self.csc)
+        }
+    }
+
+    /// Copies the block into `t` (zeros elsewhere), or zeros when `!from_c`.
+    ///
+    /// # Safety
+    ///
+    /// The block must be inside C.
+    unsafe fn load(&self, from_c: bool, t: &mut Tile) {
+        if !from_c {
+            *t = [[0.0; NR]; MR];
+            return;
+        }
+        for (r, row) in t.iter_mut().enumerate() {
+            if r >= self.rows {
+                *row = [0.0; NR];
+                continue;
+            }
+            // SAFETY: row ci + r is inside the block, which the caller
+            // guarantees.
+            let base = unsafe { self.row(r) };
+            for (j, x) in row.iter_mut().enumerate() {
                 // SAFETY: as above, for j < cols.
-                unsafe { *base.offset(j as isize * csc) = x };
+                *x = if j < self.cols {
+                    unsafe { *base.offset(j as isize * self.csc) }
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+
+    /// Writes the (rows × cols) corner of `t` into the block.
+    ///
+    /// # Safety
+    ///
+    /// As [`CBlock::load`], and nothing else may access the block meanwhile.
+    unsafe fn store(&self, t: &Tile) {
+        for (r, row) in t.iter().enumerate().take(self.rows) {
+            // SAFETY: row ci + r is inside the block, which the caller
+            // guarantees.
+            let base = unsafe { self.row(r) };
+            if self.csc == 1 && self.cols == NR {
+                // SAFETY: the 16 floats of the row are inside the block.
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), base, NR) };
+            } else {
+                for (j, &x) in row.iter().enumerate().take(self.cols) {
+                    // SAFETY: as above, for j < cols.
+                    unsafe { *base.offset(j as isize * self.csc) = x };
+                }
             }
         }
     }
