@@ -6,7 +6,6 @@ use ndarray::{Array2, ArrayView1};
 
 use crate::Real;
 use crate::app::model::BigramModel;
-use crate::state::Module;
 
 /// Precision, recall and F1 of a predicted set against the true one.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -206,18 +205,8 @@ pub fn effective_vocabularies<T: Real>(
 ) -> EffectiveVocabularies {
     let cfg = model.config();
     let l = cfg.n_languages;
-    let table = model.embeddings.parameters()[0]
-        .value()
-        .view()
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D table");
-    let rows = model
-        .split
-        .rows()
-        .value()
-        .view()
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D rows");
+    let table = model.table();
+    let rows = model.rows();
     let gate = model.split.gate();
     let mut tokens: Vec<usize> = model.split.index().token_index.clone();
     tokens.sort_unstable();

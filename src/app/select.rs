@@ -138,11 +138,7 @@ pub fn interference<T: Real>(
             min_count.max(1)
         )));
     }
-    let table = model.embeddings.parameters()[0]
-        .value()
-        .view()
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D table");
+    let table = model.table();
     let w = model.head.parameters()[0]
         .value()
         .view()
