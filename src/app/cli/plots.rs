@@ -11,6 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::CliResult;
+use crate::app::sweep::FusionPoint;
 use crate::app::train::StepStats;
 
 /// Writes an SVG atomically (a failed write leaves the old plot).
@@ -241,20 +242,12 @@ pub fn gate_histogram(path: &Path, gates: &[f64], planted: Option<&[bool]>) -> C
     save(path, &svg)
 }
 
-/// One point of a sweep: the fusion weight, the effective number of
-/// vocabularies and the held-out cross-entropy.
-pub struct SweepPoint {
-    pub weight: f64,
-    pub effective: f64,
-    pub heldout_ce: f64,
-}
-
 /// Draws a sweep: effective vocabularies and held-out cross-entropy against
 /// the fusion weight (a weight of 0 sits at the left edge).
-pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
+pub fn sweep(path: &Path, points: &[FusionPoint]) -> CliResult<()> {
     let positive: Vec<f64> = points
         .iter()
-        .map(|p| p.weight)
+        .map(|p| p.fusion_weight)
         .filter(|&w| w > 0.0)
         .collect();
     let min_w = positive.iter().copied().fold(f64::INFINITY, f64::min);
@@ -274,7 +267,7 @@ pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
                 "effective number of vocabularies",
                 points
                     .iter()
-                    .map(|p| (x(p.weight), p.effective))
+                    .map(|p| (x(p.fusion_weight), p.effective_vocabularies))
                     .collect::<Vec<_>>(),
                 RGBColor(31, 119, 180),
             ),
@@ -283,7 +276,7 @@ pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
                 "held-out cross-entropy",
                 points
                     .iter()
-                    .map(|p| (x(p.weight), p.heldout_ce))
+                    .map(|p| (x(p.fusion_weight), p.heldout_ce))
                     .collect::<Vec<_>>(),
                 RGBColor(214, 39, 40),
             ),

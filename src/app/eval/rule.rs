@@ -27,6 +27,9 @@ impl Default for Rule {
 }
 
 impl Rule {
+    /// The rule in words, for reports.
+    pub const DESCRIPTION: &str = "a row is kept when its held-out tokens do not follow the shared row's distribution (their total saving exceeds its expectation under that distribution by more than Bennett's bound at the family-wise level alpha, Bonferroni over all rows: heldout_evidence > 1), it saves more than margin nats a token, and it was seen at least min_count times on held-out text";
+
     /// The radius r of Bennett's bound for a row: the excess of its
     /// tokens' total saving over the null mean that chance reaches with
     /// probability at most α / n_rows. With `v = n·σ₀²`, b the range and
