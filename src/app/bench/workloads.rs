@@ -25,6 +25,22 @@ const LR: f64 = 1e-3;
 /// The Zipf exponent of the ids.
 const ZIPF_S: f64 = 1.2;
 
+/// Adam at the workloads' learning rate.
+fn adam() -> Result<Adam<f32>> {
+    Adam::new(AdamConfig {
+        lr: LR,
+        ..AdamConfig::default()
+    })
+}
+
+/// Lazy Adam at the workloads' learning rate.
+fn lazy_adam() -> Result<LazyAdam<f32>> {
+    LazyAdam::new(LazyAdamConfig {
+        lr: LR,
+        ..LazyAdamConfig::default()
+    })
+}
+
 /// A size divided by the scale, at least 1.
 fn div(x: usize, scale: usize) -> usize {
     (x / scale).max(1)
@@ -263,10 +279,7 @@ impl EmbedBench {
         };
         emb.reset_parameters(rng);
         let r = normal(rng, &[n, h]);
-        let opt = LazyAdam::new(LazyAdamConfig {
-            lr: LR,
-            ..LazyAdamConfig::default()
-        })?;
+        let opt = lazy_adam()?;
         Ok(EmbedBench {
             emb,
             ids: ArrayD::from_shape_vec(IxDyn(&[n]), ids).expect("n ids"),
@@ -360,14 +373,8 @@ impl SplitVocabBench {
             token_rows,
             langs,
             r,
-            tables: LazyAdam::new(LazyAdamConfig {
-                lr: LR,
-                ..LazyAdamConfig::default()
-            })?,
-            dense: Adam::new(AdamConfig {
-                lr: LR,
-                ..AdamConfig::default()
-            })?,
+            tables: lazy_adam()?,
+            dense: adam()?,
             pool: Pool::new(),
         })
     }
@@ -473,10 +480,7 @@ impl LmHeadBench {
             head,
             hidden: normal(rng, &[n, h]),
             labels: ArrayD::from_shape_vec(IxDyn(&[n]), labels).expect("n labels"),
-            opt: Adam::new(AdamConfig {
-                lr: LR,
-                ..AdamConfig::default()
-            })?,
+            opt: adam()?,
             pool: Pool::new(),
         })
     }
