@@ -3,7 +3,7 @@
 //! two, a checkpoint every few steps, the training speed, and at the end
 //! the held-out evaluation and the report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::app::data::{Data, DataSource};
@@ -103,6 +103,11 @@ impl<'a> Run<'a> {
     /// The trainer, its model and its record.
     pub fn trainer(&self) -> &Trainer<f32> {
         &self.trainer
+    }
+
+    /// The checkpoint the run writes.
+    pub fn checkpoint(&self) -> &Path {
+        &self.checkpoint
     }
 
     /// Whether every step has run.

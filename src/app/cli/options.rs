@@ -1,15 +1,18 @@
 //! Options several commands share, each set flattened into the commands
 //! that have it. Their defaults are those of [`RunConfig`].
 
+use std::path::PathBuf;
+
 use clap::Args;
 
+use crate::app::data::{self, Data, DataSource};
 use crate::app::run::RunConfig;
 use crate::app::train::TrainConfig;
 
-use super::CliResult;
+use super::{CliResult, set_threads};
 
 /// The defaults of the training commands' options.
-fn defaults() -> RunConfig {
+pub fn defaults() -> RunConfig {
     RunConfig::default()
 }
 
@@ -66,4 +69,15 @@ pub struct RunArgs {
     /// Seed of the corpus, the weights and the batches.
     #[arg(long, default_value_t = defaults().data.seed)]
     pub seed: u64,
+}
+
+impl RunArgs {
+    /// Starts the worker threads, then loads `corpus` (`None`: the
+    /// synthetic one) with every pair seen `min_count` times a row, by the
+    /// seed: the threads started, and the data.
+    pub fn start(&self, corpus: Option<PathBuf>, min_count: usize) -> CliResult<(usize, Data)> {
+        let threads = set_threads(self.threads)?;
+        let data = data::load(&DataSource::of_corpus(corpus, min_count, self.seed))?;
+        Ok((threads, data))
+    }
 }

@@ -8,18 +8,16 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::json;
 
-use crate::app::data::{self, DataSource};
-use crate::app::run::RunConfig;
 use crate::app::select::{
     Selection, interference, planted_agreement, save_shared, select, shared_from_checkpoint,
 };
 use crate::io::save_index;
 
-use super::options::{ModelArgs, RunArgs};
+use super::CliResult;
+use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::progress::run_to_end;
 use super::report::fmt3;
-use super::{CliResult, set_threads};
 
 /// Options of `splitgrad select`.
 #[derive(Args, Debug, Clone)]
@@ -28,7 +26,7 @@ pub struct SelectArgs {
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Only pairs seen at least this often as a context are scored.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = defaults().data.min_count)]
     pub min_count: usize,
     /// Read the shared table and head from this checkpoint (of `train` or
     /// of an earlier `select`) instead of training the shared-only model.
@@ -54,7 +52,7 @@ pub struct SelectArgs {
     #[arg(long)]
     pub force: bool,
     /// Training steps of the shared-only model.
-    #[arg(long, default_value_t = RunConfig::default().train.steps)]
+    #[arg(long, default_value_t = defaults().train.steps)]
     pub steps: u64,
     #[command(flatten)]
     pub model: ModelArgs,
@@ -88,12 +86,7 @@ fn selection(args: &SelectArgs) -> CliResult<Selection> {
 pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
     args.model.check()?;
     let how = selection(&args)?;
-    let threads = set_threads(args.run.threads)?;
-    let data = data::load(&DataSource::of_corpus(
-        args.corpus.clone(),
-        args.min_count,
-        args.run.seed,
-    ))?;
+    let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let out = args.out.clone().unwrap_or_else(|| {
         default_run_folder(&data.name, args.corpus.as_deref())
             .join("select")

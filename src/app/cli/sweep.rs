@@ -7,17 +7,16 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::json;
 
-use crate::app::data::{self, DataSource};
 use crate::app::report::SAME_EMBEDDING;
 use crate::app::sweep::{measure, sweep_index};
 use crate::app::train::TrainConfig;
 
-use super::options::{ModelArgs, RunArgs};
+use super::CliResult;
+use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::plots;
 use super::progress::run_to_end;
 use super::report::write_json;
-use super::{CliResult, set_threads};
 
 /// Options of `splitgrad sweep`.
 #[derive(Args, Debug, Clone)]
@@ -26,7 +25,7 @@ pub struct SweepArgs {
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Pairs seen at least this often as a context get a row.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = defaults().data.min_count)]
     pub min_count: usize,
     /// Fusion-penalty weights, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,0.01,0.03,0.1,0.3,1,3")]
@@ -66,12 +65,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     if !(args.tolerance.is_finite() && args.tolerance >= 0.0) {
         return Err(format!("--tolerance must be ≥ 0, got {}", args.tolerance).into());
     }
-    let threads = set_threads(args.run.threads)?;
-    let data = data::load(&DataSource::of_corpus(
-        args.corpus.clone(),
-        args.min_count,
-        args.run.seed,
-    ))?;
+    let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let index = sweep_index(&data, args.min_count)?;
     let dim = args.model.dim;
     data.plan(dim, index.token_index.len(), args.model.batch)

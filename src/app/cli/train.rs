@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 
-use crate::app::data::{self, DataSource};
+use crate::app::data::{self, Data, DataSource};
 use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
 use crate::app::train::{TrainConfig, Trainer};
 
-use super::options::{ModelArgs, RunArgs};
+use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, prepare_run_folder, report_removed};
 use super::progress::progress_bar;
 use super::report::{self, to_json, write_json};
@@ -21,13 +21,9 @@ use super::{CliResult, plots, set_threads};
 /// The checkpoint file inside a run's folder.
 pub const CHECKPOINT: &str = "model.safetensors";
 
-/// The defaults of `train`'s options.
-fn defaults() -> RunConfig {
-    RunConfig::default()
-}
-
 /// Options of `splitgrad train`.
 #[derive(Args, Debug, Clone)]
+// The shared `--lr`, in train's words: it sets both optimisers.
 #[command(mut_arg("lr", |a| a.help("Learning rate (Adam and lazy Adam)")))]
 pub struct TrainArgs {
     /// Corpus `.npz` (`token_ids`, `language_ids`, optional `sequence_starts`);
@@ -104,6 +100,30 @@ impl TrainArgs {
         Ok(())
     }
 
+    /// The output folder for a run on `data`, made ready: `--resume` needs
+    /// its checkpoint, a finished run in it needs `--resume` or `--force`.
+    fn prepare_out(&self, data: &Data) -> CliResult<PathBuf> {
+        let out = self
+            .out
+            .clone()
+            .unwrap_or_else(|| default_run_folder(&data.name, self.corpus.as_deref()));
+        let ckpt = out.join(CHECKPOINT);
+        if self.resume && !ckpt.exists() {
+            return Err(format!(
+                "{}: --resume, but there is no checkpoint to resume from",
+                ckpt.display()
+            )
+            .into());
+        }
+        report_removed(&prepare_run_folder(
+            &out,
+            CHECKPOINT,
+            self.resume,
+            self.force,
+        )?);
+        Ok(out)
+    }
+
     /// The run these options describe.
     fn config(&self) -> RunConfig {
         RunConfig {
@@ -176,24 +196,8 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let data = data::load(&config.data)?;
     data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| default_run_folder(&data.name, args.corpus.as_deref()));
+    let out = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
-    if args.resume && !ckpt.exists() {
-        return Err(format!(
-            "{}: --resume, but there is no checkpoint to resume from",
-            ckpt.display()
-        )
-        .into());
-    }
-    report_removed(&prepare_run_folder(
-        &out,
-        CHECKPOINT,
-        args.resume,
-        args.force,
-    )?);
     let mut run = Run::start(&data, &config, ckpt.clone(), args.resume)?;
     if args.resume {
         println!(
@@ -203,23 +207,9 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
             args.steps
         );
     }
-    let bar = progress_bar(args.steps, run.trainer().step_index());
-    while !run.is_done() {
-        if let Some(code) = stop.requested() {
-            bar.finish_and_clear();
-            print_stopped(run.stop()?, &ckpt);
-            return Ok(ExitCode::from(code));
-        }
-        let s = run.step()?;
-        bar.set_position(run.trainer().step_index());
-        bar.set_message(format!(
-            "loss {:.4}  held-out {:.4}  {:.0} tok/s",
-            s.total,
-            run.heldout_ce(),
-            run.tokens_per_second()
-        ));
+    if let Some(code) = train_to_end(&mut run, &stop)? {
+        return Ok(code);
     }
-    bar.finish_and_clear();
     let report = run.finish(threads)?;
     write_run(&out, &report, run.trainer())?;
     report::print(&report);
@@ -232,6 +222,29 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         println!("{}", serde_json::to_string(&to_json(&report))?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Trains to the last step behind a progress bar; on a signal, stops with
+/// a checkpoint and returns the exit code.
+fn train_to_end(run: &mut Run<'_>, stop: &Stop) -> CliResult<Option<ExitCode>> {
+    let bar = progress_bar(run.trainer().config().steps, run.trainer().step_index());
+    while !run.is_done() {
+        if let Some(code) = stop.requested() {
+            bar.finish_and_clear();
+            print_stopped(run.stop()?, run.checkpoint());
+            return Ok(Some(ExitCode::from(code)));
+        }
+        let s = run.step()?;
+        bar.set_position(run.trainer().step_index());
+        bar.set_message(format!(
+            "loss {:.4}  held-out {:.4}  {:.0} tok/s",
+            s.total,
+            run.heldout_ce(),
+            run.tokens_per_second()
+        ));
+    }
+    bar.finish_and_clear();
+    Ok(None)
 }
 
 /// Writes `report.json` and the two plots of a finished run into `out`.
