@@ -315,12 +315,7 @@ mod tests {
     #[test]
     fn score_is_the_mean_gradient_norm_of_the_shared_row() {
         use crate::Tape;
-        let cfg = ModelConfig {
-            vocab_size: 6,
-            n_languages: 2,
-            dim: 3,
-            gate_init: 0.0,
-        };
+        let cfg = ModelConfig::new(6, 2, 3);
         let mut model = BigramModel::<f64>::shared_only(cfg).unwrap();
         model.reset_parameters(&mut crate::Rng::new(3)).unwrap();
         let corpus = Corpus::new(vec![2, 5, 2, 1, 2, 5, 2, 0], vec![1, 1, 1, 1, 1, 1, 0, 0]);
@@ -361,12 +356,7 @@ mod tests {
             n_contested: 4,
             ..SyntheticConfig::default()
         });
-        let cfg = ModelConfig {
-            vocab_size: 500,
-            n_languages: 4,
-            dim: 8,
-            gate_init: 0.0,
-        };
+        let cfg = ModelConfig::new(500, 4, 8);
         let mut model = BigramModel::<f32>::shared_only(cfg).unwrap();
         model.reset_parameters(&mut crate::Rng::new(0)).unwrap();
         let scores = interference(&model, &s.corpus, 2).unwrap();

@@ -719,12 +719,7 @@ mod tests {
     /// `load` rejects. The run now stops, naming the step and the state.
     #[test]
     fn an_overflowing_moment_stops_the_run_before_a_checkpoint() {
-        let config = ModelConfig {
-            vocab_size: 4,
-            n_languages: 1,
-            dim: 2,
-            gate_init: 0.0,
-        };
+        let config = ModelConfig::new(4, 1, 2);
         let index = SplitIndex::new(vec![0], vec![1]);
         let mut model = BigramModel::<f32>::new(config, index).unwrap();
         model.reset_parameters(&mut Rng::new(0)).unwrap();

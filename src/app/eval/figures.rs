@@ -1,12 +1,15 @@
 //! What an evaluation measures: the figures of the model, of each language
 //! and of each split row, and their form in a checkpoint.
 
-use ndarray::Array2;
+use ndarray::{Array2, ArrayViewD};
 
 use crate::error::Result;
 
 /// Columns of the `eval.rows` tensor.
 const ROW_FIELDS: usize = 7;
+
+/// Columns of the `eval.languages` tensor.
+const LANGUAGE_FIELDS: usize = 3;
 
 /// Held-out figures of one language.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,6 +20,22 @@ pub struct LanguageEval {
     pub ce: f64,
     /// … with every gate closed.
     pub ce_closed: f64,
+}
+
+impl LanguageEval {
+    /// A row of `eval.languages`: n_tokens, ce, ce_closed.
+    fn fields(&self) -> [f64; LANGUAGE_FIELDS] {
+        [self.n_tokens as f64, self.ce, self.ce_closed]
+    }
+
+    /// Reads back [`Self::fields`].
+    fn from_fields(f: ArrayViewD<'_, f64>) -> Self {
+        LanguageEval {
+            n_tokens: f[0] as usize,
+            ce: f[1],
+            ce_closed: f[2],
+        }
+    }
 }
 
 /// Held-out figures of one split row.
@@ -40,7 +59,36 @@ pub struct RowEval {
     pub null_range: f64,
 }
 
-/// Everything [`evaluate`] measures on a held-out corpus.
+impl RowEval {
+    /// A row of `eval.rows`: n_tokens, gain, gain_per_token, gain_se,
+    /// null_mean, null_var, null_range.
+    fn fields(self) -> [f64; ROW_FIELDS] {
+        [
+            self.n_tokens as f64,
+            self.gain,
+            self.gain_per_token,
+            self.gain_se,
+            self.null_mean,
+            self.null_var,
+            self.null_range,
+        ]
+    }
+
+    /// Reads back [`Self::fields`].
+    fn from_fields(f: ArrayViewD<'_, f64>) -> Self {
+        RowEval {
+            n_tokens: f[0] as usize,
+            gain: f[1],
+            gain_per_token: f[2],
+            gain_se: f[3],
+            null_mean: f[4],
+            null_var: f[5],
+            null_range: f[6],
+        }
+    }
+}
+
+/// Everything [`evaluate`](super::evaluate) measures on a held-out corpus.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HeldOut {
     /// Held-out bigrams.
@@ -61,20 +109,10 @@ impl HeldOut {
     /// language (n_tokens, ce, ce_closed).
     pub fn to_state(&self) -> (Array2<f64>, Array2<f64>) {
         let rows = Array2::from_shape_fn((self.rows.len(), ROW_FIELDS), |(i, j)| {
-            let r = &self.rows[i];
-            [
-                r.n_tokens as f64,
-                r.gain,
-                r.gain_per_token,
-                r.gain_se,
-                r.null_mean,
-                r.null_var,
-                r.null_range,
-            ][j]
+            self.rows[i].fields()[j]
         });
-        let langs = Array2::from_shape_fn((self.per_language.len(), 3), |(i, j)| {
-            let l = &self.per_language[i];
-            [l.n_tokens as f64, l.ce, l.ce_closed][j]
+        let langs = Array2::from_shape_fn((self.per_language.len(), LANGUAGE_FIELDS), |(i, j)| {
+            self.per_language[i].fields()[j]
         });
         (rows, langs)
     }
@@ -112,12 +150,12 @@ impl HeldOut {
                 ));
             }
         };
-        let langs = state.real::<f64>("eval.languages", &[n_languages, 3]);
+        let langs = state.real::<f64>("eval.languages", &[n_languages, LANGUAGE_FIELDS]);
         let langs = match langs {
             Ok(l) => l.to_owned(),
             // A language with no held-out token has a NaN mean.
             Err(_) => match state.get("eval.languages").and_then(|t| t.as_real::<f64>()) {
-                Some(a) if a.shape() == [n_languages, 3] => a.to_owned(),
+                Some(a) if a.shape() == [n_languages, LANGUAGE_FIELDS] => a.to_owned(),
                 _ => return Err(state.error("eval.languages", crate::ErrorKind::Missing)),
             },
         };
@@ -130,26 +168,8 @@ impl HeldOut {
             n_tokens: num("heldout_tokens")? as usize,
             ce: num("heldout_ce")?,
             ce_closed: num("heldout_ce_closed")?,
-            per_language: langs
-                .outer_iter()
-                .map(|r| LanguageEval {
-                    n_tokens: r[0] as usize,
-                    ce: r[1],
-                    ce_closed: r[2],
-                })
-                .collect(),
-            rows: rows
-                .outer_iter()
-                .map(|r| RowEval {
-                    n_tokens: r[0] as usize,
-                    gain: r[1],
-                    gain_per_token: r[2],
-                    gain_se: r[3],
-                    null_mean: r[4],
-                    null_var: r[5],
-                    null_range: r[6],
-                })
-                .collect(),
+            per_language: langs.outer_iter().map(LanguageEval::from_fields).collect(),
+            rows: rows.outer_iter().map(RowEval::from_fields).collect(),
         })
     }
 }

@@ -376,12 +376,7 @@ mod tests {
     /// row's gain is the difference of the two models' losses.
     #[test]
     fn losses_equal_the_model_and_gains_the_one_gate_ablation() {
-        let cfg = ModelConfig {
-            vocab_size: 9,
-            n_languages: 2,
-            dim: 4,
-            gate_init: 0.0,
-        };
+        let cfg = ModelConfig::new(9, 2, 4);
         let index = SplitIndex::new(vec![0, 1], vec![3, 5]);
         let mut m = BigramModel::<f64>::new(cfg, index).unwrap();
         m.reset_parameters(&mut Rng::new(1)).unwrap();

@@ -100,7 +100,7 @@ pub struct Report {
     /// `ln V`, the cross-entropy of a uniform guess.
     pub heldout_ce_uniform: f64,
     /// With a held-out evaluation: whether its cross-entropy is below both
-    /// `ln V` and the untrained model's (by [`LEARNED`] nats).
+    /// `ln V` and the untrained model's (by 0.01 nats).
     pub learned: Option<bool>,
     /// The checkpoint the report is of.
     pub checkpoint: PathBuf,
