@@ -7,9 +7,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use plotters::coord::Shift;
 use plotters::coord::combinators::LogCoord;
 use plotters::coord::ranged1d::Ranged;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use super::CliResult;
@@ -45,6 +45,21 @@ fn step_label(x: &f64) -> String {
     format!("{}", x.round() as u64)
 }
 
+/// A chart of a run's plots on `area`, titled `title`.
+fn titled<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut chart = ChartBuilder::on(area);
+    chart
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .margin_right(24)
+        .x_label_area_size(34)
+        .y_label_area_size(64);
+    chart
+}
+
 /// One panel of the loss plot: series of (step, value) on a log step axis.
 #[allow(clippy::type_complexity)]
 fn panel(
@@ -60,13 +75,8 @@ fn panel(
             .chain(points)
             .flat_map(|(_, _, v)| v.iter().map(|p| p.1)),
     );
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 16))
-        .margin(10)
-        .margin_right(24)
-        .x_label_area_size(34)
-        .y_label_area_size(64)
-        .build_cartesian_2d((1f64..max_step.max(2.0)).log_scale(), lo..hi)?;
+    let mut chart =
+        titled(area, title).build_cartesian_2d((1f64..max_step.max(2.0)).log_scale(), lo..hi)?;
     chart
         .configure_mesh()
         .x_desc("step (log scale)")
@@ -96,13 +106,21 @@ fn panel(
             .legend(move |(x, y)| Circle::new((x + 9, y), size, style));
     }
     if lines.len() + points.len() > 1 {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        legend(&mut chart)?;
     }
+    Ok(())
+}
+
+/// Draws a chart's legend at its upper right, on a light background.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+) -> CliResult<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
     Ok(())
 }
 
@@ -141,22 +159,27 @@ pub fn loss_curve(
                 ("held-out", RGBColor(214, 39, 40), held),
             ],
         )?;
-        let penalty: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), s.penalty)).collect();
-        panel(
-            &mid,
-            "gate penalty: mean(σ(gate_logit))",
-            max_step,
-            &[("gate penalty", RGBColor(44, 160, 44), penalty)],
-            &[],
-        )?;
-        let fusion: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), s.fusion)).collect();
-        panel(
-            &low,
-            "fusion penalty: mean distance to the token's centroid",
-            max_step,
-            &[("fusion penalty", RGBColor(148, 103, 189), fusion)],
-            &[],
-        )?;
+        // Each penalty on its own axis.
+        let gate: fn(&StepStats) -> f64 = |s| s.penalty;
+        for (area, title, name, color, value) in [
+            (
+                &mid,
+                "gate penalty: mean(σ(gate_logit))",
+                "gate penalty",
+                RGBColor(44, 160, 44),
+                gate,
+            ),
+            (
+                &low,
+                "fusion penalty: mean distance to the token's centroid",
+                "fusion penalty",
+                RGBColor(148, 103, 189),
+                |s| s.fusion,
+            ),
+        ] {
+            let v: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), value(s))).collect();
+            panel(area, title, max_step, &[(name, color, v)], &[])?;
+        }
         root.present()?;
     }
     save(path, &svg)
@@ -229,12 +252,7 @@ pub fn gate_histogram(path: &Path, gates: &[f64], planted: Option<&[bool]>) -> C
                 });
             below.iter_mut().zip(counts).for_each(|(b, c)| *b += c);
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        legend(&mut chart)?;
         root.present()?;
     }
     save(path, &svg)
@@ -279,12 +297,7 @@ pub fn sweep(path: &Path, points: &[FusionPoint]) -> CliResult<()> {
                 .map(|p| (x(p.fusion_weight), value(p)))
                 .collect();
             let (lo, hi) = range(values.iter().map(|p| p.1));
-            let mut chart = ChartBuilder::on(area)
-                .caption(title, ("sans-serif", 16))
-                .margin(10)
-                .margin_right(24)
-                .x_label_area_size(34)
-                .y_label_area_size(64)
+            let mut chart = titled(area, title)
                 .build_cartesian_2d((left * 0.8..max_w * 1.25).log_scale(), lo..hi)?;
             chart
                 .configure_mesh()

@@ -269,62 +269,11 @@ pub struct HeadRate {
 impl Report {
     /// The report of a model (see the module docs).
     pub fn build<T: Real>(r: &ReportInput<'_, T>) -> Report {
-        let model = r.model;
-        let index = model.split.index();
-        let n_rows = model.split.n_rows();
-        let gates = model.gates();
-        let names = r.labels.language_names.as_deref();
-        let strings = r.labels.token_strings.as_deref();
-        let planted = r.labels.planted.as_deref();
-        let rule = Rule::default();
-        let kept: Vec<bool> = match (r.use_gate, r.evaluation) {
-            (true, Some(e)) => rule.keep(&e.rows),
-            _ => vec![false; n_rows],
-        };
-        let distances = if r.use_gate {
-            Vec::new()
-        } else {
-            centroid_distances(model)
-        };
-        let evidence: Vec<f64> = match r.evaluation {
-            Some(e) => rule.evidence(&e.rows),
-            None => vec![f64::NAN; n_rows],
-        };
-        let language_name = |l: usize| names.and_then(|n| n.get(l)).cloned();
-        let row = |i: usize| {
-            let (l, t) = (index.language_index[i], index.token_index[i]);
-            RowReport {
-                language: l,
-                token: t,
-                language_name: language_name(l),
-                token_string: strings.and_then(|s| s.get(t)).cloned(),
-                gate: r.use_gate.then(|| gates[i]),
-                distance_to_centroid: (!r.use_gate).then(|| distances[i]),
-                heldout: r.evaluation.map(|e| {
-                    let row = &e.rows[i];
-                    RowHeldOut {
-                        gain: row.gain,
-                        gain_per_token: row.gain_per_token,
-                        gain_se: row.gain_se,
-                        tokens: row.n_tokens,
-                        gain_null: row.null_mean * row.n_tokens as f64,
-                        evidence: evidence[i],
-                    }
-                }),
-                kept: r.use_gate.then(|| kept[i]),
-                planted: planted.map(|p| p[i]),
-                score: index.score.as_ref().map(|s| s[i]),
-            }
-        };
-        let gains: Option<Vec<f64>> = r
-            .evaluation
-            .map(|e| e.rows.iter().map(|row| row.gain).collect());
-        // Rows ranked by held-out gain (by gate without an evaluation).
-        let mut order: Vec<usize> = (0..n_rows).collect();
-        let key = |i: usize| gains.as_ref().map_or(gates[i], |g| g[i]);
-        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        let figures = RowFigures::new(r);
+        let n_rows = figures.gates.len();
+        let order = figures.by_usefulness();
         let initial = r.heldout_curve.iter().find(|c| c.0 == 0).map(|c| c.1);
-        let uniform = (model.config().vocab_size as f64).ln();
+        let uniform = (r.model.config().vocab_size as f64).ln();
         let learned = r
             .evaluation
             .map(|e| e.ce < uniform - LEARNED && initial.is_none_or(|i| e.ce < i - LEARNED));
@@ -333,58 +282,10 @@ impl Report {
         } else {
             order[..ROWS_LISTED].to_vec()
         };
-        let heldout = r.evaluation.map(|e| HeldOutReport {
-            n_tokens: e.n_tokens,
-            ce: e.ce,
-            ce_closed: e.ce_closed,
-            per_language: e
-                .per_language
-                .iter()
-                .enumerate()
-                .filter(|(_, le)| le.n_tokens > 0)
-                .map(|(l, le)| LanguageReport {
-                    language: l,
-                    language_name: language_name(l),
-                    n_tokens: le.n_tokens,
-                    ce: le.ce,
-                    ce_closed: le.ce_closed,
-                })
-                .collect(),
-        });
         let outcome = if r.use_gate {
-            let score = index.score.as_deref();
-            Outcome::Gated(Box::new(GatedOutcome {
-                rule,
-                kept: order
-                    .iter()
-                    .filter(|&&i| kept[i])
-                    .take(r.kept_limit)
-                    .map(|&i| row(i))
-                    .collect(),
-                n_kept: kept.iter().filter(|&&k| k).count(),
-                effective_vocabularies: vocabularies_kept(index, &kept, model.config().n_languages),
-                gate_mean: gates.iter().sum::<f64>() / gates.len().max(1) as f64,
-                spearman_gain_gate: gains.as_ref().map(|g| spearman(g, &gates)),
-                spearman_gain_score: gains.as_ref().zip(score).map(|(g, s)| spearman(g, s)),
-                spearman_gate_score: score.map(|s| spearman(&gates, s)),
-                planted: planted.map(|p| PlantedReport {
-                    n_planted: p.iter().filter(|&&x| x).count(),
-                    agreement: agreement(&kept, p),
-                    gate_auc: roc_auc(&gates, p),
-                    gate_average_precision: average_precision(&gates, p),
-                    gain_auc: gains.as_ref().and_then(|g| roc_auc(g, p)),
-                }),
-            }))
+            Outcome::Gated(Box::new(figures.gated(&order)))
         } else {
-            let finite: Vec<f64> = distances
-                .iter()
-                .copied()
-                .filter(|d| d.is_finite())
-                .collect();
-            Outcome::Fusion(FusionOutcome {
-                distinct_rows_per_token: effective_vocabularies(model, false, SAME_EMBEDDING).mean,
-                mean_distance_to_centroid: finite.iter().sum::<f64>() / finite.len().max(1) as f64,
-            })
+            Outcome::Fusion(figures.fusion())
         };
         Report {
             corpus: r.labels.corpus.clone(),
@@ -396,8 +297,25 @@ impl Report {
             heldout_ce_uniform: uniform,
             learned,
             checkpoint: r.checkpoint.to_path_buf(),
-            rows: listed.iter().map(|&i| row(i)).collect(),
-            heldout,
+            rows: listed.iter().map(|&i| figures.row(i)).collect(),
+            heldout: r.evaluation.map(|e| HeldOutReport {
+                n_tokens: e.n_tokens,
+                ce: e.ce,
+                ce_closed: e.ce_closed,
+                per_language: e
+                    .per_language
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, le)| le.n_tokens > 0)
+                    .map(|(l, le)| LanguageReport {
+                        language: l,
+                        language_name: language_name(r.labels, l),
+                        n_tokens: le.n_tokens,
+                        ce: le.ce,
+                        ce_closed: le.ce_closed,
+                    })
+                    .collect(),
+            }),
             outcome,
             heldout_source: None,
             throughput: None,
@@ -414,6 +332,151 @@ impl Report {
         match &self.outcome {
             Outcome::Gated(g) => Some(&**g),
             Outcome::Fusion(_) => None,
+        }
+    }
+}
+
+/// The name of language `l`, where the corpus has one.
+fn language_name(labels: &RunLabels, l: usize) -> Option<String> {
+    labels
+        .language_names
+        .as_ref()
+        .and_then(|n| n.get(l))
+        .cloned()
+}
+
+/// Every row's figures, from which a report's rows and outcome are made.
+struct RowFigures<'r, 'a, T> {
+    input: &'r ReportInput<'a, T>,
+    rule: Rule,
+    gates: Vec<f64>,
+    /// Whether the rule keeps each row (none without an evaluation or in
+    /// fusion mode).
+    kept: Vec<bool>,
+    /// Each row's distance to its token's centroid (fusion mode only).
+    distances: Vec<f64>,
+    /// Each row's [`Rule::evidence`] (NaN without an evaluation).
+    evidence: Vec<f64>,
+    /// Each row's held-out gain, with an evaluation.
+    gains: Option<Vec<f64>>,
+}
+
+impl<'r, 'a, T: Real> RowFigures<'r, 'a, T> {
+    fn new(r: &'r ReportInput<'a, T>) -> Self {
+        let n_rows = r.model.split.n_rows();
+        let rule = Rule::default();
+        RowFigures {
+            input: r,
+            rule,
+            gates: r.model.gates(),
+            kept: match (r.use_gate, r.evaluation) {
+                (true, Some(e)) => rule.keep(&e.rows),
+                _ => vec![false; n_rows],
+            },
+            distances: if r.use_gate {
+                Vec::new()
+            } else {
+                centroid_distances(r.model)
+            },
+            evidence: match r.evaluation {
+                Some(e) => rule.evidence(&e.rows),
+                None => vec![f64::NAN; n_rows],
+            },
+            gains: r
+                .evaluation
+                .map(|e| e.rows.iter().map(|row| row.gain).collect()),
+        }
+    }
+
+    /// The rows ranked by held-out gain (by gate without an evaluation),
+    /// ties in index order.
+    fn by_usefulness(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.gates.len()).collect();
+        let key = |i: usize| self.gains.as_ref().map_or(self.gates[i], |g| g[i]);
+        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        order
+    }
+
+    /// Row `i` of the report.
+    fn row(&self, i: usize) -> RowReport {
+        let r = self.input;
+        let index = r.model.split.index();
+        let (l, t) = (index.language_index[i], index.token_index[i]);
+        RowReport {
+            language: l,
+            token: t,
+            language_name: language_name(r.labels, l),
+            token_string: r
+                .labels
+                .token_strings
+                .as_ref()
+                .and_then(|s| s.get(t))
+                .cloned(),
+            gate: r.use_gate.then(|| self.gates[i]),
+            distance_to_centroid: (!r.use_gate).then(|| self.distances[i]),
+            heldout: r.evaluation.map(|e| {
+                let row = &e.rows[i];
+                RowHeldOut {
+                    gain: row.gain,
+                    gain_per_token: row.gain_per_token,
+                    gain_se: row.gain_se,
+                    tokens: row.n_tokens,
+                    gain_null: row.null_mean * row.n_tokens as f64,
+                    evidence: self.evidence[i],
+                }
+            }),
+            kept: r.use_gate.then(|| self.kept[i]),
+            planted: r.labels.planted.as_ref().map(|p| p[i]),
+            score: index.score.as_ref().map(|s| s[i]),
+        }
+    }
+
+    /// What a gated run keeps, `order` its rows by usefulness.
+    fn gated(&self, order: &[usize]) -> GatedOutcome {
+        let r = self.input;
+        let index = r.model.split.index();
+        let (gates, kept, gains) = (&self.gates, &self.kept, self.gains.as_ref());
+        let score = index.score.as_deref();
+        GatedOutcome {
+            rule: self.rule,
+            kept: order
+                .iter()
+                .filter(|&&i| kept[i])
+                .take(r.kept_limit)
+                .map(|&i| self.row(i))
+                .collect(),
+            n_kept: kept.iter().filter(|&&k| k).count(),
+            effective_vocabularies: vocabularies_kept(index, kept, r.model.config().n_languages),
+            gate_mean: gates.iter().sum::<f64>() / gates.len().max(1) as f64,
+            spearman_gain_gate: gains.map(|g| spearman(g, gates)),
+            spearman_gain_score: gains.zip(score).map(|(g, s)| spearman(g, s)),
+            spearman_gate_score: score.map(|s| spearman(gates, s)),
+            planted: r.labels.planted.as_deref().map(|p| PlantedReport {
+                n_planted: p.iter().filter(|&&x| x).count(),
+                agreement: agreement(kept, p),
+                gate_auc: roc_auc(gates, p),
+                gate_average_precision: average_precision(gates, p),
+                gain_auc: gains.and_then(|g| roc_auc(g, p)),
+            }),
+        }
+    }
+
+    /// How far a fusion-mode run's rows fused.
+    fn fusion(&self) -> FusionOutcome {
+        let finite: Vec<f64> = self
+            .distances
+            .iter()
+            .copied()
+            .filter(|d| d.is_finite())
+            .collect();
+        FusionOutcome {
+            distinct_rows_per_token: effective_vocabularies(
+                self.input.model,
+                false,
+                SAME_EMBEDDING,
+            )
+            .mean,
+            mean_distance_to_centroid: finite.iter().sum::<f64>() / finite.len().max(1) as f64,
         }
     }
 }
