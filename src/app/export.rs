@@ -9,7 +9,7 @@
 //! `token_embedding.vocab.weight`, so that d9d's `SplitTokenEmbeddings`
 //! (or an `nn.Embedding`) loads it.
 
-use ndarray::{Array2, Ix2};
+use ndarray::Array2;
 
 use crate::app::model::BigramModel;
 use crate::error::{Error, Result};
@@ -44,20 +44,9 @@ pub fn language_table<T: Real>(
             cfg.n_languages
         )));
     }
-    let mut table = model
-        .shared_table()
-        .value()
-        .view()
-        .into_dimensionality::<Ix2>()
-        .expect("a 2-D table")
-        .to_owned();
+    let mut table = model.table().to_owned();
     let split = &model.split;
-    let rows = split
-        .rows()
-        .value()
-        .view()
-        .into_dimensionality::<Ix2>()
-        .expect("2-D rows");
+    let rows = model.rows();
     let logits = split.gate_logit().value();
     for (r, (&l, &t)) in split
         .index()

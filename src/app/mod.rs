@@ -9,13 +9,16 @@
 
 pub mod bench;
 pub mod corpus;
+pub mod data;
 pub mod eval;
 pub mod export;
 pub mod golden;
 pub mod model;
 pub mod plan;
 pub mod report;
+pub mod run;
 pub mod select;
+pub mod sweep;
 pub mod synthetic;
 pub mod tokenize;
 pub mod train;

@@ -16,6 +16,8 @@
 //! own loss, with the head's gradients formed in the same pass: the same
 //! numbers as the token-by-token computation, at a fraction of the cost.
 
+use ndarray::{ArrayView2, Ix2};
+
 use crate::error::Result;
 use crate::io::SplitIndex;
 use crate::kernels::Real;
@@ -39,6 +41,24 @@ pub struct ModelConfig {
     pub dim: usize,
     /// The initial gate logit of every split row (σ(0) = 0.5).
     pub gate_init: f64,
+}
+
+impl ModelConfig {
+    /// V, L and D, every gate starting at σ(0) = 0.5.
+    ///
+    /// ```
+    /// use splitgrad::app::model::ModelConfig;
+    /// let c = ModelConfig::new(10, 2, 4);
+    /// assert_eq!((c.vocab_size, c.n_languages, c.dim, c.gate_init), (10, 2, 4, 0.0));
+    /// ```
+    pub fn new(vocab_size: usize, n_languages: usize, dim: usize) -> Self {
+        ModelConfig {
+            vocab_size,
+            n_languages,
+            dim,
+            gate_init: 0.0,
+        }
+    }
 }
 
 /// A batch of bigrams: context (token, language) → target token.
@@ -156,6 +176,30 @@ impl<T: Real> BigramModel<T> {
     /// The shared table, `token_embedding.vocab.weight`.
     pub fn shared_table(&self) -> &Parameter<T> {
         self.embeddings.split("vocab").expect("the one split")
+    }
+
+    /// The shared table as a (V, D) view.
+    pub fn table(&self) -> ArrayView2<'_, T> {
+        self.shared_table()
+            .value()
+            .view()
+            .into_dimensionality::<Ix2>()
+            .expect("a 2-D table")
+    }
+
+    /// The split rows as an (n_rows, D) view.
+    pub fn rows(&self) -> ArrayView2<'_, T> {
+        self.split
+            .rows()
+            .value()
+            .view()
+            .into_dimensionality::<Ix2>()
+            .expect("2-D rows")
+    }
+
+    /// Each split row's gate σ(gate_logit), in f64.
+    pub fn gates(&self) -> Vec<f64> {
+        self.split.gate().iter().map(|&g| g.to_f64()).collect()
     }
 
     /// The distinct hidden rows of a batch: how many rows the head computes

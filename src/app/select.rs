@@ -25,13 +25,17 @@
 //! score is a gradient norm, so it is in the units of the loss per unit of
 //! embedding: compare scores within one model, not across models.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 
 use ndarray::{Array2, ArrayView2, Axis, s};
 use rayon::prelude::*;
 
 use crate::app::corpus::Corpus;
-use crate::app::model::BigramModel;
+use crate::app::data::Data;
+use crate::app::model::{BigramModel, ModelConfig};
+use crate::app::report::{Agreement, agreement};
+use crate::checkpoint::{Snapshot, save_state};
 use crate::io::SplitIndex;
 use crate::state::Module;
 use crate::{Error, Real, Result};
@@ -138,11 +142,7 @@ pub fn interference<T: Real>(
             min_count.max(1)
         )));
     }
-    let table = model.embeddings.parameters()[0]
-        .value()
-        .view()
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D table");
+    let table = model.table();
     let w = model.head.parameters()[0]
         .value()
         .view()
@@ -236,6 +236,74 @@ pub fn select(scores: &[PairScore], how: Selection) -> Result<SplitIndex> {
     Ok(index)
 }
 
+/// The name of the shared table in a checkpoint.
+const TABLE: &str = "token_embedding.vocab.weight";
+
+/// The shared-only model of a checkpoint (of `train` or of an earlier
+/// `select`) for the corpus of `data`: its shared table, of any width, and
+/// its head.
+pub fn shared_from_checkpoint(path: &Path, data: &Data) -> Result<BigramModel<f32>> {
+    let snap = Snapshot::read(path)?;
+    let shape = snap.state.get(TABLE).map(|t| t.shape().to_vec());
+    let dim = match shape.as_deref() {
+        Some(&[v, d]) if v == data.vocab_size => d,
+        _ => {
+            return Err(Error::config(format!(
+                "{}: `{TABLE}` has shape {}, the corpus needs ({}, D)",
+                path.display(),
+                shape.map_or("(missing)".to_string(), |s| format!("{s:?}")),
+                data.vocab_size
+            )));
+        }
+    };
+    data.plan(dim, 0, 0).check("")?;
+    let config = ModelConfig::new(data.vocab_size, data.n_languages, dim);
+    let mut model = BigramModel::<f32>::shared_only(config)?;
+    snap.restore(&mut [&mut model.embeddings, &mut model.head], None)?;
+    Ok(model)
+}
+
+/// Writes the shared-only model's table and head under their state-dict
+/// names, so that [`shared_from_checkpoint`] can score again without
+/// training.
+pub fn save_shared(model: &BigramModel<f32>, path: &Path) -> Result<()> {
+    let cfg = model.config();
+    let meta: BTreeMap<String, String> = [
+        ("format", "splitgrad-shared-1".to_string()),
+        ("vocab_size", cfg.vocab_size.to_string()),
+        ("n_languages", cfg.n_languages.to_string()),
+        ("dim", cfg.dim.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    save_state(path, &[&model.embeddings, &model.head], None, &[], &meta)
+}
+
+/// How the pairs of `index` agree with the planted ones (`truth`, sorted),
+/// over the pairs scored.
+pub fn planted_agreement(
+    scores: &[PairScore],
+    index: &SplitIndex,
+    truth: &[(usize, usize)],
+) -> Agreement {
+    let selected: HashSet<(usize, usize)> = index
+        .language_index
+        .iter()
+        .copied()
+        .zip(index.token_index.iter().copied())
+        .collect();
+    let chosen: Vec<bool> = scores
+        .iter()
+        .map(|p| selected.contains(&(p.language, p.token)))
+        .collect();
+    let planted: Vec<bool> = scores
+        .iter()
+        .map(|p| truth.binary_search(&(p.language, p.token)).is_ok())
+        .collect();
+    agreement(&chosen, &planted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,12 +315,7 @@ mod tests {
     #[test]
     fn score_is_the_mean_gradient_norm_of_the_shared_row() {
         use crate::Tape;
-        let cfg = ModelConfig {
-            vocab_size: 6,
-            n_languages: 2,
-            dim: 3,
-            gate_init: 0.0,
-        };
+        let cfg = ModelConfig::new(6, 2, 3);
         let mut model = BigramModel::<f64>::shared_only(cfg).unwrap();
         model.reset_parameters(&mut crate::Rng::new(3)).unwrap();
         let corpus = Corpus::new(vec![2, 5, 2, 1, 2, 5, 2, 0], vec![1, 1, 1, 1, 1, 1, 0, 0]);
@@ -293,12 +356,7 @@ mod tests {
             n_contested: 4,
             ..SyntheticConfig::default()
         });
-        let cfg = ModelConfig {
-            vocab_size: 500,
-            n_languages: 4,
-            dim: 8,
-            gate_init: 0.0,
-        };
+        let cfg = ModelConfig::new(500, 4, 8);
         let mut model = BigramModel::<f32>::shared_only(cfg).unwrap();
         model.reset_parameters(&mut crate::Rng::new(0)).unwrap();
         let scores = interference(&model, &s.corpus, 2).unwrap();

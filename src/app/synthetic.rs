@@ -217,14 +217,19 @@ pub fn generate(cfg: &SyntheticConfig) -> Synthetic {
 mod tests {
     use super::*;
 
+    /// The default corpus but for its size and planted pairs.
+    fn config(n_sequences: usize, sequence_len: usize, n_contested: usize) -> SyntheticConfig {
+        SyntheticConfig {
+            n_sequences,
+            sequence_len,
+            n_contested,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn seeded_and_planted() {
-        let cfg = SyntheticConfig {
-            n_sequences: 200,
-            sequence_len: 100,
-            n_contested: 10,
-            ..Default::default()
-        };
+        let cfg = config(200, 100, 10);
         let a = generate(&cfg);
         let b = generate(&cfg);
         assert_eq!(a.corpus.token_ids, b.corpus.token_ids);
@@ -252,12 +257,7 @@ mod tests {
 
     #[test]
     fn contested_successors_differ() {
-        let cfg = SyntheticConfig {
-            n_sequences: 400,
-            sequence_len: 200,
-            n_contested: 5,
-            ..Default::default()
-        };
+        let cfg = config(400, 200, 5);
         let s = generate(&cfg);
         // After a contested (l, t), the next token is never one of the shared successors of t.
         let (toks, langs) = (&s.corpus.token_ids, &s.corpus.language_ids);

@@ -43,6 +43,22 @@ pub struct TrainConfig {
     pub seed: u64,
 }
 
+impl Default for TrainConfig {
+    /// 1000 steps of 4096 bigrams at lr 0.01, gated, gate penalty 0.005,
+    /// no fusion penalty, seed 0.
+    fn default() -> Self {
+        TrainConfig {
+            steps: 1000,
+            batch: 4096,
+            lr: 1e-2,
+            gate_penalty: 0.005,
+            fusion_penalty: 0.0,
+            use_gate: true,
+            seed: 0,
+        }
+    }
+}
+
 /// The loss terms of one step (before the update).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
@@ -195,6 +211,14 @@ pub struct SavedModel<T> {
     pub heldout_curve: Vec<(u64, f64, f64)>,
     /// The held-out evaluation of the trained model, if the run ended.
     pub evaluation: Option<HeldOut>,
+}
+
+impl<T> SavedModel<T> {
+    /// Whether the run was gated (its metadata says `use_gate` is not
+    /// `false`).
+    pub fn use_gate(&self) -> bool {
+        self.metadata.get("use_gate").map(String::as_str) != Some("false")
+    }
 }
 
 /// A run's labels, held-out curve and evaluation.
@@ -695,12 +719,7 @@ mod tests {
     /// `load` rejects. The run now stops, naming the step and the state.
     #[test]
     fn an_overflowing_moment_stops_the_run_before_a_checkpoint() {
-        let config = ModelConfig {
-            vocab_size: 4,
-            n_languages: 1,
-            dim: 2,
-            gate_init: 0.0,
-        };
+        let config = ModelConfig::new(4, 1, 2);
         let index = SplitIndex::new(vec![0], vec![1]);
         let mut model = BigramModel::<f32>::new(config, index).unwrap();
         model.reset_parameters(&mut Rng::new(0)).unwrap();

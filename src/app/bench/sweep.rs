@@ -150,12 +150,7 @@ fn one(cfg: &SweepConfig, vocab_size: usize, dim: usize) -> Result<SweepRow> {
     });
     let split_rows = synth.index.token_index.len();
     let mut model = BigramModel::<f32>::new(
-        ModelConfig {
-            vocab_size,
-            n_languages: cfg.n_languages,
-            dim,
-            gate_init: 0.0,
-        },
+        ModelConfig::new(vocab_size, cfg.n_languages, dim),
         synth.index,
     )?;
     model.reset_parameters(&mut Rng::new(cfg.seed))?;

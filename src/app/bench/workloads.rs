@@ -18,12 +18,28 @@ use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
 use crate::param::Parameter;
 use crate::rng::{Rng, Zipf};
 use crate::state::Module;
-use crate::tape::{Pool, Tape};
+use crate::tape::{Gradients, Pool, Tape, Var};
 
 /// The learning rate of every workload.
 const LR: f64 = 1e-3;
 /// The Zipf exponent of the ids.
 const ZIPF_S: f64 = 1.2;
+
+/// Adam at the workloads' learning rate.
+fn adam() -> Result<Adam<f32>> {
+    Adam::new(AdamConfig {
+        lr: LR,
+        ..AdamConfig::default()
+    })
+}
+
+/// Lazy Adam at the workloads' learning rate.
+fn lazy_adam() -> Result<LazyAdam<f32>> {
+    LazyAdam::new(LazyAdamConfig {
+        lr: LR,
+        ..LazyAdamConfig::default()
+    })
+}
 
 /// A size divided by the scale, at least 1.
 fn div(x: usize, scale: usize) -> usize {
@@ -171,6 +187,56 @@ impl Laps {
     }
 }
 
+/// A step's forward and backward pass, timed: its loss, the gradients, and
+/// the laps of the two phases (the update is the third).
+struct Backward {
+    loss: f32,
+    grads: Gradients<f32>,
+    phase_s: [f64; 2],
+    laps: Laps,
+}
+
+/// Records the loss with `forward` on a tape of `pool`, then takes its
+/// gradients and drops the tape.
+fn forward_backward<'p>(
+    pool: &Pool<f32>,
+    forward: impl FnOnce(&mut Tape<'p, f32>) -> Result<Var>,
+) -> Result<Backward> {
+    let mut laps = Laps::start();
+    let (loss, grads, forward_s) = {
+        let mut tape = Tape::with_pool(pool);
+        let loss = forward(&mut tape)?;
+        let forward_s = laps.lap();
+        let g = tape.backward(loss);
+        (tape.scalar(loss), g, forward_s)
+    };
+    let backward_s = laps.lap();
+    Ok(Backward {
+        loss,
+        grads,
+        phase_s: [forward_s, backward_s],
+        laps,
+    })
+}
+
+impl Backward {
+    /// The step, once its update has run: the gradients dropped, the
+    /// third lap taken.
+    fn updated(self) -> StepOut {
+        let Backward {
+            loss,
+            grads,
+            phase_s: [forward_s, backward_s],
+            mut laps,
+        } = self;
+        drop(grads);
+        StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        }
+    }
+}
+
 /// `embed_prompt` and `embed_full`.
 pub(super) struct EmbedBench {
     emb: SplitTokenEmbeddings<f32>,
@@ -213,10 +279,7 @@ impl EmbedBench {
         };
         emb.reset_parameters(rng);
         let r = normal(rng, &[n, h]);
-        let opt = LazyAdam::new(LazyAdamConfig {
-            lr: LR,
-            ..LazyAdamConfig::default()
-        })?;
+        let opt = lazy_adam()?;
         Ok(EmbedBench {
             emb,
             ids: ArrayD::from_shape_vec(IxDyn(&[n]), ids).expect("n ids"),
@@ -227,22 +290,12 @@ impl EmbedBench {
     }
 
     fn step(&mut self) -> Result<StepOut> {
-        let mut laps = Laps::start();
-        let (loss, grads, forward_s) = {
-            let mut tape = Tape::with_pool(&self.pool);
-            let out = self.emb.forward(&mut tape, &self.ids)?;
-            let loss = tape.dot_const_view(out, self.r.view());
-            let forward_s = laps.lap();
-            let g = tape.backward(loss);
-            (tape.scalar(loss), g, forward_s)
-        };
-        let backward_s = laps.lap();
-        self.opt.step(self.emb.parameters_mut(), &grads)?;
-        drop(grads);
-        Ok(StepOut {
-            loss: loss as f64,
-            phase_s: [forward_s, backward_s, laps.lap()],
-        })
+        let b = forward_backward(&self.pool, |tape| {
+            let out = self.emb.forward(tape, &self.ids)?;
+            Ok(tape.dot_const_view(out, self.r.view()))
+        })?;
+        self.opt.step(self.emb.parameters_mut(), &b.grads)?;
+        Ok(b.updated())
     }
 
     /// See `docs/bench.md#embed_prompt-and-embed_full`.
@@ -320,47 +373,31 @@ impl SplitVocabBench {
             token_rows,
             langs,
             r,
-            tables: LazyAdam::new(LazyAdamConfig {
-                lr: LR,
-                ..LazyAdamConfig::default()
-            })?,
-            dense: Adam::new(AdamConfig {
-                lr: LR,
-                ..AdamConfig::default()
-            })?,
+            tables: lazy_adam()?,
+            dense: adam()?,
             pool: Pool::new(),
         })
     }
 
     fn step(&mut self) -> Result<StepOut> {
-        let mut laps = Laps::start();
-        let (loss, g, forward_s) = {
-            let mut tape = Tape::with_pool(&self.pool);
+        let b = forward_backward(&self.pool, |tape| {
             let table = tape.param(&self.table);
             let shared = tape.gather(table, &self.token_rows);
             let out = self
                 .sv
-                .forward(&mut tape, &self.tokens, &self.langs, shared, true)?;
+                .forward(tape, &self.tokens, &self.langs, shared, true)?;
             let fit = tape.dot_const_view(out, self.r.view());
-            let pen = self.sv.penalty_var(&mut tape);
+            let pen = self.sv.penalty_var(tape);
             let pen = tape.scale(pen, 0.01);
-            let fus = self.sv.fusion_penalty_var(&mut tape);
+            let fus = self.sv.fusion_penalty_var(tape);
             let fus = tape.scale(fus, 0.01);
             let loss = tape.add(fit, pen);
-            let loss = tape.add(loss, fus);
-            let forward_s = laps.lap();
-            let g = tape.backward(loss);
-            (tape.scalar(loss), g, forward_s)
-        };
-        let backward_s = laps.lap();
+            Ok(tape.add(loss, fus))
+        })?;
         self.tables
-            .step(vec![&mut self.table, self.sv.rows_mut()], &g)?;
-        self.dense.step(vec![self.sv.gate_logit_mut()], &g)?;
-        drop(g);
-        Ok(StepOut {
-            loss: loss as f64,
-            phase_s: [forward_s, backward_s, laps.lap()],
-        })
+            .step(vec![&mut self.table, self.sv.rows_mut()], &b.grads)?;
+        self.dense.step(vec![self.sv.gate_logit_mut()], &b.grads)?;
+        Ok(b.updated())
     }
 
     /// See `docs/bench.md#splitvocab`.
@@ -443,32 +480,24 @@ impl LmHeadBench {
             head,
             hidden: normal(rng, &[n, h]),
             labels: ArrayD::from_shape_vec(IxDyn(&[n]), labels).expect("n labels"),
-            opt: Adam::new(AdamConfig {
-                lr: LR,
-                ..AdamConfig::default()
-            })?,
+            opt: adam()?,
             pool: Pool::new(),
         })
     }
 
     fn step(&mut self) -> Result<StepOut> {
-        let mut laps = Laps::start();
-        let (loss, grads, forward_s) = {
-            let mut tape = Tape::with_pool(&self.pool);
-            let hidden = tape.input_view(self.hidden.view());
-            let loss = self.head.forward_sum(&mut tape, hidden, &self.labels)?;
-            let forward_s = laps.lap();
-            let g = tape.backward(loss);
-            debug_assert!(g.input(hidden).is_some(), "hidden's gradient");
-            (tape.scalar(loss), g, forward_s)
-        };
-        let backward_s = laps.lap();
-        self.opt.step(self.head.parameters_mut(), &grads)?;
-        drop(grads);
-        Ok(StepOut {
-            loss: loss as f64,
-            phase_s: [forward_s, backward_s, laps.lap()],
-        })
+        let mut hidden = None;
+        let b = forward_backward(&self.pool, |tape| {
+            let h = tape.input_view(self.hidden.view());
+            hidden = Some(h);
+            self.head.forward_sum(tape, h, &self.labels)
+        })?;
+        debug_assert!(
+            hidden.is_some_and(|h| b.grads.input(h).is_some()),
+            "hidden's gradient"
+        );
+        self.opt.step(self.head.parameters_mut(), &b.grads)?;
+        Ok(b.updated())
     }
 
     /// See `docs/bench.md#lmhead`.

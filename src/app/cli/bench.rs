@@ -2,17 +2,16 @@
 //! to the memory copy and sgemm rates of the same process; or, with
 //! `--sweep`, the scaling table of the bigram model's training step.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::app::bench::{
     BenchConfig, BenchReport, SweepConfig, SweepRow, Workload, run as run_bench, sweep,
 };
 use clap::Args;
-use plotters::prelude::*;
 use serde_json::{Value, json};
 
-use super::{CliResult, set_threads};
+use super::{CliResult, plots, set_threads};
 
 /// Options of `splitgrad bench`.
 #[derive(Args, Debug, Clone)]
@@ -295,7 +294,7 @@ fn run_sweep(args: &BenchArgs) -> CliResult<ExitCode> {
         );
     })?;
     if let Some(path) = &args.svg {
-        sweep_plot(path, &rows)?;
+        plots::bench_sweep(path, &rows)?;
     }
     if args.json {
         let v: Vec<Value> = rows.iter().map(sweep_json).collect();
@@ -322,99 +321,4 @@ fn sweep_json(r: &SweepRow) -> Value {
         "memcpy_gbps": r.memcpy_gbps,
         "copy_fraction": r.copy_fraction,
     })
-}
-
-/// Two panels against V (log axes): tokens per second, and the step's
-/// fractions of the sgemm rate (solid) and of the copy rate (dashed); one
-/// colour per D.
-fn sweep_plot(path: &Path, rows: &[SweepRow]) -> CliResult<()> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let panels = root.split_evenly((1, 2));
-        let v_lo = rows.iter().map(|r| r.vocab_size).min().unwrap_or(1) as f64;
-        let v_hi = rows.iter().map(|r| r.vocab_size).max().unwrap_or(2) as f64;
-        let x = (v_lo / 1.3).max(1.0)..(v_hi * 1.3).max(2.0);
-        let mut dims: Vec<usize> = rows.iter().map(|r| r.dim).collect();
-        dims.sort_unstable();
-        dims.dedup();
-        let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
-        let series = |d: usize, f: &dyn Fn(&SweepRow) -> f64| -> Vec<(f64, f64)> {
-            rows.iter()
-                .filter(|r| r.dim == d)
-                .map(|r| (r.vocab_size as f64, f(r)))
-                .collect()
-        };
-        let t_lo = rows
-            .iter()
-            .map(|r| r.tokens_per_s)
-            .fold(f64::INFINITY, f64::min);
-        let t_hi = rows.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max);
-        let mut c = ChartBuilder::on(&panels[0])
-            .caption(
-                "bigram training step: tokens per second",
-                ("sans-serif", 16),
-            )
-            .margin(10)
-            .x_label_area_size(34)
-            .y_label_area_size(64)
-            .build_cartesian_2d(
-                x.clone().log_scale(),
-                ((t_lo / 1.5).max(1.0)..t_hi * 1.5).log_scale(),
-            )?;
-        c.configure_mesh()
-            .x_desc("V (log scale)")
-            .y_desc("tokens/s")
-            .x_label_formatter(&|v| format!("{v:.0}"))
-            .y_label_formatter(&|v| format!("{v:.0}"))
-            .draw()?;
-        for (i, &d) in dims.iter().enumerate() {
-            let col = colors[i % colors.len()];
-            c.draw_series(LineSeries::new(
-                series(d, &|r| r.tokens_per_s),
-                col.stroke_width(2),
-            ))?
-            .label(format!("D {d}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col));
-        }
-        c.configure_series_labels().border_style(BLACK).draw()?;
-        let f_hi = rows
-            .iter()
-            .flat_map(|r| [r.sgemm_fraction, r.copy_fraction])
-            .fold(1.0f64, f64::max);
-        let mut c = ChartBuilder::on(&panels[1])
-            .caption(
-                "fraction of the sgemm (—) and copy (- -) rates",
-                ("sans-serif", 16),
-            )
-            .margin(10)
-            .x_label_area_size(34)
-            .y_label_area_size(48)
-            .build_cartesian_2d(x.log_scale(), 0.0..f_hi * 1.05)?;
-        c.configure_mesh()
-            .x_desc("V (log scale)")
-            .x_label_formatter(&|v| format!("{v:.0}"))
-            .y_label_formatter(&|v| format!("{v:.1}"))
-            .draw()?;
-        for (i, &d) in dims.iter().enumerate() {
-            let col = colors[i % colors.len()];
-            c.draw_series(LineSeries::new(
-                series(d, &|r| r.sgemm_fraction),
-                col.stroke_width(2),
-            ))?
-            .label(format!("D {d}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col));
-            c.draw_series(DashedLineSeries::new(
-                series(d, &|r| r.copy_fraction),
-                6,
-                4,
-                col.stroke_width(1),
-            ))?;
-        }
-        c.configure_series_labels().border_style(BLACK).draw()?;
-        root.present()?;
-    }
-    crate::io::write_atomic(path, |w| Ok(std::io::Write::write_all(w, svg.as_bytes())?))?;
-    Ok(())
 }

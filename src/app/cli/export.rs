@@ -18,8 +18,9 @@ use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
-use super::report::{ReportInput, build};
+use super::report::{rows_json, rule_json};
 use crate::app::export::language_table;
+use crate::app::report::{Report, ReportInput};
 use crate::app::train::load_model;
 use crate::checkpoint::save;
 use crate::state::TensorRef;
@@ -72,7 +73,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         )
         .into());
     };
-    let use_gate = saved.metadata.get("use_gate").map(String::as_str) != Some("false");
+    let use_gate = saved.use_gate();
     let model = &saved.model;
     let l = model.config().n_languages;
     let names = saved.labels.language_names.as_deref();
@@ -110,28 +111,18 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
             &meta,
         )?;
     }
-    let report = build(&ReportInput {
-        model,
-        history: &saved.history,
-        labels: &saved.labels,
-        heldout_curve: &saved.heldout_curve,
-        evaluation: Some(evaluation),
-        use_gate,
-        tokens_per_second: None,
-        threads: None,
-        checkpoint: &args.checkpoint,
-        kept_limit: usize::MAX,
-    });
+    let report = Report::build(&ReportInput::of_saved(&saved, &args.checkpoint, usize::MAX));
+    let gated = report.gated();
     let kept = json!({
         "checkpoint": args.checkpoint.display().to_string(),
         "use_gate": use_gate,
-        "rule": report.get("rule"),
+        "rule": gated.map(rule_json),
         "heldout_ce": evaluation.ce,
         "heldout_ce_closed": evaluation.ce_closed,
         "languages": stems,
-        "kept": report.get("kept"),
-        "rows": report["rows"],
-        "rows_listed": report["rows_listed"],
+        "kept": gated.map(|g| rows_json(&g.kept)),
+        "rows": rows_json(&report.rows),
+        "rows_listed": report.rows.len(),
     });
     let text = serde_json::to_string_pretty(&kept)? + "\n";
     crate::io::write_atomic(&files[l], |w| Ok(w.write_all(text.as_bytes())?))?;
@@ -139,7 +130,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         "splitgrad export: {l} embedding tables ({} × {}) and kept.json ({} kept of {} rows) in {}",
         model.config().vocab_size,
         model.config().dim,
-        report["kept"].as_array().map_or(0, Vec::len),
+        gated.map_or(0, |g| g.kept.len()),
         model.split.n_rows(),
         args.out.display()
     );

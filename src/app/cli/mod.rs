@@ -4,11 +4,12 @@
 //! non-zero status.
 
 mod bench;
-mod data;
 mod export;
 mod golden;
+mod options;
 mod outdir;
 mod plots;
+mod progress;
 mod report;
 mod select;
 mod sweep;
@@ -18,7 +19,7 @@ mod train;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 /// A result whose error is printed as one line.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -35,7 +36,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Train a bigram model with a split vocabulary and report its gates.
-    Train(TrainArgs),
+    Train(train::TrainArgs),
     /// Score each (language, token) pair's interference on the shared-only
     /// model and write the index of the pairs that need a row.
     Select(select::SelectArgs),
@@ -57,87 +58,6 @@ enum Command {
     /// Write each language's effective embedding table and the kept pairs
     /// of a trained checkpoint.
     Export(export::ExportArgs),
-}
-
-/// Options of `splitgrad train`.
-#[derive(Args, Debug, Clone)]
-pub struct TrainArgs {
-    /// Corpus `.npz` (`token_ids`, `language_ids`, optional `sequence_starts`);
-    /// without it, the built-in synthetic corpus.
-    #[arg(long)]
-    pub corpus: Option<PathBuf>,
-    /// Index `.npz` (`language_index`, `token_index`, optional `score`); without
-    /// it, every (language, token) pair seen at least `--min-count` times.
-    #[arg(long)]
-    pub index: Option<PathBuf>,
-    /// Pairs seen at least this often (in the training part) get a row when
-    /// there is no `--index`.
-    #[arg(long, default_value_t = 20)]
-    pub min_count: usize,
-    /// Fraction of the corpus's sequences held out for evaluation (chosen by
-    /// the seed; a corpus of one sequence gives up its tail).
-    #[arg(long, default_value_t = 0.1)]
-    pub heldout_fraction: f64,
-    /// A held-out corpus to evaluate on, instead of a fraction of `--corpus`.
-    #[arg(long, conflicts_with = "heldout_fraction")]
-    pub heldout: Option<PathBuf>,
-    /// Output folder (checkpoint, report.json, plots); default
-    /// `runs/synthetic`, or `runs/<corpus stem>-<hash of its path>`.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Training steps.
-    #[arg(long, default_value_t = 1000)]
-    pub steps: u64,
-    /// Bigrams per step.
-    #[arg(long, default_value_t = 4096)]
-    pub batch: usize,
-    /// Embedding width D.
-    #[arg(long, default_value_t = 64)]
-    pub dim: usize,
-    /// Learning rate (Adam and lazy Adam).
-    #[arg(long, default_value_t = 1e-2)]
-    pub lr: f64,
-    /// Weight of the gate penalty mean(σ(gate_logit)).
-    #[arg(long, default_value_t = 0.005)]
-    pub gate_penalty: f64,
-    /// Weight of the fusion penalty.
-    #[arg(long, default_value_t = 0.0)]
-    pub fusion_penalty: f64,
-    /// Fusion mode: split rows replace the shared row, no gate.
-    #[arg(long)]
-    pub no_gate: bool,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Seed of the corpus, the weights and the batches.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Continue from the checkpoint in the output folder.
-    #[arg(long, conflicts_with = "force")]
-    pub resume: bool,
-    /// Replace a run already in the output folder.
-    #[arg(long)]
-    pub force: bool,
-    /// Write a checkpoint every this many steps (and at the end).
-    #[arg(long, default_value_t = 100)]
-    pub checkpoint_every: u64,
-    /// Print the report as one JSON object on the last line of standard output.
-    #[arg(long)]
-    pub json: bool,
-}
-
-impl TrainArgs {
-    /// The arguments `data::load` reads, for the commands that share them.
-    pub fn for_data(corpus: Option<PathBuf>, min_count: usize, seed: u64) -> Self {
-        let mut args = Cli::parse_from(["splitgrad", "train"]);
-        let Command::Train(ref mut t) = args.command else {
-            unreachable!("parsed `train`")
-        };
-        t.corpus = corpus;
-        t.min_count = min_count;
-        t.seed = seed;
-        t.clone()
-    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -7,10 +7,14 @@
 use std::io::Write;
 use std::path::Path;
 
-use plotters::coord::Shift;
+use plotters::coord::combinators::LogCoord;
+use plotters::coord::ranged1d::Ranged;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use super::CliResult;
+use crate::app::bench::SweepRow;
+use crate::app::sweep::FusionPoint;
 use crate::app::train::StepStats;
 
 /// Writes an SVG atomically (a failed write leaves the old plot).
@@ -41,6 +45,21 @@ fn step_label(x: &f64) -> String {
     format!("{}", x.round() as u64)
 }
 
+/// A chart of a run's plots on `area`, titled `title`.
+fn titled<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut chart = ChartBuilder::on(area);
+    chart
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .margin_right(24)
+        .x_label_area_size(34)
+        .y_label_area_size(64);
+    chart
+}
+
 /// One panel of the loss plot: series of (step, value) on a log step axis.
 #[allow(clippy::type_complexity)]
 fn panel(
@@ -56,13 +75,8 @@ fn panel(
             .chain(points)
             .flat_map(|(_, _, v)| v.iter().map(|p| p.1)),
     );
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 16))
-        .margin(10)
-        .margin_right(24)
-        .x_label_area_size(34)
-        .y_label_area_size(64)
-        .build_cartesian_2d((1f64..max_step.max(2.0)).log_scale(), lo..hi)?;
+    let mut chart =
+        titled(area, title).build_cartesian_2d((1f64..max_step.max(2.0)).log_scale(), lo..hi)?;
     chart
         .configure_mesh()
         .x_desc("step (log scale)")
@@ -92,13 +106,21 @@ fn panel(
             .legend(move |(x, y)| Circle::new((x + 9, y), size, style));
     }
     if lines.len() + points.len() > 1 {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        legend(&mut chart)?;
     }
+    Ok(())
+}
+
+/// Draws a chart's legend at its upper right, on a light background.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+) -> CliResult<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
     Ok(())
 }
 
@@ -137,22 +159,27 @@ pub fn loss_curve(
                 ("held-out", RGBColor(214, 39, 40), held),
             ],
         )?;
-        let penalty: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), s.penalty)).collect();
-        panel(
-            &mid,
-            "gate penalty: mean(σ(gate_logit))",
-            max_step,
-            &[("gate penalty", RGBColor(44, 160, 44), penalty)],
-            &[],
-        )?;
-        let fusion: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), s.fusion)).collect();
-        panel(
-            &low,
-            "fusion penalty: mean distance to the token's centroid",
-            max_step,
-            &[("fusion penalty", RGBColor(148, 103, 189), fusion)],
-            &[],
-        )?;
+        // Each penalty on its own axis.
+        let gate: fn(&StepStats) -> f64 = |s| s.penalty;
+        for (area, title, name, color, value) in [
+            (
+                &mid,
+                "gate penalty: mean(σ(gate_logit))",
+                "gate penalty",
+                RGBColor(44, 160, 44),
+                gate,
+            ),
+            (
+                &low,
+                "fusion penalty: mean distance to the token's centroid",
+                "fusion penalty",
+                RGBColor(148, 103, 189),
+                |s| s.fusion,
+            ),
+        ] {
+            let v: Vec<(f64, f64)> = history.iter().map(|s| (at(s.step), value(s))).collect();
+            panel(area, title, max_step, &[(name, color, v)], &[])?;
+        }
         root.present()?;
     }
     save(path, &svg)
@@ -201,60 +228,42 @@ pub fn gate_histogram(path: &Path, gates: &[f64], planted: Option<&[bool]>) -> C
         } else {
             "rows"
         };
-        chart
-            .draw_series((0..bins).filter(|&b| other[b] > 0).map(|b| {
-                let x0 = b as f64 * w;
-                Rectangle::new(
-                    [(x0 + w * 0.05, 0), (x0 + w * 0.95, other[b])],
-                    blue.mix(0.75).filled(),
-                )
-            }))?
-            .label(other_label)
-            .legend(move |(x, y)| {
-                Rectangle::new([(x, y - 5), (x + 14, y + 5)], blue.mix(0.75).filled())
-            });
+        let mut layers = vec![(other_label, &other, blue.mix(0.75))];
         if planted.is_some() {
+            layers.push(("planted pairs", &true_, red.mix(0.8)));
+        }
+        // Each layer stacked on the ones before it.
+        let mut below = vec![0u32; bins];
+        for (label, counts, color) in layers {
             chart
-                .draw_series((0..bins).filter(|&b| true_[b] > 0).map(|b| {
+                .draw_series((0..bins).filter(|&b| counts[b] > 0).map(|b| {
                     let x0 = b as f64 * w;
                     Rectangle::new(
                         [
-                            (x0 + w * 0.05, other[b]),
-                            (x0 + w * 0.95, other[b] + true_[b]),
+                            (x0 + w * 0.05, below[b]),
+                            (x0 + w * 0.95, below[b] + counts[b]),
                         ],
-                        red.mix(0.8).filled(),
+                        color.filled(),
                     )
                 }))?
-                .label("planted pairs")
+                .label(label)
                 .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], red.mix(0.8).filled())
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled())
                 });
+            below.iter_mut().zip(counts).for_each(|(b, c)| *b += c);
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        legend(&mut chart)?;
         root.present()?;
     }
     save(path, &svg)
 }
 
-/// One point of a sweep: the fusion weight, the effective number of
-/// vocabularies and the held-out cross-entropy.
-pub struct SweepPoint {
-    pub weight: f64,
-    pub effective: f64,
-    pub heldout_ce: f64,
-}
-
 /// Draws a sweep: effective vocabularies and held-out cross-entropy against
 /// the fusion weight (a weight of 0 sits at the left edge).
-pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
+pub fn sweep(path: &Path, points: &[FusionPoint]) -> CliResult<()> {
     let positive: Vec<f64> = points
         .iter()
-        .map(|p| p.weight)
+        .map(|p| p.fusion_weight)
         .filter(|&w| w > 0.0)
         .collect();
     let min_w = positive.iter().copied().fold(f64::INFINITY, f64::min);
@@ -268,33 +277,27 @@ pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
         let root = SVGBackend::with_string(&mut svg, (820, 620)).into_drawing_area();
         root.fill(&WHITE)?;
         let (top, bottom) = root.split_vertically(310);
-        for (area, title, values, color) in [
+        let effective: fn(&FusionPoint) -> f64 = |p| p.effective_vocabularies;
+        for (area, title, value, color) in [
             (
                 &top,
                 "effective number of vocabularies",
-                points
-                    .iter()
-                    .map(|p| (x(p.weight), p.effective))
-                    .collect::<Vec<_>>(),
+                effective,
                 RGBColor(31, 119, 180),
             ),
             (
                 &bottom,
                 "held-out cross-entropy",
-                points
-                    .iter()
-                    .map(|p| (x(p.weight), p.heldout_ce))
-                    .collect::<Vec<_>>(),
+                |p| p.heldout_ce,
                 RGBColor(214, 39, 40),
             ),
         ] {
+            let values: Vec<(f64, f64)> = points
+                .iter()
+                .map(|p| (x(p.fusion_weight), value(p)))
+                .collect();
             let (lo, hi) = range(values.iter().map(|p| p.1));
-            let mut chart = ChartBuilder::on(area)
-                .caption(title, ("sans-serif", 16))
-                .margin(10)
-                .margin_right(24)
-                .x_label_area_size(34)
-                .y_label_area_size(64)
+            let mut chart = titled(area, title)
                 .build_cartesian_2d((left * 0.8..max_w * 1.25).log_scale(), lo..hi)?;
             chart
                 .configure_mesh()
@@ -317,4 +320,105 @@ pub fn sweep(path: &Path, points: &[SweepPoint]) -> CliResult<()> {
         root.present()?;
     }
     save(path, &svg)
+}
+
+/// The bench sweep's two panels against V (log axes): tokens per second,
+/// and the step's fractions of the sgemm rate (solid) and of the copy rate
+/// (dashed); one colour per D.
+pub fn bench_sweep(path: &Path, rows: &[SweepRow]) -> CliResult<()> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((1, 2));
+        let v_lo = rows.iter().map(|r| r.vocab_size).min().unwrap_or(1) as f64;
+        let v_hi = rows.iter().map(|r| r.vocab_size).max().unwrap_or(2) as f64;
+        let x = (v_lo / 1.3).max(1.0)..(v_hi * 1.3).max(2.0);
+        let t_lo = rows
+            .iter()
+            .map(|r| r.tokens_per_s)
+            .fold(f64::INFINITY, f64::min);
+        let t_hi = rows.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max);
+        let mut c = ChartBuilder::on(&panels[0])
+            .caption(
+                "bigram training step: tokens per second",
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(34)
+            .y_label_area_size(64)
+            .build_cartesian_2d(
+                x.clone().log_scale(),
+                ((t_lo / 1.5).max(1.0)..t_hi * 1.5).log_scale(),
+            )?;
+        c.configure_mesh()
+            .x_desc("V (log scale)")
+            .y_desc("tokens/s")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .draw()?;
+        lines_by_dim(&mut c, rows, |r| r.tokens_per_s, None)?;
+        let f_hi = rows
+            .iter()
+            .flat_map(|r| [r.sgemm_fraction, r.copy_fraction])
+            .fold(1.0f64, f64::max);
+        let mut c = ChartBuilder::on(&panels[1])
+            .caption(
+                "fraction of the sgemm (—) and copy (- -) rates",
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(34)
+            .y_label_area_size(48)
+            .build_cartesian_2d(x.log_scale(), 0.0..f_hi * 1.05)?;
+        c.configure_mesh()
+            .x_desc("V (log scale)")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .draw()?;
+        lines_by_dim(
+            &mut c,
+            rows,
+            |r| r.sgemm_fraction,
+            Some(|r: &SweepRow| r.copy_fraction),
+        )?;
+        root.present()?;
+    }
+    save(path, &svg)
+}
+
+/// One line of `solid` against V per width D, in its colour and in the
+/// legend, each followed by a thin dashed line of `dashed`.
+fn lines_by_dim<'a, Y: Ranged<ValueType = f64>>(
+    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, Y>>,
+    rows: &[SweepRow],
+    solid: fn(&SweepRow) -> f64,
+    dashed: Option<fn(&SweepRow) -> f64>,
+) -> CliResult<()> {
+    let mut dims: Vec<usize> = rows.iter().map(|r| r.dim).collect();
+    dims.sort_unstable();
+    dims.dedup();
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    let series = |d: usize, f: fn(&SweepRow) -> f64| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|r| r.dim == d)
+            .map(|r| (r.vocab_size as f64, f(r)))
+            .collect()
+    };
+    for (i, &d) in dims.iter().enumerate() {
+        let col = colors[i % colors.len()];
+        c.draw_series(LineSeries::new(series(d, solid), col.stroke_width(2)))?
+            .label(format!("D {d}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col));
+        if let Some(f) = dashed {
+            c.draw_series(DashedLineSeries::new(
+                series(d, f),
+                6,
+                4,
+                col.stroke_width(1),
+            ))?;
+        }
+    }
+    c.configure_series_labels().border_style(BLACK).draw()?;
+    Ok(())
 }

@@ -1,16 +1,5 @@
-//! The report of a trained model (printed and as JSON), and
-//! `splitgrad report CHECKPOINT`.
-//!
-//! The answer of a gated run is which split rows to keep, by the rule of
-//! [`Rule`]: a row is kept when it saves held-out loss beyond noise. The
-//! report gives every row's gate and held-out gain, the kept rows ranked by
-//! gain, the held-out cross-entropy of the model and of the same model
-//! with every gate closed (overall and per language), and the effective
-//! number of vocabularies under the rule. On the synthetic corpus it adds
-//! the agreement of the kept rows with the planted pairs and the
-//! threshold-free ROC AUC and average precision of the gates. A fusion-mode
-//! run reports fusion statistics instead: distinct rows per token, each
-//! row's distance to its token's centroid, held-out cross-entropy.
+//! The report of a trained model ([`Report`], built by the application)
+//! printed for a person and as JSON, and `splitgrad report CHECKPOINT`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,33 +8,13 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::app::eval::{HeldOut, Rule};
-use crate::app::model::BigramModel;
 use crate::app::report::{
-    agreement, average_precision, centroid_distances, effective_vocabularies, roc_auc, spearman,
-    vocabularies_kept,
+    GatedOutcome, Outcome, PlantedReport, ROWS_LISTED, Report, ReportInput, RowReport,
 };
-use crate::app::train::{RunLabels, StepStats, load_model};
+use crate::app::train::load_model;
 use crate::io::write_atomic;
 
 use super::CliResult;
-
-/// What a report is made from.
-pub struct ReportInput<'a> {
-    pub model: &'a BigramModel<f32>,
-    pub history: &'a [StepStats],
-    pub labels: &'a RunLabels,
-    /// (step, held-out ce, with every gate closed) at each evaluation.
-    pub heldout_curve: &'a [(u64, f64, f64)],
-    pub evaluation: Option<&'a HeldOut>,
-    pub use_gate: bool,
-    pub tokens_per_second: Option<f64>,
-    pub threads: Option<usize>,
-    pub checkpoint: &'a Path,
-    /// The most kept rows listed in `kept` ([`ROWS_LISTED`] in a report;
-    /// `export` lists them all).
-    pub kept_limit: usize,
-}
 
 /// A number with three decimals, or "undefined".
 pub fn fmt3(x: Option<f64>) -> String {
@@ -57,353 +26,324 @@ fn num(x: f64) -> Value {
     if x.is_finite() { json!(x) } else { Value::Null }
 }
 
-/// The most rows a report lists (in `rows` and in `kept`): every row when
-/// there are no more, else the most useful by held-out gain. An index of
-/// millions of pairs would otherwise make a report of gigabytes; every
-/// row's figures stay in the checkpoint (`eval.rows`) and `export` writes
-/// every kept pair.
-pub const ROWS_LISTED: usize = 10_000;
+/// A finite number; `None` for NaN and infinities (which JSON cannot hold).
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
 
-/// The held-out cross-entropy must be at least this much (nats) below that
-/// of a uniform guess over the vocabulary, `ln V`, and below the untrained
-/// model's, for the report to say something was learned.
-const LEARNED: f64 = 0.01;
+/// `x` where finite, NaN otherwise: a figure as the JSON report holds it.
+fn shown(x: f64) -> f64 {
+    finite(x).unwrap_or(f64::NAN)
+}
 
-/// The report as JSON (see the module docs for what it holds).
-pub fn build(r: &ReportInput<'_>) -> Value {
-    let model = r.model;
-    let index = model.split.index();
-    let n_rows = model.split.n_rows();
-    let gates: Vec<f64> = model.split.gate().iter().map(|&g| g as f64).collect();
-    let names = r.labels.language_names.as_deref();
-    let strings = r.labels.token_strings.as_deref();
-    let planted = r.labels.planted.as_deref();
-    let last = r.history.last();
-    let rule = Rule::default();
-    let kept: Vec<bool> = match (r.use_gate, r.evaluation) {
-        (true, Some(e)) => rule.keep(&e.rows),
-        _ => vec![false; n_rows],
-    };
-    let distances = if r.use_gate {
-        Vec::new()
-    } else {
-        centroid_distances(model)
-    };
-    let evidence: Vec<f64> = match r.evaluation {
-        Some(e) => rule.evidence(&e.rows),
-        None => vec![f64::NAN; n_rows],
-    };
-    let entry = |i: usize| {
-        let (l, t) = (index.language_index[i], index.token_index[i]);
-        let mut e = json!({"language": l, "token": t});
-        if let Some(n) = names.and_then(|n| n.get(l)) {
-            e["language_name"] = json!(n);
-        }
-        if let Some(s) = strings.and_then(|s| s.get(t)) {
-            e["token_string"] = json!(s);
-        }
-        if r.use_gate {
-            e["gate"] = json!(gates[i]);
-        } else {
-            e["distance_to_centroid"] = num(distances[i]);
-        }
-        if let Some(ev) = r.evaluation {
-            let row = &ev.rows[i];
-            e["heldout_gain"] = json!(row.gain);
-            e["heldout_gain_per_token"] = json!(row.gain_per_token);
-            e["heldout_gain_se"] = num(row.gain_se);
-            e["heldout_tokens"] = json!(row.n_tokens);
-            e["heldout_gain_null"] = json!(row.null_mean * row.n_tokens as f64);
-            e["heldout_evidence"] = num(evidence[i]);
-        }
-        if r.use_gate {
-            e["kept"] = json!(kept[i]);
-        }
-        if let Some(p) = planted {
-            e["planted"] = json!(p[i]);
-        }
-        if let Some(score) = &index.score {
-            e["score"] = json!(score[i]);
-        }
-        e
-    };
-    let gains: Option<Vec<f64>> = r
-        .evaluation
-        .map(|e| e.rows.iter().map(|row| row.gain).collect());
-    // Rows ranked by held-out gain (by gate without an evaluation).
-    let mut order: Vec<usize> = (0..n_rows).collect();
-    let key = |i: usize| gains.as_ref().map_or(gates[i], |g| g[i]);
-    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
-    let initial = r.heldout_curve.iter().find(|c| c.0 == 0).map(|c| c.1);
-    let uniform = (model.config().vocab_size as f64).ln();
-    let learned = r
-        .evaluation
-        .map(|e| e.ce < uniform - LEARNED && initial.is_none_or(|i| e.ce < i - LEARNED));
-    let mut report = json!({
-        "corpus": r.labels.corpus,
-        "steps": r.history.len(),
-        "n_rows": n_rows,
-        "use_gate": r.use_gate,
+/// One row as JSON.
+fn row_json(e: &RowReport) -> Value {
+    let mut v = json!({"language": e.language, "token": e.token});
+    if let Some(n) = &e.language_name {
+        v["language_name"] = json!(n);
+    }
+    if let Some(s) = &e.token_string {
+        v["token_string"] = json!(s);
+    }
+    if let Some(g) = e.gate {
+        v["gate"] = json!(g);
+    }
+    if let Some(d) = e.distance_to_centroid {
+        v["distance_to_centroid"] = num(d);
+    }
+    if let Some(h) = &e.heldout {
+        v["heldout_gain"] = json!(h.gain);
+        v["heldout_gain_per_token"] = json!(h.gain_per_token);
+        v["heldout_gain_se"] = num(h.gain_se);
+        v["heldout_tokens"] = json!(h.tokens);
+        v["heldout_gain_null"] = json!(h.gain_null);
+        v["heldout_evidence"] = num(h.evidence);
+    }
+    if let Some(k) = e.kept {
+        v["kept"] = json!(k);
+    }
+    if let Some(p) = e.planted {
+        v["planted"] = json!(p);
+    }
+    if let Some(s) = e.score {
+        v["score"] = json!(s);
+    }
+    v
+}
+
+/// The rule of a gated report as JSON.
+pub fn rule_json(g: &GatedOutcome) -> Value {
+    json!({
+        "description": crate::app::eval::Rule::DESCRIPTION,
+        "alpha": g.rule.alpha,
+        "min_count": g.rule.min_count,
+        "margin": g.rule.margin,
+    })
+}
+
+/// Rows as a JSON array.
+pub fn rows_json(rows: &[RowReport]) -> Value {
+    rows.iter().map(row_json).collect()
+}
+
+/// The report as one JSON object.
+pub fn to_json(r: &Report) -> Value {
+    let last = r.last_step.as_ref();
+    let throughput = r.throughput.as_ref();
+    let mut v = json!({
+        "corpus": r.corpus,
+        "steps": r.steps,
+        "n_rows": r.n_rows,
+        "use_gate": r.use_gate(),
         "final_loss": last.map(|s| s.total),
         "final_ce": last.map(|s| s.ce),
         "final_penalty": last.map(|s| s.penalty),
         "final_fusion_penalty": last.map(|s| s.fusion),
         "heldout_curve": r.heldout_curve.iter().map(|&(s, c, k)| json!({"step": s, "ce": num(c), "ce_closed": num(k)})).collect::<Vec<_>>(),
-        "heldout_ce_initial": initial,
-        "heldout_ce_uniform": uniform,
-        "learned": learned,
-        "tokens_per_second": r.tokens_per_second,
-        "threads": r.threads,
+        "heldout_ce_initial": r.heldout_ce_initial,
+        "heldout_ce_uniform": r.heldout_ce_uniform,
+        "learned": r.learned,
+        "tokens_per_second": throughput.map(|t| t.tokens_per_second),
+        "threads": throughput.map(|t| t.threads),
         "checkpoint": r.checkpoint.display().to_string(),
+        "rows": rows_json(&r.rows),
+        "rows_listed": r.rows.len(),
     });
-    // Every row in index order, or the most useful ROWS_LISTED.
-    let listed: Vec<usize> = if n_rows <= ROWS_LISTED {
-        (0..n_rows).collect()
-    } else {
-        order[..ROWS_LISTED].to_vec()
-    };
-    report["rows"] = listed.iter().map(|&i| entry(i)).collect();
-    report["rows_listed"] = json!(listed.len());
-    if let Some(e) = r.evaluation {
-        report["heldout_tokens"] = json!(e.n_tokens);
-        report["heldout_ce"] = json!(e.ce);
-        report["heldout_ce_closed"] = json!(e.ce_closed);
-        report["heldout_per_language"] = e
+    if let Some(h) = &r.heldout {
+        v["heldout_tokens"] = json!(h.n_tokens);
+        v["heldout_ce"] = json!(h.ce);
+        v["heldout_ce_closed"] = json!(h.ce_closed);
+        v["heldout_per_language"] = h
             .per_language
             .iter()
-            .enumerate()
-            .filter(|(_, le)| le.n_tokens > 0)
-            .map(|(l, le)| {
-                let mut v = json!({"language": l, "n_tokens": le.n_tokens, "ce": num(le.ce), "ce_closed": num(le.ce_closed)});
-                if let Some(n) = names.and_then(|n| n.get(l)) {
-                    v["language_name"] = json!(n);
+            .map(|le| {
+                let mut l = json!({"language": le.language, "n_tokens": le.n_tokens, "ce": num(le.ce), "ce_closed": num(le.ce_closed)});
+                if let Some(n) = &le.language_name {
+                    l["language_name"] = json!(n);
                 }
-                v
+                l
             })
             .collect();
     }
-    if r.use_gate {
-        report["rule"] = json!({
-            "description": "a row is kept when its held-out tokens do not follow the shared row's distribution (their total saving exceeds its expectation under that distribution by more than Bennett's bound at the family-wise level alpha, Bonferroni over all rows: heldout_evidence > 1), it saves more than margin nats a token, and it was seen at least min_count times on held-out text",
-            "alpha": rule.alpha,
-            "min_count": rule.min_count,
-            "margin": rule.margin,
-        });
-        report["kept"] = order
-            .iter()
-            .filter(|&&i| kept[i])
-            .take(r.kept_limit)
-            .map(|&i| entry(i))
-            .collect();
-        report["n_kept"] = json!(kept.iter().filter(|&&k| k).count());
-        report["effective_vocabularies"] =
-            json!(vocabularies_kept(index, &kept, model.config().n_languages));
-        report["gate_mean"] = json!(gates.iter().sum::<f64>() / gates.len().max(1) as f64);
-        if let Some(g) = &gains {
-            report["spearman_gain_gate"] = json!(spearman(g, &gates));
-            if let Some(score) = &index.score {
-                report["spearman_gain_score"] = json!(spearman(g, score));
+    match &r.outcome {
+        Outcome::Gated(g) => {
+            v["rule"] = rule_json(g);
+            v["kept"] = rows_json(&g.kept);
+            v["n_kept"] = json!(g.n_kept);
+            v["effective_vocabularies"] = json!(g.effective_vocabularies);
+            v["gate_mean"] = json!(g.gate_mean);
+            for (key, s) in [
+                ("spearman_gain_gate", g.spearman_gain_gate),
+                ("spearman_gain_score", g.spearman_gain_score),
+                ("spearman_gate_score", g.spearman_gate_score),
+            ] {
+                if let Some(s) = s {
+                    v[key] = json!(s);
+                }
+            }
+            if let Some(p) = &g.planted {
+                v["f1"] = json!(p.agreement.f1);
+                v["auc"] = json!(p.gate_auc);
+                v["planted"] = planted_json(p);
             }
         }
-        if let Some(score) = &index.score {
-            report["spearman_gate_score"] = json!(spearman(&gates, score));
+        Outcome::Fusion(f) => {
+            v["distinct_rows_per_token"] = json!(f.distinct_rows_per_token);
+            v["mean_distance_to_centroid"] = json!(f.mean_distance_to_centroid);
+            v["effective_vocabularies"] = json!(f.distinct_rows_per_token);
         }
-        if let Some(p) = planted {
-            let a = agreement(&kept, p);
-            report["f1"] = json!(a.f1);
-            report["auc"] = json!(roc_auc(&gates, p));
-            report["planted"] = json!({
-                "n_planted": p.iter().filter(|&&x| x).count(),
-                "precision": a.precision,
-                "recall": a.recall,
-                "f1": a.f1,
-                "decoys_kept": a.false_positives,
-                "gate_auc": roc_auc(&gates, p),
-                "gate_average_precision": average_precision(&gates, p),
-                "gain_auc": gains.as_ref().and_then(|g| roc_auc(g, p)),
-            });
-        }
-    } else {
-        let ev = effective_vocabularies(model, false, 0.05);
-        report["distinct_rows_per_token"] = json!(ev.mean);
-        let finite: Vec<f64> = distances
-            .iter()
-            .copied()
-            .filter(|d| d.is_finite())
-            .collect();
-        let mean = finite.iter().sum::<f64>() / finite.len().max(1) as f64;
-        report["mean_distance_to_centroid"] = json!(mean);
-        report["effective_vocabularies"] = json!(ev.mean);
     }
-    report
+    if let Some(s) = &r.heldout_source {
+        v["heldout_source"] = json!(s);
+    }
+    if let Some(h) = throughput.and_then(|t| t.head) {
+        v["contexts_per_step"] = json!(h.contexts_per_step);
+        v["head_gflops"] = json!(h.gflops);
+    }
+    v
 }
 
-/// Writes the report as pretty JSON, atomically.
-pub fn write_json(path: &Path, report: &Value) -> CliResult<()> {
-    let text = serde_json::to_string_pretty(report)? + "\n";
+fn planted_json(p: &PlantedReport) -> Value {
+    let a = &p.agreement;
+    json!({
+        "n_planted": p.n_planted,
+        "precision": a.precision,
+        "recall": a.recall,
+        "f1": a.f1,
+        "decoys_kept": a.false_positives,
+        "gate_auc": p.gate_auc,
+        "gate_average_precision": p.gate_average_precision,
+        "gain_auc": p.gain_auc,
+    })
+}
+
+/// Writes a JSON value pretty-printed, atomically.
+pub fn write_json(path: &Path, value: &Value) -> CliResult<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
     write_atomic(path, |w| Ok(w.write_all(text.as_bytes())?))?;
     Ok(())
 }
 
-/// "language 2" or "language 2 (fr)"; "token 17" or "token 17 ' the'".
-fn describe(e: &Value) -> String {
-    let lang = match e.get("language_name").and_then(Value::as_str) {
+/// "language 2" or "fr    "; "token 17" or "token 17 \" the\"      ".
+fn describe(e: &RowReport) -> String {
+    let lang = match &e.language_name {
         Some(n) => format!("{n:<6}"),
-        None => format!("language {:>3}", e["language"]),
+        None => format!("language {}", e.language),
     };
-    let tok = match e.get("token_string").and_then(Value::as_str) {
-        Some(s) => format!("token {:>6} {:<12}", e["token"], format!("{s:?}")),
-        None => format!("token {:>6}", e["token"]),
+    let tok = match &e.token_string {
+        Some(s) => format!("token {} {:<12}", e.token, format!("{s:?}")),
+        None => format!("token {}", e.token),
     };
     format!("{lang}  {tok}")
 }
 
+/// Prints rows under a title (nothing for none).
+fn print_rows(title: &str, rows: &[&RowReport]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!("  {title}:");
+    for e in rows {
+        let planted = match e.planted {
+            Some(true) => "  planted",
+            Some(false) => "  not planted",
+            None => "",
+        };
+        let gain = e
+            .heldout
+            .as_ref()
+            .and_then(|h| finite(h.gain).map(|g| (g, h)))
+            .map(|(g, h)| {
+                format!(
+                    "  held-out gain {g:>9.3} nats ({} tokens, evidence {})",
+                    h.tokens,
+                    finite(h.evidence).map_or("–".to_string(), |x| format!("{x:.2}"))
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "    {}  gate {:.3}{gain}{planted}",
+            describe(e),
+            shown(e.gate.unwrap_or(f64::NAN))
+        );
+    }
+}
+
+/// Prints what a gated run keeps.
+fn print_gated(r: &Report, g: &GatedOutcome) {
+    println!(
+        "  kept rows: {} of {} (their held-out text does not follow the shared row, beyond chance over all rows, and they save > {} nats a token); effective number of vocabularies {:.3}",
+        g.n_kept,
+        r.n_rows,
+        json!(g.rule.margin),
+        shown(g.effective_vocabularies)
+    );
+    if let Some(p) = &g.planted {
+        let a = &p.agreement;
+        println!(
+            "  against the planted pairs: precision {}, recall {}, F1 {}; decoys kept: {}",
+            fmt3(a.precision.and_then(finite)),
+            fmt3(a.recall.and_then(finite)),
+            fmt3(a.f1.and_then(finite)),
+            a.false_positives
+        );
+        println!(
+            "  gates against the planted pairs, with no threshold: ROC AUC {}, average precision {}",
+            fmt3(p.gate_auc.and_then(finite)),
+            fmt3(p.gate_average_precision.and_then(finite))
+        );
+    }
+    if let Some(s) = g.spearman_gain_gate.flatten().and_then(finite) {
+        println!("  rank correlation of held-out gains with the gates: {s:.3}");
+    }
+    if let Some(s) = g.spearman_gain_score.flatten().and_then(finite) {
+        println!("  … with the index's score: {s:.3}");
+    }
+    let kept: Vec<&RowReport> = g.kept.iter().take(5).collect();
+    print_rows("kept, most useful first", &kept);
+    let mut rest: Vec<&RowReport> = r.rows.iter().filter(|e| e.kept != Some(true)).collect();
+    let evidence = |e: &RowReport| {
+        e.heldout
+            .as_ref()
+            .and_then(|h| finite(h.evidence))
+            .unwrap_or(f64::NEG_INFINITY)
+    };
+    rest.sort_by(|a, b| evidence(b).total_cmp(&evidence(a)));
+    rest.truncate(3);
+    print_rows("not kept, closest to the rule", &rest);
+}
+
 /// Prints the report for a person.
-pub fn print(r: &Value) {
-    let gated = r["use_gate"].as_bool() != Some(false);
+pub fn print(r: &Report) {
     println!(
         "splitgrad: {} steps on {} ({} split rows, {})",
-        r["steps"],
-        r["corpus"].as_str().unwrap_or("?"),
-        r["n_rows"],
-        if gated { "gated" } else { "fusion mode" }
+        r.steps,
+        r.corpus,
+        r.n_rows,
+        if r.use_gate() { "gated" } else { "fusion mode" }
     );
     println!(
         "  final training loss {:.4} (cross-entropy {:.4})",
-        r["final_loss"].as_f64().unwrap_or(f64::NAN),
-        r["final_ce"].as_f64().unwrap_or(f64::NAN)
+        r.last_step.map_or(f64::NAN, |s| shown(s.total)),
+        r.last_step.map_or(f64::NAN, |s| shown(s.ce))
     );
-    if let Some(ce) = r["heldout_ce"].as_f64() {
+    if let Some((h, ce)) = r
+        .heldout
+        .as_ref()
+        .and_then(|h| finite(h.ce).map(|c| (h, c)))
+    {
         println!(
             "  held-out cross-entropy {ce:.4} on {} tokens; every gate closed {:.4}{}",
-            r["heldout_tokens"],
-            r["heldout_ce_closed"].as_f64().unwrap_or(f64::NAN),
-            r["heldout_ce_initial"]
-                .as_f64()
+            h.n_tokens,
+            shown(h.ce_closed),
+            r.heldout_ce_initial
+                .and_then(finite)
                 .map(|i| format!("; before training {i:.4}"))
                 .unwrap_or_default()
         );
-        let langs: Vec<String> = r["heldout_per_language"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|l| l["n_tokens"].as_u64() > Some(0))
+        let langs: Vec<String> = h
+            .per_language
+            .iter()
             .map(|l| {
                 let name = l
-                    .get("language_name")
-                    .and_then(Value::as_str)
-                    .map_or_else(|| l["language"].to_string(), str::to_string);
-                format!(
-                    "{name} {:.3}/{:.3}",
-                    l["ce"].as_f64().unwrap_or(f64::NAN),
-                    l["ce_closed"].as_f64().unwrap_or(f64::NAN)
-                )
+                    .language_name
+                    .clone()
+                    .unwrap_or_else(|| l.language.to_string());
+                format!("{name} {:.3}/{:.3}", shown(l.ce), shown(l.ce_closed))
             })
             .collect();
         println!("  per language (model/closed): {}", langs.join("  "));
     }
-    if r["learned"].as_bool() == Some(false) {
+    if r.learned == Some(false) {
         println!(
             "  nothing was learned: the held-out cross-entropy is not below ln V = {:.4}, a uniform guess{}",
-            r["heldout_ce_uniform"].as_f64().unwrap_or(f64::NAN),
-            if r["n_kept"].as_u64() == Some(0) {
+            shown(r.heldout_ce_uniform),
+            if r.gated().is_some_and(|g| g.n_kept == 0) {
                 "; no row is kept"
             } else {
                 ""
             }
         );
     }
-    if !gated {
-        println!(
+    match &r.outcome {
+        Outcome::Fusion(f) => println!(
             "  distinct rows per token: {:.3}; mean distance of a row to its token's centroid {:.4}",
-            r["distinct_rows_per_token"].as_f64().unwrap_or(f64::NAN),
-            r["mean_distance_to_centroid"].as_f64().unwrap_or(f64::NAN)
-        );
-    } else {
-        println!(
-            "  kept rows: {} of {} (their held-out text does not follow the shared row, beyond chance over all rows, and they save > {} nats a token); effective number of vocabularies {:.3}",
-            r["n_kept"],
-            r["n_rows"],
-            r["rule"]["margin"],
-            r["effective_vocabularies"].as_f64().unwrap_or(f64::NAN)
-        );
-        if let Some(p) = r.get("planted") {
-            println!(
-                "  against the planted pairs: precision {}, recall {}, F1 {}; decoys kept: {}",
-                fmt3(p["precision"].as_f64()),
-                fmt3(p["recall"].as_f64()),
-                fmt3(p["f1"].as_f64()),
-                p["decoys_kept"]
-            );
-            println!(
-                "  gates against the planted pairs, with no threshold: ROC AUC {}, average precision {}",
-                fmt3(p["gate_auc"].as_f64()),
-                fmt3(p["gate_average_precision"].as_f64())
-            );
-        }
-        if let Some(s) = r.get("spearman_gain_gate").and_then(Value::as_f64) {
-            println!("  rank correlation of held-out gains with the gates: {s:.3}");
-        }
-        if let Some(s) = r.get("spearman_gain_score").and_then(Value::as_f64) {
-            println!("  … with the index's score: {s:.3}");
-        }
-        let show = |title: &str, list: Vec<&Value>| {
-            if list.is_empty() {
-                return;
-            }
-            println!("  {title}:");
-            for e in list {
-                let planted = match e.get("planted").and_then(Value::as_bool) {
-                    Some(true) => "  planted",
-                    Some(false) => "  not planted",
-                    None => "",
-                };
-                let gain = e
-                    .get("heldout_gain")
-                    .and_then(Value::as_f64)
-                    .map(|g| {
-                        format!(
-                            "  held-out gain {g:>9.3} nats ({} tokens, evidence {})",
-                            e["heldout_tokens"],
-                            e["heldout_evidence"]
-                                .as_f64()
-                                .map_or("–".to_string(), |x| format!("{x:.2}"))
-                        )
-                    })
-                    .unwrap_or_default();
-                println!(
-                    "    {}  gate {:.3}{gain}{planted}",
-                    describe(e),
-                    e["gate"].as_f64().unwrap_or(f64::NAN)
-                );
-            }
-        };
-        let kept: Vec<&Value> = r["kept"].as_array().into_iter().flatten().collect();
-        show(
-            "kept, most useful first",
-            kept.iter().take(5).copied().collect(),
-        );
-        let rows: Vec<&Value> = r["rows"].as_array().into_iter().flatten().collect();
-        let mut rest: Vec<&Value> = rows
-            .into_iter()
-            .filter(|e| e["kept"].as_bool() != Some(true))
-            .collect();
-        rest.sort_by(|a, b| {
-            let g = |e: &Value| e["heldout_evidence"].as_f64().unwrap_or(f64::NEG_INFINITY);
-            g(b).total_cmp(&g(a))
-        });
-        show(
-            "not kept, closest to the rule",
-            rest.into_iter().take(3).collect(),
-        );
+            shown(f.distinct_rows_per_token),
+            shown(f.mean_distance_to_centroid)
+        ),
+        Outcome::Gated(g) => print_gated(r, g),
     }
-    if let Some(tps) = r["tokens_per_second"].as_f64() {
-        match (r["contexts_per_step"].as_f64(), r["head_gflops"].as_f64()) {
-            (Some(m), Some(g)) => println!(
-                "  {tps:.0} tokens/s on {} threads (training steps only; {m:.0} distinct contexts a step, the head at {g:.1} GFLOP/s)",
-                r["threads"]
+    if let Some(t) = r.throughput.filter(|t| t.tokens_per_second.is_finite()) {
+        let tps = t.tokens_per_second;
+        match t
+            .head
+            .filter(|h| h.contexts_per_step.is_finite() && h.gflops.is_finite())
+        {
+            Some(h) => println!(
+                "  {tps:.0} tokens/s on {} threads (training steps only; {:.0} distinct contexts a step, the head at {:.1} GFLOP/s)",
+                t.threads, h.contexts_per_step, h.gflops
             ),
-            _ => println!("  {tps:.0} tokens/s on {} threads", r["threads"]),
+            None => println!("  {tps:.0} tokens/s on {} threads", t.threads),
         }
     }
 }
@@ -421,22 +361,14 @@ pub struct ReportArgs {
 /// `splitgrad report CHECKPOINT`.
 pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
     let saved = load_model::<f32>(&args.checkpoint)?;
-    let use_gate = saved.metadata.get("use_gate").map(String::as_str) != Some("false");
-    let report = build(&ReportInput {
-        model: &saved.model,
-        history: &saved.history,
-        labels: &saved.labels,
-        heldout_curve: &saved.heldout_curve,
-        evaluation: saved.evaluation.as_ref(),
-        use_gate,
-        tokens_per_second: None,
-        threads: None,
-        checkpoint: &args.checkpoint,
-        kept_limit: ROWS_LISTED,
-    });
+    let report = Report::build(&ReportInput::of_saved(
+        &saved,
+        &args.checkpoint,
+        ROWS_LISTED,
+    ));
     print(&report);
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(&to_json(&report))?);
     }
     Ok(ExitCode::SUCCESS)
 }

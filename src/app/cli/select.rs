@@ -5,22 +5,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use super::report::fmt3;
-use crate::Rng;
-use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::report::agreement;
-use crate::app::select::{Selection, interference, select};
-use crate::app::train::{TrainConfig, Trainer};
-use crate::checkpoint::{Snapshot, save_state};
-use crate::io::save_index;
-
-use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use clap::Args;
 use serde_json::json;
 
-use super::data::{self, Data};
-use super::train::{check_run_flags, run_to_end};
-use super::{CliResult, TrainArgs, set_threads};
+use crate::app::select::{
+    Selection, interference, planted_agreement, save_shared, select, shared_from_checkpoint,
+};
+use crate::io::save_index;
+
+use super::CliResult;
+use super::options::{ModelArgs, RunArgs, defaults};
+use super::outdir::{default_run_folder, refuse_existing, report_removed};
+use super::progress::run_to_end;
+use super::report::fmt3;
 
 /// Options of `splitgrad select`.
 #[derive(Args, Debug, Clone)]
@@ -29,7 +26,7 @@ pub struct SelectArgs {
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Only pairs seen at least this often as a context are scored.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = defaults().data.min_count)]
     pub min_count: usize,
     /// Read the shared table and head from this checkpoint (of `train` or
     /// of an earlier `select`) instead of training the shared-only model.
@@ -55,23 +52,12 @@ pub struct SelectArgs {
     #[arg(long)]
     pub force: bool,
     /// Training steps of the shared-only model.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = defaults().train.steps)]
     pub steps: u64,
-    /// Bigrams per step.
-    #[arg(long, default_value_t = 4096)]
-    pub batch: usize,
-    /// Embedding width D.
-    #[arg(long, default_value_t = 64)]
-    pub dim: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-2)]
-    pub lr: f64,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Seed of the corpus, the weights and the batches.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Print the result as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
@@ -96,80 +82,11 @@ fn selection(args: &SelectArgs) -> CliResult<Selection> {
     Ok(Selection::Relative(args.relative))
 }
 
-/// The shared-only model: trained here, or read from a checkpoint.
-fn shared_model(args: &SelectArgs, data: &Data) -> CliResult<BigramModel<f32>> {
-    let config = ModelConfig {
-        vocab_size: data.vocab_size,
-        n_languages: data.n_languages,
-        dim: args.dim,
-        gate_init: 0.0,
-    };
-    if let Some(path) = &args.checkpoint {
-        let snap = Snapshot::read(path)?;
-        let table_name = "token_embedding.vocab.weight";
-        let shape = snap.state.get(table_name).map(|t| t.shape().to_vec());
-        let dim = match shape.as_deref() {
-            Some(&[v, d]) if v == data.vocab_size => d,
-            _ => {
-                return Err(format!(
-                    "{}: `{table_name}` has shape {}, the corpus needs ({}, D)",
-                    path.display(),
-                    shape.map_or("(missing)".to_string(), |s| format!("{s:?}")),
-                    data.vocab_size
-                )
-                .into());
-            }
-        };
-        data.plan(dim, 0, 0).check("")?;
-        let mut model = BigramModel::<f32>::shared_only(ModelConfig { dim, ..config })?;
-        snap.restore(&mut [&mut model.embeddings, &mut model.head], None)?;
-        return Ok(model);
-    }
-    data.plan(args.dim, 0, args.batch)
-        .check("--dim or --batch")?;
-    let mut model = BigramModel::<f32>::shared_only(config)?;
-    model.reset_parameters(&mut Rng::new(args.seed))?;
-    let tcfg = TrainConfig {
-        steps: args.steps,
-        batch: args.batch,
-        lr: args.lr,
-        gate_penalty: 0.0,
-        fusion_penalty: 0.0,
-        use_gate: true,
-        seed: args.seed,
-    };
-    let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
-    run_to_end(&mut trainer, "shared-only model")?;
-    Ok(trainer.model().clone())
-}
-
-/// Writes the shared-only model's table and head under their state-dict
-/// names, so that `--checkpoint` can score again without training.
-fn save_shared(model: &BigramModel<f32>, path: &std::path::Path) -> CliResult<()> {
-    let cfg = model.config();
-    let meta: std::collections::BTreeMap<String, String> = [
-        ("format", "splitgrad-shared-1".to_string()),
-        ("vocab_size", cfg.vocab_size.to_string()),
-        ("n_languages", cfg.n_languages.to_string()),
-        ("dim", cfg.dim.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    save_state(path, &[&model.embeddings, &model.head], None, &[], &meta)?;
-    Ok(())
-}
-
 /// `splitgrad select`.
 pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
-    check_run_flags(args.batch, args.dim, args.lr)?;
+    args.model.check()?;
     let how = selection(&args)?;
-    let threads = set_threads(args.threads)?;
-    let data = data::load(&TrainArgs::for_data(
-        args.corpus.clone(),
-        args.min_count,
-        args.seed,
-    ))?;
+    let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let out = args.out.clone().unwrap_or_else(|| {
         default_run_folder(&data.name, args.corpus.as_deref())
             .join("select")
@@ -190,10 +107,19 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
         report_removed(&crate::io::remove_stale_temporaries(dir)?);
     }
     let started = Instant::now();
-    let model = shared_model(&args, &data)?;
-    if args.checkpoint.is_none() {
-        save_shared(&model, &shared_path)?;
-    }
+    let model = match &args.checkpoint {
+        Some(path) => shared_from_checkpoint(path, &data)?,
+        None => {
+            let dim = args.model.dim;
+            data.plan(dim, 0, args.model.batch)
+                .check("--dim or --batch")?;
+            let train = args.model.train(args.steps, args.run.seed);
+            let mut trainer = data.trainer(None, dim, train)?;
+            run_to_end(&mut trainer, "shared-only model")?;
+            save_shared(trainer.model(), &shared_path)?;
+            trainer.model().clone()
+        }
+    };
     let scores = interference(&model, &data.corpus, args.min_count)?;
     let index = select(&scores, how)?;
     save_index(&out, &index)?;
@@ -223,21 +149,7 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
         "seconds": elapsed,
     });
     if let Some(truth) = &data.truth {
-        let selected: std::collections::HashSet<(usize, usize)> = index
-            .language_index
-            .iter()
-            .copied()
-            .zip(index.token_index.iter().copied())
-            .collect();
-        let chosen: Vec<bool> = scores
-            .iter()
-            .map(|p| selected.contains(&(p.language, p.token)))
-            .collect();
-        let planted: Vec<bool> = scores
-            .iter()
-            .map(|p| truth.binary_search(&(p.language, p.token)).is_ok())
-            .collect();
-        let a = agreement(&chosen, &planted);
+        let a = planted_agreement(&scores, &index, truth);
         println!(
             "  against the planted pairs: precision {}, recall {}, F1 {} ({} planted)",
             fmt3(a.precision),

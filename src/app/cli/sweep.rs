@@ -1,26 +1,22 @@
-//! `splitgrad sweep`: fusion mode over several fusion weights. Every
-//! (language, token) pair seen often enough gets a row, so with weight 0
-//! each language has its own vocabulary; the fusion penalty pulls the rows
-//! of a token toward their centroid, and the effective number of
-//! vocabularies shows how many stay apart: read off rather than chosen.
+//! `splitgrad sweep`: fusion mode over several fusion weights, measured by
+//! [`crate::app::sweep`], tabulated and plotted.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::Rng;
-use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::report::effective_vocabularies;
-use crate::app::train::{TrainConfig, Trainer};
 use clap::Args;
 use serde_json::json;
 
-use super::data::{self, index_from_counts};
+use crate::app::report::SAME_EMBEDDING;
+use crate::app::sweep::{measure, sweep_index};
+use crate::app::train::TrainConfig;
+
+use super::CliResult;
+use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
-use super::plots::{self, SweepPoint};
+use super::plots;
+use super::progress::run_to_end;
 use super::report::write_json;
-use super::train::{check_run_flags, run_to_end};
-use super::{CliResult, TrainArgs, set_threads};
-use crate::app::eval::heldout_ce;
 
 /// Options of `splitgrad sweep`.
 #[derive(Args, Debug, Clone)]
@@ -29,7 +25,7 @@ pub struct SweepArgs {
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Pairs seen at least this often as a context get a row.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = defaults().data.min_count)]
     pub min_count: usize,
     /// Fusion-penalty weights, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,0.01,0.03,0.1,0.3,1,3")]
@@ -37,25 +33,14 @@ pub struct SweepArgs {
     /// Training steps per weight.
     #[arg(long, default_value_t = 500)]
     pub steps: u64,
-    /// Bigrams per step.
-    #[arg(long, default_value_t = 4096)]
-    pub batch: usize,
-    /// Embedding width D.
-    #[arg(long, default_value_t = 64)]
-    pub dim: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-2)]
-    pub lr: f64,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Two embeddings of a token are the same when closer than this
     /// fraction of the token's mean embedding norm.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = SAME_EMBEDDING)]
     pub tolerance: f64,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Seed of the corpus, the weights and the batches.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Output folder for sweep.json and sweep.svg (default `sweep/` in the
     /// corpus's run folder).
     #[arg(long)]
@@ -70,7 +55,7 @@ pub struct SweepArgs {
 
 /// `splitgrad sweep`.
 pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
-    check_run_flags(args.batch, args.dim, args.lr)?;
+    args.model.check()?;
     if args.weights.is_empty() {
         return Err("--weights needs at least one weight".into());
     }
@@ -80,21 +65,10 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     if !(args.tolerance.is_finite() && args.tolerance >= 0.0) {
         return Err(format!("--tolerance must be ≥ 0, got {}", args.tolerance).into());
     }
-    let threads = set_threads(args.threads)?;
-    let data = data::load(&TrainArgs::for_data(
-        args.corpus.clone(),
-        args.min_count,
-        args.seed,
-    ))?;
-    let index = index_from_counts(&data.corpus, args.min_count);
-    if index.token_index.is_empty() {
-        return Err(format!(
-            "no (language, token) pair is seen {} times or more: lower --min-count",
-            args.min_count
-        )
-        .into());
-    }
-    data.plan(args.dim, index.token_index.len(), args.batch)
+    let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
+    let index = sweep_index(&data, args.min_count)?;
+    let dim = args.model.dim;
+    data.plan(dim, index.token_index.len(), args.model.batch)
         .check("--dim or --batch")?;
     let out = args
         .out
@@ -107,7 +81,6 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         &[&out.join("sweep.json"), &out.join("sweep.svg")],
         args.force,
     )?;
-    let l = data.n_languages;
     println!(
         "splitgrad sweep: fusion mode on {}, {} rows (every pair seen ≥ {} times), {} steps per weight, {threads} threads",
         data.name,
@@ -122,70 +95,49 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     std::fs::create_dir_all(&out)
         .map_err(|e| format!("{}: cannot create the output folder: {e}", out.display()))?;
     report_removed(&crate::io::remove_stale_temporaries(&out)?);
-    let mut rows = Vec::new();
     let mut points = Vec::new();
     for &w in &args.weights {
-        let config = ModelConfig {
-            vocab_size: data.vocab_size,
-            n_languages: l,
-            dim: args.dim,
-            gate_init: 0.0,
-        };
-        let mut model = BigramModel::<f32>::new(config, index.clone())?;
-        model.reset_parameters(&mut Rng::new(args.seed))?;
-        let tcfg = TrainConfig {
-            steps: args.steps,
-            batch: args.batch,
-            lr: args.lr,
-            gate_penalty: 0.0,
+        let train = TrainConfig {
             fusion_penalty: w,
             use_gate: false,
-            seed: args.seed,
+            ..args.model.train(args.steps, args.run.seed)
         };
-        let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
+        let mut trainer = data.trainer(Some(&index), dim, train)?;
         run_to_end(&mut trainer, &format!("weight {w}"))?;
-        let ev = effective_vocabularies(trainer.model(), false, args.tolerance);
-        let per_language: Vec<f64> = (0..l)
-            .map(|a| {
-                if l < 2 {
-                    0.0
-                } else {
-                    (0..l).map(|b| ev.apart[[a, b]]).sum::<f64>() / (l - 1) as f64
-                }
-            })
-            .collect();
-        let ce = trainer.history().last().map_or(f64::NAN, |s| s.ce);
-        let (held_ce, held_ce_closed) = heldout_ce(trainer.model(), &data.heldout, false)?;
-        let apart_text: Vec<String> = per_language
+        let p = measure(&trainer, &data, w, args.tolerance)?;
+        let apart_text: Vec<String> = p
+            .language_apart
             .iter()
             .enumerate()
             .map(|(a, f)| format!("{a}:{f:.2}"))
             .collect();
         println!(
-            "  {w:>8}  {:>10.3}  {ce:>8.4}  {:>8.4}  {}",
-            ev.mean,
-            held_ce,
+            "  {w:>8}  {:>10.3}  {:>8.4}  {:>8.4}  {}",
+            p.effective_vocabularies,
+            p.final_ce,
+            p.heldout_ce,
             apart_text.join(" ")
         );
-        points.push(SweepPoint {
-            weight: w,
-            effective: ev.mean,
-            heldout_ce: held_ce,
-        });
-        rows.push(json!({
-            "fusion_weight": w,
-            "effective_vocabularies": ev.mean,
-            "final_ce": ce,
-            "heldout_ce": held_ce,
-            "heldout_ce_shared_only": held_ce_closed,
-            "language_apart": per_language,
-            "apart": ev.apart.outer_iter().map(|r| r.to_vec()).collect::<Vec<_>>(),
-        }));
+        points.push(p);
     }
+    let rows: Vec<_> = points
+        .iter()
+        .map(|p| {
+            json!({
+                "fusion_weight": p.fusion_weight,
+                "effective_vocabularies": p.effective_vocabularies,
+                "final_ce": p.final_ce,
+                "heldout_ce": p.heldout_ce,
+                "heldout_ce_shared_only": p.heldout_ce_shared_only,
+                "language_apart": p.language_apart,
+                "apart": p.apart.outer_iter().map(|r| r.to_vec()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let summary = json!({
         "corpus": data.name,
         "n_rows": index.token_index.len(),
-        "n_languages": l,
+        "n_languages": data.n_languages,
         "steps": args.steps,
         "tolerance": args.tolerance,
         "heldout": data.heldout_source,

@@ -1,73 +1,148 @@
 //! `splitgrad train`: the main job.
 
-use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
-use crate::Rng;
-use crate::app::eval::{evaluate, heldout_ce};
-use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::train::{RunLabels, TrainConfig, Trainer};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use clap::Args;
 
-use super::data;
+use crate::app::data::{self, Data, DataSource};
+use crate::app::report::Report;
+use crate::app::run::{Run, RunConfig, Stopped};
+use crate::app::train::{TrainConfig, Trainer};
+
+use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, prepare_run_folder, report_removed};
-use super::report::{self, ReportInput};
-use super::{CliResult, TrainArgs, plots, set_threads};
+use super::progress::progress_bar;
+use super::report::{self, to_json, write_json};
+use super::{CliResult, plots, set_threads};
 
 /// The checkpoint file inside a run's folder.
 pub const CHECKPOINT: &str = "model.safetensors";
 
-/// Checks `--batch`, `--dim` and `--lr`, which every training command has.
-pub fn check_run_flags(batch: usize, dim: usize, lr: f64) -> CliResult<()> {
-    if batch == 0 {
-        return Err("--batch must be at least 1".into());
-    }
-    if dim == 0 {
-        return Err("--dim must be at least 1".into());
-    }
-    if !(lr.is_finite() && lr > 0.0) {
-        return Err(format!("--lr must be a finite number > 0, got {lr}").into());
-    }
-    Ok(())
+/// Options of `splitgrad train`.
+#[derive(Args, Debug, Clone)]
+// The shared `--lr`, in train's words: it sets both optimisers.
+#[command(mut_arg("lr", |a| a.help("Learning rate (Adam and lazy Adam)")))]
+pub struct TrainArgs {
+    /// Corpus `.npz` (`token_ids`, `language_ids`, optional `sequence_starts`);
+    /// without it, the built-in synthetic corpus.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Index `.npz` (`language_index`, `token_index`, optional `score`); without
+    /// it, every (language, token) pair seen at least `--min-count` times.
+    #[arg(long)]
+    pub index: Option<PathBuf>,
+    /// Pairs seen at least this often (in the training part) get a row when
+    /// there is no `--index`.
+    #[arg(long, default_value_t = defaults().data.min_count)]
+    pub min_count: usize,
+    /// Fraction of the corpus's sequences held out for evaluation (chosen by
+    /// the seed; a corpus of one sequence gives up its tail).
+    #[arg(long, default_value_t = defaults().data.heldout_fraction)]
+    pub heldout_fraction: f64,
+    /// A held-out corpus to evaluate on, instead of a fraction of `--corpus`.
+    #[arg(long, conflicts_with = "heldout_fraction")]
+    pub heldout: Option<PathBuf>,
+    /// Output folder (checkpoint, report.json, plots); default
+    /// `runs/synthetic`, or `runs/<corpus stem>-<hash of its path>`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Training steps.
+    #[arg(long, default_value_t = defaults().train.steps)]
+    pub steps: u64,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Weight of the gate penalty mean(σ(gate_logit)).
+    #[arg(long, default_value_t = defaults().train.gate_penalty)]
+    pub gate_penalty: f64,
+    /// Weight of the fusion penalty.
+    #[arg(long, default_value_t = defaults().train.fusion_penalty)]
+    pub fusion_penalty: f64,
+    /// Fusion mode: split rows replace the shared row, no gate.
+    #[arg(long)]
+    pub no_gate: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Continue from the checkpoint in the output folder.
+    #[arg(long, conflicts_with = "force")]
+    pub resume: bool,
+    /// Replace a run already in the output folder.
+    #[arg(long)]
+    pub force: bool,
+    /// Write a checkpoint every this many steps (and at the end).
+    #[arg(long, default_value_t = defaults().checkpoint_every)]
+    pub checkpoint_every: u64,
+    /// Print the report as one JSON object on the last line of standard output.
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// Runs a trainer to its last step behind a progress bar whose message
-/// starts with `what`.
-pub fn run_to_end(trainer: &mut Trainer<f32>, what: &str) -> CliResult<()> {
-    let bar = progress_bar(trainer.config().steps, trainer.step_index());
-    while !trainer.is_done() {
-        let s = trainer.step()?;
-        bar.set_position(trainer.step_index());
-        bar.set_message(format!("{what}, loss {:.4}", s.total));
+impl TrainArgs {
+    /// Checks the numbers the command line cannot.
+    fn validate(&self) -> CliResult<()> {
+        self.model.check()?;
+        for (flag, v) in [
+            ("--gate-penalty", self.gate_penalty),
+            ("--fusion-penalty", self.fusion_penalty),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{flag} must be a finite number ≥ 0, got {v}").into());
+            }
+        }
+        if self.checkpoint_every == 0 {
+            return Err("--checkpoint-every must be at least 1".into());
+        }
+        if self.steps == 0 {
+            return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
+        }
+        Ok(())
     }
-    bar.finish_and_clear();
-    Ok(())
-}
 
-fn validate(args: &TrainArgs) -> CliResult<()> {
-    let bad = |flag: &str, v: f64| -> CliResult<()> {
-        Err(format!("{flag} must be a finite number ≥ 0, got {v}").into())
-    };
-    check_run_flags(args.batch, args.dim, args.lr)?;
-    for (flag, v) in [
-        ("--gate-penalty", args.gate_penalty),
-        ("--fusion-penalty", args.fusion_penalty),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            bad(flag, v)?;
+    /// The output folder for a run on `data`, made ready: `--resume` needs
+    /// its checkpoint, a finished run in it needs `--resume` or `--force`.
+    fn prepare_out(&self, data: &Data) -> CliResult<PathBuf> {
+        let out = self
+            .out
+            .clone()
+            .unwrap_or_else(|| default_run_folder(&data.name, self.corpus.as_deref()));
+        let ckpt = out.join(CHECKPOINT);
+        if self.resume && !ckpt.exists() {
+            return Err(format!(
+                "{}: --resume, but there is no checkpoint to resume from",
+                ckpt.display()
+            )
+            .into());
+        }
+        report_removed(&prepare_run_folder(
+            &out,
+            CHECKPOINT,
+            self.resume,
+            self.force,
+        )?);
+        Ok(out)
+    }
+
+    /// The run these options describe.
+    fn config(&self) -> RunConfig {
+        RunConfig {
+            data: DataSource {
+                index: self.index.clone(),
+                heldout_fraction: self.heldout_fraction,
+                heldout: self.heldout.clone(),
+                ..DataSource::of_corpus(self.corpus.clone(), self.min_count, self.run.seed)
+            },
+            train: TrainConfig {
+                gate_penalty: self.gate_penalty,
+                fusion_penalty: self.fusion_penalty,
+                use_gate: !self.no_gate,
+                ..self.model.train(self.steps, self.run.seed)
+            },
+            dim: self.model.dim,
+            checkpoint_every: self.checkpoint_every,
         }
     }
-    if args.checkpoint_every == 0 {
-        return Err("--checkpoint-every must be at least 1".into());
-    }
-    if args.steps == 0 {
-        return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
-    }
-    Ok(())
 }
 
 /// Set by SIGINT or SIGTERM: the run finishes its step, writes a
@@ -114,170 +189,29 @@ impl Stop {
 
 /// Runs `train` and prints the report.
 pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
-    validate(&args)?;
+    args.validate()?;
     let stop = Stop::install()?;
-    let threads = set_threads(args.threads)?;
-    let data = data::load(&args)?;
-    data.plan(args.dim, data.index.token_index.len(), args.batch)
+    let threads = set_threads(args.run.threads)?;
+    let config = args.config();
+    let data = data::load(&config.data)?;
+    data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| default_run_folder(&data.name, args.corpus.as_deref()));
+    let out = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
-    if args.resume && !ckpt.exists() {
-        return Err(format!(
-            "{}: --resume, but there is no checkpoint to resume from",
-            ckpt.display()
-        )
-        .into());
-    }
-    report_removed(&prepare_run_folder(
-        &out,
-        CHECKPOINT,
-        args.resume,
-        args.force,
-    )?);
-
-    let mcfg = ModelConfig {
-        vocab_size: data.vocab_size,
-        n_languages: data.n_languages,
-        dim: args.dim,
-        gate_init: 0.0,
-    };
-    let mut model = BigramModel::<f32>::new(mcfg, data.index.clone())?;
-    model.reset_parameters(&mut Rng::new(args.seed))?;
-    let tcfg = TrainConfig {
-        steps: args.steps,
-        batch: args.batch,
-        lr: args.lr,
-        gate_penalty: args.gate_penalty,
-        fusion_penalty: args.fusion_penalty,
-        use_gate: !args.no_gate,
-        seed: args.seed,
-    };
-    let mut trainer = Trainer::new(model, data.corpus.clone(), tcfg)?;
-    trainer.bind_heldout(&data.heldout);
+    let mut run = Run::start(&data, &config, ckpt.clone(), args.resume)?;
     if args.resume {
-        trainer.load(&ckpt)?;
         println!(
             "splitgrad: resumed {} from step {} of {}",
             ckpt.display(),
-            trainer.step_index(),
+            run.trainer().step_index(),
             args.steps
         );
     }
-
-    let labels = RunLabels {
-        corpus: data.name.clone(),
-        language_names: data.corpus.meta.language_names.clone(),
-        token_strings: data.corpus.meta.token_strings.clone(),
-        planted: data.truth.as_ref().map(|truth| {
-            let index = trainer.model().split.index();
-            (0..index.token_index.len())
-                .map(|i| {
-                    truth
-                        .binary_search(&(index.language_index[i], index.token_index[i]))
-                        .is_ok()
-                })
-                .collect()
-        }),
-    };
-    trainer.set_labels(labels);
-    let use_gate = !args.no_gate;
-    if trainer.step_index() == 0 {
-        let (ce, ce_closed) = heldout_ce(trainer.model(), &data.heldout, use_gate)?;
-        trainer.record_heldout(ce, ce_closed);
+    if let Some(code) = train_to_end(&mut run, &stop)? {
+        return Ok(code);
     }
-
-    let bar = progress_bar(args.steps, trainer.step_index());
-    // Tokens per second count the steps only: the held-out evaluations at
-    // powers of two and the checkpoints are timed apart.
-    let mut stepping = 0.0f64;
-    // Distinct hidden rows (contexts) of the steps run, for the head's rate.
-    let mut contexts = 0.0f64;
-    let first = trainer.step_index();
-    let mut heldout = trainer.heldout_curve().last().map_or(f64::NAN, |c| c.1);
-    while !trainer.is_done() {
-        if let Some(code) = stop.requested() {
-            bar.finish_and_clear();
-            return stopped(&mut trainer, &ckpt, first, code);
-        }
-        if let Some(code) = stop.requested() {
-            bar.finish_and_clear();
-            return stopped(&mut trainer, &ckpt, first, code);
-        }
-        let t0 = Instant::now();
-        let s = trainer.step()?;
-        stepping += t0.elapsed().as_secs_f64();
-        contexts += trainer.last_contexts() as f64;
-        let step = trainer.step_index();
-        if step.is_power_of_two() && !trainer.is_done() {
-            let (ce, ce_closed) = heldout_ce(trainer.model(), &data.heldout, use_gate)?;
-            trainer.record_heldout(ce, ce_closed);
-            heldout = ce;
-        }
-        bar.set_position(step);
-        let tps = (step - first) as f64 * args.batch as f64 / stepping.max(1e-9);
-        bar.set_message(format!(
-            "loss {:.4}  held-out {heldout:.4}  {tps:.0} tok/s",
-            s.total
-        ));
-        if step % args.checkpoint_every == 0 && !trainer.is_done() {
-            trainer.save(&ckpt)?;
-        }
-    }
-    bar.finish_and_clear();
-    let steps_run = trainer.step_index() - first;
-    let tokens_per_second = if steps_run > 0 {
-        steps_run as f64 * args.batch as f64 / stepping.max(1e-9)
-    } else {
-        0.0
-    };
-    let evaluation = evaluate(trainer.model(), &data.heldout, use_gate)?;
-    trainer.record_heldout(evaluation.ce, evaluation.ce_closed);
-    trainer.set_evaluation(evaluation);
-    trainer.save(&ckpt)?;
-
-    let report = report::build(&ReportInput {
-        model: trainer.model(),
-        history: trainer.history(),
-        labels: trainer.labels(),
-        heldout_curve: trainer.heldout_curve(),
-        evaluation: trainer.evaluation(),
-        use_gate,
-        tokens_per_second: Some(tokens_per_second),
-        threads: Some(threads),
-        checkpoint: &ckpt,
-        kept_limit: super::report::ROWS_LISTED,
-    });
-    let mut report = report;
-    report["heldout_source"] = serde_json::json!(data.heldout_source);
-    if steps_run > 0 {
-        // The head's work: 6·m·V·D flops a step for m distinct contexts.
-        let m = contexts / steps_run as f64;
-        let flops = 6.0 * m * data.vocab_size as f64 * args.dim as f64;
-        report["contexts_per_step"] = serde_json::json!(m);
-        report["head_gflops"] =
-            serde_json::json!(flops * steps_run as f64 / stepping.max(1e-9) / 1e9);
-    }
-    report::write_json(&out.join("report.json"), &report)?;
-    plots::loss_curve(
-        &out.join("loss.svg"),
-        trainer.history(),
-        trainer.heldout_curve(),
-    )?;
-    plots::gate_histogram(
-        &out.join("gates.svg"),
-        &trainer
-            .model()
-            .split
-            .gate()
-            .iter()
-            .map(|&g| g as f64)
-            .collect::<Vec<_>>(),
-        trainer.labels().planted.as_deref(),
-    )?;
+    let report = run.finish(threads)?;
+    write_run(&out, &report, run.trainer())?;
     report::print(&report);
     println!(
         "  held-out: {}; wrote {CHECKPOINT}, report.json, loss.svg, gates.svg in {}",
@@ -285,41 +219,62 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         out.display()
     );
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(&to_json(&report))?);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Ends a run stopped by a signal: a checkpoint of the last finished step
-/// (unless no step was run), and how to go on.
-fn stopped(trainer: &mut Trainer<f32>, ckpt: &Path, first: u64, code: u8) -> CliResult<ExitCode> {
-    let step = trainer.step_index();
-    if step > first {
-        trainer.save(ckpt)?;
-        eprintln!(
-            "splitgrad: stopped at step {step}: resume with --resume (checkpoint {})",
-            ckpt.display()
-        );
-    } else if step > 0 {
-        eprintln!(
-            "splitgrad: stopped at step {step}, as resumed: {} is unchanged; resume with --resume",
-            ckpt.display()
-        );
-    } else {
-        eprintln!("splitgrad: stopped before the first step; no checkpoint was written");
+/// Trains to the last step behind a progress bar; on a signal, stops with
+/// a checkpoint and returns the exit code.
+fn train_to_end(run: &mut Run<'_>, stop: &Stop) -> CliResult<Option<ExitCode>> {
+    let bar = progress_bar(run.trainer().config().steps, run.trainer().step_index());
+    while !run.is_done() {
+        if let Some(code) = stop.requested() {
+            bar.finish_and_clear();
+            print_stopped(run.stop()?, run.checkpoint());
+            return Ok(Some(ExitCode::from(code)));
+        }
+        let s = run.step()?;
+        bar.set_position(run.trainer().step_index());
+        bar.set_message(format!(
+            "loss {:.4}  held-out {:.4}  {:.0} tok/s",
+            s.total,
+            run.heldout_ce(),
+            run.tokens_per_second()
+        ));
     }
-    Ok(ExitCode::from(code))
+    bar.finish_and_clear();
+    Ok(None)
 }
 
-fn progress_bar(total: u64, at: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    if !std::io::stderr().is_terminal() {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
+/// Writes `report.json` and the two plots of a finished run into `out`.
+fn write_run(out: &Path, report: &Report, trainer: &Trainer<f32>) -> CliResult<()> {
+    write_json(&out.join("report.json"), &to_json(report))?;
+    plots::loss_curve(
+        &out.join("loss.svg"),
+        trainer.history(),
+        trainer.heldout_curve(),
+    )?;
+    plots::gate_histogram(
+        &out.join("gates.svg"),
+        &trainer.model().gates(),
+        trainer.labels().planted.as_deref(),
+    )
+}
+
+/// Says how a run stopped by a signal can go on.
+fn print_stopped(stopped: Stopped, ckpt: &Path) {
+    match stopped {
+        Stopped::Saved(step) => eprintln!(
+            "splitgrad: stopped at step {step}: resume with --resume (checkpoint {})",
+            ckpt.display()
+        ),
+        Stopped::AsResumed(step) => eprintln!(
+            "splitgrad: stopped at step {step}, as resumed: {} is unchanged; resume with --resume",
+            ckpt.display()
+        ),
+        Stopped::BeforeFirstStep => {
+            eprintln!("splitgrad: stopped before the first step; no checkpoint was written")
+        }
     }
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  [{elapsed_precise}]")
-            .expect("valid template"),
-    );
-    bar.set_position(at);
-    bar
 }

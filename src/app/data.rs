@@ -3,15 +3,51 @@
 //! built-in synthetic generator.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::Rng;
 use crate::app::corpus::{Corpus, load_corpus};
 use crate::app::eval::split_heldout;
+use crate::app::model::{BigramModel, ModelConfig};
 use crate::app::plan::Plan;
 use crate::app::synthetic::{SyntheticConfig, generate};
+use crate::app::train::{RunLabels, TrainConfig, Trainer};
+use crate::error::{Error, Result};
 use crate::io::{SplitIndex, load_index};
 
-use super::{CliResult, TrainArgs};
+/// Where a run's data come from (the options of `splitgrad train` that
+/// name them). Errors about them name those options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataSource {
+    /// A corpus `.npz`; `None` for the built-in synthetic corpus.
+    pub corpus: Option<PathBuf>,
+    /// An index `.npz`; `None` for every pair seen `min_count` times.
+    pub index: Option<PathBuf>,
+    /// Pairs seen at least this often in the training part get a row when
+    /// there is no index.
+    pub min_count: usize,
+    /// The fraction of the corpus's sequences held out (without `heldout`).
+    pub heldout_fraction: f64,
+    /// A held-out corpus, instead of a fraction of `corpus`.
+    pub heldout: Option<PathBuf>,
+    /// The seed of the synthetic corpus and of the held-out choice.
+    pub seed: u64,
+}
+
+impl Default for DataSource {
+    /// The synthetic corpus, every pair seen 20 times a row, a tenth held
+    /// out, seed 0.
+    fn default() -> Self {
+        DataSource {
+            corpus: None,
+            index: None,
+            min_count: 20,
+            heldout_fraction: 0.1,
+            heldout: None,
+            seed: 0,
+        }
+    }
+}
 
 /// A corpus, its index and, for the synthetic corpus, the planted truth.
 pub struct Data {
@@ -23,17 +59,84 @@ pub struct Data {
     pub heldout: Corpus,
     /// How the held-out part was made, for the report.
     pub heldout_source: String,
+    /// The split rows: the index given, the synthetic corpus's, or every
+    /// pair seen often enough in the training part.
     pub index: SplitIndex,
+    /// V.
     pub vocab_size: usize,
+    /// L.
     pub n_languages: usize,
-    /// Where V and L came from, for errors about the sizes they imply.
+    /// Where V came from, for errors about the sizes it implies.
     pub vocab_source: String,
+    /// … and L.
     pub languages_source: String,
     /// The planted contested pairs, sorted (synthetic corpus only).
     pub truth: Option<Vec<(usize, usize)>>,
 }
 
+impl DataSource {
+    /// `corpus` (`None`: the synthetic one) with the seed `seed`, every
+    /// pair seen `min_count` times a row, the rest by default.
+    pub fn of_corpus(corpus: Option<PathBuf>, min_count: usize, seed: u64) -> Self {
+        DataSource {
+            corpus,
+            min_count,
+            seed,
+            ..DataSource::default()
+        }
+    }
+}
+
+/// A corpus file that must hold a bigram: `what` names what it is for.
+fn load_with_bigrams(path: &Path, what: &str) -> Result<Corpus> {
+    let corpus = load_corpus(path)?;
+    if corpus.n_bigrams() == 0 {
+        return Err(Error::config(format!(
+            "{}: no bigram to {what}: every sequence holds a single token",
+            path.display()
+        )));
+    }
+    Ok(corpus)
+}
+
 impl Data {
+    /// What a run on this data is about, for its reports, with `index` the
+    /// model's: the corpus's name and labels, and which rows are planted.
+    pub fn labels(&self, index: &SplitIndex) -> RunLabels {
+        RunLabels {
+            corpus: self.name.clone(),
+            language_names: self.corpus.meta.language_names.clone(),
+            token_strings: self.corpus.meta.token_strings.clone(),
+            planted: self.truth.as_ref().map(|truth| {
+                (0..index.token_index.len())
+                    .map(|i| {
+                        truth
+                            .binary_search(&(index.language_index[i], index.token_index[i]))
+                            .is_ok()
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    /// A trainer at step 0 on the training part, of a model of width `dim`
+    /// with the split rows of `index` (`None`: the shared-only model), its
+    /// weights drawn from the seed of `train`.
+    pub fn trainer(
+        &self,
+        index: Option<&SplitIndex>,
+        dim: usize,
+        train: TrainConfig,
+    ) -> Result<Trainer<f32>> {
+        let config = ModelConfig::new(self.vocab_size, self.n_languages, dim);
+        let mut model = match index {
+            Some(index) => BigramModel::new(config, index.clone())?,
+            None => BigramModel::shared_only(config)?,
+        };
+        model.reset_parameters(&mut Rng::new(train.seed))?;
+        Trainer::new(model, self.corpus.clone(), train)
+    }
+
     /// The memory plan of a model of width `dim` with `n_rows` split rows
     /// trained `batch` bigrams a step on this data.
     pub fn plan(&self, dim: usize, n_rows: usize, batch: usize) -> Plan {
@@ -87,21 +190,16 @@ pub fn index_from_counts(corpus: &Corpus, min_count: usize) -> SplitIndex {
 
 /// The training and held-out parts of `corpus`: a fraction of its
 /// sequences (seeded), or a held-out corpus file.
-fn heldout_of(corpus: Corpus, args: &TrainArgs) -> CliResult<(Corpus, Corpus, String)> {
+fn heldout_of(corpus: Corpus, args: &DataSource) -> Result<(Corpus, Corpus, String)> {
     if let Some(path) = &args.heldout {
-        let heldout = load_corpus(path)?;
-        if heldout.n_bigrams() == 0 {
-            return Err(format!(
-                "{}: no bigram to evaluate on: every sequence holds a single token",
-                path.display()
-            )
-            .into());
-        }
+        let heldout = load_with_bigrams(path, "evaluate on")?;
         return Ok((corpus, heldout, path.display().to_string()));
     }
     let f = args.heldout_fraction;
     if !(f > 0.0 && f < 1.0) {
-        return Err(format!("--heldout-fraction must be in (0, 1), got {f}").into());
+        return Err(Error::config(format!(
+            "--heldout-fraction must be in (0, 1), got {f}"
+        )));
     }
     let (train, heldout) = split_heldout(&corpus, f, args.seed)?;
     let how = format!(
@@ -115,7 +213,7 @@ fn heldout_of(corpus: Corpus, args: &TrainArgs) -> CliResult<(Corpus, Corpus, St
 
 /// Loads (or generates) the corpus, holds out its evaluation part, and
 /// loads the index (or makes one from the training part's counts).
-pub fn load(args: &TrainArgs) -> CliResult<Data> {
+pub fn load(args: &DataSource) -> Result<Data> {
     let (name, corpus, truth, index, v, l, sources) = match &args.corpus {
         None => {
             let cfg = SyntheticConfig {
@@ -143,14 +241,7 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
             )
         }
         Some(path) => {
-            let corpus = load_corpus(path)?;
-            if corpus.n_bigrams() == 0 {
-                return Err(format!(
-                    "{}: no bigram to train on: every sequence holds a single token",
-                    path.display()
-                )
-                .into());
-            }
+            let corpus = load_with_bigrams(path, "train on")?;
             // V and L as the corpus states them, or its largest ids + 1.
             let (v, l) = (corpus.vocab_size(), corpus.n_languages());
             let index = match &args.index {
@@ -168,20 +259,24 @@ pub fn load(args: &TrainArgs) -> CliResult<Data> {
         }
     };
     let (train, heldout, heldout_source) = heldout_of(corpus, args)?;
-    heldout
-        .validate(v, l)
-        .map_err(|e| format!("the held-out corpus does not fit the training corpus: {e}"))?;
+    heldout.validate(v, l).map_err(|e| {
+        Error::config(format!(
+            "the held-out corpus does not fit the training corpus: {e}"
+        ))
+    })?;
     let index = match index {
         Some(i) => i,
         None => {
             let idx = index_from_counts(&train, args.min_count);
             if idx.token_index.is_empty() {
-                return Err(format!(
+                return Err(Error::config(format!(
                     "{}: no (language, token) pair occurs {} times in the training part; lower --min-count",
-                    args.corpus.as_deref().unwrap_or(Path::new("the corpus")).display(),
+                    args.corpus
+                        .as_deref()
+                        .unwrap_or(Path::new("the corpus"))
+                        .display(),
                     args.min_count
-                )
-                .into());
+                )));
             }
             idx
         }
