@@ -12,6 +12,10 @@
 // Each test crate that includes this module uses only part of it.
 #![allow(dead_code)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod table;
+
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 use splitgrad::state::Module;

@@ -5,8 +5,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use ndarray::{Array1, Array2};
 use npyz::zip::write::FileOptions;
 use npyz::zip::{CompressionMethod, ZipWriter};
+use splitgrad::io::NpzWriter;
 
 /// A fresh, empty folder for one test.
 pub fn scratch(test: &str) -> PathBuf {
@@ -14,6 +16,33 @@ pub fn scratch(test: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// One 1-D array (or 2-D zeros) of a fixture, written by [`write_arrays`].
+#[derive(Clone, Copy, Debug)]
+pub enum Arr {
+    I64(&'static [i64]),
+    F64(&'static [f64]),
+    F32(&'static [f32]),
+    /// An int64 array of zeros of this 2-D shape.
+    Zeros2(usize, usize),
+}
+
+/// Writes `dir/name`, an `.npz` of these arrays through [`NpzWriter`],
+/// and returns its path.
+pub fn write_arrays(dir: &Path, name: &str, arrays: &[(&str, Arr)]) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = NpzWriter::new(&path);
+    for &(array, values) in arrays {
+        match values {
+            Arr::I64(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::F64(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::F32(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::Zeros2(r, c) => w.add(array, &Array2::<i64>::zeros((r, c))),
+        };
+    }
+    w.finish().unwrap();
+    path
 }
 
 /// An `.npy` v1.0 member: the header dict literal given, padded with
