@@ -792,58 +792,39 @@ fn mutated_cases_never_panic() {
 
 #[test]
 fn the_command_line_reports_each_failed_case_and_fails() {
+    use crate::common::cli::{self, run_ok, s};
     let dir = scratch("cli");
-    let bin = env!("CARGO_BIN_EXE_splitgrad");
-    let run = |args: &[&str]| std::process::Command::new(bin).args(args).output().unwrap();
-    let cases = dir.join("cases");
-    let generated = run(&[
+    let (cases, out) = (dir.join("cases"), dir.join("out"));
+    let gen_args = [
         "golden",
         "gen",
         "--layer",
         "split-vocabulary",
         "--cases",
         "2",
-        "--seed",
-        "1",
-        "--dtype",
-        "f32",
-        "--out",
-        cases.to_str().unwrap(),
-    ]);
-    assert!(generated.status.success(), "{generated:?}");
-    let out = dir.join("out");
-    let eval = run(&[
-        "golden",
-        "eval",
-        "--inputs",
-        cases.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(eval.status.success(), "{eval:?}");
+    ];
+    run_ok(
+        &dir,
+        &[
+            &gen_args[..],
+            &["--seed", "1", "--dtype", "f32", "--out", s(&cases)],
+        ]
+        .concat(),
+    );
+    let eval_args = ["golden", "eval", "--inputs", s(&cases), "--out", s(&out)];
+    run_ok(&dir, &eval_args);
     std::fs::write(cases.join("split-vocabulary/bad.npz"), b"x").unwrap();
-    let eval = run(&[
-        "golden",
-        "eval",
-        "--inputs",
-        cases.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let eval = cli::run(&dir, &eval_args);
     assert!(!eval.status.success());
     let stderr = String::from_utf8_lossy(&eval.stderr);
     assert!(stderr.starts_with("split-vocabulary/bad: "), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let stdout = String::from_utf8_lossy(&eval.stdout);
     assert!(stdout.contains("3 case(s): 2 ok, 1 failed"), "{stdout}");
-    let bad = run(&[
-        "golden",
-        "gen",
-        "--layer",
-        "head",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let bad = cli::run(
+        &dir,
+        &["golden", "gen", "--layer", "head", "--out", s(&out)],
+    );
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("lm-head"));
 }
