@@ -9,10 +9,11 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use splitgrad::ops::fused_ce::{
-    ChunkSizes, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward, naive_ce_forward,
+    ChunkSizes, RowStats, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward,
+    naive_ce_forward,
 };
 use splitgrad::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward};
 
@@ -57,22 +58,23 @@ fn fused_ce(c: &mut Criterion) {
     g.throughput(Throughput::Elements((N * v) as u64));
     let mut gh = Array2::<f32>::zeros((N, H));
     let mut gws: Vec<Array2<f32>> = ws.iter().map(|w| Array2::zeros(w.dim())).collect();
-    g.bench_function("fused", |b| {
-        b.iter(|| {
-            let mut views: Vec<Option<ArrayViewMut2<'_, f32>>> =
-                gws.iter_mut().map(|w| Some(w.view_mut())).collect();
-            fused_ce_backward(
-                hidden.view(),
-                &wv,
-                &targets,
-                &lse,
-                &gy,
-                CHUNKS,
-                Some(gh.view_mut()),
-                &mut views,
-            );
-        })
-    });
+    // The fused backward into ∂hidden and every ∂W_k.
+    let backward = |stats: &RowStats<f32>, gh: &mut Array2<f32>, gws: &mut [Array2<f32>]| {
+        let mut views: Vec<Option<ArrayViewMut2<'_, f32>>> =
+            gws.iter_mut().map(|w| Some(w.view_mut())).collect();
+        let (h, t) = (hidden.view(), &targets);
+        fused_ce_backward(
+            h,
+            &wv,
+            t,
+            stats,
+            &gy,
+            CHUNKS,
+            Some(gh.view_mut()),
+            &mut views,
+        );
+    };
+    g.bench_function("fused", |b| b.iter(|| backward(&lse, &mut gh, &mut gws)));
     g.bench_function("naive", |b| {
         b.iter(|| black_box(naive_ce_backward(hidden.view(), &wv, &targets, &gy)))
     });
@@ -97,26 +99,10 @@ fn fused_ce(c: &mut Criterion) {
     g.bench_function("per_token", |b| {
         b.iter(|| {
             let (_, lse) = fused_ce_forward(hidden.view(), &wv, &targets, CHUNKS);
-            let mut views: Vec<Option<ArrayViewMut2<'_, f32>>> =
-                gws.iter_mut().map(|w| Some(w.view_mut())).collect();
-            fused_ce_backward(
-                hidden.view(),
-                &wv,
-                &targets,
-                &lse,
-                &gy,
-                CHUNKS,
-                Some(gh.view_mut()),
-                &mut views,
-            );
+            backward(&lse, &mut gh, &mut gws);
         })
     });
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = fused_ce
-}
-criterion_main!(benches);
+common::bench_main!(fused_ce);
