@@ -28,21 +28,18 @@ fn members(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
 
 /// An `.npz` archive of these members (array name → `.npy` bytes).
 fn archive(members: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
-    let named: Vec<(String, Vec<u8>)> = members
+    let refs: Vec<(&str, Vec<u8>)> = members
         .iter()
-        .map(|(n, b)| (format!("{n}.npy"), b.clone()))
+        .map(|(n, b)| (n.as_str(), b.clone()))
         .collect();
-    let refs: Vec<(&str, Vec<u8>)> = named.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
-    crate::io_common::zip_bytes(&refs, npyz::zip::CompressionMethod::Stored)
+    crate::io_common::npz_bytes(&refs)
 }
 
 /// The `.npy` bytes of one array.
 fn encode<A: NpyElement, D: Dimension>(a: &Array<A, D>) -> Vec<u8> {
     let mut w = NpzWriter::new("unused.npz");
     w.add("a", a);
-    let mut buf = Cursor::new(Vec::new());
-    w.write_to(&mut buf).unwrap();
-    members(&buf.into_inner()).remove("a").unwrap()
+    members(&bytes_of(&w)).remove("a").unwrap()
 }
 
 /// The bytes of an `.npz` writer.
@@ -53,48 +50,23 @@ fn bytes_of(w: &NpzWriter) -> Vec<u8> {
 }
 
 /// The input arrays of each layer (everything else in a generated case is
-/// a result).
+/// a result): the fuzz target's names, and every split's weight.
 fn is_input(layer: Layer, name: &str) -> bool {
-    match layer {
-        Layer::SplitEmbeddings => {
-            ["split_sizes", "split_trainable", "input_ids", "upstream"].contains(&name)
-                || name.starts_with("weight_")
-        }
-        Layer::SplitVocabulary => [
-            "vocab_size",
-            "n_languages",
-            "language_index",
-            "token_index",
-            "rows",
-            "gate_logit",
-            "token_ids",
-            "language_ids",
-            "shared",
-            "upstream",
-            "use_gate",
-            "penalty_weight",
-            "fusion_weight",
-        ]
-        .contains(&name),
-        Layer::LmHead => {
-            ["split_sizes", "hidden", "labels", "upstream"].contains(&name)
-                || name.starts_with("weight_")
-        }
-    }
+    let weight = name.starts_with("weight_") && layer != Layer::SplitVocabulary;
+    weight || crate::app::fuzz_replay::golden_input_names(layer).contains(&name)
+}
+
+/// A case's bytes, read.
+fn reader(bytes: &[u8]) -> NpzReader {
+    NpzReader::from_bytes("case", bytes.to_vec()).unwrap()
 }
 
 fn reals(bytes: &[u8], name: &str) -> ArrayD<f64> {
-    NpzReader::from_bytes("case", bytes.to_vec())
-        .unwrap()
-        .reals(name)
-        .unwrap()
+    reader(bytes).reals(name).unwrap()
 }
 
 fn ints(bytes: &[u8], name: &str) -> ArrayD<i64> {
-    NpzReader::from_bytes("case", bytes.to_vec())
-        .unwrap()
-        .ints(name)
-        .unwrap()
+    reader(bytes).ints(name).unwrap()
 }
 
 fn scratch(test: &str) -> PathBuf {
@@ -282,9 +254,7 @@ fn generated_embeddings_match_a_direct_computation() {
         let mut start = 0;
         for (k, &size) in sizes.iter().enumerate() {
             let name = format!("grad_weight_{k}");
-            let present = NpzReader::from_bytes("c", c.clone())
-                .unwrap()
-                .contains(&name);
+            let present = reader(&c).contains(&name);
             assert_eq!(present, trainable[[k]] == 1, "{name}");
             for r in start..start + size {
                 for d in 0..h {

@@ -77,12 +77,8 @@ fn text_dirs() -> Vec<(&'static str, PathBuf)> {
 
 /// The files of a folder of the test data, sorted.
 fn files_of(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    files
+    let names = crate::io_common::listing(dir);
+    names.iter().map(|n| dir.join(n)).collect()
 }
 
 #[test]
