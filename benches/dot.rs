@@ -7,26 +7,21 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use splitgrad::kernels::reduce::{add_scaled, dot_naive, dot_slices};
 
 const N: usize = 8192;
 const H: usize = 1024;
 
 fn dot(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     let x = common::normal(1, &[N, H]);
     let r = common::normal(2, &[N, H]);
     let (xs, rs) = (x.as_slice().unwrap(), r.as_slice().unwrap());
     let mut g = c.benchmark_group("dot_const/forward");
     // Both arrays read.
     g.throughput(Throughput::Bytes((2 * N * H * 4) as u64));
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| black_box(dot_slices(black_box(xs), rs))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| black_box(dot_slices(black_box(xs), rs))))
-    });
+    pools.bench(&mut g, || dot_slices(black_box(xs), rs));
     g.bench_function("naive", |b| {
         b.iter(|| black_box(dot_naive(black_box(xs), rs)))
     });
@@ -36,18 +31,8 @@ fn dot(c: &mut Criterion) {
     // R read, the gradient read and written.
     g.throughput(Throughput::Bytes((3 * N * H * 4) as u64));
     let mut grad = x.clone();
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| add_scaled(0.5, r.view(), black_box(&mut grad))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| add_scaled(0.5, r.view(), black_box(&mut grad))))
-    });
+    pools.bench(&mut g, || add_scaled(0.5, r.view(), black_box(&mut grad)));
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = dot
-}
-criterion_main!(benches);
+common::bench_main!(dot);

@@ -9,7 +9,7 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use splitgrad::ops::fused_ce::{
     ChunkSizes, RowStats, Targets, fused_ce_backward, fused_ce_forward, naive_ce_backward,
@@ -58,15 +58,16 @@ fn fused_ce(c: &mut Criterion) {
     g.throughput(Throughput::Elements((N * v) as u64));
     let mut gh = Array2::<f32>::zeros((N, H));
     let mut gws: Vec<Array2<f32>> = ws.iter().map(|w| Array2::zeros(w.dim())).collect();
-    // The backward, adding into gh and gws.
-    let backward = |lse: &RowStats<f32>, gh: &mut Array2<f32>, gws: &mut [Array2<f32>]| {
+    // The fused backward into ∂hidden and every ∂W_k.
+    let backward = |stats: &RowStats<f32>, gh: &mut Array2<f32>, gws: &mut [Array2<f32>]| {
         let mut views: Vec<Option<ArrayViewMut2<'_, f32>>> =
             gws.iter_mut().map(|w| Some(w.view_mut())).collect();
+        let (h, t) = (hidden.view(), &targets);
         fused_ce_backward(
-            hidden.view(),
+            h,
             &wv,
-            &targets,
-            lse,
+            t,
+            stats,
             &gy,
             CHUNKS,
             Some(gh.view_mut()),
@@ -104,9 +105,4 @@ fn fused_ce(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = fused_ce
-}
-criterion_main!(benches);
+common::bench_main!(fused_ce);

@@ -6,9 +6,8 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use splitgrad::io::SplitIndex;
-use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+use criterion::{BatchSize, Criterion, Throughput};
+use splitgrad::layers::SplitVocabulary;
 use splitgrad::{Rng, Tape, Var};
 
 const V: usize = 8192;
@@ -27,32 +26,21 @@ fn naive(sv: &'static SplitVocabulary<f32>, tape: &mut Tape<'static, f32>) -> Va
 }
 
 fn fusion_penalty(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     // Distinct (language, token) cells, uniformly.
     let mut cells: Vec<usize> = (0..L * V).collect();
     Rng::new(10).shuffle(&mut cells);
     cells.truncate(ROWS);
-    let index = SplitIndex::new(
-        cells.iter().map(|c| c / V).collect(),
-        cells.iter().map(|c| c % V).collect(),
-    );
-    let mut sv = SplitVocabulary::<f32>::new(
-        index,
-        &SplitVocabularyConfig {
-            vocab_size: V,
-            dim: D,
-            n_languages: L,
-            gate_init: 0.0,
-        },
-    )
-    .unwrap();
+    let languages = cells.iter().map(|c| c / V).collect();
+    let tokens = cells.iter().map(|c| c % V).collect();
+    let mut sv = common::split_vocabulary(languages, tokens, (V, D, L), 0.0);
     *sv.rows_mut().value_mut() = common::normal(11, &[ROWS, D]);
 
     let sv: &'static SplitVocabulary<f32> = Box::leak(Box::new(sv));
     let variants = [
-        ("serial", &one, fused as Penalty),
-        ("parallel", &all, fused),
-        ("naive", &all, naive),
+        ("serial", &pools.one, fused as Penalty),
+        ("parallel", &pools.all, fused),
+        ("naive", &pools.all, naive),
     ];
 
     let mut g = c.benchmark_group("fusion_penalty/forward");
@@ -90,9 +78,4 @@ fn fusion_penalty(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = fusion_penalty
-}
-criterion_main!(benches);
+common::bench_main!(fusion_penalty);

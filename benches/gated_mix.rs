@@ -8,10 +8,8 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use splitgrad::Tape;
-use splitgrad::io::SplitIndex;
-use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
 use splitgrad::ops::gated_mix::gated_mix_forward;
 use splitgrad::ops::gated_mix::gated_mix_forward_naive;
 
@@ -23,20 +21,10 @@ const N: usize = 8192;
 const TOP: usize = 1024;
 
 fn gated_mix(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     let langs_of_rows: Vec<usize> = (0..L * TOP).map(|i| i / TOP).collect();
     let tokens_of_rows: Vec<usize> = (0..L * TOP).map(|i| i % TOP).collect();
-    let index = SplitIndex::new(langs_of_rows, tokens_of_rows);
-    let mut sv = SplitVocabulary::<f32>::new(
-        index,
-        &SplitVocabularyConfig {
-            vocab_size: V,
-            dim: D,
-            n_languages: L,
-            gate_init: 0.5,
-        },
-    )
-    .unwrap();
+    let mut sv = common::split_vocabulary(langs_of_rows, tokens_of_rows, (V, D, L), 0.5);
     sv.seed_from(common::normal2(5, V, D).view()).unwrap();
     let tokens: Vec<i64> = common::zipf_ids(6, V, N)
         .into_iter()
@@ -64,13 +52,9 @@ fn gated_mix(c: &mut Criterion) {
     let mut g = c.benchmark_group("gated_mix/forward");
     // Read shared and the rows hit, write out.
     g.throughput(Throughput::Bytes(((2 * N + hits) * D * 4) as u64));
-    for (name, pool) in [("serial", &one), ("parallel", &all)] {
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                pool.install(|| black_box(gated_mix_forward(shared2, rows, Some(&gate), &row_of)))
-            })
-        });
-    }
+    pools.bench(&mut g, || {
+        gated_mix_forward(shared2, rows, Some(&gate), &row_of)
+    });
     g.bench_function("naive", |b| {
         b.iter(|| black_box(gated_mix_forward_naive(shared2, rows, Some(&gate), &row_of)))
     });
@@ -80,27 +64,18 @@ fn gated_mix(c: &mut Criterion) {
     // Read ∂out, shared and the rows hit; write ∂shared and the row
     // contributions.
     g.throughput(Throughput::Bytes(((3 * N + 2 * hits) * D * 4) as u64));
-    for (name, pool) in [("serial", &one), ("parallel", &all)] {
-        g.bench_function(name, |b| {
-            b.iter_batched(
-                || {
-                    let mut tape = Tape::new();
-                    let s = tape.input_view(shared.view());
-                    let out = sv.forward(&mut tape, &tokens, &langs, s, true).unwrap();
-                    let loss = tape.dot_const_view(out, r.view());
-                    (tape, loss)
-                },
-                |(tape, loss)| pool.install(|| black_box(tape.backward(loss))),
-                BatchSize::LargeInput,
-            )
-        });
-    }
+    pools.bench_batched(
+        &mut g,
+        || {
+            let mut tape = Tape::new();
+            let s = tape.input_view(shared.view());
+            let out = sv.forward(&mut tape, &tokens, &langs, s, true).unwrap();
+            let loss = tape.dot_const_view(out, r.view());
+            (tape, loss)
+        },
+        |(tape, loss)| tape.backward(loss),
+    );
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = gated_mix
-}
-criterion_main!(benches);
+common::bench_main!(gated_mix);

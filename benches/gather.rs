@@ -5,28 +5,21 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use splitgrad::kernels::routing::SplitRouting;
 use splitgrad::ops::gather::gather_forward;
 use splitgrad::ops::split_gather::split_gather_forward;
 
-const V: usize = 32000;
-const H: usize = 256;
-const N: usize = 8192;
+use common::table::{H, N, V};
 
 fn gather(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     let table = common::normal(1, &[V, H]);
     let ids = common::zipf_ids(2, V, N);
     let mut g = c.benchmark_group("gather/forward");
     // Rows read plus rows written.
     g.throughput(Throughput::Bytes((2 * N * H * 4) as u64));
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| black_box(gather_forward(table.view(), black_box(&ids)))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| black_box(gather_forward(table.view(), black_box(&ids)))))
-    });
+    pools.bench(&mut g, || gather_forward(table.view(), black_box(&ids)));
     g.finish();
 
     let sizes = [V - 320, 256, 64];
@@ -40,18 +33,8 @@ fn gather(c: &mut Criterion) {
     let routed = SplitRouting::new(&sizes).route_all(&global).unwrap();
     let mut g = c.benchmark_group("split_gather/forward");
     g.throughput(Throughput::Bytes((2 * N * H * 4) as u64));
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| black_box(split_gather_forward(&views, &routed, &[N]))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| black_box(split_gather_forward(&views, &routed, &[N]))))
-    });
+    pools.bench(&mut g, || split_gather_forward(&views, &routed, &[N]));
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = gather
-}
-criterion_main!(benches);
+common::bench_main!(gather);

@@ -5,17 +5,15 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use splitgrad::kernels::scatter::coalesce_rows;
 use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
 use splitgrad::{ParamGrad, Parameter, RowSparse};
 
-const V: usize = 32000;
-const H: usize = 256;
-const N: usize = 8192;
+use common::table::{H, N, V};
 
 fn lazy_adam(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     let ids = common::zipf_ids(12, V, N);
     let rows = coalesce_rows(V, &ids, common::normal2(13, N, H).view());
     let grad = ParamGrad::RowSparse(RowSparse::from_coalesced(V, rows));
@@ -32,7 +30,8 @@ fn lazy_adam(c: &mut Criterion) {
     let mut g = c.benchmark_group("lazy_adam/update");
     // Read p, m, v, g and write p, m, v of the touched rows.
     g.throughput(Throughput::Bytes((7 * touched * H * 4) as u64));
-    for (name, pool) in [("serial", &one), ("parallel", &all)] {
+    // A fresh table and optimiser for each.
+    for (name, pool) in pools.both() {
         let (mut p, mut opt) = fresh();
         g.bench_function(name, |b| {
             b.iter(|| pool.install(|| opt.update(&mut p, black_box(&grad)).unwrap()))
@@ -45,9 +44,4 @@ fn lazy_adam(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = lazy_adam
-}
-criterion_main!(benches);
+common::bench_main!(lazy_adam);

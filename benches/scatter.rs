@@ -8,28 +8,21 @@ mod common;
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use splitgrad::kernels::scatter::{
     RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources,
 };
 
-const V: usize = 32000;
-const H: usize = 256;
-const N: usize = 8192;
+use common::table::{H, N, V};
 
 fn scatter(c: &mut Criterion) {
-    let (one, all) = common::pools();
+    let pools = common::pools();
     let ids = common::zipf_ids(3, V, N);
     let values = common::normal2(4, N, H);
     let mut g = c.benchmark_group("coalesce_rows/backward");
     // The contributions read (the unique rows written are fewer).
     g.throughput(Throughput::Bytes((N * H * 4) as u64));
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| black_box(coalesce_rows(V, black_box(&ids), values.view()))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| black_box(coalesce_rows(V, black_box(&ids), values.view()))))
-    });
+    pools.bench(&mut g, || coalesce_rows(V, black_box(&ids), values.view()));
     g.bench_function("naive", |b| {
         b.iter(|| black_box(coalesce_rows_naive(V, black_box(&ids), values.view())))
     });
@@ -45,18 +38,8 @@ fn scatter(c: &mut Criterion) {
     }];
     let mut g = c.benchmark_group("coalesce_sources/backward");
     g.throughput(Throughput::Bytes((N * H * 4) as u64));
-    g.bench_function("serial", |b| {
-        b.iter(|| one.install(|| black_box(coalesce_sources(V, H, black_box(&ids), &src))))
-    });
-    g.bench_function("parallel", |b| {
-        b.iter(|| all.install(|| black_box(coalesce_sources(V, H, black_box(&ids), &src))))
-    });
+    pools.bench(&mut g, || coalesce_sources(V, H, black_box(&ids), &src));
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = common::config();
-    targets = scatter
-}
-criterion_main!(benches);
+common::bench_main!(scatter);

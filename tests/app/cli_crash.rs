@@ -10,15 +10,13 @@ use splitgrad::Rng;
 use splitgrad::app::train::load_model;
 use splitgrad::checkpoint::Checkpoint;
 
-const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+use crate::common::cli::{self, BIN};
+
 const STEPS: u64 = 2500;
 const ARGS: &[&str] = &["--batch", "256", "--dim", "8", "--checkpoint-every", "3"];
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("splitgrad-crash-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("cli_crash", name)
 }
 
 fn command(out: &Path, resume: bool) -> Command {

@@ -3,37 +3,33 @@
 //! runs on the synthetic corpus.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use splitgrad::checkpoint::Checkpoint;
 
-const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+use crate::common::cli::{self, last_json, run_ok, s};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("splitgrad-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("cli_train", name)
 }
 
 /// A small, quick training run.
 const SMALL: &[&str] = &["--batch", "256", "--dim", "8", "--checkpoint-every", "5"];
 
+/// `train --steps STEPS --out OUT`, [`SMALL`] and `extra`, in `dir`.
+fn train_command(dir: &Path, out: &Path, steps: u64, extra: &[&str]) -> std::process::Command {
+    let steps = steps.to_string();
+    let head = ["train", "--steps", &steps, "--out", s(out)];
+    cli::command(dir, &[&head[..], SMALL, extra].concat())
+}
+
 fn train(out: &Path, steps: u64, extra: &[&str]) -> Output {
-    let out = Command::new(BIN)
-        .args(["train", "--steps", &steps.to_string(), "--out"])
-        .arg(out)
-        .args(SMALL)
-        .args(extra)
+    let run = train_command(out.parent().unwrap(), out, steps, extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "train failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    cli::assert_ok(&run);
+    run
 }
 
 fn step_of(ckpt: &Path) -> Option<u64> {
@@ -73,10 +69,7 @@ fn a_killed_and_resumed_run_ends_with_the_same_weights() {
     let mut interrupted_at = None;
     for _ in 0..5 {
         let _ = std::fs::remove_dir_all(&cut);
-        let mut child = Command::new(BIN)
-            .args(["train", "--steps", &steps.to_string(), "--out"])
-            .arg(&cut)
-            .args(SMALL)
+        let mut child = train_command(&dir, &cut, steps, &[])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -128,10 +121,7 @@ fn thread_counts_give_the_same_weights() {
 fn resume_refuses_other_settings_and_a_missing_checkpoint() {
     let dir = scratch("refuse");
     let out = dir.join("run");
-    let missing = Command::new(BIN)
-        .args(["train", "--steps", "5", "--resume", "--out"])
-        .arg(&out)
-        .args(SMALL)
+    let missing = train_command(&dir, &out, 5, &["--resume"])
         .output()
         .unwrap();
     assert!(!missing.status.success());
@@ -141,10 +131,7 @@ fn resume_refuses_other_settings_and_a_missing_checkpoint() {
 
     train(&out, 5, &[]);
     let before = std::fs::read(out.join("model.safetensors")).unwrap();
-    let other = Command::new(BIN)
-        .args(["train", "--steps", "10", "--resume", "--lr", "0.5", "--out"])
-        .arg(&out)
-        .args(SMALL)
+    let other = train_command(&dir, &out, 10, &["--resume", "--lr", "0.5"])
         .output()
         .unwrap();
     assert!(!other.status.success());
@@ -162,37 +149,19 @@ fn resume_refuses_other_settings_and_a_missing_checkpoint() {
 fn select_then_train_then_report() {
     let dir = scratch("select");
     let index = dir.join("index.npz");
-    let out = Command::new(BIN)
-        .args(["select", "--steps", "30", "--batch", "512", "--dim", "8"])
-        .args(["--top", "12", "--json", "--out"])
-        .arg(&index)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let select = ["select", "--steps", "30", "--batch", "512", "--dim", "8"];
+    let out = run_ok(
+        &dir,
+        &[&select[..], &["--top", "12", "--json", "--out", s(&index)]].concat(),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let summary = last_json(&out);
     assert_eq!(summary["selected"], 12);
     assert!(dir.join("shared.safetensors").exists());
 
     let run = dir.join("run");
     train(&run, 10, &["--index", index.to_str().unwrap()]);
-    let rep = Command::new(BIN)
-        .arg("report")
-        .arg(run.join("model.safetensors"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        rep.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rep.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&rep.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let ckpt = run.join("model.safetensors");
+    let report = last_json(&run_ok(&dir, &["report", s(&ckpt), "--json"]));
     assert_eq!(report["n_rows"], 12);
     assert_eq!(report["corpus"], "synthetic");
     // F1 is undefined only when there is nothing to find and nothing kept.
@@ -212,19 +181,17 @@ fn select_then_train_then_report() {
 #[test]
 fn sweep_tabulates_every_weight() {
     let dir = scratch("sweep");
-    let out = Command::new(BIN)
-        .args(["sweep", "--steps", "5", "--batch", "256", "--dim", "4"])
-        .args(["--weights", "0,1", "--min-count", "400", "--json", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let table: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let sweep = ["sweep", "--steps", "5", "--batch", "256", "--dim", "4"];
+    let weights = [
+        "--weights",
+        "0,1",
+        "--min-count",
+        "400",
+        "--json",
+        "--out",
+        s(&dir),
+    ];
+    let table = last_json(&run_ok(&dir, &[&sweep[..], &weights].concat()));
     let rows = table["sweep"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for r in rows {

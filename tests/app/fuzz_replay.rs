@@ -1,18 +1,20 @@
 //! Replays the fuzz corpora with stable Rust: every file under
 //! `fuzz/corpus/<target>/`, `fuzz/artifacts/<target>/` (local crashes, not
 //! committed) and `tests/fuzz_regressions/<target>/` goes through the same
-//! body the fuzz target runs (`fuzz/src/bodies.rs`). No libFuzzer, no
+//! body the fuzz target runs (`fuzz/src/bodies/`). No libFuzzer, no
 //! nightly: CI runs this like any test.
 //!
 //! The seed files of the corpora are written by the ignored test
 //! `write_seed_corpora`:
 //!
 //! ```text
-//! cargo test --release --test fuzz_replay -- --ignored write_seed_corpora
+//! cargo test --release --test main -- --ignored write_seed_corpora
 //! ```
 
-#[path = "../../fuzz/src/bodies.rs"]
+#[path = "../../fuzz/src/bodies/mod.rs"]
 mod bodies;
+
+pub use bodies::golden_input_names;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -23,6 +25,8 @@ use ndarray::{Array1, Array2, ArrayD, IxDyn, arr0, arr1};
 use splitgrad::Rng;
 use splitgrad::checkpoint::{self, TensorRef};
 use splitgrad::io::NpzWriter;
+
+use crate::common::table::panic_message;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,45 +64,31 @@ fn replay(target: &str, body: fn(&[u8])) {
     for path in &files {
         let bytes = std::fs::read(path).expect("readable input");
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| body(&bytes))) {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let message = panic_message(&*panic);
             panic!("{target}: {} panics: {message}", path.display());
         }
     }
 }
 
-#[test]
-fn replay_index_loader() {
-    replay("index_loader", bodies::index_loader);
+/// A test per target, `replay_TARGET`, replaying its inputs through
+/// `bodies::TARGET`.
+macro_rules! replay_tests {
+    ($($test:ident: $target:ident),+ $(,)?) => {$(
+        #[test]
+        fn $test() {
+            replay(stringify!($target), bodies::$target);
+        }
+    )+};
 }
 
-#[test]
-fn replay_corpus_loader() {
-    replay("corpus_loader", bodies::corpus_loader);
-}
-
-#[test]
-fn replay_checkpoint_loader() {
-    replay("checkpoint_loader", bodies::checkpoint_loader);
-}
-
-#[test]
-fn replay_routing() {
-    replay("routing", bodies::routing);
-}
-
-#[test]
-fn replay_differential() {
-    replay("differential", bodies::differential);
-}
-
-#[test]
-fn replay_golden_eval() {
-    replay("golden_eval", bodies::golden_eval);
-}
+replay_tests!(
+    replay_index_loader: index_loader,
+    replay_corpus_loader: corpus_loader,
+    replay_checkpoint_loader: checkpoint_loader,
+    replay_routing: routing,
+    replay_differential: differential,
+    replay_golden_eval: golden_eval,
+);
 
 // ---------------------------------------------------------------------------
 // Seeds

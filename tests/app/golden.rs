@@ -28,21 +28,18 @@ fn members(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
 
 /// An `.npz` archive of these members (array name → `.npy` bytes).
 fn archive(members: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
-    let named: Vec<(String, Vec<u8>)> = members
+    let refs: Vec<(&str, Vec<u8>)> = members
         .iter()
-        .map(|(n, b)| (format!("{n}.npy"), b.clone()))
+        .map(|(n, b)| (n.as_str(), b.clone()))
         .collect();
-    let refs: Vec<(&str, Vec<u8>)> = named.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
-    crate::io_common::zip_bytes(&refs, npyz::zip::CompressionMethod::Stored)
+    crate::io_common::npz_bytes(&refs)
 }
 
 /// The `.npy` bytes of one array.
 fn encode<A: NpyElement, D: Dimension>(a: &Array<A, D>) -> Vec<u8> {
     let mut w = NpzWriter::new("unused.npz");
     w.add("a", a);
-    let mut buf = Cursor::new(Vec::new());
-    w.write_to(&mut buf).unwrap();
-    members(&buf.into_inner()).remove("a").unwrap()
+    members(&bytes_of(&w)).remove("a").unwrap()
 }
 
 /// The bytes of an `.npz` writer.
@@ -53,48 +50,23 @@ fn bytes_of(w: &NpzWriter) -> Vec<u8> {
 }
 
 /// The input arrays of each layer (everything else in a generated case is
-/// a result).
+/// a result): the fuzz target's names, and every split's weight.
 fn is_input(layer: Layer, name: &str) -> bool {
-    match layer {
-        Layer::SplitEmbeddings => {
-            ["split_sizes", "split_trainable", "input_ids", "upstream"].contains(&name)
-                || name.starts_with("weight_")
-        }
-        Layer::SplitVocabulary => [
-            "vocab_size",
-            "n_languages",
-            "language_index",
-            "token_index",
-            "rows",
-            "gate_logit",
-            "token_ids",
-            "language_ids",
-            "shared",
-            "upstream",
-            "use_gate",
-            "penalty_weight",
-            "fusion_weight",
-        ]
-        .contains(&name),
-        Layer::LmHead => {
-            ["split_sizes", "hidden", "labels", "upstream"].contains(&name)
-                || name.starts_with("weight_")
-        }
-    }
+    let weight = name.starts_with("weight_") && layer != Layer::SplitVocabulary;
+    weight || crate::app::fuzz_replay::golden_input_names(layer).contains(&name)
+}
+
+/// A case's bytes, read.
+fn reader(bytes: &[u8]) -> NpzReader {
+    NpzReader::from_bytes("case", bytes.to_vec()).unwrap()
 }
 
 fn reals(bytes: &[u8], name: &str) -> ArrayD<f64> {
-    NpzReader::from_bytes("case", bytes.to_vec())
-        .unwrap()
-        .reals(name)
-        .unwrap()
+    reader(bytes).reals(name).unwrap()
 }
 
 fn ints(bytes: &[u8], name: &str) -> ArrayD<i64> {
-    NpzReader::from_bytes("case", bytes.to_vec())
-        .unwrap()
-        .ints(name)
-        .unwrap()
+    reader(bytes).ints(name).unwrap()
 }
 
 fn scratch(test: &str) -> PathBuf {
@@ -282,9 +254,7 @@ fn generated_embeddings_match_a_direct_computation() {
         let mut start = 0;
         for (k, &size) in sizes.iter().enumerate() {
             let name = format!("grad_weight_{k}");
-            let present = NpzReader::from_bytes("c", c.clone())
-                .unwrap()
-                .contains(&name);
+            let present = reader(&c).contains(&name);
             assert_eq!(present, trainable[[k]] == 1, "{name}");
             for r in start..start + size {
                 for d in 0..h {
@@ -792,58 +762,39 @@ fn mutated_cases_never_panic() {
 
 #[test]
 fn the_command_line_reports_each_failed_case_and_fails() {
+    use crate::common::cli::{self, run_ok, s};
     let dir = scratch("cli");
-    let bin = env!("CARGO_BIN_EXE_splitgrad");
-    let run = |args: &[&str]| std::process::Command::new(bin).args(args).output().unwrap();
-    let cases = dir.join("cases");
-    let generated = run(&[
+    let (cases, out) = (dir.join("cases"), dir.join("out"));
+    let gen_args = [
         "golden",
         "gen",
         "--layer",
         "split-vocabulary",
         "--cases",
         "2",
-        "--seed",
-        "1",
-        "--dtype",
-        "f32",
-        "--out",
-        cases.to_str().unwrap(),
-    ]);
-    assert!(generated.status.success(), "{generated:?}");
-    let out = dir.join("out");
-    let eval = run(&[
-        "golden",
-        "eval",
-        "--inputs",
-        cases.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(eval.status.success(), "{eval:?}");
+    ];
+    run_ok(
+        &dir,
+        &[
+            &gen_args[..],
+            &["--seed", "1", "--dtype", "f32", "--out", s(&cases)],
+        ]
+        .concat(),
+    );
+    let eval_args = ["golden", "eval", "--inputs", s(&cases), "--out", s(&out)];
+    run_ok(&dir, &eval_args);
     std::fs::write(cases.join("split-vocabulary/bad.npz"), b"x").unwrap();
-    let eval = run(&[
-        "golden",
-        "eval",
-        "--inputs",
-        cases.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let eval = cli::run(&dir, &eval_args);
     assert!(!eval.status.success());
     let stderr = String::from_utf8_lossy(&eval.stderr);
     assert!(stderr.starts_with("split-vocabulary/bad: "), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let stdout = String::from_utf8_lossy(&eval.stdout);
     assert!(stdout.contains("3 case(s): 2 ok, 1 failed"), "{stdout}");
-    let bad = run(&[
-        "golden",
-        "gen",
-        "--layer",
-        "head",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let bad = cli::run(
+        &dir,
+        &["golden", "gen", "--layer", "head", "--out", s(&out)],
+    );
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("lm-head"));
 }

@@ -4,34 +4,23 @@
 //! training learned nothing, and `export` writes what a user takes away.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use splitgrad::app::corpus::save_corpus;
 use splitgrad::app::synthetic::{SyntheticConfig, generate};
 use splitgrad::checkpoint::Checkpoint;
 
-const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+use crate::common::cli::{self, run_ok, s};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("splitgrad-heldout-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("heldout", name)
 }
 
 /// Runs `train` and returns its report.json.
 fn train(out: &Path, extra: &[&str]) -> Value {
-    let run = Command::new(BIN)
-        .args(["train", "--out"])
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "train failed: {}",
-        String::from_utf8_lossy(&run.stderr)
+    run_ok(
+        out.parent().unwrap(),
+        &[&["train", "--out", s(out)][..], extra].concat(),
     );
     serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap()
 }
@@ -120,12 +109,7 @@ fn a_run_too_short_to_learn_says_so() {
     let r = train(&dir.join("run"), &["--steps", "2", "--lr", "1e-7"]);
     assert_eq!(r["learned"], false);
     assert_eq!(r["n_kept"], 0);
-    let out = Command::new(BIN)
-        .arg("report")
-        .arg(dir.join("run/model.safetensors"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let out = run_ok(&dir, &["report", "run/model.safetensors"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("nothing was learned"), "{text}");
     assert!(!text.contains("NaN"), "{text}");
@@ -138,18 +122,8 @@ fn export_writes_each_languages_table_and_the_kept_pairs() {
     let r = train(&run, &["--steps", "300"]);
     let ckpt = run.join("model.safetensors");
     let out = dir.join("export");
-    let ok = Command::new(BIN)
-        .args(["export"])
-        .arg(&ckpt)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let export = ["export", s(&ckpt), "--out", s(&out)];
+    run_ok(&dir, &export);
     let kept: Value =
         serde_json::from_slice(&std::fs::read(out.join("kept.json")).unwrap()).unwrap();
     assert_eq!(kept["kept"], r["kept"]);
@@ -177,13 +151,7 @@ fn export_writes_each_languages_table_and_the_kept_pairs() {
     }
     // A second export into the same folder is refused, and changes nothing.
     let before = std::fs::read(out.join("kept.json")).unwrap();
-    let again = Command::new(BIN)
-        .args(["export"])
-        .arg(&ckpt)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let again = cli::run(&dir, &export);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
     assert_eq!(std::fs::read(out.join("kept.json")).unwrap(), before);

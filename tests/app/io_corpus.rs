@@ -3,8 +3,12 @@
 
 use std::path::PathBuf;
 
-use crate::io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
-use splitgrad::ErrorKind;
+use crate::common::table::Want::{Is, StartsWith};
+use crate::io_common::{
+    LoadRow, Members, dict, i64_member, le_f64, le_i64, load_row, message, npy, run_load_rows,
+    scratch, write_npz,
+};
+use splitgrad::ErrorKind::{Dtype, Empty, Format, Missing, OutOfRange, Shape};
 use splitgrad::app::corpus::{Corpus, CorpusMeta, load_corpus, save_corpus};
 
 fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
@@ -15,7 +19,7 @@ fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Err
     (path, e, m)
 }
 
-fn ids(tokens: &[i64], languages: &[i64]) -> Vec<(&'static str, Vec<u8>)> {
+fn ids(tokens: &[i64], languages: &[i64]) -> Members {
     vec![
         ("token_ids", i64_member(tokens)),
         ("language_ids", i64_member(languages)),
@@ -109,173 +113,57 @@ fn round_trip() {
     assert_eq!(load_corpus(&path).unwrap(), corpus);
 }
 
-#[test]
-fn missing_arrays() {
-    let (path, e, m) = load_err(
-        "corpus_missing_tokens",
-        &[("language_ids", i64_member(&[0]))],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Missing));
-    assert_eq!(
-        m,
-        format!("{}: array `token_ids`: is missing", path.display())
-    );
-    let (path, e, m) = load_err(
-        "corpus_missing_languages",
-        &[("token_ids", i64_member(&[0]))],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Missing));
-    assert_eq!(
-        m,
-        format!("{}: array `language_ids`: is missing", path.display())
-    );
+/// [`ids`] `[1, 2, 3, 4]` in language 0, and these sequence starts.
+fn with_starts(starts: &[i64]) -> Members {
+    let mut members = ids(&[1, 2, 3, 4], &[0; 4]);
+    members.push(("sequence_starts", i64_member(starts)));
+    members
+}
+
+/// Every error of the arrays of a corpus file: the table. A row: its
+/// name, the file's members, the kind of error, its message.
+#[rustfmt::skip]
+fn load_error_rows() -> Vec<LoadRow> {
+    vec![
+        load_row("corpus_missing_tokens", || vec![("language_ids", i64_member(&[0]))], |k| matches!(k, Missing),
+            Is("{dir}/corpus.npz: array `token_ids`: is missing")),
+        load_row("corpus_missing_languages", || vec![("token_ids", i64_member(&[0]))], |k| matches!(k, Missing),
+            Is("{dir}/corpus.npz: array `language_ids`: is missing")),
+        load_row("corpus_2d", || vec![("token_ids", npy(&dict("<i8", "()"), &le_i64(&[4]))), ("language_ids", i64_member(&[0]))],
+            |k| matches!(k, Shape { .. }),
+            Is("{dir}/corpus.npz: array `token_ids`: token_ids has shape [], expected 1-D")),
+        load_row("corpus_float", || vec![("token_ids", i64_member(&[1])), ("language_ids", npy(&dict("<f8", "(1,)"), &le_f64(&[0.0])))],
+            |k| matches!(k, Dtype { .. }),
+            Is("{dir}/corpus.npz: array `language_ids`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)")),
+        load_row("corpus_bool_starts",
+            || { let mut m = ids(&[1, 2], &[0, 0]); m.push(("sequence_starts", npy(&dict("|b1", "(1,)"), &[1]))); m },
+            |k| matches!(k, Dtype { .. }), StartsWith("{dir}/corpus.npz: array `sequence_starts`: has dtype bool")),
+        load_row("corpus_lengths", || ids(&[1, 2, 3], &[0, 0]), |k| matches!(k, Shape { .. }),
+            Is("{dir}/corpus.npz: array `language_ids`: language_ids has shape [2], expected (3,), the length of token_ids")),
+        load_row("corpus_empty", || ids(&[], &[]), |k| matches!(k, Empty),
+            Is("{dir}/corpus.npz: array `token_ids`: is empty")),
+        load_row("corpus_negative", || ids(&[1, 2, 3], &[0, -2, 0]), |k| matches!(k, OutOfRange { value: -2, .. }),
+            Is("{dir}/corpus.npz: array `language_ids`: language id -2 at position [1] is out of range 0..4294967296")),
+        load_row("corpus_too_large", || ids(&[1, 1 << 32], &[0, 0]), |k| matches!(k, OutOfRange { value: 4294967296, .. }),
+            Is("{dir}/corpus.npz: array `token_ids`: token id 4294967296 at position [1] is out of range 0..4294967296")),
+        load_row("starts_range", || with_starts(&[0, 2, 4]), |k| matches!(k, OutOfRange { value: 4, .. }),
+            Is("{dir}/corpus.npz: array `sequence_starts`: sequence start 4 at position [2] is out of range 0..4")),
+        load_row("starts_negative", || with_starts(&[-1, 2]), |k| matches!(k, OutOfRange { value: -1, .. }),
+            Is("{dir}/corpus.npz: array `sequence_starts`: sequence start -1 at position [0] is out of range 0..4")),
+        load_row("starts_order", || with_starts(&[0, 2, 2]), |k| matches!(k, Format { .. }),
+            Is("{dir}/corpus.npz: array `sequence_starts`: sequence start 2 at position [2] does not exceed the one before it, 2")),
+        load_row("starts_2d",
+            || { let mut m = ids(&[1, 2], &[0, 0]); m.push(("sequence_starts", npy(&dict("<i8", "(1, 1)"), &le_i64(&[0])))); m },
+            |k| matches!(k, Shape { .. }),
+            Is("{dir}/corpus.npz: array `sequence_starts`: sequence_starts has shape [1, 1], expected 1-D")),
+    ]
 }
 
 #[test]
-fn not_one_dimensional_or_not_integer() {
-    let (path, e, m) = load_err(
-        "corpus_2d",
-        &[
-            (
-                "token_ids",
-                npy(&dict("<i8", "()"), &crate::io_common::le_i64(&[4])),
-            ),
-            ("language_ids", i64_member(&[0])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_ids`: token_ids has shape [], expected 1-D",
-            path.display()
-        )
-    );
-
-    let (path, e, m) = load_err(
-        "corpus_float",
-        &[
-            ("token_ids", i64_member(&[1])),
-            ("language_ids", npy(&dict("<f8", "(1,)"), &le_f64(&[0.0]))),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `language_ids`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)",
-            path.display()
-        )
-    );
-
-    let mut members = ids(&[1, 2], &[0, 0]);
-    members.push(("sequence_starts", npy(&dict("|b1", "(1,)"), &[1])));
-    let (path, e, m) = load_err("corpus_bool_starts", &members);
-    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
-    assert!(
-        m.starts_with(&format!(
-            "{}: array `sequence_starts`: has dtype bool",
-            path.display()
-        )),
-        "{m}"
-    );
-}
-
-#[test]
-fn lengths_differ() {
-    let (path, e, m) = load_err("corpus_lengths", &ids(&[1, 2, 3], &[0, 0]));
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `language_ids`: language_ids has shape [2], expected (3,), the length of token_ids",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn empty_corpus() {
-    let (path, e, m) = load_err("corpus_empty", &ids(&[], &[]));
-    assert!(matches!(e.kind(), ErrorKind::Empty));
-    assert_eq!(
-        m,
-        format!("{}: array `token_ids`: is empty", path.display())
-    );
-}
-
-#[test]
-fn negative_or_too_large_ids() {
-    let (path, e, m) = load_err("corpus_negative", &ids(&[1, 2, 3], &[0, -2, 0]));
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -2, .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `language_ids`: language id -2 at position [1] is out of range 0..4294967296",
-            path.display()
-        )
-    );
-    let (path, e, m) = load_err("corpus_too_large", &ids(&[1, 1 << 32], &[0, 0]));
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 4294967296,
-            ..
-        }
-    ));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_ids`: token id 4294967296 at position [1] is out of range 0..4294967296",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn bad_sequence_starts() {
-    let with = |starts: &[i64]| {
-        let mut members = ids(&[1, 2, 3, 4], &[0; 4]);
-        members.push(("sequence_starts", i64_member(starts)));
-        members
-    };
-    let (path, e, m) = load_err("starts_range", &with(&[0, 2, 4]));
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: 4, .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `sequence_starts`: sequence start 4 at position [2] is out of range 0..4",
-            path.display()
-        )
-    );
-    let (path, e, m) = load_err("starts_negative", &with(&[-1, 2]));
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -1, .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `sequence_starts`: sequence start -1 at position [0] is out of range 0..4",
-            path.display()
-        )
-    );
-    let (path, e, m) = load_err("starts_order", &with(&[0, 2, 2]));
-    assert!(matches!(e.kind(), ErrorKind::Format { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `sequence_starts`: sequence start 2 at position [2] does not exceed the one before it, 2",
-            path.display()
-        )
-    );
-    let two_d = vec![
-        ("token_ids", i64_member(&[1, 2])),
-        ("language_ids", i64_member(&[0, 0])),
-        (
-            "sequence_starts",
-            npy(&dict("<i8", "(1, 1)"), &crate::io_common::le_i64(&[0])),
-        ),
-    ];
-    let (_, e, _) = load_err("starts_2d", &two_d);
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
+fn load_errors() {
+    run_load_rows("io_corpus", "corpus.npz", &load_error_rows(), |path| {
+        load_corpus(path)
+    });
 }
 
 #[test]
@@ -408,7 +296,6 @@ fn metadata_that_does_not_fit_the_ids_is_an_error() {
         m.extend(extra);
         m
     };
-    type Members = Vec<(&'static str, Vec<u8>)>;
     let cases: Vec<(&str, Members, &str)> = vec![
         (
             "meta_small_v",

@@ -5,182 +5,164 @@
 //! (`ulimit -v`), as a hostile input meets it on a small machine, and
 //! checks that it fails with status 1 and one line `splitgrad: error: …`
 //! (never an abort, a kill or a panic), and that no file under the row's
-//! folder changed.
+//! folder changed. The rows are one table (row 51, a golden case, is a
+//! test of its own); a failing row is reported by its name.
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use ndarray::arr1;
-use splitgrad::io::NpzWriter;
-
-const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+use crate::common::cli::{self, scratch, small_corpus};
+use crate::common::table::Want::{self, Contains, EndsWith, Is, StartsWith};
+use crate::common::table::run_rows;
 
 /// The address-space limit every row runs under, in KiB.
 const LIMIT_KIB: u64 = 2 << 20;
 
-fn scratch(row: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("resources")
-        .join(row);
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn npz(dir: &Path, name: &str, fill: impl FnOnce(&mut NpzWriter)) -> PathBuf {
-    let path = dir.join(name);
-    let mut w = NpzWriter::new(&path);
-    fill(&mut w);
-    w.finish().unwrap();
-    path
-}
-
 /// `splitgrad ARGS` in `dir` under the address-space limit.
 fn limited(dir: &Path, args: &[&str]) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -v {LIMIT_KIB} && exec \"$0\" \"$@\""))
-        .arg(BIN)
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap()
+    cli::run_limited(dir, args, LIMIT_KIB)
 }
 
-/// Every file under `dir` with its bytes (special files by name only).
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    for e in fs::read_dir(dir).into_iter().flatten() {
-        let p = e.unwrap().path();
-        let meta = fs::symlink_metadata(&p).unwrap();
-        if meta.is_dir() {
-            out.extend(snapshot(&p));
-        } else if meta.is_file() && meta.len() < 1 << 20 {
-            out.insert(p.clone(), fs::read(&p).unwrap());
-        } else {
-            out.insert(p.clone(), meta.len().to_le_bytes().to_vec());
-        }
+struct Row {
+    name: &'static str,
+    /// Writes the row's files into its folder.
+    setup: fn(&Path),
+    /// The arguments, run in the row's folder.
+    args: &'static [&'static str],
+    /// What the line after `splitgrad: error: ` must be.
+    want: &'static [Want],
+    /// A check of the folder after the run.
+    then: fn(&Path),
+}
+
+fn row(
+    name: &'static str,
+    setup: fn(&Path),
+    args: &'static [&'static str],
+    want: &'static [Want],
+) -> Row {
+    Row {
+        name,
+        setup,
+        args,
+        want,
+        then: |_| {},
     }
-    out
 }
 
-/// Runs `splitgrad ARGS` in `dir` and checks the failure (status 1, one
-/// line, no panic, no file changed); returns the line after `splitgrad:
-/// error: ` with `dir` written `{dir}`.
-fn fails(dir: &Path, args: &[&str]) -> String {
-    let before = snapshot(dir);
-    let run = limited(dir, args);
-    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
-    assert_eq!(
-        run.status.code(),
-        Some(1),
-        "{args:?}: {:?} {stderr}",
-        run.status
-    );
-    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
-    assert_eq!(snapshot(dir), before, "{args:?} changed a file");
-    let line = lines[0]
-        .strip_prefix("splitgrad: error: ")
-        .unwrap_or_else(|| panic!("{args:?}: {}", lines[0]));
-    line.replace(s(dir), "{dir}")
+/// What a "needs more memory than there is" line says after its figures.
+const NEEDS_MORE: Want = Contains(&[", more than the ", " of memory available"]);
+
+const QUICK: &[&str] = &[
+    "train", "--steps", "2", "--batch", "64", "--dim", "4", "--out", "run",
+];
+
+/// The table. A row: its name, what it writes, the arguments, what the
+/// line must be.
+#[rustfmt::skip]
+fn rows() -> Vec<Row> {
+    const CORPUS: &[&str] = &["train", "--corpus", "corpus.npz", "--out", "out"];
+    const CORPUS_MIN_COUNT_1: &[&str] = &["train", "--corpus", "corpus.npz", "--min-count", "1", "--out", "out"];
+    let rows = vec![
+        Row { then: nothing_created, ..row("r44_corpus_token_id_of_four_billion",
+            |dir| drop(cli::corpus_with(dir, 4_000_000_000, 1)), CORPUS_MIN_COUNT_1, &[
+                StartsWith("training this model (V 4000000001 (the largest token id of corpus.npz + 1), L 2 (the largest language id of corpus.npz + 1), D 64, "),
+                Contains(&[" split rows, batch 4096) needs "]),
+                EndsWith("; lower --dim or --batch"),
+            ]) },
+        row("r45_corpus_language_id_of_four_billion", |dir| drop(cli::corpus_with(dir, 3, 4_000_000_000)), CORPUS_MIN_COUNT_1,
+            &[StartsWith("training this model (V 4 (the largest token id of corpus.npz + 1), L 4000000001 (the largest language id of corpus.npz + 1)")]),
+        row("r46_dim_of_a_billion", |_| {}, &["train", "--dim", "1000000000", "--out", "out"], &[
+            StartsWith("training this model (V 500 (the synthetic corpus), L 4 (the synthetic corpus), D 1000000000, 80 split rows, batch 4096) needs "),
+            NEEDS_MORE,
+            EndsWith("; lower --dim or --batch"),
+        ]),
+        row("r47_batch_of_a_trillion", |_| {}, &["train", "--batch", "1000000000000", "--out", "out"],
+            &[Contains(&[", batch 1000000000000) needs "])]),
+        row("r48_checkpoint_metadata_claims_a_vocabulary_of_a_trillion", vocabulary_of_a_trillion, &["report", "run/model.safetensors"],
+            &[StartsWith("run/model.safetensors: loading this model (V 1000000000000 (the checkpoint's metadata), L 4 (the checkpoint's metadata), D 4, 80 split rows) needs ")]),
+        // 400 M int64 (3.2 GB), deflated: header and zip entry agree.
+        row("r49_npz_member_claims_more_elements_than_memory_holds", |dir| claimed_npz(&dir.join("corpus.npz"), 400_000_000, 8, &[]), CORPUS,
+            &[StartsWith("corpus.npz: array `token_ids`: shape [400000000] of int64 (400000000 elements) needs ")]),
+        row("r50_npz_member_claims_more_bytes_than_the_file_has", |dir| claimed_npz(&dir.join("corpus.npz"), 1000, 0, &[0; 16]), CORPUS,
+            &[StartsWith("corpus.npz: array `token_ids`: truncated archive: the member's data would end at byte ")]),
+        row("r52_report_of_a_device", |_| {}, &["report", "/dev/zero"],
+            &[Is("/dev/zero: is a character device, not a regular file")]),
+        row("r53_corpus_is_a_fifo", fifo, CORPUS,
+            &[Is("corpus.npz: is a FIFO (named pipe), not a regular file")]),
+        Row { then: force_replaces_it, ..row("r54_train_over_a_finished_run", |dir| quick_run(dir, "run"), QUICK,
+            &[Is("run: already holds a run at step 3 of 3 on synthetic (model.safetensors); give --resume to continue it, --force to replace it, or another --out")]) },
+        row("r55_select_into_a_text_file", |dir| fs::write(dir.join("afile.txt"), "my notes").unwrap(),
+            &["select", "--steps", "2", "--out", "afile.txt"], &[Is("afile.txt: --out must name an .npz file")]),
+        row("r56_select_over_an_existing_index", |dir| fs::write(dir.join("index.npz"), "an earlier index").unwrap(),
+            &["select", "--steps", "2", "--out", "index.npz"], &[Is("index.npz: already exists; give --force to replace it, or another --out")]),
+        row("r57_sweep_over_an_existing_sweep", existing_sweep, &["sweep", "--steps", "2", "--out", "sw"],
+            &[Is("sw/sweep.json: already exists; give --force to replace it, or another --out")]),
+        row("r58_threads_beyond_reason", |_| {}, &["train", "--threads", "100000", "--out", "out"],
+            &[StartsWith("--threads 100000 is more than 1024")]),
+        row("r59_steps_zero", |_| {}, &["train", "--steps", "0", "--out", "out"],
+            &[Is("--steps must be at least 1: a run of 0 steps trains nothing")]),
+    ];
+    // A FIFO is made with mkfifo.
+    rows.into_iter().filter(|r| cfg!(unix) || !r.name.contains("fifo")).collect()
 }
 
-/// A corpus of 8 tokens with `token` at position 2 and `language` at 3.
-fn corpus_with(dir: &Path, token: i64, language: i64) -> PathBuf {
-    npz(dir, "corpus.npz", |w| {
-        w.add("token_ids", &arr1(&[1i64, 2, token, 1, 2, 0, 3, 2]))
-            .add("language_ids", &arr1(&[0i64, 0, 0, language, 1, 1, 0, 0]))
-            .add("sequence_starts", &arr1(&[0i64, 5]));
-    })
-}
-
-/// Checks a "needs more memory than there is" line: what comes before
-/// "needs", and the hint after the figures.
-fn assert_too_large(line: &str, head: &str, hint: &str) {
-    let (before, after) = line
-        .split_once(" needs ")
-        .unwrap_or_else(|| panic!("{line}"));
-    assert_eq!(before, head);
-    assert!(after.contains(", more than the "), "{line}");
-    assert!(after.contains(" of memory available"), "{line}");
-    assert!(after.ends_with(hint), "{line}");
-}
-
-#[test]
-fn r44_corpus_token_id_of_four_billion() {
-    let dir = scratch("r44");
-    corpus_with(&dir, 4_000_000_000, 1);
-    let line = fails(
-        &dir,
-        &[
-            "train",
-            "--corpus",
-            "corpus.npz",
-            "--min-count",
-            "1",
-            "--out",
-            "out",
-        ],
-    );
-    assert!(
-        line.starts_with("training this model (V 4000000001 (the largest token id of corpus.npz + 1), L 2 (the largest language id of corpus.npz + 1), D 64, "),
-        "{line}"
-    );
-    assert!(line.contains(" split rows, batch 4096) needs "), "{line}");
-    assert!(line.ends_with("; lower --dim or --batch"), "{line}");
+/// After row 44.
+fn nothing_created(dir: &Path) {
     assert!(
         !dir.join("out").exists(),
         "nothing is created before the check"
     );
 }
 
-#[test]
-fn r45_corpus_language_id_of_four_billion() {
-    let dir = scratch("r45");
-    corpus_with(&dir, 3, 4_000_000_000);
-    let line = fails(
-        &dir,
-        &[
-            "train",
-            "--corpus",
-            "corpus.npz",
-            "--min-count",
-            "1",
-            "--out",
-            "out",
-        ],
-    );
-    assert!(
-        line.starts_with("training this model (V 4 (the largest token id of corpus.npz + 1), L 4000000001 (the largest language id of corpus.npz + 1)"),
-        "{line}"
+/// Row 48: a quick run whose checkpoint's metadata claims V = 10^12.
+fn vocabulary_of_a_trillion(dir: &Path) {
+    cli::run_ok(dir, QUICK);
+    edit_metadata(
+        &dir.join("run/model.safetensors"),
+        "vocab_size",
+        "1000000000000",
     );
 }
 
-#[test]
-fn r46_dim_of_a_billion() {
-    let dir = scratch("r46");
-    let line = fails(&dir, &["train", "--dim", "1000000000", "--out", "out"]);
-    assert_too_large(
-        &line,
-        "training this model (V 500 (the synthetic corpus), L 4 (the synthetic corpus), D 1000000000, 80 split rows, batch 4096)",
-        "; lower --dim or --batch",
-    );
+/// Row 53.
+fn fifo(dir: &Path) {
+    let made = Command::new("mkfifo")
+        .arg(dir.join("corpus.npz"))
+        .status()
+        .unwrap();
+    assert!(made.success());
 }
 
+/// After row 54: `--force` replaces the run.
+fn force_replaces_it(dir: &Path) {
+    cli::assert_ok(&limited(dir, &[QUICK, &["--force"]].concat()));
+}
+
+/// Row 57.
+fn existing_sweep(dir: &Path) {
+    fs::create_dir_all(dir.join("sw")).unwrap();
+    fs::write(dir.join("sw/sweep.json"), "{}").unwrap();
+}
+
+/// Rows 44–59 but 51 (below): each runs under the address-space limit and
+/// checks the failure ([`cli::fails`]) and its line.
 #[test]
-fn r47_batch_of_a_trillion() {
-    let dir = scratch("r47");
-    let line = fails(&dir, &["train", "--batch", "1000000000000", "--out", "out"]);
-    assert!(line.contains(", batch 1000000000000) needs "), "{line}");
+fn resource_rows_44_to_59() {
+    run_rows(
+        &rows(),
+        |r| r.name,
+        |row| {
+            let dir = scratch("resources", &row.name[..3]);
+            (row.setup)(&dir);
+            let line = cli::fails(&dir, row.args, Some(LIMIT_KIB));
+            for want in row.want {
+                want.check(&line, cli::s(&dir));
+            }
+            (row.then)(&dir);
+        },
+    );
 }
 
 /// Rewrites the `__metadata__` of a safetensors file.
@@ -197,26 +179,6 @@ fn edit_metadata(path: &Path, key: &str, value: &str) {
     out.extend_from_slice(&text);
     out.extend_from_slice(&bytes[8 + n..]);
     fs::write(path, out).unwrap();
-}
-
-#[test]
-fn r48_checkpoint_metadata_claims_a_vocabulary_of_a_trillion() {
-    let dir = scratch("r48");
-    let run = Command::new(BIN)
-        .args([
-            "train", "--steps", "2", "--batch", "64", "--dim", "4", "--out",
-        ])
-        .arg(dir.join("run"))
-        .output()
-        .unwrap();
-    assert!(run.status.success());
-    let ckpt = dir.join("run/model.safetensors");
-    edit_metadata(&ckpt, "vocab_size", "1000000000000");
-    let line = fails(&dir, &["report", "run/model.safetensors"]);
-    assert!(
-        line.starts_with("run/model.safetensors: loading this model (V 1000000000000 (the checkpoint's metadata), L 4 (the checkpoint's metadata), D 4, 80 split rows) needs "),
-        "{line}"
-    );
 }
 
 /// A zip archive of one member `token_ids.npy`, stored with `method` (0
@@ -296,36 +258,8 @@ fn claimed_npz(path: &Path, shape: u64, method: u16, data: &[u8]) {
 }
 
 #[test]
-fn r49_npz_member_claims_more_elements_than_memory_holds() {
-    let dir = scratch("r49");
-    // 400 M int64 (3.2 GB), deflated: header and zip entry agree.
-    claimed_npz(&dir.join("corpus.npz"), 400_000_000, 8, &[]);
-    let line = fails(&dir, &["train", "--corpus", "corpus.npz", "--out", "out"]);
-    let (head, _) = line
-        .split_once(" needs ")
-        .unwrap_or_else(|| panic!("{line}"));
-    assert_eq!(
-        head,
-        "corpus.npz: array `token_ids`: shape [400000000] of int64 (400000000 elements)"
-    );
-}
-
-#[test]
-fn r50_npz_member_claims_more_bytes_than_the_file_has() {
-    let dir = scratch("r50");
-    claimed_npz(&dir.join("corpus.npz"), 1000, 0, &[0; 16]);
-    let line = fails(&dir, &["train", "--corpus", "corpus.npz", "--out", "out"]);
-    assert!(
-        line.starts_with(
-            "corpus.npz: array `token_ids`: truncated archive: the member's data would end at byte "
-        ),
-        "{line}"
-    );
-}
-
-#[test]
 fn r51_golden_case_of_sixteen_gibibytes() {
-    let dir = scratch("r51");
+    let dir = scratch("resources", "r51");
     let layer = dir.join("cases/lm-head");
     fs::create_dir_all(&layer).unwrap();
     let f = fs::File::create(layer.join("huge.npz")).unwrap();
@@ -346,153 +280,36 @@ fn r51_golden_case_of_sixteen_gibibytes() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn r52_report_of_a_device() {
-    let dir = scratch("r52");
-    let line = fails(&dir, &["report", "/dev/zero"]);
-    assert_eq!(line, "/dev/zero: is a character device, not a regular file");
-}
-
-#[cfg(unix)]
-#[test]
-fn r53_corpus_is_a_fifo() {
-    let dir = scratch("r53");
-    let made = Command::new("mkfifo")
-        .arg(dir.join("corpus.npz"))
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let line = fails(&dir, &["train", "--corpus", "corpus.npz", "--out", "out"]);
-    assert_eq!(
-        line,
-        "corpus.npz: is a FIFO (named pipe), not a regular file"
-    );
-}
-
+/// Three quick steps into `dir/out`.
 fn quick_run(dir: &Path, out: &str) {
-    let run = Command::new(BIN)
-        .args([
+    cli::run_ok(
+        dir,
+        &[
             "train", "--steps", "3", "--batch", "64", "--dim", "4", "--out", out,
-        ])
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-}
-
-#[test]
-fn r54_train_over_a_finished_run() {
-    let dir = scratch("r54");
-    quick_run(&dir, "run");
-    let line = fails(
-        &dir,
-        &[
-            "train", "--steps", "2", "--batch", "64", "--dim", "4", "--out", "run",
         ],
-    );
-    assert_eq!(
-        line,
-        "run: already holds a run at step 3 of 3 on synthetic (model.safetensors); give --resume to continue it, --force to replace it, or another --out"
-    );
-    // --force replaces it.
-    let forced = limited(
-        &dir,
-        &[
-            "train", "--steps", "2", "--batch", "64", "--dim", "4", "--out", "run", "--force",
-        ],
-    );
-    assert!(
-        forced.status.success(),
-        "{}",
-        String::from_utf8_lossy(&forced.stderr)
-    );
-}
-
-#[test]
-fn r55_select_into_a_text_file() {
-    let dir = scratch("r55");
-    fs::write(dir.join("afile.txt"), "my notes").unwrap();
-    let line = fails(&dir, &["select", "--steps", "2", "--out", "afile.txt"]);
-    assert_eq!(line, "afile.txt: --out must name an .npz file");
-}
-
-#[test]
-fn r56_select_over_an_existing_index() {
-    let dir = scratch("r56");
-    fs::write(dir.join("index.npz"), "an earlier index").unwrap();
-    let line = fails(&dir, &["select", "--steps", "2", "--out", "index.npz"]);
-    assert_eq!(
-        line,
-        "index.npz: already exists; give --force to replace it, or another --out"
-    );
-}
-
-#[test]
-fn r57_sweep_over_an_existing_sweep() {
-    let dir = scratch("r57");
-    fs::create_dir_all(dir.join("sw")).unwrap();
-    fs::write(dir.join("sw/sweep.json"), "{}").unwrap();
-    let line = fails(&dir, &["sweep", "--steps", "2", "--out", "sw"]);
-    assert_eq!(
-        line,
-        "sw/sweep.json: already exists; give --force to replace it, or another --out"
-    );
-}
-
-#[test]
-fn r58_threads_beyond_reason() {
-    let dir = scratch("r58");
-    let line = fails(&dir, &["train", "--threads", "100000", "--out", "out"]);
-    assert!(
-        line.starts_with("--threads 100000 is more than 1024"),
-        "{line}"
-    );
-}
-
-#[test]
-fn r59_steps_zero() {
-    let dir = scratch("r59");
-    let line = fails(&dir, &["train", "--steps", "0", "--out", "out"]);
-    assert_eq!(
-        line,
-        "--steps must be at least 1: a run of 0 steps trains nothing"
     );
 }
 
 #[test]
 fn default_run_folders_differ_for_corpora_of_one_name() {
-    let dir = scratch("default_folders");
+    let dir = scratch("resources", "default_folders");
     for sub in ["a", "b"] {
         fs::create_dir_all(dir.join(sub)).unwrap();
-        npz(&dir.join(sub), "corpus.npz", |w| {
-            w.add("token_ids", &arr1(&[1i64, 2, 3, 1, 2, 0, 3, 2]))
-                .add("language_ids", &arr1(&[0i64, 0, 0, 1, 1, 1, 0, 0]))
-                .add("sequence_starts", &arr1(&[0i64, 5]));
-        });
-        let run = Command::new(BIN)
-            .args([
-                "train",
-                "--steps",
-                "2",
-                "--batch",
-                "16",
-                "--dim",
-                "4",
-                "--min-count",
-                "1",
-            ])
-            .args(["--corpus", &format!("{sub}/corpus.npz")])
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
+        small_corpus(&dir.join(sub));
+        let corpus = format!("{sub}/corpus.npz");
+        let args = [
+            "--steps",
+            "2",
+            "--batch",
+            "16",
+            "--dim",
+            "4",
+            "--min-count",
+            "1",
+        ];
+        cli::run_ok(
+            &dir,
+            &[&["train"][..], &args, &["--corpus", &corpus]].concat(),
         );
     }
     let runs: Vec<String> = fs::read_dir(dir.join("runs"))
@@ -506,22 +323,16 @@ fn default_run_folders_differ_for_corpora_of_one_name() {
 
 #[test]
 fn stale_temporaries_of_a_killed_run_are_removed_on_the_next_start() {
-    let dir = scratch("stale");
+    let dir = scratch("resources", "stale");
     quick_run(&dir, "run");
     // A temporary of a process that no longer exists.
     let stale = dir.join("run/.model.safetensors.tmp-2147483646-3");
     fs::write(&stale, b"half a checkpoint").unwrap();
-    let run = Command::new(BIN)
-        .args([
+    let run = cli::run_ok(
+        &dir,
+        &[
             "train", "--steps", "5", "--batch", "64", "--dim", "4", "--out", "run", "--resume",
-        ])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+        ],
     );
     assert!(!stale.exists());
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -546,15 +357,22 @@ fn kill(signal: &str, pid: u32) {
     assert!(ok.success());
 }
 
+/// The flags of [`long_run`] and its resumptions, after `--steps N`.
+const LONG: &[&str] = &[
+    "--batch",
+    "256",
+    "--dim",
+    "8",
+    "--checkpoint-every",
+    "20",
+    "--out",
+    "run",
+];
+
 /// A long run in `dir/run`, started; returns once its first checkpoint
 /// (every 20 steps) is on disk.
 fn long_run(dir: &Path) -> std::process::Child {
-    let child = Command::new(BIN)
-        .args([
-            "train", "--steps", "1000000", "--batch", "256", "--dim", "8",
-        ])
-        .args(["--checkpoint-every", "20", "--out", "run"])
-        .current_dir(dir)
+    let child = cli::command(dir, &[&["train", "--steps", "1000000"][..], LONG].concat())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -571,11 +389,20 @@ fn long_run(dir: &Path) -> std::process::Child {
     child
 }
 
+/// `train --steps STEPS` of [`LONG`] with `--resume`; its output.
+fn resume_long(dir: &Path, steps: u64) -> Output {
+    let steps = steps.to_string();
+    cli::run_ok(
+        dir,
+        &[&["train", "--steps", &steps][..], LONG, &["--resume"]].concat(),
+    )
+}
+
 #[cfg(unix)]
 #[test]
 fn sigint_and_sigterm_finish_the_step_write_a_checkpoint_and_say_how_to_go_on() {
     for (signal, code) in [("-INT", 130), ("-TERM", 143)] {
-        let dir = scratch(&format!("signal{signal}"));
+        let dir = scratch("resources", &format!("signal{signal}"));
         let child = long_run(&dir);
         kill(signal, child.id());
         let out = child.wait_with_output().unwrap();
@@ -593,25 +420,7 @@ fn sigint_and_sigterm_finish_the_step_write_a_checkpoint_and_say_how_to_go_on() 
             .unwrap();
         assert!(line.contains(": resume with --resume"), "{line}");
         // The checkpoint is of that very step: resuming says so and goes on.
-        let resumed = Command::new(BIN)
-            .args([
-                "train",
-                "--steps",
-                &(step + 3).to_string(),
-                "--batch",
-                "256",
-                "--dim",
-                "8",
-            ])
-            .args(["--checkpoint-every", "20", "--out", "run", "--resume"])
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            resumed.status.success(),
-            "{}",
-            String::from_utf8_lossy(&resumed.stderr)
-        );
+        let resumed = resume_long(&dir, step + 3);
         let stdout = String::from_utf8_lossy(&resumed.stdout);
         assert!(
             stdout.contains(&format!(
@@ -627,7 +436,7 @@ fn sigint_and_sigterm_finish_the_step_write_a_checkpoint_and_say_how_to_go_on() 
 #[cfg(unix)]
 #[test]
 fn a_second_ctrl_c_stops_at_once_with_the_last_checkpoint_intact() {
-    let dir = scratch("double-ctrl-c");
+    let dir = scratch("resources", "double-ctrl-c");
     let child = long_run(&dir);
     kill("-INT", child.id());
     kill("-INT", child.id());
@@ -635,18 +444,11 @@ fn a_second_ctrl_c_stops_at_once_with_the_last_checkpoint_intact() {
     assert_eq!(out.status.code(), Some(130));
     // Whichever checkpoint is there, periodic or the one the first signal
     // asked for, is whole: it resumes.
-    let resumed = Command::new(BIN)
-        .args([
-            "train", "--steps", "1", "--batch", "256", "--dim", "8", "--out", "run",
-        ])
-        .arg("--resume")
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
+    cli::run_ok(
+        &dir,
+        &[
+            "train", "--steps", "1", "--batch", "256", "--dim", "8", "--out", "run", "--resume",
+        ],
     );
     let _ = fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ use splitgrad::app::corpus::{Corpus, load_corpus};
 use splitgrad::app::tokenize::fnv1a64;
 use tokenizers::Tokenizer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+use crate::common::cli::{self, BIN, last_json, run_ok, s};
 
 /// The languages of the test data, in the order they are given.
 const LANGS: [&str; 5] = ["en", "fr", "de", "ru", "ja"];
@@ -27,11 +27,7 @@ fn tokenizer_json() -> PathBuf {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("splitgrad-tokenize-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    cli::scratch("tokenize", name)
 }
 
 /// `--lang NAME=DIR` for each pair.
@@ -53,15 +49,6 @@ fn tokenize(tokenizer: &Path, langs: &[(&str, &Path)], out: &Path, extra: &[&str
         .args(extra)
         .output()
         .unwrap()
-}
-
-#[track_caller]
-fn assert_success(out: &Output) {
-    assert!(
-        out.status.success(),
-        "tokenize failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The error line of a failed run, checked to be one line with status 1
@@ -90,12 +77,8 @@ fn text_dirs() -> Vec<(&'static str, PathBuf)> {
 
 /// The files of a folder of the test data, sorted.
 fn files_of(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    files
+    let names = crate::io_common::listing(dir);
+    names.iter().map(|n| dir.join(n)).collect()
 }
 
 #[test]
@@ -105,7 +88,7 @@ fn the_test_data_becomes_a_corpus_that_decodes_back_to_its_text() {
     let dirs = text_dirs();
     let langs: Vec<(&str, &Path)> = dirs.iter().map(|(l, d)| (*l, d.as_path())).collect();
     let run = tokenize(&tokenizer_json(), &langs, &out, &[]);
-    assert_success(&run);
+    cli::assert_ok(&run);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("15 files"), "{stdout}");
     assert!(stdout.contains("V 2000"), "{stdout}");
@@ -200,7 +183,7 @@ fn folders_are_walked_sorted_recursively_without_hidden_or_empty_files() {
         &out,
         &[],
     );
-    assert_success(&run);
+    cli::assert_ok(&run);
     let corpus: Corpus = load_corpus(&out).unwrap();
     let tok = Tokenizer::from_file(tokenizer_json()).unwrap();
     let texts: Vec<String> = corpus
@@ -305,7 +288,7 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
     let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &en)], &out, &[]));
     assert!(err.contains("--force"), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
-    assert_success(&tokenize(
+    cli::assert_ok(&tokenize(
         &tokenizer_json(),
         &[("en", &en)],
         &out,
@@ -330,24 +313,24 @@ fn tokenize_train_report_and_export_on_real_text() {
     let dirs = text_dirs();
     let langs: Vec<(&str, &Path)> = dirs.iter().map(|(n, d)| (*n, d.as_path())).collect();
     let corpus = dir.join("corpus.npz");
-    assert_success(&tokenize(&tokenizer_json(), &langs, &corpus, &[]));
+    cli::assert_ok(&tokenize(&tokenizer_json(), &langs, &corpus, &[]));
     let run = dir.join("run");
-    let train = Command::new(BIN)
-        .args(["train", "--corpus"])
-        .arg(&corpus)
-        .arg("--out")
-        .arg(&run)
-        .args([
+    let train = run_ok(
+        &dir,
+        &[
+            "train",
+            "--corpus",
+            s(&corpus),
+            "--out",
+            s(&run),
             "--steps",
             "200",
             "--batch",
             "1024",
             "--heldout-fraction",
             "0.34",
-        ])
-        .output()
-        .unwrap();
-    assert_success(&train);
+        ],
+    );
     let text = String::from_utf8_lossy(&train.stdout);
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("report.json")).unwrap()).unwrap();
@@ -372,26 +355,12 @@ fn tokenize_train_report_and_export_on_real_text() {
     );
     assert!(text.contains("held-out cross-entropy"), "{text}");
     // `report` reads the same back from the checkpoint.
-    let again = Command::new(BIN)
-        .arg("report")
-        .arg(run.join("model.safetensors"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert_success(&again);
-    let last = String::from_utf8_lossy(&again.stdout);
-    let json: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    let ckpt = run.join("model.safetensors");
+    let json = last_json(&run_ok(&dir, &["report", s(&ckpt), "--json"]));
     assert_eq!(json["rows"], report["rows"]);
     // `export`: one table per language, named after it, and kept.json.
     let out = dir.join("export");
-    let export = Command::new(BIN)
-        .arg("export")
-        .arg(run.join("model.safetensors"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert_success(&export);
+    run_ok(&dir, &["export", s(&ckpt), "--out", s(&out)]);
     for name in LANGS {
         let t = splitgrad::checkpoint::Checkpoint::open(out.join(format!("{name}.safetensors")))
             .unwrap()

@@ -12,10 +12,36 @@
 // Each test crate that includes this module uses only part of it.
 #![allow(dead_code)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod table;
+
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 use splitgrad::state::Module;
-use splitgrad::{Parameter, Real, Rng, Tape, Var};
+use splitgrad::{ParamGrad, Parameter, Real, Rng, Tape, Var};
+
+/// Two property tests of one check of a case, `check::<T>(&case, ε_T)`: in
+/// f64 (named `$f64`) and in f32 (`$f32`), `cases` cases of `strategy`
+/// each, failing seeds saved in `regressions` (see [`config`]).
+macro_rules! in_f64_and_f32 {
+    ($cases:expr, $regressions:literal, $strategy:expr, $check:ident => $f64:ident, $f32:ident) => {
+        proptest::proptest! {
+            #![proptest_config($crate::common::config($cases, $regressions))]
+
+            #[test]
+            fn $f64(c in $strategy) {
+                $check::<f64>(&c, f64::EPSILON)?;
+            }
+
+            #[test]
+            fn $f32(c in $strategy) {
+                $check::<f32>(&c, f32::EPSILON as f64)?;
+            }
+        }
+    };
+}
+pub(crate) use in_f64_and_f32;
 
 /// How a leaf enters the tape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +315,33 @@ pub fn ids(
     prop::collection::vec(0..n_rows, len)
 }
 
+/// Two arrays of one shape whose elements are all finite and each within
+/// `tol` (absolute) of the other's; `names` say which array is which in
+/// the failure.
+pub fn all_within(
+    a: &ArrayD<f64>,
+    b: &ArrayD<f64>,
+    tol: f64,
+    what: &str,
+    names: (&str, &str),
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.shape(), b.shape(), "{}", what);
+    for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+        prop_assert!(
+            x.is_finite() && y.is_finite() && (x - y).abs() <= tol,
+            "{} element {}: {} {} {} {} (tol {})",
+            what,
+            i,
+            names.0,
+            x,
+            names.1,
+            y,
+            tol
+        );
+    }
+    Ok(())
+}
+
 /// The rows of a row-sparse gradient should be: the ids, sorted, unique.
 pub fn sorted_unique(ids: &[usize]) -> Vec<usize> {
     let mut rows = ids.to_vec();
@@ -378,6 +431,21 @@ impl HeadInputs {
     }
 }
 
+/// One token whose logits are in the thousands: splits of 2 and 1 rows,
+/// H = 1, z = [3000, 2990, −3000], label 1 (loss 10 + ln(1 + e^−10)).
+pub fn head_with_logits_in_the_thousands() -> HeadInputs {
+    HeadInputs {
+        sizes: vec![2, 1],
+        hidden_size: 1,
+        weights: vec![
+            ndarray::array![[3000.0], [2990.0]].into_dyn(),
+            ndarray::array![[-3000.0]].into_dyn(),
+        ],
+        hidden: ndarray::array![[1.0]].into_dyn(),
+        labels: ndarray::array![1i64].into_dyn(),
+    }
+}
+
 /// Random heads: 1–3 splits of 0–12 rows (V ≥ 1), H ≤ 8, up to 24 tokens
 /// in a shape of rank 0 to 2, a quarter of the labels −100, weights scaled
 /// so that logits are O(1), O(10–100) or in the thousands.
@@ -392,24 +460,8 @@ pub fn head_inputs() -> impl Strategy<Value = HeadInputs> {
             s.iter().sum::<usize>() > 0 && shape.iter().product::<usize>() <= 24
         })
         .prop_flat_map(|(sizes, h, shape, scale)| {
-            let v = sizes.iter().sum::<usize>();
-            let n: usize = shape.iter().product();
-            let weights: Vec<_> = sizes
-                .iter()
-                .map(|&s| array(vec![s, h], -1.0, 1.0).prop_map(move |w| w * scale))
-                .collect();
-            let mut hshape = shape.clone();
-            hshape.push(h);
-            let label = prop_oneof![1 => Just(-100i64), 3 => 0..v as i64];
-            let labels = prop::collection::vec(label, n)
-                .prop_map(move |l| ArrayD::from_shape_vec(IxDyn(&shape), l).unwrap());
-            (
-                Just(sizes),
-                Just(h),
-                weights,
-                array(hshape, -1.0, 1.0),
-                labels,
-            )
+            let (weights, hidden, labels) = head_arrays(&sizes, h, shape, scale);
+            (Just(sizes), Just(h), weights, hidden, labels)
         })
         .prop_map(|(sizes, hidden_size, weights, hidden, labels)| HeadInputs {
             sizes,
@@ -418,6 +470,65 @@ pub fn head_inputs() -> impl Strategy<Value = HeadInputs> {
             hidden,
             labels,
         })
+}
+
+/// The random arrays of a head of splits of these sizes and H = `h`: each
+/// split's weights (size_k, H) in `[-scale, scale)`, hidden states
+/// (…`shape`, H) in `[-1, 1)`, and labels of `shape`, a quarter of them
+/// −100 and the others in [0, V).
+#[allow(clippy::type_complexity)]
+pub fn head_arrays(
+    sizes: &[usize],
+    h: usize,
+    shape: Vec<usize>,
+    scale: f64,
+) -> (
+    Vec<impl Strategy<Value = ArrayD<f64>> + use<>>,
+    impl Strategy<Value = ArrayD<f64>> + use<>,
+    impl Strategy<Value = ArrayD<i64>> + use<>,
+) {
+    let v = sizes.iter().sum::<usize>();
+    let n: usize = shape.iter().product();
+    let weights: Vec<_> = sizes
+        .iter()
+        .map(|&s| array(vec![s, h], -1.0, 1.0).prop_map(move |w| w * scale))
+        .collect();
+    let mut hshape = shape.clone();
+    hshape.push(h);
+    let label = prop_oneof![1 => Just(-100i64), 3 => 0..v as i64];
+    let labels = prop::collection::vec(label, n)
+        .prop_map(move |l| ArrayD::from_shape_vec(IxDyn(&shape), l).unwrap());
+    (weights, array(hshape, -1.0, 1.0), labels)
+}
+
+/// The trainable ones of `weights`, in order (what [`with_trainable`]
+/// puts back).
+pub fn trainable_values(weights: &[ArrayD<f64>], trainable: &[bool]) -> Vec<ArrayD<f64>> {
+    weights
+        .iter()
+        .zip(trainable)
+        .filter(|&(_, &tr)| tr)
+        .map(|(w, _)| w.clone())
+        .collect()
+}
+
+/// The gradients of the trainable ones of `values`, dense (zeros for one
+/// that got none), in the order of [`trainable_values`].
+pub fn trainable_grads(
+    grads: &[Option<ParamGrad<f64>>],
+    values: &[ArrayD<f64>],
+    trainable: &[bool],
+) -> Vec<ArrayD<f64>> {
+    grads
+        .iter()
+        .zip(values)
+        .zip(trainable)
+        .filter(|&(_, &tr)| tr)
+        .map(|((g, v), _)| {
+            g.as_ref()
+                .map_or_else(|| ArrayD::zeros(v.raw_dim()), ParamGrad::to_dense)
+        })
+        .collect()
 }
 
 /// A head with splits `s0, s1, …` of these sizes, the weights given (as

@@ -5,10 +5,12 @@
 //! labels and logits from O(1) to the thousands. The memory side is in
 //! `fused_head_memory.rs` (it needs a binary to itself).
 
-use crate::common::{array, config, head_inputs};
+use crate::common::{
+    HeadInputs, all_within, array, head_inputs, head_with_logits_in_the_thousands, in_f64_and_f32,
+    split_head,
+};
 use ndarray::ArrayD;
 use proptest::prelude::*;
-use splitgrad::layers::SplitLanguageModellingHead;
 use splitgrad::ops::fused_ce::ChunkSizes;
 use splitgrad::state::Module;
 use splitgrad::{Real, Tape};
@@ -28,6 +30,26 @@ struct Case {
     frozen: Option<usize>,
 }
 
+impl Case {
+    fn new(
+        inputs: HeadInputs,
+        upstream: ArrayD<f64>,
+        chunks: ChunkSizes,
+        frozen: Option<usize>,
+    ) -> Self {
+        Case {
+            sizes: inputs.sizes,
+            hidden_size: inputs.hidden_size,
+            weights: inputs.weights,
+            hidden: inputs.hidden,
+            labels: inputs.labels,
+            upstream,
+            chunks,
+            frozen,
+        }
+    }
+}
+
 /// Loss (…), ∂hidden (…, H) and ∂W_k (dense, zeros if frozen), as f64.
 struct Pass {
     loss: ArrayD<f64>,
@@ -35,19 +57,8 @@ struct Pass {
 }
 
 fn pass<T: Real>(c: &Case, naive: bool) -> Pass {
-    let names: Vec<String> = (0..c.sizes.len()).map(|k| format!("s{k}")).collect();
-    let sizes: Vec<(&str, usize)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(c.sizes.iter().copied())
-        .collect();
-    let mut head = SplitLanguageModellingHead::<T>::new(&sizes, &names, c.hidden_size).unwrap();
-    for (p, w) in head.parameters_mut().iter_mut().zip(&c.weights) {
-        *p.value_mut() = w.mapv(T::from_f64);
-    }
-    if let Some(k) = c.frozen {
-        head.set_trainable(&names[k], false).unwrap();
-    }
+    let trainable: Vec<bool> = (0..c.sizes.len()).map(|k| c.frozen != Some(k)).collect();
+    let mut head = split_head::<T>(&c.sizes, c.hidden_size, &c.weights, &trainable);
     head.set_chunks(c.chunks);
     let mut tape = Tape::new();
     let h = tape.input(c.hidden.mapv(T::from_f64));
@@ -92,33 +103,17 @@ fn tolerance(c: &Case, eps: f64) -> [f64; 3] {
     [e, e * (1.0 + mw) * mu, e * (1.0 + mh) * mu * n]
 }
 
-fn assert_close(
-    a: &ArrayD<f64>,
-    b: &ArrayD<f64>,
-    tol: f64,
-    what: &str,
-) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.shape(), b.shape());
-    for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
-        prop_assert!(x.is_finite() && y.is_finite(), "{}: {} vs {}", what, x, y);
-        prop_assert!(
-            (x - y).abs() <= tol,
-            "{} element {}: fused {} naive {} (tol {})",
-            what,
-            i,
-            x,
-            y,
-            tol
-        );
-    }
-    Ok(())
-}
-
 fn fused_equals_naive<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseError> {
     let fused = pass::<T>(c, false);
     let naive = pass::<T>(c, true);
     let [tol_loss, tol_hidden, tol_weight] = tolerance(c, eps);
-    assert_close(&fused.loss, &naive.loss, tol_loss, "loss")?;
+    all_within(
+        &fused.loss,
+        &naive.loss,
+        tol_loss,
+        "loss",
+        ("fused", "naive"),
+    )?;
     for (l, (&label, &x)) in c.labels.iter().zip(fused.loss.iter()).enumerate() {
         if label == -100 {
             prop_assert_eq!(x, 0.0, "ignored token {} has a loss", l);
@@ -130,7 +125,7 @@ fn fused_equals_naive<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseError> 
         } else {
             (format!("∂W_{}", k - 1), tol_weight)
         };
-        assert_close(a, b, tol, &what)?;
+        all_within(a, b, tol, &what, ("fused", "naive"))?;
     }
     Ok(())
 }
@@ -147,52 +142,26 @@ fn case() -> impl Strategy<Value = Case> {
             let upstream = array(inputs.labels.shape().to_vec(), -1.0, 1.0);
             (Just(inputs), upstream, chunks, frozen)
         })
-        .prop_map(|(inputs, upstream, chunks, frozen)| Case {
-            sizes: inputs.sizes,
-            hidden_size: inputs.hidden_size,
-            weights: inputs.weights,
-            hidden: inputs.hidden,
-            labels: inputs.labels,
-            upstream,
-            chunks,
-            frozen,
-        })
+        .prop_map(|(inputs, upstream, chunks, frozen)| Case::new(inputs, upstream, chunks, frozen))
 }
 
-proptest! {
-    #![proptest_config(config(64, "proptest-regressions/fused_head.txt"))]
-
-    #[test]
-    fn fused_equals_naive_f64(c in case()) {
-        fused_equals_naive::<f64>(&c, f64::EPSILON)?;
-    }
-
-    #[test]
-    fn fused_equals_naive_f32(c in case()) {
-        fused_equals_naive::<f32>(&c, f32::EPSILON as f64)?;
-    }
-}
+in_f64_and_f32!(
+    64,
+    "proptest-regressions/fused_head.txt",
+    case(),
+    fused_equals_naive => fused_equals_naive_f64, fused_equals_naive_f32
+);
 
 #[test]
 fn logits_in_the_thousands_one_token() {
     // z = [3000, 2990, −3000]: lse = 3000 + ln(1 + e^−10) (+ e^−6000, 0);
     // naive exp(3000) overflows, the stable forms do not.
-    let c = Case {
-        sizes: vec![2, 1],
-        hidden_size: 1,
-        weights: vec![
-            ndarray::array![[3000.0], [2990.0]].into_dyn(),
-            ndarray::array![[-3000.0]].into_dyn(),
-        ],
-        hidden: ndarray::array![[1.0]].into_dyn(),
-        labels: ndarray::array![1i64].into_dyn(),
-        upstream: ndarray::array![1.0].into_dyn(),
-        chunks: ChunkSizes {
-            tokens: 1,
-            vocab: 1,
-        },
-        frozen: None,
+    let chunks = ChunkSizes {
+        tokens: 1,
+        vocab: 1,
     };
+    let upstream = ndarray::array![1.0].into_dyn();
+    let c = Case::new(head_with_logits_in_the_thousands(), upstream, chunks, None);
     let want = 10.0 + (-10f64).exp().ln_1p();
     let f = pass::<f64>(&c, false);
     assert!((f.loss[[0]] - want).abs() < 1e-12, "{}", f.loss);

@@ -5,8 +5,9 @@
 //! and the tile kernel gives the same bits on any thread count.
 
 use ndarray::{Array2, ArrayD};
+
+use crate::common::split_head;
 use splitgrad::kernels::gemm::Isa;
-use splitgrad::layers::SplitLanguageModellingHead;
 use splitgrad::ops::fused_ce::HeadKernel;
 use splitgrad::ops::fused_ce_sum::SumChunks;
 use splitgrad::state::Module;
@@ -53,16 +54,9 @@ fn run<T: Real>(
     kernel: HeadKernel,
     chunks: SumChunks,
 ) -> (f64, Vec<ArrayD<f64>>) {
-    let names: Vec<String> = (0..c.sizes.len()).map(|k| format!("s{k}")).collect();
-    let sizes: Vec<(&str, usize)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(c.sizes.iter().copied())
-        .collect();
-    let mut head = SplitLanguageModellingHead::<T>::new(&sizes, &names, c.hidden.ncols()).unwrap();
-    for (p, w) in head.parameters_mut().iter_mut().zip(&c.weights) {
-        *p.value_mut() = w.mapv(T::from_f64).into_dyn();
-    }
+    let weights: Vec<ArrayD<f64>> = c.weights.iter().map(|w| w.clone().into_dyn()).collect();
+    let trainable = vec![true; c.sizes.len()];
+    let mut head = split_head::<T>(&c.sizes, c.hidden.ncols(), &weights, &trainable);
     head.set_kernel(kernel);
     head.set_sum_chunks(chunks);
     let mut tape = Tape::new();

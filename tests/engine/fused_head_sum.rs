@@ -8,7 +8,11 @@
 //! record it gives the same loss. And its gradients match central finite
 //! differences in f64.
 
-use crate::common::{Tally, check_grads, config, head_inputs, split_head, with_trainable};
+use crate::common::{
+    HeadInputs, Tally, all_within, check_grads, config, head_inputs,
+    head_with_logits_in_the_thousands, in_f64_and_f32, split_head, trainable_values,
+    with_trainable,
+};
 use ndarray::{ArrayD, ArrayView2, Ix2, IxDyn};
 use proptest::prelude::*;
 use splitgrad::layers::SplitLanguageModellingHead;
@@ -48,6 +52,19 @@ struct Pass {
 }
 
 impl Case {
+    fn new(inputs: HeadInputs, trainable: Vec<bool>, chunks: SumChunks, upstream: f64) -> Self {
+        Case {
+            sizes: inputs.sizes,
+            hidden_size: inputs.hidden_size,
+            weights: inputs.weights,
+            trainable,
+            hidden: inputs.hidden,
+            labels: inputs.labels,
+            chunks,
+            upstream,
+        }
+    }
+
     fn head<T: Real>(&self, weights: &[ArrayD<f64>]) -> SplitLanguageModellingHead<T> {
         let mut head = split_head(&self.sizes, self.hidden_size, weights, &self.trainable);
         head.set_sum_chunks(self.chunks);
@@ -95,13 +112,7 @@ impl Case {
 
     /// The trainable weights, then hidden.
     fn values(&self) -> Vec<ArrayD<f64>> {
-        let mut v: Vec<ArrayD<f64>> = self
-            .weights
-            .iter()
-            .zip(&self.trainable)
-            .filter(|&(_, &tr)| tr)
-            .map(|(w, _)| w.clone())
-            .collect();
+        let mut v = trainable_values(&self.weights, &self.trainable);
         v.push(self.hidden.clone());
         v
     }
@@ -130,27 +141,6 @@ fn tolerance(c: &Case, eps: f64) -> [f64; 3] {
     let u = c.upstream.abs();
     let e = 16.0 * eps * (1.0 + z);
     [e * n, e * (1.0 + mw) * u, e * (1.0 + mh) * u * n]
-}
-
-fn assert_close(
-    a: &ArrayD<f64>,
-    b: &ArrayD<f64>,
-    tol: f64,
-    what: &str,
-) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.shape(), b.shape(), "{}", what);
-    for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
-        prop_assert!(
-            x.is_finite() && y.is_finite() && (x - y).abs() <= tol,
-            "{} element {}: summed {} per-token {} (tol {})",
-            what,
-            i,
-            x,
-            y,
-            tol
-        );
-    }
-    Ok(())
 }
 
 /// Loss and every gradient of the two paths agree within the rounding of
@@ -184,7 +174,7 @@ fn summed_equals_per_token<T: Real>(c: &Case, eps: f64) -> Result<(), TestCaseEr
         }
         if let (Some(a), Some(b)) = (a, b) {
             let tol = if k == 0 { tol_hidden } else { tol_weight };
-            assert_close(a, b, tol, &what)?;
+            all_within(a, b, tol, &what, ("summed", "per-token"))?;
         }
     }
     let quiet = c.run::<T>(&c.weights, &c.hidden, Path::Summed, false);
@@ -208,35 +198,21 @@ fn case() -> impl Strategy<Value = Case> {
             let upstream = prop_oneof![Just(1.0), Just(0.5), -3.0..3.0f64];
             (Just(inputs), trainable, chunks, upstream)
         })
-        .prop_map(|(inputs, trainable, chunks, upstream)| Case {
-            sizes: inputs.sizes,
-            hidden_size: inputs.hidden_size,
-            weights: inputs.weights,
-            trainable,
-            hidden: inputs.hidden,
-            labels: inputs.labels,
-            chunks,
-            // Rounded to f32 so that both types scale by the same number.
-            upstream: upstream as f32 as f64,
+        // Rounded to f32 so that both types scale by the same number.
+        .prop_map(|(inputs, trainable, chunks, upstream)| {
+            Case::new(inputs, trainable, chunks, upstream as f32 as f64)
         })
 }
 
 /// Cases of the finite-difference property test.
 const FD_CASES: u32 = 32;
 
-proptest! {
-    #![proptest_config(config(64, "proptest-regressions/fused_head_sum.txt"))]
-
-    #[test]
-    fn summed_equals_per_token_f64(c in case()) {
-        summed_equals_per_token::<f64>(&c, f64::EPSILON)?;
-    }
-
-    #[test]
-    fn summed_equals_per_token_f32(c in case()) {
-        summed_equals_per_token::<f32>(&c, f32::EPSILON as f64)?;
-    }
-}
+in_f64_and_f32!(
+    64,
+    "proptest-regressions/fused_head_sum.txt",
+    case(),
+    summed_equals_per_token => summed_equals_per_token_f64, summed_equals_per_token_f32
+);
 
 proptest! {
     #![proptest_config(config(FD_CASES, "proptest-regressions/fused_head_sum.txt"))]
@@ -395,7 +371,7 @@ fn upstream_from_two_uses_of_the_loss() {
     );
     for (a, b) in got.iter().zip(&reference.grads) {
         let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
-        assert_close(a, b, 1e-12, "gradient").unwrap();
+        all_within(a, b, 1e-12, "gradient", ("summed", "per-token")).unwrap();
     }
 }
 
@@ -478,19 +454,13 @@ fn the_same_bits_for_any_rayon_thread_count() {
 fn logits_in_the_thousands() {
     // z = [3000, 2990, −3000] for label 1: loss 10 + ln(1 + e^−10), no
     // overflow; the same as the per-token path in both types.
-    let c = Case {
-        sizes: vec![2, 1],
-        hidden_size: 1,
-        weights: vec![
-            ndarray::array![[3000.0], [2990.0]].into_dyn(),
-            ndarray::array![[-3000.0]].into_dyn(),
-        ],
-        trainable: vec![true, true],
-        hidden: ndarray::array![[1.0]].into_dyn(),
-        labels: ndarray::array![1i64].into_dyn(),
-        chunks: SumChunks::Tokens(1),
-        upstream: 1.0,
-    };
+    let trainable = vec![true, true];
+    let c = Case::new(
+        head_with_logits_in_the_thousands(),
+        trainable,
+        SumChunks::Tokens(1),
+        1.0,
+    );
     let want = 10.0 + (-10f64).exp().ln_1p();
     assert!((c.pass::<f64>(Path::Summed).total - want).abs() < 1e-12);
     assert!((c.pass::<f32>(Path::Summed).total - want).abs() < 1e-3);

@@ -123,22 +123,14 @@ fn a_transposed_output_and_an_empty_inner_size() {
         assert_product(&ct.t().to_owned(), a.view(), b.view(), None, "c transposed");
         let mut c = Array2::from_elem((9, 11), 3.0f32);
         let empty = Array2::<f32>::zeros((9, 0));
-        gemm(
-            isa,
-            empty.view(),
-            Array2::zeros((0, 11)).view(),
-            c.view_mut(),
-            true,
-        );
-        assert!(c.iter().all(|&x| x == 3.0), "accumulating nothing");
-        gemm(
-            isa,
-            empty.view(),
-            Array2::zeros((0, 11)).view(),
-            c.view_mut(),
-            false,
-        );
-        assert!(c.iter().all(|&x| x == 0.0), "a product over nothing is 0");
+        for (accumulate, want, what) in [
+            (true, 3.0, "accumulating nothing"),
+            (false, 0.0, "a product over nothing is 0"),
+        ] {
+            let b = Array2::zeros((0, 11));
+            gemm(isa, empty.view(), b.view(), c.view_mut(), accumulate);
+            assert!(c.iter().all(|&x| x == want), "{what}");
+        }
     }
 }
 

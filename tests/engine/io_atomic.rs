@@ -2,22 +2,11 @@
 //! not at all, and nothing but the target is left in its folder.
 
 use std::io::Write;
-use std::path::Path;
 
-use crate::io_common::{message, scratch};
+use crate::io_common::{listing, message, scratch};
 use ndarray::arr1;
 use splitgrad::io::{NpzReader, NpzWriter, write_atomic};
 use splitgrad::{Error, ErrorKind};
-
-/// The names in `dir`, sorted.
-fn listing(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 #[test]
 fn a_successful_write_replaces_the_file_and_leaves_nothing_else() {

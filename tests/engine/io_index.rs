@@ -1,24 +1,18 @@
 //! The split-vocabulary index: every error of `docs/spec.md#23-splitvocabulary`, each naming the
 //! file, the array, the position and the value; round trips; the lookup.
 
-use std::path::PathBuf;
-
-use crate::io_common::{dict, i64_member, le_f64, message, npy, scratch, write_npz};
-use splitgrad::ErrorKind;
+use crate::common::table::Want::{Is, StartsWith};
+use crate::io_common::{
+    LoadRow, Members, dict, i64_member, le_f64, le_i64, load_row, message, npy, run_load_rows,
+    scratch, write_npz,
+};
+use splitgrad::ErrorKind::{
+    self, Dtype, DuplicatePair, Empty, Io, Missing, NonFinite, OutOfRange, Shape,
+};
 use splitgrad::io::{SplitIndex, load_index, save_index};
 
 const L: usize = 3;
 const V: usize = 10;
-
-/// Writes an index file of the given members and loads it for L = 3,
-/// V = 10; returns the path and the error message.
-fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
-    let path = scratch(test).join("index.npz");
-    write_npz(&path, members);
-    let (e, m) = message(load_index(&path, L, V));
-    assert_eq!(e.file(), Some(path.as_path()), "{m}");
-    (path, e, m)
-}
 
 #[test]
 fn loads_any_integer_dtype_and_a_score() {
@@ -57,12 +51,70 @@ fn round_trip_with_and_without_score() {
     assert_eq!(load_index(dir.join("scored.npz"), L, V).unwrap(), index);
 }
 
+/// The members `language_index` and `token_index`, int64.
+fn pair(languages: &[i64], tokens: &[i64]) -> Members {
+    vec![
+        ("language_index", i64_member(languages)),
+        ("token_index", i64_member(tokens)),
+    ]
+}
+
+/// [`pair`] `[0, 1]`, `[2, 2]` and a `score`.
+fn with_score(score: Vec<u8>) -> Members {
+    let mut m = pair(&[0, 1], &[2, 2]);
+    m.push(("score", score));
+    m
+}
+
+/// Every error of a file: the table. A row: its name, the file's members,
+/// the kind of error, its message.
+#[rustfmt::skip]
+fn load_error_rows() -> Vec<LoadRow> {
+    vec![
+        LoadRow { members: None, ..load_row("unreadable_file", Vec::new, |k| matches!(k, Io(_)),
+            StartsWith("{dir}/index.npz: ")) },
+        load_row("missing_language_index", || vec![("token_index", i64_member(&[1]))], |k| matches!(k, Missing),
+            Is("{dir}/index.npz: array `language_index`: is missing")),
+        load_row("missing_token_index", || vec![("language_index", i64_member(&[1]))], |k| matches!(k, Missing),
+            Is("{dir}/index.npz: array `token_index`: is missing")),
+        load_row("not_one_dimensional",
+            || vec![("language_index", i64_member(&[0, 1])), ("token_index", npy(&dict("<i8", "(1, 2)"), &le_i64(&[1, 2])))],
+            |k| matches!(k, Shape { .. }),
+            Is("{dir}/index.npz: array `token_index`: token_index has shape [1, 2], expected 1-D")),
+        load_row("not_integer",
+            || vec![("language_index", npy(&dict("<f8", "(2,)"), &le_f64(&[0.0, 1.0]))), ("token_index", i64_member(&[1, 2]))],
+            |k| matches!(k, Dtype { .. }),
+            Is("{dir}/index.npz: array `language_index`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)")),
+        load_row("lengths_differ", || pair(&[0, 1, 2], &[1, 2]), |k| matches!(k, Shape { .. }),
+            Is("{dir}/index.npz: array `token_index`: token_index has shape [2], expected (3,), the length of language_index")),
+        load_row("empty_index", || pair(&[], &[]), |k| matches!(k, Empty),
+            Is("{dir}/index.npz: array `language_index`: is empty")),
+        load_row("negative_value", || pair(&[0, 1, 2], &[4, -7, 5]), |k| matches!(k, OutOfRange { value: -7, .. }),
+            Is("{dir}/index.npz: array `token_index`: token id -7 at position [1] is out of range 0..10")),
+        load_row("language_out_of_range", || pair(&[0, 1, 2, 3], &[1, 1, 1, 1]),
+            |k| matches!(k, OutOfRange { value: 3, low: 0, high: 3, .. }),
+            Is("{dir}/index.npz: array `language_index`: language id 3 at position [3] is out of range 0..3")),
+        load_row("token_out_of_range", || pair(&[0, 1], &[10, 9]), |k| matches!(k, OutOfRange { value: 10, .. }),
+            Is("{dir}/index.npz: array `token_index`: token id 10 at position [0] is out of range 0..10")),
+        load_row("duplicate_pair_names_both_positions", || pair(&[0, 1, 2, 1, 0], &[5, 5, 5, 6, 5]),
+            |k| matches!(k, DuplicatePair { position: 4, first: 0, language: 0, token: 5 }),
+            Is("{dir}/index.npz: array `(language_index, token_index)`: pair (language 0, token 5) at position [4] repeats position [0]")),
+        load_row("score_int", || with_score(i64_member(&[1, 2])), |k| matches!(k, Dtype { .. }),
+            Is("{dir}/index.npz: array `score`: has dtype int64, expected float32 or float64")),
+        load_row("score_2d", || with_score(npy(&dict("<f8", "(2, 1)"), &le_f64(&[1.0, 2.0]))), |k| matches!(k, Shape { .. }),
+            Is("{dir}/index.npz: array `score`: score has shape [2, 1], expected 1-D")),
+        load_row("score_length", || with_score(npy(&dict("<f8", "(3,)"), &le_f64(&[1.0, 2.0, 3.0]))), |k| matches!(k, Shape { .. }),
+            Is("{dir}/index.npz: array `score`: score has shape [3], expected (2,), the length of language_index")),
+        load_row("score_nan", || with_score(npy(&dict("<f8", "(2,)"), &le_f64(&[1.0, f64::NAN]))), |k| matches!(k, NonFinite { .. }),
+            Is("{dir}/index.npz: array `score`: non-finite value NaN at position [1]")),
+    ]
+}
+
 #[test]
-fn unreadable_file() {
-    let path = scratch("index_unreadable").join("absent.npz");
-    let (e, m) = message(load_index(&path, L, V));
-    assert!(matches!(e.kind(), ErrorKind::Io(_)));
-    assert!(m.starts_with(&format!("{}: ", path.display())), "{m}");
+fn load_errors() {
+    run_load_rows("io_index", "index.npz", &load_error_rows(), |path| {
+        load_index(path, L, V)
+    });
 }
 
 #[test]
@@ -74,262 +126,6 @@ fn not_npz() {
     assert!(
         m.starts_with(&format!("{}: not an npz file", path.display())),
         "{m}"
-    );
-}
-
-#[test]
-fn missing_arrays() {
-    let (path, e, m) = load_err(
-        "index_missing_language",
-        &[("token_index", i64_member(&[1]))],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Missing));
-    assert_eq!(
-        m,
-        format!("{}: array `language_index`: is missing", path.display())
-    );
-    let (path, e, m) = load_err(
-        "index_missing_token",
-        &[("language_index", i64_member(&[1]))],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Missing));
-    assert_eq!(
-        m,
-        format!("{}: array `token_index`: is missing", path.display())
-    );
-}
-
-#[test]
-fn not_one_dimensional() {
-    let (path, e, m) = load_err(
-        "index_not_1d",
-        &[
-            ("language_index", i64_member(&[0, 1])),
-            (
-                "token_index",
-                npy(&dict("<i8", "(1, 2)"), &crate::io_common::le_i64(&[1, 2])),
-            ),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_index`: token_index has shape [1, 2], expected 1-D",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn not_integer() {
-    let (path, e, m) = load_err(
-        "index_not_integer",
-        &[
-            (
-                "language_index",
-                npy(&dict("<f8", "(2,)"), &le_f64(&[0.0, 1.0])),
-            ),
-            ("token_index", i64_member(&[1, 2])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `language_index`: has dtype float64, expected an integer dtype (int8 … int64, uint8 … uint64)",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn lengths_differ() {
-    let (path, e, m) = load_err(
-        "index_lengths",
-        &[
-            ("language_index", i64_member(&[0, 1, 2])),
-            ("token_index", i64_member(&[1, 2])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_index`: token_index has shape [2], expected (3,), the length of language_index",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn empty_index() {
-    let (path, e, m) = load_err(
-        "index_empty",
-        &[
-            ("language_index", i64_member(&[])),
-            ("token_index", i64_member(&[])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::Empty));
-    assert_eq!(
-        m,
-        format!("{}: array `language_index`: is empty", path.display())
-    );
-}
-
-#[test]
-fn negative_value() {
-    let (path, e, m) = load_err(
-        "index_negative",
-        &[
-            ("language_index", i64_member(&[0, 1, 2])),
-            ("token_index", i64_member(&[4, -7, 5])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -7, .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_index`: token id -7 at position [1] is out of range 0..10",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn language_out_of_range() {
-    let (path, e, m) = load_err(
-        "index_language_range",
-        &[
-            ("language_index", i64_member(&[0, 1, 2, 3])),
-            ("token_index", i64_member(&[1, 1, 1, 1])),
-        ],
-    );
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 3,
-            low: 0,
-            high: 3,
-            ..
-        }
-    ));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `language_index`: language id 3 at position [3] is out of range 0..3",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn token_out_of_range() {
-    let (path, e, m) = load_err(
-        "index_token_range",
-        &[
-            ("language_index", i64_member(&[0, 1])),
-            ("token_index", i64_member(&[10, 9])),
-        ],
-    );
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: 10, .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `token_index`: token id 10 at position [0] is out of range 0..10",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn duplicate_pair_names_both_positions() {
-    let (path, e, m) = load_err(
-        "index_duplicate",
-        &[
-            ("language_index", i64_member(&[0, 1, 2, 1, 0])),
-            ("token_index", i64_member(&[5, 5, 5, 6, 5])),
-        ],
-    );
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::DuplicatePair {
-            position: 4,
-            first: 0,
-            language: 0,
-            token: 5
-        }
-    ));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `(language_index, token_index)`: pair (language 0, token 5) at position [4] repeats position [0]",
-            path.display()
-        )
-    );
-}
-
-#[test]
-fn bad_scores() {
-    let ids = || {
-        vec![
-            ("language_index", i64_member(&[0, 1])),
-            ("token_index", i64_member(&[2, 2])),
-        ]
-    };
-    let with = |score: Vec<u8>| {
-        let mut m = ids();
-        m.push(("score", score));
-        m
-    };
-    let (path, e, m) = load_err("score_int", &with(i64_member(&[1, 2])));
-    assert!(matches!(e.kind(), ErrorKind::Dtype { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `score`: has dtype int64, expected float32 or float64",
-            path.display()
-        )
-    );
-
-    let (path, e, m) = load_err(
-        "score_2d",
-        &with(npy(&dict("<f8", "(2, 1)"), &le_f64(&[1.0, 2.0]))),
-    );
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `score`: score has shape [2, 1], expected 1-D",
-            path.display()
-        )
-    );
-
-    let (path, e, m) = load_err(
-        "score_length",
-        &with(npy(&dict("<f8", "(3,)"), &le_f64(&[1.0, 2.0, 3.0]))),
-    );
-    assert!(matches!(e.kind(), ErrorKind::Shape { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `score`: score has shape [3], expected (2,), the length of language_index",
-            path.display()
-        )
-    );
-
-    let (path, e, m) = load_err(
-        "score_nan",
-        &with(npy(&dict("<f8", "(2,)"), &le_f64(&[1.0, f64::NAN]))),
-    );
-    assert!(matches!(e.kind(), ErrorKind::NonFinite { .. }));
-    assert_eq!(
-        m,
-        format!(
-            "{}: array `score`: non-finite value NaN at position [1]",
-            path.display()
-        )
     );
 }
 

@@ -15,96 +15,36 @@ fn bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec
     values.iter().flat_map(|&v| f(v)).collect()
 }
 
+/// (name, descr, data, the values read) of every integer dtype; each type
+/// wider than a byte in both byte orders.
+#[rustfmt::skip]
+fn integer_cases() -> Vec<(&'static str, &'static str, Vec<u8>, Vec<i64>)> {
+    macro_rules! both_orders {
+        ($t:literal, $values:expr, $read:expr) => {[
+            (concat!($t, "le"), concat!("<", $t), bytes(&$values, |v| v.to_le_bytes()), $read),
+            (concat!($t, "be"), concat!(">", $t), bytes(&$values, |v| v.to_be_bytes()), $read),
+        ]};
+    }
+    [
+        vec![
+            ("i1", "|i1", bytes(&[-128i8, -1, 127], |v| v.to_le_bytes()), vec![-128, -1, 127]),
+            ("u1", "|u1", bytes(&[0u8, 200, 255], |v| v.to_le_bytes()), vec![0, 200, 255]),
+        ],
+        both_orders!("i2", [i16::MIN, -2, 300], vec![-32768, -2, 300]).to_vec(),
+        both_orders!("u2", [0u16, 258, u16::MAX], vec![0, 258, 65535]).to_vec(),
+        both_orders!("i4", [i32::MIN, -7, 70000], vec![-2147483648, -7, 70000]).to_vec(),
+        both_orders!("u4", [1u32, 65536, u32::MAX], vec![1, 65536, 4294967295]).to_vec(),
+        both_orders!("i8", [i64::MIN, -1, i64::MAX], vec![i64::MIN, -1, i64::MAX]).to_vec(),
+        both_orders!("u8", [0u64, 1 << 40, i64::MAX as u64], vec![0, 1 << 40, i64::MAX]).to_vec(),
+    ]
+    .concat()
+}
+
 #[test]
 fn every_integer_dtype_reads_as_i64() {
     let dir = scratch("every_integer_dtype");
     let path = dir.join("ints.npz");
-    let cases: Vec<(&str, &str, Vec<u8>, Vec<i64>)> = vec![
-        (
-            "i1",
-            "|i1",
-            bytes(&[-128i8, -1, 127], |v| v.to_le_bytes()),
-            vec![-128, -1, 127],
-        ),
-        (
-            "u1",
-            "|u1",
-            bytes(&[0u8, 200, 255], |v| v.to_le_bytes()),
-            vec![0, 200, 255],
-        ),
-        (
-            "i2le",
-            "<i2",
-            bytes(&[i16::MIN, -2, 300], |v| v.to_le_bytes()),
-            vec![-32768, -2, 300],
-        ),
-        (
-            "i2be",
-            ">i2",
-            bytes(&[i16::MIN, -2, 300], |v| v.to_be_bytes()),
-            vec![-32768, -2, 300],
-        ),
-        (
-            "u2le",
-            "<u2",
-            bytes(&[0u16, 258, u16::MAX], |v| v.to_le_bytes()),
-            vec![0, 258, 65535],
-        ),
-        (
-            "u2be",
-            ">u2",
-            bytes(&[0u16, 258, u16::MAX], |v| v.to_be_bytes()),
-            vec![0, 258, 65535],
-        ),
-        (
-            "i4le",
-            "<i4",
-            bytes(&[i32::MIN, -7, 70000], |v| v.to_le_bytes()),
-            vec![-2147483648, -7, 70000],
-        ),
-        (
-            "i4be",
-            ">i4",
-            bytes(&[i32::MIN, -7, 70000], |v| v.to_be_bytes()),
-            vec![-2147483648, -7, 70000],
-        ),
-        (
-            "u4le",
-            "<u4",
-            bytes(&[1u32, 65536, u32::MAX], |v| v.to_le_bytes()),
-            vec![1, 65536, 4294967295],
-        ),
-        (
-            "u4be",
-            ">u4",
-            bytes(&[1u32, 65536, u32::MAX], |v| v.to_be_bytes()),
-            vec![1, 65536, 4294967295],
-        ),
-        (
-            "i8le",
-            "<i8",
-            bytes(&[i64::MIN, -1, i64::MAX], |v| v.to_le_bytes()),
-            vec![i64::MIN, -1, i64::MAX],
-        ),
-        (
-            "i8be",
-            ">i8",
-            bytes(&[i64::MIN, -1, i64::MAX], |v| v.to_be_bytes()),
-            vec![i64::MIN, -1, i64::MAX],
-        ),
-        (
-            "u8le",
-            "<u8",
-            bytes(&[0u64, 1 << 40, i64::MAX as u64], |v| v.to_le_bytes()),
-            vec![0, 1 << 40, i64::MAX],
-        ),
-        (
-            "u8be",
-            ">u8",
-            bytes(&[0u64, 1 << 40, i64::MAX as u64], |v| v.to_be_bytes()),
-            vec![0, 1 << 40, i64::MAX],
-        ),
-    ];
+    let cases = integer_cases();
     let members: Vec<(&str, Vec<u8>)> = cases
         .iter()
         .map(|(name, descr, data, _)| (*name, npy(&dict(descr, "(3,)"), data)))
@@ -690,6 +630,42 @@ fn string_arrays_of_either_byte_order_and_layout_read() {
     assert_eq!(r.string_scalar("scalar").unwrap(), "ok");
 }
 
+/// A read of a bad string array.
+type Read = fn(&mut NpzReader) -> splitgrad::Result<()>;
+
+/// The bad string arrays of
+/// `bad_string_arrays_are_errors_naming_file_array_and_position`: what,
+/// the read, its message (`p`, the file).
+#[rustfmt::skip]
+fn bad_string_reads(p: &str) -> [(&'static str, Read, String); 12] {
+    [
+        ("surrogate", |r| r.strings_1d("surrogate").map(drop),
+            format!("{p}: array `surrogate`: string at position [1]: code unit 0xd800 (character 1) is not a Unicode scalar value")),
+        ("above", |r| r.strings_1d("above").map(drop),
+            format!("{p}: array `above`: string at position [1]: code unit 0x110000 (character 0) is not a Unicode scalar value")),
+        ("matrix", |r| r.strings_1d("matrix").map(drop),
+            format!("{p}: array `matrix`: matrix has shape [1, 1], expected 1-D")),
+        ("vector as scalar", |r| r.string_scalar("above").map(drop),
+            format!("{p}: array `above`: above has shape [2], expected 0-D (a scalar)")),
+        ("ints", |r| r.strings_1d("ints").map(drop),
+            format!("{p}: array `ints`: has dtype int64, expected a unicode string dtype (<U1, <U2, …)")),
+        ("bytes", |r| r.strings_1d("bytes").map(drop),
+            format!("{p}: array `bytes`: has dtype '|S2', expected a unicode string dtype (<U1, <U2, …)")),
+        ("strings as ints", |r| r.ints("short").map(drop),
+            format!("{p}: array `short`: corrupt member: 20 bytes of data follow the header, but shape [3] of '<U2' needs 24")),
+        ("short", |r| r.strings_1d("short").map(drop),
+            format!("{p}: array `short`: corrupt member: 20 bytes of data follow the header, but shape [3] of '<U2' needs 24")),
+        ("long", |r| r.strings_1d("long").map(drop),
+            format!("{p}: array `long`: corrupt member: 8 bytes of data follow the header, but shape [1] of '<U1' needs 4")),
+        ("huge", |r| r.strings_1d("huge").map(drop),
+            format!("{p}: array `huge`: corrupt member: 0 bytes of data follow the header, but shape [1152921504606846976] of '<U4' needs more than 2^64")),
+        ("overflow", |r| r.strings_1d("overflow").map(drop),
+            format!("{p}: array `overflow`: corrupt member: 0 bytes of data follow the header, but shape [16777216] of '<U1099511627776' needs more than 2^64")),
+        ("nothing", |r| r.strings_1d("nothing").map(drop),
+            format!("{p}: array `nothing`: dtype '<U0' holds no character (numpy writes `<U1` at least)")),
+    ]
+}
+
 #[test]
 fn bad_string_arrays_are_errors_naming_file_array_and_position() {
     let dir = scratch("strings_bad");
@@ -729,96 +705,7 @@ fn bad_string_arrays_are_errors_naming_file_array_and_position() {
         ],
     );
     let mut r = NpzReader::open(&path).unwrap();
-    type Read = fn(&mut NpzReader) -> splitgrad::Result<()>;
-    let cases: [(&str, Read, String); 12] = [
-        (
-            "surrogate",
-            |r| r.strings_1d("surrogate").map(drop),
-            format!(
-                "{p}: array `surrogate`: string at position [1]: code unit 0xd800 (character 1) \
-                 is not a Unicode scalar value"
-            ),
-        ),
-        (
-            "above",
-            |r| r.strings_1d("above").map(drop),
-            format!(
-                "{p}: array `above`: string at position [1]: code unit 0x110000 (character 0) \
-                 is not a Unicode scalar value"
-            ),
-        ),
-        (
-            "matrix",
-            |r| r.strings_1d("matrix").map(drop),
-            format!("{p}: array `matrix`: matrix has shape [1, 1], expected 1-D"),
-        ),
-        (
-            "vector as scalar",
-            |r| r.string_scalar("above").map(drop),
-            format!("{p}: array `above`: above has shape [2], expected 0-D (a scalar)"),
-        ),
-        (
-            "ints",
-            |r| r.strings_1d("ints").map(drop),
-            format!(
-                "{p}: array `ints`: has dtype int64, expected a unicode string dtype (<U1, <U2, …)"
-            ),
-        ),
-        (
-            "bytes",
-            |r| r.strings_1d("bytes").map(drop),
-            format!(
-                "{p}: array `bytes`: has dtype '|S2', expected a unicode string dtype (<U1, <U2, …)"
-            ),
-        ),
-        (
-            "strings as ints",
-            |r| r.ints("short").map(drop),
-            format!(
-                "{p}: array `short`: corrupt member: 20 bytes of data follow the header, \
-                 but shape [3] of '<U2' needs 24"
-            ),
-        ),
-        (
-            "short",
-            |r| r.strings_1d("short").map(drop),
-            format!(
-                "{p}: array `short`: corrupt member: 20 bytes of data follow the header, \
-                 but shape [3] of '<U2' needs 24"
-            ),
-        ),
-        (
-            "long",
-            |r| r.strings_1d("long").map(drop),
-            format!(
-                "{p}: array `long`: corrupt member: 8 bytes of data follow the header, \
-                 but shape [1] of '<U1' needs 4"
-            ),
-        ),
-        (
-            "huge",
-            |r| r.strings_1d("huge").map(drop),
-            format!(
-                "{p}: array `huge`: corrupt member: 0 bytes of data follow the header, \
-                 but shape [1152921504606846976] of '<U4' needs more than 2^64"
-            ),
-        ),
-        (
-            "overflow",
-            |r| r.strings_1d("overflow").map(drop),
-            format!(
-                "{p}: array `overflow`: corrupt member: 0 bytes of data follow the header, \
-                 but shape [16777216] of '<U1099511627776' needs more than 2^64"
-            ),
-        ),
-        (
-            "nothing",
-            |r| r.strings_1d("nothing").map(drop),
-            format!(
-                "{p}: array `nothing`: dtype '<U0' holds no character (numpy writes `<U1` at least)"
-            ),
-        ),
-    ];
+    let cases = bad_string_reads(&p.to_string());
     for (what, f, expected) in cases {
         let (e, m) = message(f(&mut r));
         assert_eq!(m, expected, "{what}");

@@ -12,6 +12,7 @@ mod gemm_kernel;
 mod grad_hand;
 mod grad_layers;
 mod grad_ops;
+mod grad_vocabulary;
 mod io_atomic;
 mod io_index;
 mod io_npz;

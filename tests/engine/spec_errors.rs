@@ -1,68 +1,224 @@
-//! The errors of `docs/spec.md#2-layers` through the layers' public API, one test per
-//! error the specification lists: each asserts the [`ErrorKind`] and that the
-//! message names what it must (the split, the id and its range, the file,
-//! the array, the position, the value).
+//! The errors of `docs/spec.md#2-layers` through the layers' public API, as
+//! one table: a row per error the specification lists (a row per value
+//! where a case has several), each naming the call that fails, the
+//! [`ErrorKind`] it must give, the array it must name, and what its
+//! message must say (the split, the id and its range, the file, the
+//! position, the value). A failing row is reported by its name.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, IxDyn, arr1};
-use splitgrad::io::{NpzWriter, SplitIndex};
+use ndarray::{Array2, ArrayD, IxDyn, array};
+use splitgrad::io::SplitIndex;
 use splitgrad::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
 };
 use splitgrad::{Error, ErrorKind, Tape};
 
-// ---------------------------------------------------------------------------
-// 1.1 SplitTokenEmbeddings and 1.2 SplitLanguageModellingHead: construction
-// ---------------------------------------------------------------------------
+use crate::common::table::Want::{self, Contains, EndsWith, Is, StartsWith};
+use crate::common::table::run_rows;
+use crate::io_common::Arr::{F64, I64, Zeros2};
+use crate::io_common::{Arr, scratch, write_arrays};
+use ErrorKind::{Config, Dtype, DuplicatePair, Empty, Format, Io, Missing, OutOfRange, Shape};
+
+const L: usize = 3;
+const V: usize = 10;
+
+/// The split vocabulary's sizes: V = 10, D = 2, L = 3.
+fn config() -> SplitVocabularyConfig {
+    SplitVocabularyConfig::new(V, 2, L)
+}
+
+struct Row {
+    name: &'static str,
+    /// The failing call, given a fresh folder for the files it writes.
+    error: fn(&Path) -> Error,
+    /// The kind of error it must give.
+    kind: fn(&ErrorKind) -> bool,
+    /// The array the error must name.
+    array: Option<&'static str>,
+    /// Its message, `{dir}` standing for the folder.
+    want: Want,
+}
+
+fn row(
+    name: &'static str,
+    error: fn(&Path) -> Error,
+    kind: fn(&ErrorKind) -> bool,
+    array: Option<&'static str>,
+    want: Want,
+) -> Row {
+    Row {
+        name,
+        error,
+        kind,
+        array,
+        want,
+    }
+}
+
+/// The table. A row: its name, the failing call, the kind of error, the
+/// array it names, its message.
+#[rustfmt::skip]
+fn rows() -> Vec<Row> {
+    const LI: &str = "language_index";
+    const TI: &str = "token_index";
+    vec![
+        // --- 1.1 SplitTokenEmbeddings and 1.2 SplitLanguageModellingHead:
+        // construction (the two layers agree) ----------------------------
+        row("split_layers_empty_order", |_| construction_error(&[("orig", 4)], &[], 8),
+            |k| matches!(k, Config { .. }), None, Contains(&["split_order", "empty"])),
+        row("split_layers_name_in_order_without_size", |_| construction_error(&[("orig", 4)], &["orig", "prompt"], 8),
+            |k| matches!(k, Config { .. }), None, Contains(&["`prompt`", "no size"])),
+        row("split_layers_name_twice_in_order",
+            |_| construction_error(&[("orig", 4), ("prompt", 2)], &["orig", "prompt", "orig"], 8),
+            |k| matches!(k, Config { .. }), None, Contains(&["`orig`", "twice"])),
+        row("split_layers_sized_split_missing_from_order", |_| construction_error(&[("orig", 4), ("prompt", 2)], &["orig"], 8),
+            |k| matches!(k, Config { .. }), None, Contains(&["`prompt`", "missing"])),
+        row("split_layers_hidden_size_zero", |_| construction_error(&[("orig", 4)], &["orig"], 0),
+            |k| matches!(k, Config { .. }), None, Contains(&["hidden_size", "0"])),
+        // --- 1.1 SplitTokenEmbeddings: forward ---------------------------
+        row("split_embeddings_id_out_of_range", |_| embedding_error(array![[0i64, 4], [5, 1]].into_dyn()),
+            |k| matches!(k, OutOfRange { value: 5, low: 0, high: 5, .. }), None,
+            Is("input id 5 at position [1, 0] is out of range 0..5")),
+        row("split_embeddings_negative_id", |_| embedding_error(array![2i64, -1].into_dyn()),
+            |k| matches!(k, OutOfRange { value: -1, low: 0, high: 5, .. }), None,
+            Is("input id -1 at position [1] is out of range 0..5")),
+        // --- 1.2 SplitLanguageModellingHead: labels (fused and naive agree)
+        row("lm_head_label_out_of_range", |_| label_error(array![[0i64, -100], [4, 5]].into_dyn()),
+            |k| matches!(k, OutOfRange { value: 5, low: 0, high: 5, .. }), None,
+            Is("label 5 at position [1, 1] is out of range 0..5")),
+        row("lm_head_negative_label_other_than_ignore_index", |_| label_error(array![-100i64, -1].into_dyn()),
+            |k| matches!(k, OutOfRange { value: -1, .. }), None,
+            Is("label -1 at position [1] is out of range 0..5")),
+        row("lm_head_label_below_ignore_index", |_| label_error(array![-101i64].into_dyn()),
+            |k| matches!(k, OutOfRange { value: -101, .. }), None,
+            Is("label -101 at position [0] is out of range 0..5")),
+        // --- 1.3 SplitVocabulary: the index file (the error names it) -----
+        row("split_vocabulary_index_unreadable", |dir| load_error(&dir.join("absent.npz")),
+            |k| matches!(k, Io(_)), None, StartsWith("{dir}/absent.npz: ")),
+        row("split_vocabulary_index_not_npz", not_an_npz,
+            |k| matches!(k, Format { .. }), None, Contains(&["not an npz"])),
+        row("split_vocabulary_index_token_index_missing", |dir| index_error(dir, &[(LI, I64(&[0, 1]))]),
+            |k| matches!(k, Missing), Some(TI), Contains(&["`token_index`"])),
+        row("split_vocabulary_index_language_index_missing", |dir| index_error(dir, &[(TI, I64(&[0, 1]))]),
+            |k| matches!(k, Missing), Some(LI), Contains(&["`language_index`"])),
+        row("split_vocabulary_index_not_one_dimensional", |dir| index_error(dir, &[(LI, I64(&[0, 1])), (TI, Zeros2(2, 1))]),
+            |k| matches!(k, Shape { found, .. } if found == &[2, 1]), Some(TI), Contains(&["[2, 1]", "1-D"])),
+        row("split_vocabulary_index_not_integer", |dir| index_error(dir, &[(LI, F64(&[0.0, 1.0])), (TI, I64(&[0, 1]))]),
+            |k| matches!(k, Dtype { found, .. } if found == "float64"), Some(LI), Contains(&["float64", "integer"])),
+        row("split_vocabulary_index_lengths_differ", |dir| index_error(dir, &[(LI, I64(&[0, 1, 2])), (TI, I64(&[4, 5]))]),
+            |k| matches!(k, Shape { found, .. } if found == &[2]), Some(TI), Contains(&["(3,)", "[2]"])),
+        row("split_vocabulary_index_empty", |dir| index_error(dir, &[(LI, I64(&[])), (TI, I64(&[]))]),
+            |k| matches!(k, Empty), None, Contains(&["language_index", "empty"])),
+        row("split_vocabulary_index_negative_language_id", |dir| index_error(dir, &[(LI, I64(&[0, 1, -3])), (TI, I64(&[4, 5, 6]))]),
+            |k| matches!(k, OutOfRange { value: -3, position, .. } if position == &[2]), Some(LI),
+            EndsWith("language id -3 at position [2] is out of range 0..3")),
+        row("split_vocabulary_index_negative_token_id", |dir| index_error(dir, &[(LI, I64(&[0, 1, 2])), (TI, I64(&[4, 5, -3]))]),
+            |k| matches!(k, OutOfRange { value: -3, position, .. } if position == &[2]), Some(TI),
+            EndsWith("token id -3 at position [2] is out of range 0..10")),
+        row("split_vocabulary_index_language_out_of_range", |dir| index_error(dir, &[(LI, I64(&[0, 3, 1])), (TI, I64(&[1, 1, 1]))]),
+            |k| matches!(k, OutOfRange { value: 3, low: 0, high: 3, .. }), Some(LI),
+            EndsWith("array `language_index`: language id 3 at position [1] is out of range 0..3")),
+        row("split_vocabulary_index_token_out_of_range", |dir| index_error(dir, &[(LI, I64(&[0, 1, 2, 0])), (TI, I64(&[9, 1, 0, 10]))]),
+            |k| matches!(k, OutOfRange { value: 10, low: 0, high: 10, .. }), Some(TI),
+            EndsWith("array `token_index`: token id 10 at position [3] is out of range 0..10")),
+        row("split_vocabulary_index_duplicate_pair", |dir| index_error(dir, &[(LI, I64(&[2, 0, 1, 2])), (TI, I64(&[7, 7, 7, 7]))]),
+            |k| matches!(k, DuplicatePair { position: 3, first: 0, language: 2, token: 7 }), None,
+            Contains(&["language_index", "token_index", "(language 2, token 7)", "[3]", "[0]"])),
+        // --- 1.3 SplitVocabulary: an index built in code, the same checks
+        row("split_vocabulary_built_index_empty", |_| built_error(vec![], vec![]),
+            |k| matches!(k, Empty), None, Contains(&["language_index", "empty"])),
+        row("split_vocabulary_built_index_lengths_differ", |_| built_error(vec![0, 1], vec![1]),
+            |k| matches!(k, Shape { .. }), Some(TI), Contains(&["(2,)", "[1]"])),
+        row("split_vocabulary_built_index_language_out_of_range", |_| built_error(vec![3], vec![1]),
+            |k| matches!(k, OutOfRange { value: 3, .. }), Some(LI),
+            EndsWith("language id 3 at position [0] is out of range 0..3")),
+        row("split_vocabulary_built_index_token_out_of_range", |_| built_error(vec![0], vec![10]),
+            |k| matches!(k, OutOfRange { value: 10, .. }), Some(TI),
+            EndsWith("token id 10 at position [0] is out of range 0..10")),
+        row("split_vocabulary_built_index_duplicate_pair", |_| built_error(vec![1, 1], vec![4, 4]),
+            |k| matches!(k, DuplicatePair { position: 1, first: 0, .. }), None,
+            Contains(&["(language 1, token 4)", "[1]", "[0]"])),
+        // --- 1.3 SplitVocabulary: seed_from (a failed call changes nothing)
+        row("split_vocabulary_seed_from_too_wide", |_| seed_error((V, 3)),
+            |k| matches!(k, Shape { found, .. } if found == &[V, 3]), None, Contains(&["[10, 3]", "(10, 2)"])),
+        row("split_vocabulary_seed_from_too_few_rows", |_| seed_error((V - 1, 2)),
+            |k| matches!(k, Shape { found, .. } if found == &[V - 1, 2]), None, Contains(&["[9, 2]", "(10, 2)"])),
+        row("split_vocabulary_seed_from_too_many_rows", |_| seed_error((V + 1, 2)),
+            |k| matches!(k, Shape { found, .. } if found == &[V + 1, 2]), None, Contains(&["[11, 2]", "(10, 2)"])),
+        // --- 1.3 SplitVocabulary: forward --------------------------------
+        row("split_vocabulary_forward_lengths_differ", |_| forward_error(&[1, 4, 1], &[0, 1], &[3, 2]),
+            |k| matches!(k, Shape { found, .. } if found == &[2]), None, Contains(&["language_ids", "3"])),
+        row("split_vocabulary_forward_token_id_past_the_vocabulary", |_| forward_error(&[1, 10, 1], &[0, 1, 2], &[3, 2]),
+            |k| matches!(k, OutOfRange { value: 10, low: 0, high: 10, .. }), None,
+            Is("token id 10 at position [1] is out of range 0..10")),
+        row("split_vocabulary_forward_negative_token_id", |_| forward_error(&[1, -1, 1], &[0, 1, 2], &[3, 2]),
+            |k| matches!(k, OutOfRange { value: -1, low: 0, high: 10, .. }), None,
+            Is("token id -1 at position [1] is out of range 0..10")),
+        row("split_vocabulary_forward_language_id_past_the_languages", |_| forward_error(&[1, 4, 1], &[0, 1, 3], &[3, 2]),
+            |k| matches!(k, OutOfRange { value: 3, low: 0, high: 3, .. }), None,
+            Is("language id 3 at position [2] is out of range 0..3")),
+        row("split_vocabulary_forward_negative_language_id", |_| forward_error(&[1, 4, 1], &[0, 1, -2], &[3, 2]),
+            |k| matches!(k, OutOfRange { value: -2, low: 0, high: 3, .. }), None,
+            Is("language id -2 at position [2] is out of range 0..3")),
+        row("split_vocabulary_forward_shared_too_wide", |_| forward_error(&[1, 4, 1], &[0, 1, 2], &[3, 3]),
+            |k| matches!(k, Shape { found, .. } if found == &[3, 3]), None, Contains(&["shared", "(3, 2)"])),
+        row("split_vocabulary_forward_shared_too_few_rows", |_| forward_error(&[1, 4, 1], &[0, 1, 2], &[2, 2]),
+            |k| matches!(k, Shape { found, .. } if found == &[2, 2]), None, Contains(&["shared", "(3, 2)"])),
+        row("split_vocabulary_forward_shared_of_rank_three", |_| forward_error(&[1, 4, 1], &[0, 1, 2], &[3, 2, 1]),
+            |k| matches!(k, Shape { found, .. } if found == &[3, 2, 1]), None, Contains(&["shared", "(3, 2)"])),
+        row("split_vocabulary_forward_shared_of_rank_one", |_| forward_error(&[1, 4, 1], &[0, 1, 2], &[6]),
+            |k| matches!(k, Shape { found, .. } if found == &[6]), None, Contains(&["shared", "(3, 2)"])),
+    ]
+}
+
+#[test]
+fn the_specified_errors() {
+    let rows = rows();
+    assert_eq!(rows.len(), 40);
+    run_rows(
+        &rows,
+        |r| r.name,
+        |row| {
+            let dir = scratch(&format!("spec_errors/{}", row.name));
+            let e = (row.error)(&dir);
+            let m = e.to_string();
+            assert!((row.kind)(e.kind()), "{:?}: {m}", e.kind());
+            if let Some(array) = row.array {
+                assert_eq!(e.array(), Some(array), "{m}");
+            }
+            row.want.check(&m, dir.to_str().unwrap());
+            let _ = std::fs::remove_dir_all(&dir);
+        },
+    );
+}
+
+#[test]
+fn split_vocabulary_index_loads_any_integer_dtype() {
+    let dir = scratch("spec_errors/ok");
+    let path = dir.join("index.npz");
+    let mut w = splitgrad::io::NpzWriter::new(&path);
+    w.add("language_index", &ndarray::arr1(&[2u8, 0, 1]))
+        .add("token_index", &ndarray::arr1(&[9i64, 9, 0]));
+    w.finish().unwrap();
+    let config = SplitVocabularyConfig {
+        gate_init: 0.5,
+        ..config()
+    };
+    let sv = SplitVocabulary::<f64>::from_npz(&path, &config).unwrap();
+    assert_eq!(sv.n_rows(), 3);
+    assert_eq!(sv.row_of(2, 9), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 /// The construction error of both split layers, which must agree.
-fn construction_error(sizes: &[(&str, usize)], order: &[&str], hidden: usize) -> String {
+fn construction_error(sizes: &[(&str, usize)], order: &[&str], hidden: usize) -> Error {
     let e = SplitTokenEmbeddings::<f32>::new(sizes, order, hidden).unwrap_err();
     let h = SplitLanguageModellingHead::<f32>::new(sizes, order, hidden).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::Config { .. }), "{e:?}");
-    assert!(matches!(h.kind(), ErrorKind::Config { .. }), "{h:?}");
+    assert!(matches!(h.kind(), Config { .. }), "{h:?}");
     assert_eq!(e.to_string(), h.to_string());
-    e.to_string()
+    e
 }
-
-#[test]
-fn split_layers_empty_order() {
-    let m = construction_error(&[("orig", 4)], &[], 8);
-    assert!(m.contains("split_order") && m.contains("empty"), "{m}");
-}
-
-#[test]
-fn split_layers_name_in_order_without_size() {
-    let m = construction_error(&[("orig", 4)], &["orig", "prompt"], 8);
-    assert!(m.contains("`prompt`") && m.contains("no size"), "{m}");
-}
-
-#[test]
-fn split_layers_name_twice_in_order() {
-    let m = construction_error(
-        &[("orig", 4), ("prompt", 2)],
-        &["orig", "prompt", "orig"],
-        8,
-    );
-    assert!(m.contains("`orig`") && m.contains("twice"), "{m}");
-}
-
-#[test]
-fn split_layers_sized_split_missing_from_order() {
-    let m = construction_error(&[("orig", 4), ("prompt", 2)], &["orig"], 8);
-    assert!(m.contains("`prompt`") && m.contains("missing"), "{m}");
-}
-
-#[test]
-fn split_layers_hidden_size_zero() {
-    let m = construction_error(&[("orig", 4)], &["orig"], 0);
-    assert!(m.contains("hidden_size") && m.contains('0'), "{m}");
-}
-
-// ---------------------------------------------------------------------------
-// 1.1 SplitTokenEmbeddings: forward
-// ---------------------------------------------------------------------------
 
 /// The error of a forward pass on ids, V = 5 (splits of 3 and 2).
 fn embedding_error(ids: ArrayD<i64>) -> Error {
@@ -71,46 +227,6 @@ fn embedding_error(ids: ArrayD<i64>) -> Error {
     let mut tape = Tape::new();
     e.forward(&mut tape, ids.view()).unwrap_err()
 }
-
-#[test]
-fn split_embeddings_id_out_of_range() {
-    let e = embedding_error(ndarray::array![[0i64, 4], [5, 1]].into_dyn());
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 5,
-            low: 0,
-            high: 5,
-            ..
-        }
-    ));
-    assert_eq!(
-        e.to_string(),
-        "input id 5 at position [1, 0] is out of range 0..5"
-    );
-}
-
-#[test]
-fn split_embeddings_negative_id() {
-    let e = embedding_error(ndarray::array![2i64, -1].into_dyn());
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: -1,
-            low: 0,
-            high: 5,
-            ..
-        }
-    ));
-    assert_eq!(
-        e.to_string(),
-        "input id -1 at position [1] is out of range 0..5"
-    );
-}
-
-// ---------------------------------------------------------------------------
-// 1.2 SplitLanguageModellingHead: labels
-// ---------------------------------------------------------------------------
 
 /// The error of the head (V = 5) on these labels, fused and naive alike.
 fn label_error(labels: ArrayD<i64>) -> Error {
@@ -130,389 +246,45 @@ fn label_error(labels: ArrayD<i64>) -> Error {
     e
 }
 
-#[test]
-fn lm_head_label_out_of_range() {
-    let e = label_error(ndarray::array![[0i64, -100], [4, 5]].into_dyn());
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 5,
-            low: 0,
-            high: 5,
-            ..
-        }
-    ));
-    assert_eq!(
-        e.to_string(),
-        "label 5 at position [1, 1] is out of range 0..5"
-    );
+/// An index file that is a CSV text.
+fn not_an_npz(dir: &Path) -> Error {
+    let path = dir.join("index.npz");
+    std::fs::write(&path, b"language_index,token_index\n0,1\n").unwrap();
+    load_error(&path)
 }
 
-#[test]
-fn lm_head_negative_label_other_than_ignore_index() {
-    let e = label_error(ndarray::array![-100i64, -1].into_dyn());
-    assert!(matches!(e.kind(), ErrorKind::OutOfRange { value: -1, .. }));
-    assert_eq!(
-        e.to_string(),
-        "label -1 at position [1] is out of range 0..5"
-    );
-    let e = label_error(ndarray::array![-101i64].into_dyn());
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange { value: -101, .. }
-    ));
-}
-
-// ---------------------------------------------------------------------------
-// 1.3 SplitVocabulary: the index file
-// ---------------------------------------------------------------------------
-
-const L: usize = 3;
-const V: usize = 10;
-
-/// A fresh scratch folder for one test under the system's temp dir.
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir()
-        .join(format!("splitgrad-spec-errors-{}", std::process::id()))
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Writes `index.npz` in the test's folder with `fill`'s arrays.
-fn index_file(test: &str, fill: impl FnOnce(&mut NpzWriter)) -> PathBuf {
-    let path = scratch(test).join("index.npz");
-    let mut w = NpzWriter::new(&path);
-    fill(&mut w);
-    w.finish().unwrap();
-    path
-}
-
-/// Loads the layer (V = 10, D = 2, L = 3) from an index file and returns
-/// the error, checking that it names the file.
-fn load_error(path: &Path) -> (Error, String) {
-    let e = SplitVocabulary::<f64>::from_npz(
-        path,
-        &SplitVocabularyConfig {
-            vocab_size: V,
-            dim: 2,
-            n_languages: L,
-            gate_init: 0.0,
-        },
-    )
-    .unwrap_err();
+/// Loads the layer from an index file and returns the error, checking
+/// that it names the file.
+fn load_error(path: &Path) -> Error {
+    let e = SplitVocabulary::<f64>::from_npz(path, &config()).unwrap_err();
     let m = e.to_string();
     assert_eq!(e.file(), Some(path), "{m}");
     assert!(m.starts_with(&format!("{}: ", path.display())), "{m}");
-    (e, m)
+    e
 }
 
-fn ids(v: &[i64]) -> Array1<i64> {
-    arr1(v)
+/// [`load_error`] of `dir/index.npz` holding these arrays.
+fn index_error(dir: &Path, arrays: &[(&str, Arr)]) -> Error {
+    load_error(&write_arrays(dir, "index.npz", arrays))
 }
 
-fn cleanup(path: &Path) {
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+/// The error of the layer on an index that did not come from a file.
+fn built_error(languages: Vec<usize>, tokens: Vec<usize>) -> Error {
+    SplitVocabulary::<f64>::new(SplitIndex::new(languages, tokens), &config()).unwrap_err()
 }
 
-#[test]
-fn split_vocabulary_index_loads_any_integer_dtype() {
-    let path = index_file("ok", |w| {
-        w.add("language_index", &arr1(&[2u8, 0, 1]))
-            .add("token_index", &ids(&[9, 9, 0]));
-    });
-    let sv = SplitVocabulary::<f64>::from_npz(
-        &path,
-        &SplitVocabularyConfig {
-            vocab_size: V,
-            dim: 2,
-            n_languages: L,
-            gate_init: 0.5,
-        },
-    )
-    .unwrap();
-    assert_eq!(sv.n_rows(), 3);
-    assert_eq!(sv.row_of(2, 9), Some(0));
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_unreadable() {
-    let path = scratch("unreadable").join("absent.npz");
-    let (e, m) = load_error(&path);
-    assert!(matches!(e.kind(), ErrorKind::Io(_)), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_not_npz() {
-    let path = scratch("not_npz").join("index.npz");
-    std::fs::write(&path, b"language_index,token_index\n0,1\n").unwrap();
-    let (e, m) = load_error(&path);
-    assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{m}");
-    assert!(m.contains("not an npz"), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_array_missing() {
-    for (present, missing) in [
-        ("language_index", "token_index"),
-        ("token_index", "language_index"),
-    ] {
-        let path = index_file(&format!("missing_{missing}"), |w| {
-            w.add(present, &ids(&[0, 1]));
-        });
-        let (e, m) = load_error(&path);
-        assert!(matches!(e.kind(), ErrorKind::Missing), "{m}");
-        assert_eq!(e.array(), Some(missing));
-        assert!(m.contains(&format!("`{missing}`")), "{m}");
-        cleanup(&path);
-    }
-}
-
-#[test]
-fn split_vocabulary_index_not_one_dimensional() {
-    let path = index_file("not_1d", |w| {
-        w.add("language_index", &ids(&[0, 1]))
-            .add("token_index", &Array2::<i64>::zeros((2, 1)));
-    });
-    let (e, m) = load_error(&path);
-    assert!(
-        matches!(e.kind(), ErrorKind::Shape { found, .. } if found == &[2, 1]),
-        "{m}"
-    );
-    assert_eq!(e.array(), Some("token_index"));
-    assert!(m.contains("[2, 1]") && m.contains("1-D"), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_not_integer() {
-    let path = index_file("not_integer", |w| {
-        w.add("language_index", &arr1(&[0.0f64, 1.0]))
-            .add("token_index", &ids(&[0, 1]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(
-        matches!(e.kind(), ErrorKind::Dtype { found, .. } if found == "float64"),
-        "{m}"
-    );
-    assert_eq!(e.array(), Some("language_index"));
-    assert!(m.contains("float64") && m.contains("integer"), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_lengths_differ() {
-    let path = index_file("lengths", |w| {
-        w.add("language_index", &ids(&[0, 1, 2]))
-            .add("token_index", &ids(&[4, 5]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(
-        matches!(e.kind(), ErrorKind::Shape { found, .. } if found == &[2]),
-        "{m}"
-    );
-    assert_eq!(e.array(), Some("token_index"));
-    assert!(m.contains("(3,)") && m.contains("[2]"), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_empty() {
-    let path = index_file("empty", |w| {
-        w.add("language_index", &ids(&[]))
-            .add("token_index", &ids(&[]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(matches!(e.kind(), ErrorKind::Empty), "{m}");
-    assert!(m.contains("language_index") && m.contains("empty"), "{m}");
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_negative_value() {
-    for (array, what) in [
-        ("language_index", "language id"),
-        ("token_index", "token id"),
-    ] {
-        let path = index_file(&format!("negative_{array}"), |w| {
-            let (mut li, mut ti) = (ids(&[0, 1, 2]), ids(&[4, 5, 6]));
-            let a = if array == "language_index" {
-                &mut li
-            } else {
-                &mut ti
-            };
-            a[2] = -3;
-            w.add("language_index", &li).add("token_index", &ti);
-        });
-        let (e, m) = load_error(&path);
-        assert!(
-            matches!(e.kind(), ErrorKind::OutOfRange { value: -3, position, .. } if position == &[2]),
-            "{m}"
-        );
-        assert_eq!(e.array(), Some(array));
-        assert!(
-            m.ends_with(&format!(
-                "{what} -3 at position [2] is out of range 0..{}",
-                if array == "language_index" { L } else { V }
-            )),
-            "{m}"
-        );
-        cleanup(&path);
-    }
-}
-
-#[test]
-fn split_vocabulary_index_language_out_of_range() {
-    let path = index_file("language_range", |w| {
-        w.add("language_index", &ids(&[0, 3, 1]))
-            .add("token_index", &ids(&[1, 1, 1]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 3,
-            low: 0,
-            high: 3,
-            ..
-        }
-    ));
-    assert_eq!(e.array(), Some("language_index"));
-    assert!(
-        m.ends_with("array `language_index`: language id 3 at position [1] is out of range 0..3"),
-        "{m}"
-    );
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_token_out_of_range() {
-    let path = index_file("token_range", |w| {
-        w.add("language_index", &ids(&[0, 1, 2, 0]))
-            .add("token_index", &ids(&[9, 1, 0, 10]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::OutOfRange {
-            value: 10,
-            low: 0,
-            high: 10,
-            ..
-        }
-    ));
-    assert_eq!(e.array(), Some("token_index"));
-    assert!(
-        m.ends_with("array `token_index`: token id 10 at position [3] is out of range 0..10"),
-        "{m}"
-    );
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_duplicate_pair() {
-    let path = index_file("duplicate", |w| {
-        w.add("language_index", &ids(&[2, 0, 1, 2]))
-            .add("token_index", &ids(&[7, 7, 7, 7]));
-    });
-    let (e, m) = load_error(&path);
-    assert!(matches!(
-        e.kind(),
-        ErrorKind::DuplicatePair {
-            position: 3,
-            first: 0,
-            language: 2,
-            token: 7
-        }
-    ));
-    assert!(
-        m.contains("language_index") && m.contains("token_index"),
-        "{m}"
-    );
-    assert!(
-        m.contains("(language 2, token 7)") && m.contains("[3]") && m.contains("[0]"),
-        "{m}"
-    );
-    cleanup(&path);
-}
-
-#[test]
-fn split_vocabulary_index_built_in_code_has_the_same_errors() {
-    // The same checks for an index that did not come from a file.
-    let new = |li: Vec<usize>, ti: Vec<usize>| {
-        SplitVocabulary::<f64>::new(
-            SplitIndex::new(li, ti),
-            &SplitVocabularyConfig {
-                vocab_size: V,
-                dim: 2,
-                n_languages: L,
-                gate_init: 0.0,
-            },
-        )
-        .unwrap_err()
-    };
-    assert!(matches!(new(vec![], vec![]).kind(), ErrorKind::Empty));
-    assert!(matches!(
-        new(vec![0, 1], vec![1]).kind(),
-        ErrorKind::Shape { .. }
-    ));
-    assert!(matches!(
-        new(vec![3], vec![1]).kind(),
-        ErrorKind::OutOfRange { value: 3, .. }
-    ));
-    assert!(matches!(
-        new(vec![0], vec![10]).kind(),
-        ErrorKind::OutOfRange { value: 10, .. }
-    ));
-    assert!(matches!(
-        new(vec![1, 1], vec![4, 4]).kind(),
-        ErrorKind::DuplicatePair {
-            position: 1,
-            first: 0,
-            ..
-        }
-    ));
-}
-
-// ---------------------------------------------------------------------------
-// 1.3 SplitVocabulary: seed_from and forward
-// ---------------------------------------------------------------------------
-
-/// Pairs (0, 1), (2, 1), (1, 4) for V = 10, D = 2, L = 3.
+/// Pairs (0, 1), (2, 1), (1, 4).
 fn layer() -> SplitVocabulary<f64> {
-    SplitVocabulary::new(
-        SplitIndex::new(vec![0, 2, 1], vec![1, 1, 4]),
-        &SplitVocabularyConfig {
-            vocab_size: V,
-            dim: 2,
-            n_languages: L,
-            gate_init: 0.0,
-        },
-    )
-    .unwrap()
+    SplitVocabulary::new(SplitIndex::new(vec![0, 2, 1], vec![1, 1, 4]), &config()).unwrap()
 }
 
-#[test]
-fn split_vocabulary_seed_from_shape_mismatch() {
+/// The error of `seed_from` on a table of this shape, checking the call
+/// changed nothing.
+fn seed_error(shape: (usize, usize)) -> Error {
     let mut sv = layer();
-    for shape in [(V, 3), (V - 1, 2), (V + 1, 2)] {
-        let e = sv.seed_from(Array2::zeros(shape).view()).unwrap_err();
-        let m = e.to_string();
-        assert!(
-            matches!(e.kind(), ErrorKind::Shape { found, .. } if found == &[shape.0, shape.1]),
-            "{m}"
-        );
-        assert!(
-            m.contains(&format!("[{}, {}]", shape.0, shape.1)) && m.contains("(10, 2)"),
-            "{m}"
-        );
-    }
-    // Nothing was changed by the failed calls.
+    let e = sv.seed_from(Array2::zeros(shape).view()).unwrap_err();
     assert!(sv.rows().value().iter().all(|&x| x == 0.0));
+    e
 }
 
 /// The error of a forward pass.
@@ -521,58 +293,4 @@ fn forward_error(tokens: &[i64], langs: &[i64], shared: &[usize]) -> Error {
     let mut tape = Tape::new();
     let s = tape.input(ArrayD::zeros(IxDyn(shared)));
     sv.forward(&mut tape, tokens, langs, s, true).unwrap_err()
-}
-
-#[test]
-fn split_vocabulary_forward_lengths_differ() {
-    let e = forward_error(&[1, 4, 1], &[0, 1], &[3, 2]);
-    let m = e.to_string();
-    assert!(
-        matches!(e.kind(), ErrorKind::Shape { found, .. } if found == &[2]),
-        "{m}"
-    );
-    assert!(m.contains("language_ids") && m.contains('3'), "{m}");
-}
-
-#[test]
-fn split_vocabulary_forward_token_id_out_of_range() {
-    for bad in [10, -1] {
-        let e = forward_error(&[1, bad, 1], &[0, 1, 2], &[3, 2]);
-        assert!(matches!(
-            e.kind(),
-            ErrorKind::OutOfRange { value, low: 0, high: 10, .. } if *value == bad
-        ));
-        assert_eq!(
-            e.to_string(),
-            format!("token id {bad} at position [1] is out of range 0..10")
-        );
-    }
-}
-
-#[test]
-fn split_vocabulary_forward_language_id_out_of_range() {
-    for bad in [3, -2] {
-        let e = forward_error(&[1, 4, 1], &[0, 1, bad], &[3, 2]);
-        assert!(matches!(
-            e.kind(),
-            ErrorKind::OutOfRange { value, low: 0, high: 3, .. } if *value == bad
-        ));
-        assert_eq!(
-            e.to_string(),
-            format!("language id {bad} at position [2] is out of range 0..3")
-        );
-    }
-}
-
-#[test]
-fn split_vocabulary_forward_shared_of_wrong_shape() {
-    for shape in [vec![3, 3], vec![2, 2], vec![3, 2, 1], vec![6]] {
-        let e = forward_error(&[1, 4, 1], &[0, 1, 2], &shape);
-        let m = e.to_string();
-        assert!(
-            matches!(e.kind(), ErrorKind::Shape { found, .. } if found == &shape),
-            "{m}"
-        );
-        assert!(m.contains("shared") && m.contains("(3, 2)"), "{m}");
-    }
 }

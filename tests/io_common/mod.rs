@@ -5,8 +5,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use ndarray::{Array1, Array2};
 use npyz::zip::write::FileOptions;
 use npyz::zip::{CompressionMethod, ZipWriter};
+use splitgrad::io::NpzWriter;
 
 /// A fresh, empty folder for one test.
 pub fn scratch(test: &str) -> PathBuf {
@@ -16,17 +18,49 @@ pub fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-/// An `.npy` v1.0 member: the header dict literal given, padded with
-/// spaces and a newline to 64 bytes, then `data`.
-pub fn npy(dict: &str, data: &[u8]) -> Vec<u8> {
-    let text_len = (10 + dict.len() + 1).div_ceil(64) * 64 - 10;
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(text_len as u16).to_le_bytes());
-    out.extend_from_slice(dict.as_bytes());
-    out.resize(10 + text_len - 1, b' ');
-    out.push(b'\n');
-    out.extend_from_slice(data);
-    out
+/// One 1-D array (or 2-D zeros) of a fixture, written by [`write_arrays`].
+#[derive(Clone, Copy, Debug)]
+pub enum Arr {
+    I64(&'static [i64]),
+    F64(&'static [f64]),
+    F32(&'static [f32]),
+    /// An int64 array of zeros of this 2-D shape.
+    Zeros2(usize, usize),
+}
+
+/// Writes `dir/name`, an `.npz` of these arrays through [`NpzWriter`],
+/// and returns its path.
+pub fn write_arrays(dir: &Path, name: &str, arrays: &[(&str, Arr)]) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = NpzWriter::new(&path);
+    for &(array, values) in arrays {
+        match values {
+            Arr::I64(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::F64(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::F32(v) => w.add(array, &Array1::from(v.to_vec())),
+            Arr::Zeros2(r, c) => w.add(array, &Array2::<i64>::zeros((r, c))),
+        };
+    }
+    w.finish().unwrap();
+    path
+}
+
+/// The `.npy` member of the fuzz targets' structured inputs (the replay
+/// of the fuzz corpora loads the same file with the bodies).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../fuzz/src/bodies/npy.rs"]
+mod npy;
+
+pub use npy::npy;
+
+/// The names in `dir`, sorted.
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The usual header dict for `descr` and a shape written as Python does.
@@ -45,14 +79,19 @@ pub fn zip_bytes(members: &[(&str, Vec<u8>)], method: CompressionMethod) -> Vec<
     zip.finish().unwrap().into_inner()
 }
 
-/// Writes a stored zip of `members` (array name → npy bytes) to `path`.
-pub fn write_npz(path: &Path, members: &[(&str, Vec<u8>)]) {
+/// A stored zip of `members` (array name → npy bytes): an `.npz`.
+pub fn npz_bytes(members: &[(&str, Vec<u8>)]) -> Vec<u8> {
     let named: Vec<(String, Vec<u8>)> = members
         .iter()
         .map(|(n, b)| (format!("{n}.npy"), b.clone()))
         .collect();
     let refs: Vec<(&str, Vec<u8>)> = named.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
-    std::fs::write(path, zip_bytes(&refs, CompressionMethod::Stored)).unwrap();
+    zip_bytes(&refs, CompressionMethod::Stored)
+}
+
+/// Writes [`npz_bytes`] of `members` to `path`.
+pub fn write_npz(path: &Path, members: &[(&str, Vec<u8>)]) {
+    std::fs::write(path, npz_bytes(members)).unwrap();
 }
 
 /// Little-endian bytes of `i64` values.
@@ -79,4 +118,58 @@ pub fn message<T: std::fmt::Debug>(result: splitgrad::Result<T>) -> (splitgrad::
     let e = result.expect_err("expected an error");
     let m = e.to_string();
     (e, m)
+}
+
+/// The members of a file a row writes.
+pub type Members = Vec<(&'static str, Vec<u8>)>;
+
+/// A row of a table of load errors: what the file holds (`None`: no file
+/// there), the kind of error the load gives and its message (`{dir}` for
+/// the row's folder).
+pub struct LoadRow {
+    pub name: &'static str,
+    pub members: Option<fn() -> Members>,
+    pub kind: fn(&splitgrad::ErrorKind) -> bool,
+    pub want: crate::common::table::Want,
+}
+
+/// A [`LoadRow`] of a file of these members.
+pub fn load_row(
+    name: &'static str,
+    members: fn() -> Members,
+    kind: fn(&splitgrad::ErrorKind) -> bool,
+    want: crate::common::table::Want,
+) -> LoadRow {
+    LoadRow {
+        name,
+        members: Some(members),
+        kind,
+        want,
+    }
+}
+
+/// Runs each row: writes `group/NAME/file` of its members (a stored npz),
+/// loads it with `load`, and checks the error names the file and has the
+/// row's kind and message.
+pub fn run_load_rows<T: std::fmt::Debug>(
+    group: &str,
+    file: &str,
+    rows: &[LoadRow],
+    load: impl Fn(&Path) -> splitgrad::Result<T> + Sync,
+) {
+    crate::common::table::run_rows(
+        rows,
+        |r| r.name,
+        |row| {
+            let dir = scratch(&format!("{group}/{}", row.name));
+            let path = dir.join(file);
+            if let Some(members) = row.members {
+                write_npz(&path, &members());
+            }
+            let (e, m) = message(load(&path));
+            assert_eq!(e.file(), Some(path.as_path()), "{m}");
+            assert!((row.kind)(e.kind()), "{:?}: {m}", e.kind());
+            row.want.check(&m, dir.to_str().unwrap());
+        },
+    );
 }

@@ -60,25 +60,22 @@ fn random_bytes_and_corrupt_headers_are_format_errors() {
         fs::write(&path, bytes).unwrap();
         assert_format_error(&path);
     }
+    // A file of this header length, header and data bytes.
+    let file = |len: usize, header: &[u8], data_len: usize| {
+        let mut bytes = (len as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.resize(bytes.len() + data_len, 0);
+        fs::write(&path, &bytes).unwrap();
+        assert_format_error(&path);
+    };
     // A plausible small length followed by bytes that are not JSON.
-    let mut bytes = 16u64.to_le_bytes().to_vec();
-    bytes.extend_from_slice(b"{\"a\": [1, 2, 3 ");
-    fs::write(&path, &bytes).unwrap();
-    assert_format_error(&path);
+    file(16, b"{\"a\": [1, 2, 3 ", 0);
     // A header that claims more data than the file has.
     let header = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header);
-    bytes.extend_from_slice(&[0; 8]);
-    fs::write(&path, &bytes).unwrap();
-    assert_format_error(&path);
+    file(header.len(), header, 8);
     // Offsets that disagree with the shape.
     let header = br#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}}"#;
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header);
-    bytes.extend_from_slice(&[0; 16]);
-    fs::write(&path, &bytes).unwrap();
-    assert_format_error(&path);
+    file(header.len(), header, 16);
     fs::remove_dir_all(&dir).unwrap();
 }
 

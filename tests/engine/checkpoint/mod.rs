@@ -9,60 +9,46 @@ use ndarray::{Array, Array1, Array2, ArrayD, IxDyn, arr0, s};
 use splitgrad::checkpoint::{Checkpoint, Tensor, TensorData, TensorRef, save};
 use splitgrad::{ErrorKind, Rng};
 
+use crate::io_common::listing as files_in;
+
 // One test binary; its modules live in `tests/checkpoint/`.
 mod load_errors;
 mod saving;
 
 /// A fresh, empty folder for one test.
 fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("splitgrad-ckpt-{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::io_common::scratch(&format!("checkpoint/{tag}"))
 }
 
 fn no_meta() -> BTreeMap<String, String> {
     BTreeMap::new()
 }
 
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
+/// The specials of a float type: both zeros, the smallest normal, a
+/// subnormal (the smallest normal over `d`, negated), the smallest
+/// subnormal, the extremes, epsilon, both infinities and two ordinary
+/// values.
+macro_rules! specials {
+    ($t:ident, $d:expr, $smallest:expr) => {
+        [
+            0.0,
+            -0.0,
+            $t::MIN_POSITIVE,
+            -$t::MIN_POSITIVE / $d,
+            $smallest,
+            $t::MAX,
+            $t::MIN,
+            $t::EPSILON,
+            $t::INFINITY,
+            $t::NEG_INFINITY,
+            1.0 / 3.0,
+            -7.25,
+        ]
+    };
 }
 
-const F32_SPECIALS: [f32; 12] = [
-    0.0,
-    -0.0,
-    f32::MIN_POSITIVE,
-    -f32::MIN_POSITIVE / 2.0, // subnormal
-    1e-45,                    // the smallest subnormal
-    f32::MAX,
-    f32::MIN,
-    f32::EPSILON,
-    f32::INFINITY,
-    f32::NEG_INFINITY,
-    1.0 / 3.0,
-    -7.25,
-];
-
-const F64_SPECIALS: [f64; 12] = [
-    0.0,
-    -0.0,
-    f64::MIN_POSITIVE,
-    -f64::MIN_POSITIVE / 4.0, // subnormal
-    5e-324,                   // the smallest subnormal
-    f64::MAX,
-    f64::MIN,
-    f64::EPSILON,
-    f64::INFINITY,
-    f64::NEG_INFINITY,
-    1.0 / 3.0,
-    -7.25,
-];
+const F32_SPECIALS: [f32; 12] = specials!(f32, 2.0, 1e-45);
+const F64_SPECIALS: [f64; 12] = specials!(f64, 4.0, 5e-324);
 
 /// Random bit patterns (every class of float, NaNs with payloads too)
 /// followed by the specials.

@@ -1,0 +1,166 @@
+//! Running the `splitgrad` binary from the tests: scratch folders, small
+//! corpora, a run's success, and a run's failure as the bad-input tables
+//! check it (status 1, one line `splitgrad: error: …`, no panic, nothing
+//! under the row's folder changed).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ndarray::arr1;
+use splitgrad::io::NpzWriter;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
+
+/// What a failed run's one line of standard error begins with.
+pub const ERROR: &str = "splitgrad: error: ";
+
+/// A fresh, empty folder `group/name` under the target's temporary folder.
+pub fn scratch(group: &str, name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(group)
+        .join(name);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A path as the `&str` an argument list takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Writes an `.npz` at `dir/name` and returns its path.
+pub fn npz(dir: &Path, name: &str, fill: impl FnOnce(&mut NpzWriter)) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = NpzWriter::new(&path);
+    fill(&mut w);
+    w.finish().unwrap();
+    path
+}
+
+/// `dir/corpus.npz`: 8 tokens in 2 sequences, `token` at position 2 and
+/// `language` at 3 (3 and 1 make [`small_corpus`]).
+pub fn corpus_with(dir: &Path, token: i64, language: i64) -> PathBuf {
+    npz(dir, "corpus.npz", |w| {
+        w.add("token_ids", &arr1(&[1i64, 2, token, 1, 2, 0, 3, 2]))
+            .add("language_ids", &arr1(&[0i64, 0, 0, language, 1, 1, 0, 0]))
+            .add("sequence_starts", &arr1(&[0i64, 5]));
+    })
+}
+
+/// A small valid corpus `dir/corpus.npz`: 4 token ids, 2 languages, 2
+/// sequences.
+pub fn small_corpus(dir: &Path) -> PathBuf {
+    corpus_with(dir, 3, 1)
+}
+
+/// The command `splitgrad ARGS` in `dir`, without colours.
+pub fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args).current_dir(dir).env("NO_COLOR", "1");
+    c
+}
+
+/// Runs `splitgrad ARGS` in `dir`.
+pub fn run(dir: &Path, args: &[&str]) -> Output {
+    command(dir, args).output().unwrap()
+}
+
+/// Runs `splitgrad ARGS` in `dir` under an address-space limit
+/// (`ulimit -v`, in KiB).
+pub fn run_limited(dir: &Path, args: &[&str], limit_kib: u64) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+/// Asserts the run succeeded, showing its standard error if not.
+#[track_caller]
+pub fn assert_ok(run: &Output) {
+    assert!(
+        run.status.success(),
+        "{:?}: {}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// Runs `splitgrad ARGS` in `dir` and asserts it succeeded.
+#[track_caller]
+pub fn run_ok(dir: &Path, args: &[&str]) -> Output {
+    let out = run(dir, args);
+    assert_ok(&out);
+    out
+}
+
+/// The last line of a run's standard output, read as JSON (`--json`).
+pub fn last_json(run: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// Every file under `dir` with its bytes; a file that is not a regular
+/// file (a FIFO, a device) by its length only, unread.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for e in fs::read_dir(dir).into_iter().flatten() {
+        let p = e.unwrap().path();
+        let meta = fs::symlink_metadata(&p).unwrap();
+        if meta.is_dir() {
+            out.extend(snapshot(&p));
+        } else if meta.is_file() {
+            out.insert(p.clone(), fs::read(&p).unwrap());
+        } else {
+            out.insert(p.clone(), meta.len().to_le_bytes().to_vec());
+        }
+    }
+    out
+}
+
+/// Runs `splitgrad ARGS` in `dir` (under `limit_kib` of address space if
+/// given) and checks the failure: status 1, one line of standard error
+/// starting [`ERROR`], no panic, no file under `dir` changed, added or
+/// removed. Returns the line after [`ERROR`].
+#[track_caller]
+pub fn fails(dir: &Path, args: &[&str], limit_kib: Option<u64>) -> String {
+    let before = snapshot(dir);
+    let run = match limit_kib {
+        Some(kib) => run_limited(dir, args, kib),
+        None => run(dir, args),
+    };
+    let stderr = String::from_utf8(run.stderr).unwrap();
+    assert_eq!(
+        run.status.code(),
+        Some(1),
+        "{args:?}: {:?} {stderr}",
+        run.status
+    );
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
+    assert_eq!(snapshot(dir), before, "{args:?} changed a file");
+    lines[0]
+        .strip_prefix(ERROR)
+        .unwrap_or_else(|| panic!("{args:?}: {}", lines[0]))
+        .to_string()
+}
+
+/// As [`fails`], for an error of clap's: exit status 2, the error on the
+/// first line, then clap's usage. Returns the first line.
+#[track_caller]
+pub fn clap_fails(dir: &Path, args: &[&str]) -> String {
+    let run = run(dir, args);
+    let stderr = String::from_utf8(run.stderr).unwrap();
+    assert_eq!(run.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    stderr.lines().next().unwrap().to_string()
+}
