@@ -4,9 +4,10 @@
   ``SplitLanguageModellingHead(split_vocab_size, split_order, hidden_size)``:
   d9d's constructors, parameter names (``token_embedding.<split>.weight``,
   ``lm_head.<split>.weight``, one ``nn.Embedding`` / bias-free ``nn.Linear``
-  per split), ``reset_parameters`` (torch's initialisers, so a seeded run
-  draws what d9d draws), freezing by ``requires_grad_(False)`` and
-  ``state_dict`` compatibility.
+  per split), initialised at construction as d9d's are and by
+  ``reset_parameters`` (torch's initialisers, so a seeded run draws what d9d
+  draws), freezing by ``requires_grad_(False)`` and ``state_dict``
+  compatibility.
 - ``SplitVocabulary(index_path, vocab_size, dim, n_languages, gate_init)``:
   the reference module's constructor, parameters (``rows``, ``gate_logit``)
   and methods (``seed_from``, ``gate``, ``penalty``, ``fusion_penalty``,
@@ -460,6 +461,7 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
         self._group = None  # set by prepare_distributed
         self._fused_cfg = _fused_config(fused_adam)
         self._fused = self._new_fused()
+        self.reset_parameters()  # as d9d's nn.Embedding tables are at construction
 
     def _new_fused(self):
         if self._fused_cfg is None:
@@ -592,6 +594,7 @@ class SplitLanguageModellingHead(_Bound, nn.Module):
         self._names = [f"lm_head.{s}.weight" for s in self._split_order]
         self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
         self._bind([(self.lm_head[s], "weight", f"lm_head.{s}.weight") for s in self._split_order])
+        self.reset_parameters()  # as d9d's nn.Linear heads are at construction
 
     def reset_parameters(self):
         for head in self.lm_head.values():

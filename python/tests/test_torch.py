@@ -415,3 +415,23 @@ def test_vocabulary_fused_adam_equals_torch_adam(index_file):
     rows_state, gate_state = fused.fused_optimizer_state()
     assert int(rows_state["split_vocabulary.rows.step"]) == 3
     assert int(gate_state["split_vocabulary.gate_logit.step"]) == 3
+
+
+def test_constructed_as_d9d_constructs():
+    # d9d's nn.Embedding / nn.Linear splits are initialised at construction:
+    # with the same seed the drop-ins hold the same values, not zeros
+    D9d = d9d_embeddings()
+    torch.manual_seed(11)
+    theirs = D9d(split_vocab_size=SIZES, split_order=ORDER, hidden_size=H)
+    torch.manual_seed(11)
+    ours = SplitTokenEmbeddings(SIZES, ORDER, H)
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+    head_mod = pytest.importorskip("d9d.module.block.head", reason="d9d's head is not importable")
+    torch.manual_seed(12)
+    theirs = head_mod.SplitLanguageModellingHead(split_vocab_size=SIZES, split_order=ORDER, hidden_size=H)
+    torch.manual_seed(12)
+    ours = SplitLanguageModellingHead(SIZES, ORDER, H)
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+        assert v.abs().sum() > 0, k
