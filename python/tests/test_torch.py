@@ -427,6 +427,10 @@ def test_constructed_as_d9d_constructs():
     ours = SplitTokenEmbeddings(SIZES, ORDER, H)
     for k, v in theirs.state_dict().items():
         assert torch.equal(ours.state_dict()[k], v), k
+
+
+def test_head_constructed_as_d9d_constructs():
+    # d9d's head module needs its cut_cross_entropy extra to import
     head_mod = pytest.importorskip("d9d.module.block.head", reason="d9d's head is not importable")
     torch.manual_seed(12)
     theirs = head_mod.SplitLanguageModellingHead(split_vocab_size=SIZES, split_order=ORDER, hidden_size=H)
