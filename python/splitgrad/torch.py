@@ -35,6 +35,7 @@ Importing this module needs torch; torch is not a dependency of splitgrad.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -152,7 +153,8 @@ class _Bound:
             p = self._param(owner, attr)
             if p.data_ptr() != self._ptrs[name]:
                 self._rebind(p, name)
-            self._core.set_parameter_trainable(name, bool(p.requires_grad))
+            if self._core.is_trainable(name) != bool(p.requires_grad):
+                self._core.set_parameter_trainable(name, bool(p.requires_grad))
 
     # Copies: copy.deepcopy, pickle, torch.save / torch.load(weights_only=False).
     # The kernels' layer is copied by its own reducer (splitgrad._copy); the
@@ -168,15 +170,18 @@ class _Bound:
         state["_coalesced"] = None
         state["_group"] = None
         state["_ptrs"] = {}
-        if "_pending" in state:
-            if state["_pending"] is not None:
+        if "_local" in state:
+            if self._pending is not None:
                 raise RuntimeError(f"{type(self).__name__}: cannot copy during a backward pass (a fused step is pending)")
+            state["_local"] = None
         return state
 
     def __setstate__(self, state):
         fused = state.pop("_fused", None)
         nn.Module.__setstate__(self, state)
         self._coalesced = _Coalesced()
+        if "_local" in self.__dict__:
+            self._local = threading.local()
         for owner, attr, name in self._pairs:
             p = self._param(owner, attr)
             p.__dict__.pop("_splitgrad_coalesced_watchers", None)
@@ -754,7 +759,9 @@ class SplitVocabulary(_Bound, nn.Module):
         self._group = None  # set by prepare_distributed
         self._fused_cfg = _fused_config(fused_adam)
         self._fused = self._new_fused()
-        self._pending = None
+        # The fused step pending in this thread's backward pass: each thread's
+        # backward collects its own gradients and takes its own step.
+        self._local = threading.local()
         # Counts the layer's own changes to its rows (fused steps, seed_from),
         # which torch's in-place check does not see.
         self._generation = 0
@@ -765,6 +772,14 @@ class SplitVocabulary(_Bound, nn.Module):
         lr, betas, eps = self._fused_cfg
         name = _np_dtype(self._dtype)
         return (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+
+    @property
+    def _pending(self):
+        return getattr(self._local, "pending", None)
+
+    @_pending.setter
+    def _pending(self, value):
+        self._local.pending = value
 
     def _defer(self, grads=None, penalty=0.0, fusion=0.0, norms=None):
         """Collects this backward pass's gradients; the step runs when it ends.
