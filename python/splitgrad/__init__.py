@@ -22,7 +22,7 @@ from ._splitgrad import (
     save_checkpoint,
     set_num_threads,
 )
-from . import golden
+from . import _copy, golden  # noqa: F401  (_copy: deepcopy and pickle of the layers)
 
 __all__ = [
     "Adam",

@@ -4,9 +4,10 @@
   ``SplitLanguageModellingHead(split_vocab_size, split_order, hidden_size)``:
   d9d's constructors, parameter names (``token_embedding.<split>.weight``,
   ``lm_head.<split>.weight``, one ``nn.Embedding`` / bias-free ``nn.Linear``
-  per split), ``reset_parameters`` (torch's initialisers, so a seeded run
-  draws what d9d draws), freezing by ``requires_grad_(False)`` and
-  ``state_dict`` compatibility.
+  per split), initialised at construction as d9d's are and by
+  ``reset_parameters`` (torch's initialisers, so a seeded run draws what d9d
+  draws), freezing by ``requires_grad_(False)`` and ``state_dict``
+  compatibility.
 - ``SplitVocabulary(index_path, vocab_size, dim, n_languages, gate_init)``:
   the reference module's constructor, parameters (``rows``, ``gate_logit``)
   and methods (``seed_from``, ``gate``, ``penalty``, ``fusion_penalty``,
@@ -34,6 +35,7 @@ Importing this module needs torch; torch is not a dependency of splitgrad.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -93,6 +95,37 @@ def _real(t: torch.Tensor, what: str) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
+def _first_order(ctx, what: str) -> None:
+    """Refuses a backward that is itself to be differentiated (``create_graph=True``).
+
+    The kernels' backward is not recorded by autograd, so its result would
+    silently count as a constant in a second derivative.
+    """
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{what}: its backward is not differentiable, so double backward "
+            "(create_graph=True, a gradient of a gradient) is not supported"
+        )
+
+
+def _save_inputs(ctx, *inputs):
+    """Keeps what the backward reads of the forward's inputs.
+
+    Tensors go through ``ctx.save_for_backward``, so that torch's version
+    counter refuses a backward after they were changed in place (as torch's
+    own layers do); anything else (a numpy array, a list) is copied.
+    """
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    ctx.save_for_backward(*tensors)
+    ctx.copied = [None if isinstance(x, torch.Tensor) else np.array(x, copy=True) for x in inputs]
+
+
+def _saved_inputs(ctx):
+    """The inputs kept by ``_save_inputs``, in order."""
+    tensors = iter(ctx.saved_tensors)  # raises if one was changed in place since the forward
+    return [next(tensors) if c is None else c for c in ctx.copied]
+
+
 def _shared(core, name: str) -> nn.Parameter:
     return nn.Parameter(torch.from_numpy(core.parameter(name)))
 
@@ -120,7 +153,43 @@ class _Bound:
             p = self._param(owner, attr)
             if p.data_ptr() != self._ptrs[name]:
                 self._rebind(p, name)
-            self._core.set_parameter_trainable(name, bool(p.requires_grad))
+            if self._core.is_trainable(name) != bool(p.requires_grad):
+                self._core.set_parameter_trainable(name, bool(p.requires_grad))
+
+    # Copies: copy.deepcopy, pickle, torch.save / torch.load(weights_only=False).
+    # The kernels' layer is copied by its own reducer (splitgrad._copy); the
+    # torch parameters are then put back on the new layer's buffers, the fused
+    # optimiser is rebuilt from its configuration and state, and what belongs
+    # to one process (its process group, a pending fused step) is left out.
+
+    def __getstate__(self):
+        self._sync()
+        state = nn.Module.__getstate__(self) if hasattr(nn.Module, "__getstate__") else self.__dict__
+        state = dict(state)
+        state["_fused"] = self._fused_states() if hasattr(self, "_fused_states") else None
+        state["_coalesced"] = None
+        state["_group"] = None
+        state["_ptrs"] = {}
+        if "_local" in state:
+            if self._pending is not None:
+                raise RuntimeError(f"{type(self).__name__}: cannot copy during a backward pass (a fused step is pending)")
+            state["_local"] = None
+        return state
+
+    def __setstate__(self, state):
+        fused = state.pop("_fused", None)
+        nn.Module.__setstate__(self, state)
+        self._coalesced = _Coalesced()
+        if "_local" in self.__dict__:
+            self._local = threading.local()
+        for owner, attr, name in self._pairs:
+            p = self._param(owner, attr)
+            p.__dict__.pop("_splitgrad_coalesced_watchers", None)
+            self._rebind(p, name)
+        self._fused = self._new_fused() if hasattr(self, "_new_fused") else None
+        if fused is not None:
+            self._load_fused_states(fused)
+        self._sync()
 
     def _rebind(self, p: torch.Tensor, name: str):
         buf = torch.from_numpy(self._core.parameter(name))
@@ -136,6 +205,17 @@ class _Bound:
         self._ptrs[name] = buf.data_ptr()
         if name in self._sparse_names:
             self._coalesced.watch(p)  # a parameter object put in place of the layer's own
+
+
+def _fused_config(fused_adam):
+    """``(lr, betas, eps)`` of a ``fused_adam`` dict, or ``None``."""
+    if fused_adam is None:
+        return None
+    cfg = dict(fused_adam)
+    lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
+    if cfg:
+        raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
+    return float(lr), tuple(float(b) for b in betas), float(eps)
 
 
 def _refuse_distributed(layer) -> None:
@@ -279,7 +359,13 @@ class _Coalesced:
         watchers = param.__dict__.setdefault("_splitgrad_coalesced_watchers", set())
         if id(self) in watchers or not hasattr(param, "register_post_accumulate_grad_hook"):  # torch >= 2.1
             return
-        param.register_post_accumulate_grad_hook(self._hook)
+        frozen = not param.requires_grad
+        with torch.no_grad():
+            if frozen:  # torch takes hooks on trainable tensors only; the hook outlives the freeze
+                param.requires_grad_(True)
+            param.register_post_accumulate_grad_hook(self._hook)
+            if frozen:
+                param.requires_grad_(False)
         watchers.add(id(self))
 
     def _hook(self, param: torch.Tensor) -> None:
@@ -310,23 +396,28 @@ class _EmbeddingFunction(torch.autograd.Function):
         ids = _ids(input_ids, "input_ids")
         out = module._core.forward(ids)
         ctx.module = module
-        ctx.ids = ids
+        _save_inputs(ctx, input_ids)
         return torch.from_numpy(out)
 
     @staticmethod
     def backward(ctx, grad_output):
+        _first_order(ctx, "SplitTokenEmbeddings")
         m = ctx.module
+        (input_ids,) = _saved_inputs(ctx)
+        ids = _ids(input_ids, "input_ids")
         if m._fused is not None:
-            grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
+            grads = m._core.backward(ids, _real(grad_output, "grad_output"))
             if _group_size(m) > 1:  # every process takes the same step, from all gradients
                 grads = _averaged(m, grads)
             m._fused.step(m._core, grads)
             return (None, None) + (None,) * len(m._names)
-        grads = m._core.backward(ctx.ids, _real(grad_output, "grad_output"))
+        grads = m._core.backward(ids, _real(grad_output, "grad_output"))
         out = []
         for need, name, shape, w in zip(ctx.needs_input_grad[2:], m._names, m._shapes, m._weights()):
             if not need:
                 out.append(None)
+            elif not m._sparse:
+                out.append(_dense(grads, name, shape, grad_output.dtype))
             elif name in grads:
                 out.append(m._coalesced.made(w, _sparse(grads, name, shape)))
             else:  # a trainable split the batch did not reach: an empty gradient
@@ -338,15 +429,21 @@ class _EmbeddingFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
-class SplitTokenEmbeddings(nn.Module, _Bound):
+class SplitTokenEmbeddings(_Bound, nn.Module):
     """d9d's ``SplitTokenEmbeddings`` on splitgrad's kernels.
 
     ``fused_adam``: ``None`` (gradients go to torch, sparse), or a dict of
     ``lr``, ``betas``, ``eps`` for a row-sparse Adam applied inside the
     backward (SparseAdam's update; its state is ``fused_optimizer_state()``).
+
+    ``sparse``: the tables' gradients reach torch as sparse COO tensors (the
+    default, for ``SparseAdam``) or, with ``sparse=False``, dense, as d9d's
+    ``nn.Embedding`` tables give them (for torch's dense optimisers).
     """
 
-    def __init__(self, split_vocab_size, split_order, hidden_size: int, *, dtype=None, fused_adam=None):
+    def __init__(
+        self, split_vocab_size, split_order, hidden_size: int, *, dtype=None, fused_adam=None, sparse: bool = True
+    ):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
         sizes = dict(split_vocab_size)
@@ -355,24 +452,26 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
         for name, size in sizes.items():
             w = torch.from_numpy(self._core.parameter(f"token_embedding.{name}.weight"))
             # sparse=True tells DistributedDataParallel that the gradient is sparse
-            self.token_embedding[name] = nn.Embedding(size, hidden_size, _weight=w, sparse=True)
+            self.token_embedding[name] = nn.Embedding(size, hidden_size, _weight=w, sparse=bool(sparse))
         self._split_order = list(split_order)
         self._names = [f"token_embedding.{s}.weight" for s in self._split_order]
         self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
         self._bind(
-            [(self.token_embedding[s], "weight", n) for s, n in zip(self._split_order, self._names)], sparse=self._names
+            [(self.token_embedding[s], "weight", n) for s, n in zip(self._split_order, self._names)],
+            sparse=self._names if sparse else (),
         )
+        self._sparse = bool(sparse)
         self._dtype = dtype
         self._grad_layout = [(n, shape, True) for n, shape in zip(self._names, self._shapes)]
-        self._fused = None
         self._group = None  # set by prepare_distributed
-        if fused_adam is not None:
-            cfg = dict(fused_adam)
-            self._fused = _sg.Optimizer.lazy_adam(
-                cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8), _np_dtype(dtype)
-            )
-            if cfg:
-                raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
+        self._fused_cfg = _fused_config(fused_adam)
+        self._fused = self._new_fused()
+        self.reset_parameters()  # as d9d's nn.Embedding tables are at construction
+
+    def _new_fused(self):
+        if self._fused_cfg is None:
+            return None
+        return _sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._dtype))
 
     def reset_parameters(self):
         for e in self.token_embedding.values():
@@ -393,6 +492,12 @@ class SplitTokenEmbeddings(nn.Module, _Bound):
     def load_fused_optimizer_state(self, state):
         self._fused.load_state_dict(state, self._core)
 
+    def _fused_states(self):
+        return None if self._fused is None else [self._fused.state_dict()]
+
+    def _load_fused_states(self, states):
+        self._fused.load_state_dict(states[0], self._core)
+
 
 # --- SplitLanguageModellingHead ----------------------------------------------
 
@@ -403,12 +508,16 @@ class _HeadFunction(torch.autograd.Function):
         h = _real(hidden, "hidden_states")
         lab = _ids(labels, "labels")
         loss, saved = module._core.forward_saved(h, lab)
-        ctx.module, ctx.h, ctx.labels, ctx.saved = module, h, lab, saved
+        ctx.module, ctx.saved = module, saved
+        _save_inputs(ctx, hidden, labels)
         return torch.from_numpy(loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        m, h, lab = ctx.module, ctx.h, ctx.labels
+        _first_order(ctx, "SplitLanguageModellingHead")
+        m = ctx.module
+        hidden, labels = _saved_inputs(ctx)
+        h, lab = _real(hidden, "hidden_states"), _ids(labels, "labels")
         g = _real(grad_loss, "grad_loss")
         want_h = ctx.needs_input_grad[1]
         active = g[lab != LM_IGNORE_INDEX]
@@ -445,6 +554,7 @@ class _HeadSumFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _first_order(ctx, "SplitLanguageModellingHead.forward_sum")
         m, c = ctx.module, float(grad)
         out_h = None
         if ctx.needs_input_grad[1]:
@@ -466,7 +576,7 @@ def _linear(core, name: str, hidden: int, size: int) -> nn.Linear:
     return lin
 
 
-class SplitLanguageModellingHead(nn.Module, _Bound):
+class SplitLanguageModellingHead(_Bound, nn.Module):
     """d9d's ``SplitLanguageModellingHead`` on splitgrad's fused kernels.
 
     ``forward(hidden_states, shared)`` → ``SequenceCausalLMOutput`` with the
@@ -489,6 +599,7 @@ class SplitLanguageModellingHead(nn.Module, _Bound):
         self._names = [f"lm_head.{s}.weight" for s in self._split_order]
         self._shapes = [(sizes[s], hidden_size) for s in self._split_order]
         self._bind([(self.lm_head[s], "weight", f"lm_head.{s}.weight") for s in self._split_order])
+        self.reset_parameters()  # as d9d's nn.Linear heads are at construction
 
     def reset_parameters(self):
         for head in self.lm_head.values():
@@ -518,13 +629,16 @@ class _VocabularyFunction(torch.autograd.Function):
         l_ = _ids(lang, "lang_per_token")
         s = _real(shared, "shared")
         out = module._core.forward(t, l_, s, use_gate)
-        ctx.module, ctx.args, ctx.use_gate = module, (t, l_, s), use_gate
+        ctx.module, ctx.use_gate = module, use_gate
+        _save_inputs(ctx, token_ids, lang, shared)
         return torch.from_numpy(out)
 
     @staticmethod
     def backward(ctx, grad):
+        _first_order(ctx, "SplitVocabulary")
         m = ctx.module
-        t, l_, s = ctx.args
+        token_ids, lang, shared = _saved_inputs(ctx)
+        t, l_, s = _ids(token_ids, "token_ids"), _ids(lang, "lang_per_token"), _real(shared, "shared")
         g = _real(grad, "grad_output")
         gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
         out_s = torch.from_numpy(gs) if ctx.needs_input_grad[4] else None
@@ -538,7 +652,7 @@ class _VocabularyFunction(torch.autograd.Function):
         rows = None
         if ctx.needs_input_grad[5]:
             name = "split_vocabulary.rows"
-            if name in grads and grads.is_sparse(name):
+            if m._sparse and name in grads and grads.is_sparse(name):
                 rows = m._coalesced.made(m.rows, _sparse(grads, name, (m.n_rows, m.dim)))
             else:
                 rows = _dense(grads, name, (m.n_rows, m.dim), grad.dtype)
@@ -558,6 +672,7 @@ class _PenaltyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _first_order(ctx, "SplitVocabulary.penalty")
         ctx.module._defer(penalty=float(grad))
         return None, None
 
@@ -580,6 +695,7 @@ class _FusionPenaltyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _first_order(ctx, "SplitVocabulary.fusion_penalty")
         ctx.saved_tensors  # raises if the rows were changed in place since the forward
         m, c = ctx.module, float(grad)
         norms = ctx.norms if ctx.generation == m._generation else None
@@ -592,7 +708,7 @@ class _FusionPenaltyFunction(torch.autograd.Function):
         return None, torch.from_numpy(grads.values("split_vocabulary.rows"))
 
 
-class SplitVocabulary(nn.Module, _Bound):
+class SplitVocabulary(_Bound, nn.Module):
     """The reference ``SplitVocabulary`` on splitgrad's kernels: chosen (language,
     token) pairs get a private row, mixed with the shared row by a sigmoid gate.
 
@@ -608,11 +724,14 @@ class SplitVocabulary(nn.Module, _Bound):
     SparseAdam's update) and the gate logits (Adam) from the sum of the
     gradients of every forward, ``penalty`` and ``fusion_penalty`` of that
     pass, and torch sees no gradient for them.
+
+    ``sparse``: the rows' gradient is a sparse COO tensor of the rows the batch
+    used (the default) or, with ``sparse=False``, dense.
     """
 
     def __init__(
         self, index_path, vocab_size: int, dim: int, n_languages: int, gate_init: float = 0.0, *, dtype=None,
-        fused_adam=None,
+        fused_adam=None, sparse: bool = True,
     ):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
@@ -629,26 +748,38 @@ class SplitVocabulary(nn.Module, _Bound):
         self._initialised = False
         self._bind(
             [(self, "rows", "split_vocabulary.rows"), (self, "gate_logit", "split_vocabulary.gate_logit")],
-            sparse=["split_vocabulary.rows"],
+            sparse=["split_vocabulary.rows"] if sparse else (),
         )
+        self._sparse = bool(sparse)
         self._dtype = dtype
         self._grad_layout = [
             ("split_vocabulary.rows", (self.n_rows, self.dim), True),
             ("split_vocabulary.gate_logit", (self.n_rows,), False),
         ]
-        self._fused = None
         self._group = None  # set by prepare_distributed
-        if fused_adam is not None:
-            cfg = dict(fused_adam)
-            lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
-            if cfg:
-                raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
-            name = _np_dtype(dtype)
-            self._fused = (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
-        self._pending = None
+        self._fused_cfg = _fused_config(fused_adam)
+        self._fused = self._new_fused()
+        # The fused step pending in this thread's backward pass: each thread's
+        # backward collects its own gradients and takes its own step.
+        self._local = threading.local()
         # Counts the layer's own changes to its rows (fused steps, seed_from),
         # which torch's in-place check does not see.
         self._generation = 0
+
+    def _new_fused(self):
+        if self._fused_cfg is None:
+            return None
+        lr, betas, eps = self._fused_cfg
+        name = _np_dtype(self._dtype)
+        return (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+
+    @property
+    def _pending(self):
+        return getattr(self._local, "pending", None)
+
+    @_pending.setter
+    def _pending(self, value):
+        self._local.pending = value
 
     def _defer(self, grads=None, penalty=0.0, fusion=0.0, norms=None):
         """Collects this backward pass's gradients; the step runs when it ends.
@@ -686,6 +817,13 @@ class SplitVocabulary(nn.Module, _Bound):
     def fused_optimizer_state(self):
         """The fused optimisers' states: (rows, gate_logit)."""
         return None if self._fused is None else tuple(o.state_dict() for o in self._fused)
+
+    def _fused_states(self):
+        return None if self._fused is None else [o.state_dict() for o in self._fused]
+
+    def _load_fused_states(self, states):
+        for o, st in zip(self._fused, states):
+            o.load_state_dict(st, self._core)
 
     @torch.no_grad()
     def seed_from(self, table: torch.Tensor) -> None:

@@ -415,3 +415,28 @@ def test_vocabulary_fused_adam_equals_torch_adam(index_file):
     rows_state, gate_state = fused.fused_optimizer_state()
     assert int(rows_state["split_vocabulary.rows.step"]) == 3
     assert int(gate_state["split_vocabulary.gate_logit.step"]) == 3
+
+
+def test_constructed_as_d9d_constructs():
+    # d9d's nn.Embedding / nn.Linear splits are initialised at construction:
+    # with the same seed the drop-ins hold the same values, not zeros
+    D9d = d9d_embeddings()
+    torch.manual_seed(11)
+    theirs = D9d(split_vocab_size=SIZES, split_order=ORDER, hidden_size=H)
+    torch.manual_seed(11)
+    ours = SplitTokenEmbeddings(SIZES, ORDER, H)
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+
+
+def test_head_constructed_as_d9d_constructs():
+    # d9d's head builds one bias-free nn.Linear per split, in the order of
+    # split_vocab_size (its module needs the cut_cross_entropy extra to
+    # import, so the same construction stands in for it here)
+    torch.manual_seed(12)
+    theirs = {s: torch.nn.Linear(H, n, bias=False) for s, n in SIZES.items()}
+    torch.manual_seed(12)
+    ours = SplitLanguageModellingHead(SIZES, ORDER, H)
+    for s, lin in theirs.items():
+        assert torch.equal(ours.state_dict()[f"lm_head.{s}.weight"], lin.weight.detach()), s
+    assert ours.state_dict()["lm_head.orig.weight"].abs().sum() > 0

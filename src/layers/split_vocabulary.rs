@@ -19,9 +19,10 @@ use std::path::Path;
 
 use ndarray::{Array1, Array2, ArrayD, ArrayViewD, Axis, Ix2};
 
+use super::splits::table_bytes;
 use super::{AsTable, Ids};
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::{PairLookup, SplitIndex, load_index};
+use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::param::RowSparse;
@@ -146,6 +147,18 @@ impl<T: Real> SplitVocabulary<T> {
             )));
         }
         index.validate(n_languages, vocab_size)?;
+        let n_rows = index.token_index.len();
+        let bytes = table_bytes::<T>(n_rows, dim.saturating_add(1));
+        check_memory(
+            || {
+                format!(
+                    "`split_vocabulary.rows` ({n_rows} × {dim} {}) and its gates",
+                    T::NAME
+                )
+            },
+            bytes,
+            "",
+        )?;
         Ok(Self::build(index, vocab_size, dim, n_languages, gate_init))
     }
 

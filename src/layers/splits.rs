@@ -6,6 +6,7 @@ use ndarray::{Array2, ArrayViewD};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::io::{bytes_of, check_memory};
 use crate::kernels::Real;
 use crate::kernels::routing::{Routed, SplitRouting};
 use crate::param::Parameter;
@@ -86,6 +87,36 @@ impl<T: Real> SplitTables<T> {
                 "split `{}` has a size but is missing from split_order",
                 name.as_ref()
             )));
+        }
+        if sizes
+            .iter()
+            .try_fold(0usize, |a, &s| a.checked_add(s))
+            .is_none()
+        {
+            return Err(Error::config(format!(
+                "the split sizes add up to more than {} ids",
+                usize::MAX
+            )));
+        }
+        let mut total = 0u64;
+        for (name, &size) in order.iter().zip(&sizes) {
+            let bytes = table_bytes::<T>(size, hidden_size);
+            total = total.saturating_add(bytes);
+            check_memory(
+                || {
+                    format!(
+                        "`{prefix}.{name}.weight` ({size} × {hidden_size} {}{})",
+                        T::NAME,
+                        if total > bytes {
+                            ", with the tables before it"
+                        } else {
+                            ""
+                        }
+                    )
+                },
+                total,
+                "",
+            )?;
         }
         let tables = order
             .iter()
@@ -259,6 +290,13 @@ pub(crate) fn unflatten(mut p: usize, shape: &[usize]) -> Vec<usize> {
         }
     }
     idx
+}
+
+/// The bytes of a `(rows, width)` table of `T` (`u64::MAX` when that
+/// overflows): what is checked against the memory available
+/// ([`check_memory`]) before a layer allocates one.
+pub(crate) fn table_bytes<T>(rows: usize, width: usize) -> u64 {
+    bytes_of(&[rows as u64, width as u64, std::mem::size_of::<T>() as u64])
 }
 
 #[cfg(test)]

@@ -1,0 +1,69 @@
+"""``copy.deepcopy`` and ``pickle`` of the numpy layers.
+
+Each layer is rebuilt from its configuration and its state dict (a copy of
+every parameter and buffer) with the trainable flag of each parameter, so
+the copy is independent of the original: a step on one never moves the
+other. The reducers are registered with :mod:`copyreg`, which both
+``pickle`` and ``copy`` consult for extension types.
+"""
+
+from __future__ import annotations
+
+import copyreg
+
+from ._splitgrad import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
+
+
+def _trainable(layer) -> dict:
+    return {name: layer.is_trainable(name) for name in layer.parameter_names()}
+
+
+def _restore(layer, state, trainable):
+    layer.load_state_dict(state)
+    for name, flag in trainable.items():
+        layer.set_parameter_trainable(name, flag)
+    return layer
+
+
+def _split_sizes(layer, prefix: str, state) -> dict:
+    return {s: int(state[f"{prefix}.{s}.weight"].shape[0]) for s in layer.split_order}
+
+
+def _rebuild_split(cls, sizes, order, hidden, dtype, state, trainable):
+    return _restore(cls(sizes, order, hidden, dtype=dtype), state, trainable)
+
+
+def _reduce_split(prefix: str):
+    def reduce(layer):
+        state = layer.state_dict()
+        args = (
+            type(layer),
+            _split_sizes(layer, prefix, state),
+            layer.split_order,
+            layer.hidden_size,
+            layer.dtype,
+            state,
+            _trainable(layer),
+        )
+        return _rebuild_split, args
+
+    return reduce
+
+
+def _rebuild_vocabulary(lang, tok, vocab_size, dim, n_languages, dtype, score, state, trainable):
+    layer = SplitVocabulary(lang, tok, vocab_size, dim, n_languages, 0.0, dtype, score)
+    return _restore(layer, state, trainable)
+
+
+def _reduce_vocabulary(layer):
+    state = layer.state_dict()
+    lang, tok = layer.index()
+    score = state.get("split_vocabulary.score")
+    score = None if score is None else [float(x) for x in score]
+    args = (lang, tok, layer.vocab_size, layer.dim, layer.n_languages, layer.dtype, score, state, _trainable(layer))
+    return _rebuild_vocabulary, args
+
+
+copyreg.pickle(SplitTokenEmbeddings, _reduce_split("token_embedding"))
+copyreg.pickle(SplitLanguageModellingHead, _reduce_split("lm_head"))
+copyreg.pickle(SplitVocabulary, _reduce_vocabulary)

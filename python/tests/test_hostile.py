@@ -1,0 +1,191 @@
+"""Hostile and edge-case calls: each raises a Python exception of the stated
+type with a fragment of the stated message, and none kills the interpreter.
+
+The calls run in a child interpreter, one after the other, under an address
+space limit, so that a crash (a signal, an abort on a failed allocation)
+fails the test naming the case instead of ending the test run. Each row is
+(name, expected exception type, message fragment, code); the code runs with
+``np``, ``sg`` and, for the torch rows, ``torch`` and ``st``
+(``splitgrad.torch``) in scope.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+NUMPY_CASES = [
+    ("table of 10^12 rows", "MemoryError", "token_embedding.orig.weight",
+     'sg.SplitTokenEmbeddings({"orig": 10**12}, ["orig"], 1024)'),
+    ("hidden size of 10^11", "MemoryError", "token_embedding.orig.weight",
+     'sg.SplitTokenEmbeddings({"orig": 10}, ["orig"], 10**11)'),
+    ("a size no machine holds", "ValueError", "bytes",
+     'sg.SplitTokenEmbeddings({"orig": 2**62}, ["orig"], 2**20)'),
+    ("split sizes that overflow their sum", "ValueError", "",
+     'sg.SplitTokenEmbeddings({"a": 2**63 - 1, "b": 2**63 - 1}, ["a", "b"], 1)'),
+    ("head over 10^11 tokens", "MemoryError", "lm_head.orig.weight",
+     'sg.SplitLanguageModellingHead({"orig": 10**11}, ["orig"], 8)'),
+    ("vocabulary of 10^12 tokens (nothing V-sized is held)", None, "",
+     'v = sg.SplitVocabulary(np.array([0]), np.array([10**12 - 1]), 10**12, 8, 2)\n'
+     'v.forward(np.array([10**12 - 1, 5]), np.array([0, 1]), np.ones((2, 8), np.float32))'),
+    ("vocabulary rows 10^11 wide", "MemoryError", "split_vocabulary.rows",
+     'sg.SplitVocabulary(np.array([0]), np.array([1]), 10, 10**11, 2)'),
+    ("forward over a broadcast view of 10^10 ids", "MemoryError", "input_ids",
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'e.forward(np.broadcast_to(np.zeros(1, np.int64), (10**10,)))'),
+    ("backward over a broadcast gradient of 10^10 rows", "MemoryError", "",
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'ids = np.broadcast_to(np.zeros(1, np.int64), (10**10,))\n'
+     'e.backward(ids, np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)))'),
+    ("head forward with 10^10 labels", "MemoryError", "",
+     'h = sg.SplitLanguageModellingHead({"orig": 4}, ["orig"], 2)\n'
+     'h.forward(np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)),'
+     ' np.broadcast_to(np.zeros(1, np.int64), (10**10,)))'),
+    ("vocabulary forward with 10^10 tokens", "MemoryError", "",
+     'v = sg.SplitVocabulary(np.array([0]), np.array([1]), 4, 2, 2)\n'
+     'z = np.broadcast_to(np.zeros(1, np.int64), (10**10,))\n'
+     'v.forward(z, z, np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)))'),
+    ("Adam's state beyond the memory limit", "MemoryError", "",
+     'import os\n'
+     'e = sg.SplitTokenEmbeddings({"orig": 2**20}, ["orig"], 64)\n'
+     'g = e.backward(np.arange(2**20), np.ones((2**20, 64), np.float32))\n'
+     'os.environ["SPLITGRAD_MEMORY_LIMIT"] = "400M"  # the table fits, its two moments (512 MiB) do not\n'
+     'try:\n'
+     '    sg.Adam(lr=0.1).step(e, g)\n'
+     'finally:\n'
+     '    del os.environ["SPLITGRAD_MEMORY_LIMIT"]'),
+    ("negative split size", "ValueError", "", 'sg.SplitTokenEmbeddings({"orig": -1}, ["orig"], 4)'),
+    ("negative hidden size", "ValueError", "", 'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], -4)'),
+    ("ids of a float dtype", "ValueError", "dtype",
+     'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], 4).forward(np.zeros(3))'),
+    ("id out of range", "ValueError", "out of range",
+     'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], 4).forward(np.array([2]))'),
+    ("negative id", "ValueError", "out of range",
+     'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], 4).forward(np.array([-1]))'),
+    ("zero-size state tensors load", None, "",
+     'e = sg.SplitTokenEmbeddings({"orig": 2, "none": 0}, ["orig", "none"], 4)\n'
+     'e.load_state_dict({"token_embedding.orig.weight": np.ones((2, 4), np.float32),'
+     ' "token_embedding.none.weight": np.zeros((0, 4), np.float32)})'),
+    ("a zero-size gradient with odd strides", None, "",
+     'e = sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], 4)\n'
+     'e.backward(np.zeros((0, 3), np.int64), np.zeros((0, 6, 4), np.float32)[:, ::2])'),
+    ("a checkpoint that is not a file", "OSError", "", 'sg.load_checkpoint("/", [], None)'),
+    ("a thread count of zero", "ValueError", "", "sg.set_num_threads(0)"),
+]
+
+TORCH_CASES = [
+    ("drop-in table of 10^12 rows", "MemoryError", "token_embedding.orig.weight",
+     'st.SplitTokenEmbeddings({"orig": 10**12}, ["orig"], 1024)'),
+    ("drop-in head over 10^11 tokens", "MemoryError", "lm_head.orig.weight",
+     'st.SplitLanguageModellingHead({"orig": 10**11}, ["orig"], 8)'),
+    ("drop-in forward over an expanded view of 10^10 ids", "MemoryError", "input_ids",
+     'e = st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'e(torch.zeros(1, dtype=torch.long).expand(10**10))'),
+    ("drop-in ids on a float tensor", "ValueError", "dtype",
+     'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)(torch.zeros(3))'),
+    ("drop-in of an unsupported dtype", "TypeError", "float32 or float64",
+     'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2, dtype=torch.int32)'),
+]
+
+CHILD = r"""
+import json, sys, traceback
+import numpy as np
+import splitgrad as sg
+if sys.argv[1] == "torch":
+    import torch
+    import splitgrad.torch as st
+cases = json.loads(sys.stdin.read())
+for name, code in cases:
+    print(json.dumps({"start": name}), flush=True)
+    try:
+        exec(code, dict(globals()))
+        out = {"name": name, "type": None, "message": ""}
+    except BaseException as e:
+        out = {"name": name, "type": type(e).__name__, "message": str(e),
+               "bases": [c.__name__ for c in type(e).__mro__]}
+    print(json.dumps(out), flush=True)
+"""
+
+# Every call here must stay far below this; a check that allocates the
+# size it is about to refuse fails under it.
+LIMIT = 8 << 30
+
+
+def _limit_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+
+def run_cases(kind, cases, limit_address_space=True):
+    """Runs the cases in child interpreters; after a crash, a new child runs the rest.
+
+    Returns {name: result}, where a crash is {"crashed": "exit code and the end of stderr"}.
+    """
+    env = dict(os.environ, RUST_BACKTRACE="0")
+    results, todo = {}, [(n, textwrap.dedent(c)) for n, _, _, c in cases]
+    while todo:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, kind],
+            input=json.dumps(todo),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            preexec_fn=_limit_memory if limit_address_space else None,
+        )
+        running = None
+        for line in proc.stdout.splitlines():
+            rec = json.loads(line)
+            if "start" in rec:
+                running = rec["start"]
+            else:
+                results[rec["name"]] = rec
+                running = None
+        if running is not None:
+            results[running] = {"crashed": f"exit {proc.returncode}: {proc.stderr[-400:]}"}
+        done = set(results)
+        left = [c for c in todo if c[0] not in done]
+        if len(left) == len(todo):  # the child died before its first case
+            raise AssertionError(f"the child interpreter does not start: {proc.stderr[-2000:]}")
+        todo = left
+    return results
+
+
+def check(cases, results):
+    failures = []
+    for name, want_type, fragment, _ in cases:
+        got = results[name]
+        if "crashed" in got:
+            failures.append(f"{name}: the interpreter died ({got['crashed']})")
+        elif want_type is None:
+            if got["type"] is not None:
+                failures.append(f"{name}: expected no error, got {got['type']}: {got['message']}")
+        elif got["type"] is None:
+            failures.append(f"{name}: expected {want_type}, nothing was raised")
+        elif want_type not in got["bases"]:
+            failures.append(f"{name}: expected {want_type}, got {got['type']}: {got['message']}")
+        elif fragment not in got["message"]:
+            failures.append(f"{name}: message {got['message']!r} lacks {fragment!r}")
+    assert not failures, "\n".join(failures)
+
+
+def test_hostile_numpy_calls_raise_with_a_message():
+    check(NUMPY_CASES, run_cases("numpy", NUMPY_CASES))
+
+
+def test_hostile_torch_calls_raise_with_a_message():
+    pytest.importorskip("torch", reason="torch is not installed")
+    # torch maps more address space than a limit this low leaves room for
+    check(TORCH_CASES, run_cases("torch", TORCH_CASES, limit_address_space=False))
+
+
+def test_the_table_is_checked():
+    # a wrong fragment is reported, so the table cannot pass vacuously
+    bad = [("id out of range", "ValueError", "no such words",
+            'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], 4).forward(np.array([2]))')]
+    with pytest.raises(AssertionError, match="lacks"):
+        check(bad, run_cases("numpy", bad))
