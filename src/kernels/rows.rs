@@ -3,7 +3,7 @@
 //!
 //! [`rows_from`] writes each element of its output once, with no zero-fill
 //! first, rows in parallel when the array is large and with streaming
-//! stores from 4 MiB ([`super::stream`]).
+//! stores from 4 MiB (`kernels::stream`).
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use rayon::prelude::*;

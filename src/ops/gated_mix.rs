@@ -295,7 +295,7 @@ pub struct Want {
 /// `∂shared_n = (1 − g_r)·∂out_n` (or ∂out_n without a row, 0 in fusion
 /// mode with one); `∂rows_r += g_r·∂out_n` (∂out_n in fusion mode);
 /// `∂g_r += Σ_d ∂out_nd·(rows_rd − shared_nd)`, the Σ_d as
-/// [`dot_diff`]'s and the sum over tokens in increasing n.
+/// `dot_diff`'s and the sum over tokens in increasing n.
 ///
 /// shared: (N, D); rows: (n_rows, D); gate: (n_rows); gy = ∂out:
 /// (N, D), taken: ∂shared is written in its place.

@@ -25,11 +25,12 @@
 //! # The backward contract
 //!
 //! An op's backward is two pieces. Its `*_backward` function does the
-//! arithmetic on arrays and knows nothing of the sweep (layers call some
-//! of them outside a tape: the split vocabulary's `backward_from`). The
-//! [`Backward`](crate::tape::Backward) impl of the op's saved state calls
-//! it during the reverse sweep, and is the only code that hands what it
-//! computed to the sweep's store, [`NodeGrads`](crate::tape::NodeGrads).
+//! arithmetic on arrays and never touches the sweep's store (layers call
+//! some of them outside a tape: the split vocabulary's `backward_from`).
+//! The [`Backward`](crate::tape::Backward) impl of the op's saved state
+//! calls it during the reverse sweep, and is the code that hands what it
+//! computed to the store, [`NodeGrads`](crate::tape::NodeGrads); the one
+//! exception is the summed head's, below.
 //! The impls are written with the `backward!` macro below, so the trait's
 //! signature is written once (the fused heads' two, in [`fused_ce`] and
 //! [`fused_ce_sum`], are written out), and the ops whose backward needs
@@ -43,7 +44,8 @@
 //! [`NodeGrads::value`](crate::tape::NodeGrads::value), and the node's own
 //! output `y`), what the op saved (ids, a mask, labels, norms), and `∂y`,
 //! the gradient of the op's output: a view of it written out once
-//! ([`Flow::into_owned_in`](crate::tape::Flow::into_owned_in)), or, for the
+//! ([`Flow::into_owned_in`](crate::tape::Flow::into_owned_in); the gated
+//! mix takes the array itself, to write ∂shared in its place), or, for the
 //! ops that pass it on without arithmetic, the
 //! [`Flow`](crate::tape::Flow) itself, which may be a lazy `c·R`.
 //!
@@ -62,12 +64,12 @@
 //!    [`NodeGrads::accumulate`](crate::tape::NodeGrads::accumulate), which
 //!    writes ∂y out once, calls the function for each input that wants a
 //!    gradient, in input order, and gives ∂y back to the pool.
-//! 2. **Giving**: it returns what flows into an input, made by itself (a
-//!    fresh array from the pool it is given, every element written by it;
-//!    no zero buffer is added into), and the impl gives it to `NodeGrads`,
-//!    which takes it as the input's gradient when the input has none yet
-//!    and otherwise adds it in: a fresh array through
-//!    [`NodeGrads::add`](crate::tape::NodeGrads::add) (on first touch it
+//! 2. **Giving**: it returns what flows into an input (an array it made,
+//!    from the pool it is given, every element written by it and no zero
+//!    buffer added into; rows of ∂y for a table; or the lazy pair), and the
+//!    impl gives it to `NodeGrads`, which takes it as the input's gradient
+//!    when the input has none yet and otherwise adds it in: a fresh array
+//!    through [`NodeGrads::add`](crate::tape::NodeGrads::add) (on first touch it
 //!    becomes the buffer, no zero fill and no add; otherwise it is added
 //!    into the buffer and goes back to the pool), rows for a table (a
 //!    [`RowPart`](crate::tape::RowPart)) through

@@ -14,7 +14,7 @@
 //! [`NodeGrads`], whose methods add into the buffer of a node
 //! ([`NodeGrads::accumulate`], [`NodeGrads::buffer`], [`NodeGrads::add`],
 //! [`NodeGrads::add_scaled`]) or send rows to a table
-//! ([`NodeGrads::add_rows`], the row-sparse flow of [`flow`]); the ops'
+//! ([`NodeGrads::add_rows`], the row-sparse flow of [`RowPart`]s); the ops'
 //! contract for them is in [`crate::ops`].
 //!
 //! Parameters are borrowed, not copied: [`Tape::param`] stores a view of the
