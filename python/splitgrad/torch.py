@@ -95,6 +95,26 @@ def _real(t: torch.Tensor, what: str) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
+def _serialised_forward(forward):
+    """Runs an autograd Function's forward holding its module's lock."""
+
+    def run(ctx, module, *args):
+        with module._lock:
+            return forward(ctx, module, *args)
+
+    return run
+
+
+def _serialised_backward(backward):
+    """Runs an autograd Function's backward holding its module's lock."""
+
+    def run(ctx, *grads):
+        with ctx.module._lock:
+            return backward(ctx, *grads)
+
+    return run
+
+
 def _first_order(ctx, what: str) -> None:
     """Refuses a backward that is itself to be differentiated (``create_graph=True``).
 
@@ -134,6 +154,10 @@ class _Bound:
     """Keeps torch parameters on the kernels' buffers and their trainable flags in step."""
 
     def _bind(self, pairs, sparse=()):
+        # Calls into the kernels' layer from several Python threads take
+        # turns (each kernel already runs on every core); the lock is
+        # re-entrant, since a fused step runs inside a backward.
+        self._lock = threading.RLock()
         # pairs: [(torch module holding `.weight` or the module itself, attribute, kernel name)];
         # sparse: the kernel names whose gradients reach torch as sparse tensors
         self._pairs = list(pairs)
@@ -149,6 +173,10 @@ class _Bound:
         return getattr(owner, attr)
 
     def _sync(self):
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self):
         for owner, attr, name in self._pairs:
             p = self._param(owner, attr)
             if p.data_ptr() != self._ptrs[name]:
@@ -168,6 +196,7 @@ class _Bound:
         state = dict(state)
         state["_fused"] = self._fused_states() if hasattr(self, "_fused_states") else None
         state["_coalesced"] = None
+        state["_lock"] = None
         state["_group"] = None
         state["_ptrs"] = {}
         if "_local" in state:
@@ -180,6 +209,7 @@ class _Bound:
         fused = state.pop("_fused", None)
         nn.Module.__setstate__(self, state)
         self._coalesced = _Coalesced()
+        self._lock = threading.RLock()
         if "_local" in self.__dict__:
             self._local = threading.local()
         for owner, attr, name in self._pairs:
@@ -392,6 +422,7 @@ def _dense(grads, name: str, shape, dtype) -> torch.Tensor:
 
 class _EmbeddingFunction(torch.autograd.Function):
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, input_ids, *weights):
         ids = _ids(input_ids, "input_ids")
         out = module._core.forward(ids)
@@ -400,6 +431,7 @@ class _EmbeddingFunction(torch.autograd.Function):
         return torch.from_numpy(out)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad_output):
         _first_order(ctx, "SplitTokenEmbeddings")
         m = ctx.module
@@ -504,6 +536,7 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
 
 class _HeadFunction(torch.autograd.Function):
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
         h = _real(hidden, "hidden_states")
         lab = _ids(labels, "labels")
@@ -513,6 +546,7 @@ class _HeadFunction(torch.autograd.Function):
         return torch.from_numpy(loss)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad_loss):
         _first_order(ctx, "SplitLanguageModellingHead")
         m = ctx.module
@@ -545,6 +579,7 @@ class _HeadFunction(torch.autograd.Function):
 
 class _HeadSumFunction(torch.autograd.Function):
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
         h = _real(hidden, "hidden_states")
         lab = _ids(labels, "labels")
@@ -553,6 +588,7 @@ class _HeadSumFunction(torch.autograd.Function):
         return torch.tensor(loss, dtype=hidden.dtype)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad):
         _first_order(ctx, "SplitLanguageModellingHead.forward_sum")
         m, c = ctx.module, float(grad)
@@ -624,6 +660,7 @@ class SplitLanguageModellingHead(_Bound, nn.Module):
 
 class _VocabularyFunction(torch.autograd.Function):
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, use_gate, token_ids, lang, shared, rows, gate_logit):
         t = _ids(token_ids, "token_ids")
         l_ = _ids(lang, "lang_per_token")
@@ -634,6 +671,7 @@ class _VocabularyFunction(torch.autograd.Function):
         return torch.from_numpy(out)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad):
         _first_order(ctx, "SplitVocabulary")
         m = ctx.module
@@ -666,11 +704,13 @@ class _PenaltyFunction(torch.autograd.Function):
     """mean(σ(gate_logit)) in fused mode: its gradient joins the fused step."""
 
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, gate_logit):
         ctx.module = module
         return torch.tensor(module._core.penalty(), dtype=gate_logit.dtype)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad):
         _first_order(ctx, "SplitVocabulary.penalty")
         ctx.module._defer(penalty=float(grad))
@@ -687,6 +727,7 @@ class _FusionPenaltyFunction(torch.autograd.Function):
     """
 
     @staticmethod
+    @_serialised_forward
     def forward(ctx, module, rows):
         value, norms = module._core.fusion_penalty_norms()
         ctx.module, ctx.norms, ctx.generation = module, norms, module._generation
@@ -694,6 +735,7 @@ class _FusionPenaltyFunction(torch.autograd.Function):
         return torch.tensor(value, dtype=rows.dtype)
 
     @staticmethod
+    @_serialised_backward
     def backward(ctx, grad):
         _first_order(ctx, "SplitVocabulary.fusion_penalty")
         ctx.saved_tensors  # raises if the rows were changed in place since the forward
@@ -811,7 +853,8 @@ class SplitVocabulary(_Bound, nn.Module):
             p["penalty"], p["fusion"] = float(w[0]) / world, float(w[1]) / world
             if w[2] > 0:  # one process must compute the distances: all do
                 norms = None
-        self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused, norms)
+        with self._lock:
+            self._core.fused_step(p["grads"], p["penalty"], p["fusion"], *self._fused, norms)
         self._generation += 1
 
     def fused_optimizer_state(self):
@@ -828,8 +871,9 @@ class SplitVocabulary(_Bound, nn.Module):
     @torch.no_grad()
     def seed_from(self, table: torch.Tensor) -> None:
         """Copy each split row from the shared row it specialises."""
-        self._sync()
-        self._core.seed_from(_real(table, "table"))
+        with self._lock:
+            self._sync()
+            self._core.seed_from(_real(table, "table"))
         self._generation += 1
         self._initialised = True
 

@@ -6,7 +6,7 @@
 
 use ndarray::{ArrayD, ArrayViewD};
 use numpy::{Element, PyArrayDyn, PyReadonlyArrayDyn};
-use pyo3::exceptions::{PyFloatingPointError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyFloatingPointError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 use splitgrad::layers::{NamedGrad, Workspace};
@@ -22,8 +22,38 @@ pub fn py_err(e: Error) -> PyErr {
     match e.kind() {
         ErrorKind::Io(_) => PyOSError::new_err(msg),
         ErrorKind::Diverged { .. } => PyFloatingPointError::new_err(msg),
+        // A size no machine holds (it overflows the address space) is a
+        // bad argument; one beyond this machine's memory is a MemoryError.
+        ErrorKind::TooLarge { bytes, .. } if *bytes > isize::MAX as u64 => {
+            PyValueError::new_err(msg)
+        }
+        ErrorKind::TooLarge { .. } => PyMemoryError::new_err(msg),
         _ => PyValueError::new_err(msg),
     }
+}
+
+/// Refuses, before it is made, an allocation of `bytes` (`u64::MAX`: one
+/// that overflows) beyond the memory available (`MemoryError`) or beyond
+/// any address space (`ValueError`), naming `what` and its size.
+pub fn check_alloc(what: impl FnOnce() -> String, bytes: u64) -> PyResult<()> {
+    splitgrad::io::check_memory(what, bytes, "").map_err(py_err)
+}
+
+/// The bytes of `n` elements of `elem` bytes each (`u64::MAX` on overflow).
+pub fn bytes_for(n: &[usize], elem: usize) -> u64 {
+    let mut f: Vec<u64> = n.iter().map(|&x| x as u64).collect();
+    f.push(elem as u64);
+    splitgrad::io::bytes_of(&f)
+}
+
+/// An owned copy of a view. ndarray's `to_owned` asserts on an empty view
+/// with the strides numpy gives some empty arrays; an empty array needs no
+/// copy of anything.
+pub fn owned<T: Clone>(v: ArrayViewD<'_, T>) -> ArrayD<T> {
+    if v.is_empty() {
+        return ArrayD::from_shape_vec(v.raw_dim(), Vec::new()).expect("an empty shape");
+    }
+    v.to_owned()
 }
 
 /// `Result<T, Error>` → `PyResult<T>`.
@@ -87,12 +117,20 @@ fn dtype_name(arr: &Bound<'_, PyAny>) -> PyResult<String> {
 /// shape, as an owned `i64` array. Anything that is not an integer array
 /// (floats, booleans, strings) is a `ValueError` naming `what`.
 pub fn ids_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayD<i64>> {
+    let ids_bytes = |n: usize, copies: usize| {
+        check_alloc(
+            || format!("array `{what}` ({n} ids) read as int64"),
+            bytes_for(&[n, copies], 8),
+        )
+    };
     if let Ok(a) = obj.extract::<PyReadonlyArrayDyn<'_, i64>>() {
-        return Ok(a.as_array().to_owned());
+        ids_bytes(a.as_array().len(), 1)?;
+        return Ok(owned(a.as_array()));
     }
     let arr = numpy_array(obj)?;
     let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
     let size: usize = arr.getattr("size")?.extract()?;
+    ids_bytes(size, 2)?; // numpy's int64 copy, then ours
     if kind != "i" && kind != "u" && size > 0 {
         return Err(PyValueError::new_err(format!(
             "array `{what}`: has dtype {}, expected an integer dtype (int8 … int64, uint8 … uint64)",
@@ -112,7 +150,7 @@ pub fn ids_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayD<i64>> {
     }
     let a = arr.call_method1("astype", ("int64",))?;
     let a = a.extract::<PyReadonlyArrayDyn<'_, i64>>()?;
-    Ok(a.as_array().to_owned())
+    Ok(owned(a.as_array()))
 }
 
 /// A real array of exactly the layer's dtype, borrowed (zero-copy). A
@@ -308,33 +346,25 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
         let arr = np.call_method1("asarray", (&value,))?;
         let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
         let data = match dtype.as_str() {
-            "float32" => TensorData::F32(
-                arr.extract::<PyReadonlyArrayDyn<'_, f32>>()?
-                    .as_array()
-                    .to_owned(),
-            ),
-            "float64" => TensorData::F64(
-                arr.extract::<PyReadonlyArrayDyn<'_, f64>>()?
-                    .as_array()
-                    .to_owned(),
-            ),
-            "uint64" => TensorData::U64(
-                arr.extract::<PyReadonlyArrayDyn<'_, u64>>()?
-                    .as_array()
-                    .to_owned(),
-            ),
-            _ if name.ends_with(".step") => TensorData::U64(
+            "float32" => TensorData::F32(owned(
+                arr.extract::<PyReadonlyArrayDyn<'_, f32>>()?.as_array(),
+            )),
+            "float64" => TensorData::F64(owned(
+                arr.extract::<PyReadonlyArrayDyn<'_, f64>>()?.as_array(),
+            )),
+            "uint64" => TensorData::U64(owned(
+                arr.extract::<PyReadonlyArrayDyn<'_, u64>>()?.as_array(),
+            )),
+            _ if name.ends_with(".step") => TensorData::U64(owned(
                 arr.call_method1("astype", ("uint64",))?
                     .extract::<PyReadonlyArrayDyn<'_, u64>>()?
-                    .as_array()
-                    .to_owned(),
-            ),
-            d if d.starts_with("int") || d.starts_with("uint") => TensorData::I64(
+                    .as_array(),
+            )),
+            d if d.starts_with("int") || d.starts_with("uint") => TensorData::I64(owned(
                 arr.call_method1("astype", ("int64",))?
                     .extract::<PyReadonlyArrayDyn<'_, i64>>()?
-                    .as_array()
-                    .to_owned(),
-            ),
+                    .as_array(),
+            )),
             other => {
                 return Err(py_err(
                     Error::new(ErrorKind::Dtype {

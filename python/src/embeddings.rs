@@ -10,7 +10,7 @@ use splitgrad::state::Module;
 
 use crate::convert::{OrRaise, PyReal, check_shape, ids_arg, real_arg, to_numpy_pooled};
 use crate::gradients::{PyGradients, gradients_of};
-use crate::layer::{layer_class, split_layer_methods};
+use crate::layer::{check_output, layer_class, split_layer_methods};
 
 layer_class!(
     /// `SplitTokenEmbeddings(split_vocab_size, split_order, hidden_size, dtype="float32")`.
@@ -31,6 +31,7 @@ fn forward<'py, T: PyReal>(
     ids: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let ids = ids_arg(ids, "input_ids")?;
+    check_output::<T>("the output of forward", &[ids.len(), layer.hidden_size()])?;
     let (out, _) = py.detach(|| layer.forward_saved(ws, &ids)).or_raise()?;
     Ok(to_numpy_pooled(py, out, ws)?.into_any())
 }
@@ -45,6 +46,7 @@ fn backward<T: PyReal>(
     through_tape: bool,
 ) -> PyResult<Vec<NamedGrad<T>>> {
     let ids = ids_arg(ids, "input_ids")?;
+    check_output::<T>("the tables' gradients", &[ids.len(), layer.hidden_size()])?;
     if !through_tape {
         let saved = layer.route(&ids).or_raise()?;
         let g = real_arg::<T>(grad, "grad_output")?;

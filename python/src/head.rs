@@ -51,7 +51,7 @@ fn forward<T: PyReal>(
 ) -> PyResult<(ArrayD<T>, HeadSaved<T>)> {
     let labels = ids_arg(labels, "labels")?;
     let h = real_arg::<T>(hidden, "hidden")?;
-    let hv = std_layout(h.as_array());
+    let hv = std_layout(h.as_array(), "hidden")?;
     py.detach(|| layer.forward_saved(hv.view(), &labels))
         .or_raise()
 }
@@ -68,7 +68,7 @@ fn backward<T: PyReal>(
     let labels = ids_arg(labels, "labels")?;
     let h = real_arg::<T>(hidden, "hidden")?;
     let g = real_arg::<T>(grad, "grad_loss")?;
-    let hv = std_layout(h.as_array());
+    let hv = std_layout(h.as_array(), "hidden")?;
     let gv = g.as_array();
     let saved = match saved {
         Some(s) => Some(s.inner.get::<HeadSaved<T>>().ok_or_else(|| {
@@ -102,7 +102,7 @@ fn summed<T: PyReal>(
 ) -> PyResult<(T, LayerGrads<T>)> {
     let labels = ids_arg(labels, "labels")?;
     let h = real_arg::<T>(hidden, "hidden")?;
-    let hv = std_layout(h.as_array());
+    let hv = std_layout(h.as_array(), "hidden")?;
     let (want_hidden, want_weights) = (want == Some(true), want.is_some());
     py.detach(|| layer.forward_sum_saved(ws, hv.view(), &labels, want_hidden, want_weights))
         .or_raise()

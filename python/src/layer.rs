@@ -178,13 +178,35 @@ pub fn set_trainable<T: PyReal>(module: &mut dyn Module<T>, name: &str, on: bool
     Ok(())
 }
 
-/// A standard-layout view (a copy only when the input is strided).
-pub fn std_layout<'a, T: Clone>(a: ArrayViewD<'a, T>) -> ndarray::CowArray<'a, T, ndarray::IxDyn> {
+/// A standard-layout view (a copy only when the input is strided, checked
+/// against the memory available first: a broadcast view may stand for far
+/// more elements than it holds).
+pub fn std_layout<'a, T: Clone>(
+    a: ArrayViewD<'a, T>,
+    what: &str,
+) -> PyResult<ndarray::CowArray<'a, T, ndarray::IxDyn>> {
     if a.is_standard_layout() {
-        ndarray::CowArray::from(a)
-    } else {
-        ndarray::CowArray::from(a.as_standard_layout().into_owned())
+        return Ok(ndarray::CowArray::from(a));
     }
+    crate::convert::check_alloc(
+        || {
+            format!(
+                "a contiguous copy of array `{what}` (shape {:?})",
+                a.shape()
+            )
+        },
+        crate::convert::bytes_for(a.shape(), std::mem::size_of::<T>()),
+    )?;
+    Ok(ndarray::CowArray::from(a.as_standard_layout().into_owned()))
+}
+
+/// Refuses an output (or gradient) of `dims` elements of `T` that would
+/// not fit in the memory available, before a kernel allocates it.
+pub fn check_output<T>(what: &str, dims: &[usize]) -> PyResult<()> {
+    crate::convert::check_alloc(
+        || format!("{what} (shape {dims:?}, {})", std::any::type_name::<T>()),
+        crate::convert::bytes_for(dims, std::mem::size_of::<T>()),
+    )
 }
 
 /// A layer class `$py` (Python name `$name`) over the crate's `$layer`:

@@ -18,7 +18,9 @@ use crate::convert::{
     Dtype, OrRaise, PyReal, dtype_of, ids_arg, py_err, real_arg, to_numpy, to_numpy_pooled,
 };
 use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
-use crate::layer::{ByDtype, dtype_arg, layer_class, positive, size_getters, std_layout};
+use crate::layer::{
+    ByDtype, check_output, dtype_arg, layer_class, positive, size_getters, std_layout,
+};
 use crate::optim::PyOptimizer;
 
 layer_class!(
@@ -103,7 +105,8 @@ fn forward<'py, T: PyReal>(
     let tokens = ids_arg(args[0], "token_ids")?;
     let langs = ids_arg(args[1], "language_ids")?;
     let shared = real_arg::<T>(args[2], "shared")?;
-    let sv_ = std_layout(shared.as_array());
+    let sv_ = std_layout(shared.as_array(), "shared")?;
+    check_output::<T>("the output of forward", sv_.shape())?;
     let out = py.detach(|| sv.forward_saved(ws, &tokens, &langs, sv_.view(), use_gate));
     Ok(to_numpy_pooled(py, out.or_raise()?.0, ws)?.into_any())
 }
@@ -123,7 +126,8 @@ fn backward<T: PyReal>(
     let langs = ids_arg(args[1], "language_ids")?;
     let shared = real_arg::<T>(args[2], "shared")?;
     let g = real_arg::<T>(args[3], "grad_output")?;
-    let s_ = std_layout(shared.as_array());
+    let s_ = std_layout(shared.as_array(), "shared")?;
+    check_output::<T>("the gradient of shared", s_.shape())?;
     let gv = g.as_array();
     let res = py.detach(|| {
         let saved = sv.route(&tokens, &langs, s_.shape())?;

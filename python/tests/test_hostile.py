@@ -22,7 +22,7 @@ NUMPY_CASES = [
      'sg.SplitTokenEmbeddings({"orig": 10**12}, ["orig"], 1024)'),
     ("hidden size of 10^11", "MemoryError", "token_embedding.orig.weight",
      'sg.SplitTokenEmbeddings({"orig": 10}, ["orig"], 10**11)'),
-    ("a size no machine holds", "ValueError", "bytes",
+    ("a size no machine holds", "ValueError", "16.0 EiB",
      'sg.SplitTokenEmbeddings({"orig": 2**62}, ["orig"], 2**20)'),
     ("split sizes that overflow their sum", "ValueError", "",
      'sg.SplitTokenEmbeddings({"a": 2**63 - 1, "b": 2**63 - 1}, ["a", "b"], 1)'),

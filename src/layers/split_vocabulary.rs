@@ -25,13 +25,13 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::param::RowSparse;
 use crate::ops::fusion_penalty::{
     FusionRowGrads, RowGroups, fusion_penalty_backward, fusion_penalty_forward,
 };
 pub use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
 use crate::param::Parameter;
+use crate::param::RowSparse;
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
 

@@ -194,6 +194,20 @@ impl<T: Real> MomentTable<T> {
             if m.exp_avg.shape() != shape {
                 return Err(state_shape_error(param, "exp_avg", m.exp_avg.shape()));
             }
+        } else {
+            // The two moments are allocated here, the first time: checked
+            // against the memory available before they are.
+            let n = param.value().len() as u64;
+            crate::io::check_memory(
+                || {
+                    format!(
+                        "the optimiser's two moments of `{}` ({shape:?})",
+                        param.name()
+                    )
+                },
+                crate::io::bytes_of(&[n, 2, std::mem::size_of::<T>() as u64]),
+                "",
+            )?;
         }
         Ok(self
             .slots

@@ -187,6 +187,16 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
         let shape = param.value().shape().to_vec();
         let (mut b, first) = if c.momentum.is_some() {
             let first = !self.buffers.contains_key(param.name());
+            if first {
+                crate::io::check_memory(
+                    || format!("the momentum buffer of `{}` ({shape:?})", param.name()),
+                    crate::io::bytes_of(&[
+                        param.value().len() as u64,
+                        std::mem::size_of::<T>() as u64,
+                    ]),
+                    "",
+                )?;
+            }
             let b = self
                 .buffers
                 .entry(param.name().to_string())
