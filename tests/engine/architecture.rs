@@ -175,3 +175,32 @@ fn the_check_finds_what_it_looks_for() {
     let text = "// crate::app\nfn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::app;\n}\n";
     assert!(imports(&code(text), &roots).is_empty());
 }
+
+/// The Python binding reaches the crate through the layers' own API: no
+/// file under `python/src` names `splitgrad::ops` or `splitgrad::kernels`.
+#[test]
+fn the_python_binding_uses_the_layers_api_only() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src");
+    if !dir.exists() {
+        // the published crate leaves python/ out
+        eprintln!("no python/src beside this crate: nothing to check");
+        return;
+    }
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    assert!(
+        files.len() >= 5,
+        "only {} files under python/src",
+        files.len()
+    );
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read a binding file");
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("splitgrad::ops") || line.contains("splitgrad::kernels") {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
