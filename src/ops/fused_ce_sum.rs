@@ -427,10 +427,10 @@ impl<T: Real> Summed<'_, '_, T> {
     /// `Σ_n loss_n`, its gradients added into `grads` (zeros).
     fn run(self, mut grads: SumGrads<T>) -> (T, SumGrads<T>) {
         let total = match (self.tile(&mut grads), self.form) {
-            // The active tokens are in token order.
+            // The active tokens, in token order (none: the empty sum, −0).
             (Some((_, loss)), Form::PerToken(_)) => loss.iter().map(|&l| l as f64).sum(),
             (Some((slots, loss)), Form::Grouped(_)) => {
-                // Σ_n in token order.
+                // Σ_n in token order, an ignored token's 0 included.
                 let mut by_token = vec![0f64; self.targets.labels.len()];
                 for (&n, &l) in slots.iter().zip(&loss) {
                     by_token[n] = l as f64;

@@ -13,11 +13,12 @@ use super::layout::{Block, Chunk, Lab, Panel, WPtr};
 use super::{Isa, MARGIN, Stats, Task, run_on};
 use crate::kernels::exp::exp_fma;
 
-/// Depth of the blocks of H in the logits product (16 KiB of a packed
-/// chunk panel, which stays in L1 while the panels of W pass).
+/// Depth of the blocks of H in the logits product (32 KiB of a packed
+/// chunk panel, 512 steps of 16 floats, which stays in L1 while the panels
+/// of W pass).
 const KC_H: usize = 512;
 /// Vocabulary panels whose rows of W stay in L2 while the chunk panels
-/// pass (96 rows: 96 KiB for H = 256 of a block).
+/// pass (96 rows: 192 KiB of a block of 512 of H).
 const PANELS_A: usize = 16;
 
 /// The running state of the 16 chunk rows of one panel.
