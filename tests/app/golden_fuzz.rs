@@ -273,6 +273,39 @@ fn a_program_failing_on_one_kind_of_case_is_run_case_by_case() {
 }
 
 #[test]
+fn a_program_failing_only_on_several_cases_together_is_reported_so() {
+    let Some(py) = python() else { return };
+    let out = scratch("together");
+    let exec = format!(
+        "PY='{py}' SCRIPT={} sh {}",
+        quote(&data("candidate.py")),
+        quote(&data("one_at_a_time.sh"))
+    );
+    let o = fuzz(&[
+        "--layer",
+        "split-embeddings",
+        "--cases",
+        "3",
+        "--exec",
+        &exec,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}\n{}", stderr(&o));
+    assert!(
+        text.starts_with("difference: the program exited with status 4"),
+        "{text}"
+    );
+    assert!(text.contains("one_at_a_time.sh: 3 cases"), "{text}");
+    assert!(text.contains("on none of them alone"), "{text}");
+    // One run on the three, then one on each.
+    let alone = stderr(&o).matches("failed as a whole").count();
+    assert_eq!(alone, 1, "{}", stderr(&o));
+    assert!(!out.join("minimal").exists());
+}
+
+#[test]
 fn a_crashing_program_is_a_difference_with_its_message() {
     let out = scratch("crash");
     let exec = format!("sh {}", quote(&data("crash.sh")));

@@ -189,9 +189,10 @@ pub fn fuzz(args: FuzzArgs) -> CliResult<ExitCode> {
             "fuzz: the program answered {cases} case(s) in {:.1} s: {differing} differ",
             elapsed.as_secs_f64()
         ),
-        Event::BatchFailed { cases, failure } => {
-            eprintln!("fuzz: the program {failure} on {cases} cases; running them one at a time")
-        }
+        Event::BatchFailed { cases, failure } => eprintln!(
+            "fuzz: a run on {cases} cases failed as a whole (the program {failure}); \
+             running them one at a time"
+        ),
         Event::Found {
             name,
             case,

@@ -1746,6 +1746,22 @@ impl Runner<'_> {
         read_answer(&path)
     }
 
+    /// The first of `list` whose answer differs, each case run alone.
+    fn first_alone(
+        &mut self,
+        list: &[Prepared],
+        progress: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Option<Found>> {
+        for (i, p) in list.iter().enumerate() {
+            if let Some((_, d, answer)) =
+                self.first_difference(std::slice::from_ref(p), progress)?
+            {
+                return Ok(Some((i, d, answer)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The first of `list` (in order) whose answer differs, with the
     /// differences and the answer's bytes; the runs hold at most [`BATCH`]
     /// cases, and a run that fails as a whole is repeated case by case.
@@ -1773,16 +1789,7 @@ impl Runner<'_> {
                         cases: chunk.len(),
                         failure: &why,
                     });
-                    let mut found = None;
-                    for (i, p) in chunk.iter().enumerate() {
-                        if let Some((_, d, answer)) =
-                            self.first_difference(std::slice::from_ref(p), progress)?
-                        {
-                            found = Some((i, d, answer));
-                            break;
-                        }
-                    }
-                    found
+                    self.first_alone(chunk, progress)?
                 }
             };
             remove_scratch(&dir);
@@ -1954,7 +1961,7 @@ fn search(
                 cases: config.cases,
                 failure: &why,
             });
-            match runner.first_difference(&generated, progress)? {
+            match runner.first_alone(&generated, progress)? {
                 Some(found) => Some(found),
                 None => {
                     return Ok(FuzzOutcome::BatchOnly {
