@@ -14,6 +14,8 @@ mod cli_train;
 #[cfg(feature = "cli")]
 mod golden;
 #[cfg(feature = "cli")]
+mod golden_fuzz;
+#[cfg(feature = "cli")]
 mod heldout;
 #[cfg(feature = "cli")]
 mod resources;

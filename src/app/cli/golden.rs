@@ -3,6 +3,8 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::app::golden::{self, Layer};
 use crate::io::RealDtype;
@@ -80,4 +82,173 @@ pub fn evaluate(inputs: &Path, out: &Path) -> CliResult<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Options of `splitgrad golden fuzz`.
+#[derive(clap::Args, Debug)]
+pub struct FuzzArgs {
+    /// Layer: split-embeddings, split-vocabulary or lm-head.
+    #[arg(long, value_parser = ["split-embeddings", "split-vocabulary", "lm-head"])]
+    layer: String,
+    /// The program to test, a shell command line: it is run as `CMD INPUTS OUTPUTS`
+    /// and writes OUTPUTS/<layer>/NAME.npz for each case INPUTS/<layer>/NAME.npz.
+    #[arg(long, value_name = "CMD", value_parser = non_empty)]
+    exec: String,
+    /// Number of generated cases, in the first run.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
+    cases: usize,
+    /// Seed (case i is the same as `golden gen`'s case i).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Real dtype of the cases: f64 or f32.
+    #[arg(long, default_value = "f64", value_parser = ["f64", "f32"])]
+    dtype: String,
+    /// The longest one run of the program may take, in seconds; then it is
+    /// stopped and the run is a difference.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = seconds)]
+    timeout: f64,
+    /// Output folder, empty or new: the cases, the answers and, on a
+    /// difference, the minimal case (OUT/minimal/<layer>/minimal.npz).
+    #[arg(long)]
+    out: std::path::PathBuf,
+}
+
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        Err("the command is empty".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t > 0.0 && std::time::Duration::try_from_secs_f64(t).is_ok() => Ok(t),
+        Ok(_) => Err("must be a positive number of seconds".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A flag that SIGINT and SIGTERM set, so that the search stops the
+/// program under test (it runs in its own process group, which a terminal's
+/// Ctrl-C does not reach) before it ends; a second signal exits at once.
+fn stop_on_signal() -> CliResult<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::flag::{register, register_conditional_shutdown};
+    let stop = Arc::new(AtomicBool::new(false));
+    // The exit on a second signal is registered first, so that it sees
+    // the flag the first signal sets.
+    register_conditional_shutdown(SIGINT, 130, Arc::clone(&stop))?;
+    register_conditional_shutdown(SIGTERM, 143, Arc::clone(&stop))?;
+    register(SIGINT, Arc::clone(&stop))?;
+    register(SIGTERM, Arc::clone(&stop))?;
+    Ok(stop)
+}
+
+/// Runs `golden fuzz`: progress on standard error, the outcome on standard
+/// output. Exit status 0 when every case agrees, 1 on a difference, 2 when
+/// the search could not run (after the message `splitgrad: error: …`), 130
+/// when interrupted.
+pub fn fuzz(args: FuzzArgs) -> CliResult<ExitCode> {
+    use crate::app::golden::{Event, FuzzConfig, FuzzOutcome};
+    let config = FuzzConfig {
+        layer: args.layer.parse()?,
+        cases: args.cases,
+        seed: args.seed,
+        dtype: if args.dtype == "f32" {
+            RealDtype::F32
+        } else {
+            RealDtype::F64
+        },
+        timeout: std::time::Duration::from_secs_f64(args.timeout),
+        command: args.exec,
+        out: args.out,
+        stop: Some(stop_on_signal()?),
+    };
+    let mut progress = |event: Event<'_>| match event {
+        Event::Generated { cases, dir } => eprintln!(
+            "fuzz: wrote {cases} {} case(s) ({}, seed {}) to {}; running the program on them",
+            config.layer,
+            config.dtype.name(),
+            config.seed,
+            dir.display()
+        ),
+        Event::Checked {
+            cases,
+            differing,
+            elapsed,
+        } => eprintln!(
+            "fuzz: the program answered {cases} case(s) in {:.1} s: {differing} differ",
+            elapsed.as_secs_f64()
+        ),
+        Event::BatchFailed { cases, failure } => eprintln!(
+            "fuzz: a run on {cases} cases failed as a whole (the program {failure}); \
+             running them one at a time"
+        ),
+        Event::Found {
+            name,
+            case,
+            differences,
+        } => {
+            eprintln!("fuzz: {name} differs: {case}");
+            for d in differences {
+                eprintln!("fuzz:   {d}");
+            }
+            eprintln!("fuzz: shrinking");
+        }
+        Event::Shrunk { step, change, case } => {
+            eprintln!("fuzz: step {step}: {change}: {case}")
+        }
+    };
+    let outcome = match golden::fuzz(&config, &mut progress) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            eprintln!("splitgrad: error: {e}");
+            let interrupted = config
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed));
+            return Ok(ExitCode::from(if interrupted { 130 } else { 2 }));
+        }
+    };
+    match outcome {
+        FuzzOutcome::Agree { cases } => {
+            println!(
+                "no difference: the program agrees with splitgrad on {cases} {} case(s) ({}, seed {}); cases in {}",
+                config.layer,
+                config.dtype.name(),
+                config.seed,
+                config.out.join("cases").display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        FuzzOutcome::Differ(finding) => {
+            for d in &finding.differences {
+                eprintln!("fuzz:   {d}");
+            }
+            eprintln!(
+                "fuzz: replay with: splitgrad golden eval --inputs {} --out REFERENCE",
+                finding.minimal_dir.display()
+            );
+            println!("{}", finding.summary());
+            Ok(ExitCode::FAILURE)
+        }
+        FuzzOutcome::BatchOnly { cases, failure } => {
+            println!(
+                "difference: the program {failure} on the {cases} {} cases of {} together, \
+                 and on none of them alone",
+                config.layer,
+                config.out.join("cases").display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }

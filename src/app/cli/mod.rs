@@ -89,6 +89,9 @@ enum GoldenCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run another implementation on generated cases, compare its answers
+    /// and shrink a case that differs to a minimal one.
+    Fuzz(golden::FuzzArgs),
 }
 
 /// The most worker threads a command starts.
@@ -175,6 +178,7 @@ pub fn run(cli: Cli) -> CliResult<ExitCode> {
                 dtype,
             } => golden::generate(&layer, cases, seed, &out, &dtype),
             GoldenCommand::Eval { inputs, out } => golden::evaluate(&inputs, &out),
+            GoldenCommand::Fuzz(args) => golden::fuzz(args),
         },
     }
 }

@@ -7,8 +7,9 @@
 //! `DIR/lm-head/NAME.npz`. [`generate`] writes random cases holding the
 //! inputs followed by the results; [`evaluate_dir`] reads every case under
 //! a folder, whatever wrote it, and writes `OUT/<layer>/NAME.npz` with the
-//! results alone. `docs/golden.md` explains how to test another
-//! implementation with them.
+//! results alone. [`fuzz`] runs another implementation on generated cases,
+//! compares its answers and shrinks a case that differs to a minimal one.
+//! `docs/golden.md` explains how to test another implementation with them.
 //!
 //! # File format
 //!
@@ -79,6 +80,7 @@
 
 mod case;
 mod embeddings;
+mod fuzz;
 mod head;
 mod vocabulary;
 
@@ -92,6 +94,7 @@ use ndarray::{ArrayD, IxDyn};
 use crate::io::{NpyElement, NpzWriter, RealDtype, write_atomic};
 use crate::{Error, ErrorKind, Real, Result, Rng};
 use case::Case;
+pub use fuzz::{Difference, Event, Finding, FuzzConfig, FuzzOutcome, fuzz};
 
 /// At most this many elements in all the arrays of a case that evaluation
 /// reads (2²⁴), and along any one axis.
