@@ -192,9 +192,8 @@ class _Bound:
 
     def __getstate__(self):
         self._sync()
-        state = nn.Module.__getstate__(self) if hasattr(nn.Module, "__getstate__") else self.__dict__
-        state = dict(state)
-        state["_fused"] = self._fused_states() if hasattr(self, "_fused_states") else None
+        state = dict(nn.Module.__getstate__(self))
+        state["_fused"] = self._fused_states()
         state["_coalesced"] = None
         state["_lock"] = None
         state["_group"] = None
@@ -216,10 +215,20 @@ class _Bound:
             p = self._param(owner, attr)
             p.__dict__.pop("_splitgrad_coalesced_watchers", None)
             self._rebind(p, name)
-        self._fused = self._new_fused() if hasattr(self, "_new_fused") else None
+        self._fused = self._new_fused()
         if fused is not None:
             self._load_fused_states(fused)
         self._sync()
+
+    # A layer with a fused optimiser overrides these three; the head has none.
+    def _new_fused(self):
+        return None
+
+    def _fused_states(self):
+        return None
+
+    def _load_fused_states(self, states):
+        raise AssertionError("no fused optimiser to load")
 
     def _rebind(self, p: torch.Tensor, name: str):
         buf = torch.from_numpy(self._core.parameter(name))
