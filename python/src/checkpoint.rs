@@ -14,7 +14,7 @@ use splitgrad::optim::Optimizer;
 use splitgrad::state::{Module, StateDict, TensorRef};
 
 use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
-use crate::layer::{LayerRef, dtype_arg, layers_of, typed};
+use crate::layer::{ByDtype, LayerRef, dtype_arg, layers_of, lock_layers, typed};
 use crate::optim::{Boxed, PyOptimizer};
 
 fn metadata_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
@@ -40,7 +40,7 @@ pub fn save_checkpoint(
     metadata: Option<&Bound<'_, PyAny>>,
     extra: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let mut mods = layers_of(modules)?;
+    let objs = layers_of(modules)?;
     let meta = metadata_of(metadata)?;
     let extra_sd = match extra {
         Some(e) => state_from_py(e)?,
@@ -50,12 +50,16 @@ pub fn save_checkpoint(
         .iter()
         .map(|(n, t)| (n.to_string(), t.view()))
         .collect();
-    let dt = match (&optimizer, mods.first()) {
+    let dt = match (&optimizer, objs.first()) {
         (Some(o), _) => o.dtype(),
         (None, Some(m)) => m.dtype(),
         (None, None) => Dtype::F32,
     };
-    let opt = optimizer.as_deref();
+    // The optimiser first, then the layers (`crate::sync`).
+    let py = modules.py();
+    let opt = optimizer.as_ref().map(|o| o.write(py)).transpose()?;
+    let opt = opt.as_deref();
+    let mut mods = lock_layers(py, &objs)?;
     match dt {
         Dtype::F32 => save_typed::<f32>(&path, &mut mods, dt, opt, &extra_refs, &meta),
         Dtype::F64 => save_typed::<f64>(&path, &mut mods, dt, opt, &extra_refs, &meta),
@@ -67,14 +71,14 @@ fn save_typed<T: PyReal>(
     path: &Path,
     layers: &mut [LayerRef<'_>],
     dt: Dtype,
-    optimizer: Option<&PyOptimizer>,
+    optimizer: Option<&ByDtype<Boxed<f32>, Boxed<f64>>>,
     extra: &[(String, TensorRef<'_>)],
     meta: &BTreeMap<String, String>,
 ) -> PyResult<()> {
     let ms = typed::<T>(layers, dt)?;
     let refs: Vec<&dyn Module<T>> = ms.iter().map(|m| &**m as &dyn Module<T>).collect();
     let opt = optimizer.map(|o| {
-        let b = o.inner.get::<Boxed<T>>().expect("dtype checked");
+        let b = o.get::<Boxed<T>>().expect("dtype checked");
         b.as_ref() as &dyn Optimizer<T>
     });
     save_state(path, &refs, opt, extra, meta).or_raise()
@@ -88,16 +92,18 @@ pub fn load_checkpoint<'py>(
     py: Python<'py>,
     path: PathBuf,
     modules: &Bound<'py, PyAny>,
-    optimizer: Option<PyRefMut<'py, PyOptimizer>>,
+    optimizer: Option<PyRef<'py, PyOptimizer>>,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
-    let mut mods = layers_of(modules)?;
-    let mut optimizer = optimizer;
-    let dt = match (&optimizer, mods.first()) {
+    let objs = layers_of(modules)?;
+    let dt = match (&optimizer, objs.first()) {
         (Some(o), _) => o.dtype(),
         (None, Some(m)) => m.dtype(),
         (None, None) => Dtype::F32,
     };
-    let opt = optimizer.as_deref_mut();
+    // The optimiser first, then the layers (`crate::sync`).
+    let mut opt = optimizer.as_ref().map(|o| o.write(py)).transpose()?;
+    let opt = opt.as_deref_mut();
+    let mut mods = lock_layers(py, &objs)?;
     let (meta, rest) = match dt {
         Dtype::F32 => load_typed::<f32>(&path, &mut mods, dt, opt)?,
         Dtype::F64 => load_typed::<f64>(&path, &mut mods, dt, opt)?,
@@ -187,11 +193,11 @@ fn load_typed<T: PyReal>(
     path: &Path,
     layers: &mut [LayerRef<'_>],
     dt: Dtype,
-    optimizer: Option<&mut PyOptimizer>,
+    optimizer: Option<&mut ByDtype<Boxed<f32>, Boxed<f64>>>,
 ) -> PyResult<(BTreeMap<String, String>, StateDict)> {
     let mut ms = typed::<T>(layers, dt)?;
     let opt = optimizer.map(|o| {
-        let b = o.inner.get_mut::<Boxed<T>>().expect("dtype checked");
+        let b = o.get_mut::<Boxed<T>>().expect("dtype checked");
         b.as_mut() as &mut dyn Optimizer<T>
     });
     load_state(path, &mut ms, opt).or_raise()

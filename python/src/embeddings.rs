@@ -75,7 +75,7 @@ impl PyEmbeddings {
         py: Python<'py>,
         input_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::each!(&self.inner, l => forward(py, l, self.ws.of(), input_ids))
+        crate::each!(&*self.read(py)?, l => forward(py, l, self.ws.of(), input_ids))
     }
 
     /// The tables' gradients of `Σ out ⊙ grad_output`: row-sparse, only the
@@ -87,7 +87,7 @@ impl PyEmbeddings {
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
         let args = [input_ids, grad_output];
-        crate::each!(&self.inner, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, false)?, &self.ws)))
+        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, false)?, &self.ws)))
     }
 
     /// [`backward`] through the crate's tape (forward, `Σ out ⊙ g`,
@@ -98,6 +98,6 @@ impl PyEmbeddings {
         grad_output: &Bound<'_, PyAny>,
     ) -> PyResult<PyGradients> {
         let (py, args) = (input_ids.py(), [input_ids, grad_output]);
-        crate::each!(&self.inner, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, true)?, &self.ws)))
+        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, true)?, &self.ws)))
     }
 }

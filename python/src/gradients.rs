@@ -11,7 +11,7 @@ use splitgrad::layers::{NamedGrad, Workspace};
 use splitgrad::param::{GradSource, ParamGrad, Parameter};
 
 use crate::convert::{Dtype, PyReal, check_shape, ids_arg, real_arg, to_numpy};
-use crate::layer::{ByDtype, LayerRef, Workspaces, layers_of};
+use crate::layer::{ByDtype, LayerRef, Workspaces, layers_of, lock_layers};
 
 /// Gradients of either real type.
 pub type GradsByDtype = ByDtype<Vec<NamedGrad<f32>>, Vec<NamedGrad<f64>>>;
@@ -216,10 +216,11 @@ impl PyGradients {
                 "scale must be finite, got {scale}"
             )));
         }
-        let mut layers = layers_of(layer)?;
-        if layers.len() != 1 {
+        let objs = layers_of(layer)?;
+        if objs.len() != 1 {
             return Err(PyTypeError::new_err("from_parts takes one layer"));
         }
+        let mut layers = lock_layers(layer.py(), &objs)?;
         let m = &mut layers[0];
         match m.dtype() {
             Dtype::F32 => from_parts_typed::<f32>(m, parts, scale),

@@ -133,7 +133,7 @@ impl PyHead {
         hidden: &Bound<'py, PyAny>,
         labels: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::each!(&self.inner, l => Ok(to_numpy(py, forward(py, l, hidden, labels)?.0).into_any()))
+        crate::each!(&*self.read(py)?, l => Ok(to_numpy(py, forward(py, l, hidden, labels)?.0).into_any()))
     }
 
     /// [`forward`] and what `backward` needs of it: `(loss, saved)`; pass
@@ -145,7 +145,7 @@ impl PyHead {
         hidden: &Bound<'py, PyAny>,
         labels: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyAny>, PyHeadSaved)> {
-        crate::each!(&self.inner, l => {
+        crate::each!(&*self.read(py)?, l => {
             let (loss, saved) = forward(py, l, hidden, labels)?;
             let saved = PyHeadSaved {
                 inner: ByDtype::new(saved),
@@ -170,7 +170,7 @@ impl PyHead {
     ) -> PyResult<PyGrads<'py>> {
         let args = [hidden, labels, grad_loss];
         let saved = saved.as_deref();
-        crate::each!(&self.inner, l => {
+        crate::each!(&*self.read(py)?, l => {
             let g = backward(py, l, self.ws.of(), args, saved, hidden_grad)?;
             to_py(py, g, &self.ws)
         })
@@ -183,7 +183,7 @@ impl PyHead {
         hidden: &Bound<'_, PyAny>,
         labels: &Bound<'_, PyAny>,
     ) -> PyResult<f64> {
-        crate::each!(&self.inner, l => {
+        crate::each!(&*self.read(py)?, l => {
             let (loss, _) = summed(py, l, self.ws.of(), hidden, labels, None)?;
             Ok(Real::to_f64(loss))
         })
@@ -199,7 +199,7 @@ impl PyHead {
         labels: &Bound<'py, PyAny>,
         hidden_grad: bool,
     ) -> PyResult<(f64, Option<Bound<'py, PyAny>>, PyGradients)> {
-        crate::each!(&self.inner, l => {
+        crate::each!(&*self.read(py)?, l => {
             let (loss, g) = summed(py, l, self.ws.of(), hidden, labels, Some(hidden_grad))?;
             let (gh, grads) = to_py(py, g, &self.ws)?;
             Ok((Real::to_f64(loss), gh, grads))

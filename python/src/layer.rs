@@ -16,7 +16,9 @@ use numpy::PyArrayDyn;
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
-use splitgrad::layers::Workspace;
+use splitgrad::layers::{
+    SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, Workspace,
+};
 use splitgrad::state::Module;
 
 use crate::convert::{Dtype, PyReal};
@@ -210,31 +212,45 @@ pub fn check_output<T>(what: &str, dims: &[usize]) -> PyResult<()> {
 }
 
 /// A layer class `$py` (Python name `$name`) over the crate's `$layer`:
-/// the struct (the layer of either real type and its workspaces) and the
-/// methods every layer has — dtype, parameters, freezing, state dicts.
+/// the struct (the layer of either real type behind its lock, and its
+/// workspaces) and the methods every layer has — dtype, parameters,
+/// freezing, state dicts.
 macro_rules! layer_class {
     ($(#[$doc:meta])* $py:ident, $name:literal, $layer:ident) => {
         $(#[$doc])*
-        #[pyclass(module = "splitgrad._splitgrad", name = $name)]
+        #[pyclass(module = "splitgrad._splitgrad", name = $name, frozen)]
         pub struct $py {
-            pub inner: $crate::layer::ByDtype<$layer<f32>, $layer<f64>>,
+            /// The layer; forwards and backwards share the read lock,
+            /// what changes it takes the write lock (`crate::sync`).
+            pub(crate) inner: std::sync::RwLock<$crate::layer::ByDtype<$layer<f32>, $layer<f64>>>,
             pub(crate) ws: $crate::layer::Workspaces,
+            /// The layer's real type (never changes).
+            pub(crate) dt: $crate::convert::Dtype,
         }
 
         impl $py {
             fn of(inner: $crate::layer::ByDtype<$layer<f32>, $layer<f64>>) -> Self {
                 $py {
-                    inner,
+                    dt: inner.dtype(),
+                    inner: std::sync::RwLock::new(inner),
                     ws: $crate::layer::Workspaces::default(),
                 }
             }
 
-            /// The layer as a module of its real type.
-            pub(crate) fn modules(&mut self) -> $crate::layer::Modules<'_> {
-                match &mut self.inner {
-                    $crate::layer::ByDtype::F32(l) => $crate::layer::ByDtype::F32(l),
-                    $crate::layer::ByDtype::F64(l) => $crate::layer::ByDtype::F64(l),
-                }
+            /// The layer, shared with other readers.
+            pub(crate) fn read(
+                &self,
+                py: Python<'_>,
+            ) -> PyResult<std::sync::RwLockReadGuard<'_, $crate::layer::ByDtype<$layer<f32>, $layer<f64>>>> {
+                $crate::sync::read(py, &self.inner, $name)
+            }
+
+            /// The layer, alone.
+            pub(crate) fn write(
+                &self,
+                py: Python<'_>,
+            ) -> PyResult<std::sync::RwLockWriteGuard<'_, $crate::layer::ByDtype<$layer<f32>, $layer<f64>>>> {
+                $crate::sync::write(py, &self.inner, $name)
             }
         }
 
@@ -243,26 +259,27 @@ macro_rules! layer_class {
             /// numpy's name of the layer's real type.
             #[getter]
             fn dtype(&self) -> &'static str {
-                self.inner.dtype().name()
+                self.dt.name()
             }
 
             /// The parameters' names, in order.
-            fn parameter_names(&self) -> Vec<String> {
-                $crate::each!(&self.inner, l => l.parameters().iter().map(|p| p.name().to_string()).collect())
+            fn parameter_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+                Ok($crate::each!(&*self.read(py)?, l => l.parameters().iter().map(|p| p.name().to_string()).collect()))
             }
 
             /// A parameter as a writable numpy view of the layer's own
             /// buffer (no copy; the layer lives as long as the view).
             fn parameter<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyAny>> {
                 let any = slf.clone().into_any();
-                let this = slf.borrow();
-                $crate::each!(&this.inner, l => $crate::layer::parameter_view(&any, l, name))
+                let this = slf.get();
+                let inner = this.read(slf.py())?;
+                $crate::each!(&*inner, l => $crate::layer::parameter_view(&any, l, name))
             }
 
             /// `[(name, view)]` for every parameter, in order.
             fn named_parameters<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
                 let py = slf.py();
-                let names = slf.borrow().parameter_names();
+                let names = slf.get().parameter_names(py)?;
                 let out = pyo3::types::PyList::empty(py);
                 for n in names {
                     let v = Self::parameter(slf.clone(), &n)?;
@@ -272,30 +289,38 @@ macro_rules! layer_class {
             }
 
             /// Whether a parameter is trained (receives gradients).
-            fn is_trainable(&self, name: &str) -> PyResult<bool> {
-                $crate::each!(&self.inner, l => l.parameters().into_iter().find(|p| p.name() == name)
+            fn is_trainable(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+                $crate::each!(&*self.read(py)?, l => l.parameters().into_iter().find(|p| p.name() == name)
                     .map(|p| p.is_trainable())
                     .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no parameter named `{name}`"))))
             }
 
             /// Freezes (`False`) or unfreezes a parameter by its name.
-            fn set_parameter_trainable(&mut self, name: &str, trainable: bool) -> PyResult<()> {
-                $crate::each!(&mut self.inner, l => $crate::layer::set_trainable(l, name, trainable))
+            fn set_parameter_trainable(&self, py: Python<'_>, name: &str, trainable: bool) -> PyResult<()> {
+                $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_trainable(l, name, trainable))
             }
 
             /// Every parameter and buffer by name, copied.
             fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-                let sd = $crate::each!(&self.inner, l => l.state_dict());
+                let sd = $crate::each!(&*self.read(py)?, l => l.state_dict());
                 $crate::convert::state_to_py(py, sd)
             }
 
             /// Loads every parameter by name, in place, after checking every
             /// tensor (dtype, shape, finiteness; a split vocabulary's index);
             /// on an error nothing is changed. Names of other modules are
-            /// ignored.
-            fn load_state_dict(&mut self, state: &Bound<'_, PyAny>) -> PyResult<()> {
+            /// ignored. A whole load also clears the poison a panic left.
+            fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
                 let sd = $crate::convert::state_from_py(state)?;
-                $crate::each!(&mut self.inner, l => l.load_state_dict(&sd).or_raise())
+                let (mut inner, was_poisoned) = match $crate::sync::write_any(py, &self.inner) {
+                    Ok(g) => (g, false),
+                    Err(g) => (g, true),
+                };
+                $crate::each!(&mut *inner, l => l.load_state_dict(&sd).or_raise())?;
+                if was_poisoned {
+                    self.inner.clear_poison();
+                }
+                Ok(())
             }
         }
     };
@@ -310,8 +335,8 @@ macro_rules! size_getters {
         impl $py {
             $(
                 #[getter]
-                fn $name(&self) -> usize {
-                    $crate::each!(&self.inner, l => l.$name())
+                fn $name(&self, py: Python<'_>) -> PyResult<usize> {
+                    Ok($crate::each!(&*self.read(py)?, l => l.$name()))
                 }
             )+
         }
@@ -343,48 +368,121 @@ macro_rules! split_layer_methods {
             }
 
             #[doc = $reset]
-            fn reset_parameters(&mut self, seed: u64) {
-                $crate::each!(&mut self.inner, l => l.reset_parameters(&mut splitgrad::Rng::new(seed)))
+            fn reset_parameters(&self, py: Python<'_>, seed: u64) -> PyResult<()> {
+                let mut inner = self.write(py)?;
+                $crate::each!(&mut *inner, l => py.detach(|| l.reset_parameters(&mut splitgrad::Rng::new(seed))));
+                Ok(())
             }
 
             /// Freezes (`False`) or unfreezes a split.
-            fn set_trainable(&mut self, split: &str, trainable: bool) -> PyResult<()> {
-                $crate::each!(&mut self.inner, l => l.set_trainable(split, trainable).or_raise())
+            fn set_trainable(&self, py: Python<'_>, split: &str, trainable: bool) -> PyResult<()> {
+                $crate::each!(&mut *self.write(py)?, l => l.set_trainable(split, trainable).or_raise())
             }
 
             #[getter]
-            fn split_order(&self) -> Vec<String> {
-                $crate::each!(&self.inner, l => l.splits().split_order().to_vec())
+            fn split_order(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+                Ok($crate::each!(&*self.read(py)?, l => l.splits().split_order().to_vec()))
             }
         }
     };
 }
 pub(crate) use split_layer_methods;
 
-/// A layer borrowed mutably from Python (a numpy-level layer, or a
-/// `splitgrad.torch` module through its `_core`).
-pub enum LayerRef<'py> {
-    Embeddings(PyRefMut<'py, PyEmbeddings>),
-    Head(PyRefMut<'py, PyHead>),
-    Vocabulary(PyRefMut<'py, PyVocabulary>),
+/// A layer given from Python (a numpy-level layer, or a `splitgrad.torch`
+/// module through its `_core`), not yet locked.
+pub enum LayerObj<'py> {
+    Embeddings(Bound<'py, PyEmbeddings>),
+    Head(Bound<'py, PyHead>),
+    Vocabulary(Bound<'py, PyVocabulary>),
 }
 
-impl LayerRef<'_> {
+impl LayerObj<'_> {
+    fn as_ptr(&self) -> *mut pyo3::ffi::PyObject {
+        match self {
+            LayerObj::Embeddings(b) => b.as_ptr(),
+            LayerObj::Head(b) => b.as_ptr(),
+            LayerObj::Vocabulary(b) => b.as_ptr(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            LayerObj::Embeddings(_) => "SplitTokenEmbeddings",
+            LayerObj::Head(_) => "SplitLanguageModellingHead",
+            LayerObj::Vocabulary(_) => "SplitVocabulary",
+        }
+    }
+
     /// The layer's real type.
     pub fn dtype(&self) -> Dtype {
         match self {
-            LayerRef::Embeddings(r) => r.inner.dtype(),
-            LayerRef::Head(r) => r.inner.dtype(),
-            LayerRef::Vocabulary(r) => r.inner.dtype(),
+            LayerObj::Embeddings(b) => b.get().dt,
+            LayerObj::Head(b) => b.get().dt,
+            LayerObj::Vocabulary(b) => b.get().dt,
+        }
+    }
+
+    fn lock(&self, py: Python<'_>) -> PyResult<LayerRef<'_>> {
+        Ok(match self {
+            LayerObj::Embeddings(b) => {
+                let l = b.get();
+                LayerRef::new(LayerGuard::Embeddings(l.write(py)?), &l.ws)
+            }
+            LayerObj::Head(b) => {
+                let l = b.get();
+                LayerRef::new(LayerGuard::Head(l.write(py)?), &l.ws)
+            }
+            LayerObj::Vocabulary(b) => {
+                let l = b.get();
+                LayerRef::new(LayerGuard::Vocabulary(l.write(py)?), &l.ws)
+            }
+        })
+    }
+}
+
+type Locked<'a, A, B> = std::sync::RwLockWriteGuard<'a, ByDtype<A, B>>;
+
+/// A layer's write lock.
+pub enum LayerGuard<'a> {
+    Embeddings(Locked<'a, SplitTokenEmbeddings<f32>, SplitTokenEmbeddings<f64>>),
+    Head(Locked<'a, SplitLanguageModellingHead<f32>, SplitLanguageModellingHead<f64>>),
+    Vocabulary(Locked<'a, SplitVocabulary<f32>, SplitVocabulary<f64>>),
+}
+
+/// A layer locked for writing, with its workspaces.
+pub struct LayerRef<'a> {
+    guard: LayerGuard<'a>,
+    ws: &'a Workspaces,
+}
+
+/// A layer of either real type as a module.
+pub fn modules_of<A: Module<f32>, B: Module<f64>>(x: &mut ByDtype<A, B>) -> Modules<'_> {
+    match x {
+        ByDtype::F32(l) => ByDtype::F32(l),
+        ByDtype::F64(l) => ByDtype::F64(l),
+    }
+}
+
+impl<'a> LayerRef<'a> {
+    fn new(guard: LayerGuard<'a>, ws: &'a Workspaces) -> Self {
+        LayerRef { guard, ws }
+    }
+
+    /// The layer's real type.
+    pub fn dtype(&self) -> Dtype {
+        match &self.guard {
+            LayerGuard::Embeddings(r) => r.dtype(),
+            LayerGuard::Head(r) => r.dtype(),
+            LayerGuard::Vocabulary(r) => r.dtype(),
         }
     }
 
     /// The layer as a module of its real type.
     pub fn modules(&mut self) -> Modules<'_> {
-        match self {
-            LayerRef::Embeddings(r) => r.modules(),
-            LayerRef::Head(r) => r.modules(),
-            LayerRef::Vocabulary(r) => r.modules(),
+        match &mut self.guard {
+            LayerGuard::Embeddings(r) => modules_of(&mut **r),
+            LayerGuard::Head(r) => modules_of(&mut **r),
+            LayerGuard::Vocabulary(r) => modules_of(&mut **r),
         }
     }
 
@@ -395,34 +493,31 @@ impl LayerRef<'_> {
 
     /// The layer's workspaces.
     pub fn workspaces(&self) -> Workspaces {
-        match self {
-            LayerRef::Embeddings(r) => r.ws.clone(),
-            LayerRef::Head(r) => r.ws.clone(),
-            LayerRef::Vocabulary(r) => r.ws.clone(),
-        }
+        self.ws.clone()
     }
 }
 
-fn one_layer<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<LayerRef<'py>>> {
+fn one_layer<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<LayerObj<'py>>> {
     let obj = if obj.hasattr("_core")? {
         obj.getattr("_core")?
     } else {
         obj.clone()
     };
-    if let Ok(r) = obj.extract::<PyRefMut<'py, PyEmbeddings>>() {
-        return Ok(Some(LayerRef::Embeddings(r)));
+    if let Ok(r) = obj.extract::<Bound<'py, PyEmbeddings>>() {
+        return Ok(Some(LayerObj::Embeddings(r)));
     }
-    if let Ok(r) = obj.extract::<PyRefMut<'py, PyHead>>() {
-        return Ok(Some(LayerRef::Head(r)));
+    if let Ok(r) = obj.extract::<Bound<'py, PyHead>>() {
+        return Ok(Some(LayerObj::Head(r)));
     }
-    if let Ok(r) = obj.extract::<PyRefMut<'py, PyVocabulary>>() {
-        return Ok(Some(LayerRef::Vocabulary(r)));
+    if let Ok(r) = obj.extract::<Bound<'py, PyVocabulary>>() {
+        return Ok(Some(LayerObj::Vocabulary(r)));
     }
     Ok(None)
 }
 
-/// One layer, or a list or tuple of layers.
-pub fn layers_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<LayerRef<'py>>> {
+/// One layer, or a list or tuple of layers (not yet locked: see
+/// [`lock_layers`]).
+pub fn layers_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<LayerObj<'py>>> {
     if let Some(m) = one_layer(obj)? {
         return Ok(vec![m]);
     }
@@ -435,6 +530,33 @@ pub fn layers_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<LayerRef<'py>>> {
         }
     }
     Ok(out)
+}
+
+/// The write locks of `layers`, taken in the order of their addresses
+/// (one order for every call, so two calls never wait for each other's
+/// locks), returned in the order given. A layer given twice is an error
+/// (it would wait for itself).
+pub fn lock_layers<'a>(py: Python<'_>, layers: &'a [LayerObj<'_>]) -> PyResult<Vec<LayerRef<'a>>> {
+    let mut order: Vec<usize> = (0..layers.len()).collect();
+    order.sort_by_key(|&i| layers[i].as_ptr() as usize);
+    for w in order.windows(2) {
+        if layers[w[0]].as_ptr() == layers[w[1]].as_ptr() {
+            return Err(PyValueError::new_err(format!(
+                "the same {} is given twice (at positions {} and {})",
+                layers[w[0]].name(),
+                w[0].min(w[1]),
+                w[0].max(w[1])
+            )));
+        }
+    }
+    let mut slots: Vec<Option<LayerRef<'a>>> = (0..layers.len()).map(|_| None).collect();
+    for i in order {
+        slots[i] = Some(layers[i].lock(py)?);
+    }
+    Ok(slots
+        .into_iter()
+        .map(|s| s.expect("every layer locked"))
+        .collect())
 }
 
 fn not_a_layer(obj: &Bound<'_, PyAny>) -> PyErr {

@@ -1,6 +1,10 @@
 //! splitgrad for Python: the three layers, their optimisers, checkpoints
 //! and golden vectors over numpy arrays (module `splitgrad._splitgrad`;
 //! the package `splitgrad` re-exports it and adds `splitgrad.torch`).
+//!
+//! Every class may be shared between Python threads: the layers and
+//! optimisers keep their state behind a read-write lock (forwards and
+//! backwards share it, what changes the state runs alone; see `sync`).
 
 mod checkpoint;
 mod convert;
@@ -9,6 +13,7 @@ mod gradients;
 mod head;
 mod layer;
 mod optim;
+mod sync;
 mod vocabulary;
 
 use pyo3::prelude::*;

@@ -1,6 +1,8 @@
 //! `Optimizer`: the crate's optimisers (Adam, LazyAdam, SGD) over the
 //! layers' parameters and gradients.
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
@@ -8,23 +10,43 @@ use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, Sg
 
 use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
 use crate::gradients::{PyGradients, Source};
-use crate::layer::{ByDtype, LayerRef, dtype_arg, layers_of, typed};
+use crate::layer::{ByDtype, LayerRef, dtype_arg, layers_of, lock_layers, typed};
 
 /// An optimiser of either real type, boxed.
 pub type Boxed<T> = Box<dyn Optimizer<T> + Send + Sync>;
 
 /// An optimiser of the crate: `Optimizer.adam(...)`, `.lazy_adam(...)`,
 /// `.sgd(...)` (the package's `Adam`, `LazyAdam`, `SGD`).
-#[pyclass(module = "splitgrad._splitgrad", name = "Optimizer")]
+///
+/// Its state is behind a lock (`crate::sync`): steps and loads take it
+/// alone, reads of the state share it.
+#[pyclass(module = "splitgrad._splitgrad", name = "Optimizer", frozen)]
 pub struct PyOptimizer {
-    pub(crate) inner: ByDtype<Boxed<f32>, Boxed<f64>>,
+    pub(crate) inner: RwLock<ByDtype<Boxed<f32>, Boxed<f64>>>,
     kind: &'static str,
+    dt: Dtype,
 }
+
+/// An optimiser of either real type, locked for writing.
+pub type Locked<'a> = RwLockWriteGuard<'a, ByDtype<Boxed<f32>, Boxed<f64>>>;
 
 impl PyOptimizer {
     /// The optimiser's real type.
     pub(crate) fn dtype(&self) -> Dtype {
-        self.inner.dtype()
+        self.dt
+    }
+
+    /// The optimiser, shared with other readers.
+    pub(crate) fn read(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<RwLockReadGuard<'_, ByDtype<Boxed<f32>, Boxed<f64>>>> {
+        crate::sync::read(py, &self.inner, self.kind)
+    }
+
+    /// The optimiser, alone.
+    pub(crate) fn write(&self, py: Python<'_>) -> PyResult<Locked<'_>> {
+        crate::sync::write(py, &self.inner, self.kind)
     }
 
     fn make<
@@ -40,7 +62,11 @@ impl PyOptimizer {
             Dtype::F32 => ByDtype::F32(Box::new(f32().or_raise()?) as Boxed<f32>),
             Dtype::F64 => ByDtype::F64(Box::new(f64().or_raise()?) as Boxed<f64>),
         };
-        Ok(PyOptimizer { inner, kind })
+        Ok(PyOptimizer {
+            dt: inner.dtype(),
+            inner: RwLock::new(inner),
+            kind,
+        })
     }
 }
 
@@ -187,50 +213,62 @@ impl PyOptimizer {
     }
 
     #[getter]
-    fn get_lr(&self) -> f64 {
-        crate::each!(&self.inner, o => o.learning_rate())
+    fn get_lr(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok(crate::each!(&*self.read(py)?, o => o.learning_rate()))
     }
 
     #[setter]
-    fn set_lr(&mut self, lr: f64) -> PyResult<()> {
-        crate::each!(&mut self.inner, o => o.set_learning_rate(lr).or_raise())
+    fn set_lr(&self, py: Python<'_>, lr: f64) -> PyResult<()> {
+        crate::each!(&mut *self.write(py)?, o => o.set_learning_rate(lr).or_raise())
     }
 
     /// One update of every parameter of `modules` (a layer or a list) that
-    /// has a gradient in `grads` (a Gradients or a list of them).
-    fn step(&mut self, modules: &Bound<'_, PyAny>, grads: &Bound<'_, PyAny>) -> PyResult<()> {
-        let mut layers = layers_of(modules)?;
+    /// has a gradient in `grads` (a Gradients or a list of them). The
+    /// optimiser and every layer are locked for the step (the optimiser
+    /// first): steps of one optimiser, or on one layer, run one at a time.
+    fn step(
+        &self,
+        py: Python<'_>,
+        modules: &Bound<'_, PyAny>,
+        grads: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let objs = layers_of(modules)?;
         let grads = grads_of(grads)?;
         let dt = self.dtype();
-        crate::each!(&mut self.inner, o => step_typed(o.as_mut(), &mut layers, &grads, dt))
+        let mut opt = self.write(py)?;
+        let mut layers = lock_layers(py, &objs)?;
+        crate::each!(&mut *opt, o => step_typed(o.as_mut(), &mut layers, &grads, dt))
     }
 
     /// The state by name (`<param>.exp_avg`, `.exp_avg_sq`, `.step`, …), copied.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let sd = crate::each!(&self.inner, o => o.state_dict());
+        let sd = crate::each!(&*self.read(py)?, o => o.state_dict());
         state_to_py(py, sd)
     }
 
     /// Replaces the state with one from `state_dict`, checked against the
     /// parameters of `modules`; on an error the state is left as it was.
     fn load_state_dict(
-        &mut self,
+        &self,
+        py: Python<'_>,
         state: &Bound<'_, PyAny>,
         modules: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let sd = state_from_py(state)?;
-        let mut layers = layers_of(modules)?;
+        let objs = layers_of(modules)?;
         let dt = self.dtype();
-        crate::each!(&mut self.inner, o => load_typed(o.as_mut(), &sd, &mut layers, dt))
+        let mut opt = self.write(py)?;
+        let mut layers = lock_layers(py, &objs)?;
+        crate::each!(&mut *opt, o => load_typed(o.as_mut(), &sd, &mut layers, dt))
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
             "{}(lr={}, dtype={})",
             self.kind,
-            self.get_lr(),
+            self.get_lr(py)?,
             self.dtype().name()
-        )
+        ))
     }
 }
 

@@ -89,10 +89,14 @@ fn vocab_new<T: PyReal>(
 }
 
 /// `rows[i] = table[token_index[i]]`, in the rows' own buffer.
-fn seed_rows<T: PyReal>(sv: &mut SplitVocabulary<T>, table: &Bound<'_, PyAny>) -> PyResult<()> {
+fn seed_rows<T: PyReal>(
+    py: Python<'_>,
+    sv: &mut SplitVocabulary<T>,
+    table: &Bound<'_, PyAny>,
+) -> PyResult<()> {
     let t = real_arg::<T>(table, "table")?;
     let tv = t.as_array();
-    sv.seed_from(tv.view()).or_raise()
+    py.detach(|| sv.seed_from(tv.view())).or_raise()
 }
 
 fn forward<'py, T: PyReal>(
@@ -257,15 +261,15 @@ impl PyVocabulary {
     }
 
     /// `(language_index, token_index)`, int64.
-    fn index<'py>(&self, py: Python<'py>) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
-        let (l, t) = crate::each!(&self.inner, s => {
+    fn index<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (l, t) = crate::each!(&*self.read(py)?, s => {
             let i = s.index();
             (
                 i.language_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>(),
                 i.token_index.iter().map(|&x| x as i64).collect::<ndarray::Array1<i64>>(),
             )
         });
-        (to_numpy(py, l).into_any(), to_numpy(py, t).into_any())
+        Ok((to_numpy(py, l).into_any(), to_numpy(py, t).into_any()))
     }
 
     /// The row of each (language, token) pair, −1 for none: token_ids and
@@ -282,7 +286,7 @@ impl PyVocabulary {
             t.iter().copied().collect::<Vec<_>>(),
             l.iter().copied().collect::<Vec<_>>(),
         );
-        let rows = crate::each!(&self.inner, s => s.rows_of(&t, &l).or_raise()?);
+        let rows = crate::each!(&*self.read(py)?, s => s.rows_of(&t, &l).or_raise()?);
         let rows: ndarray::Array1<i64> = rows
             .iter()
             .map(|&r| if r == NO_ROW { -1 } else { r as i64 })
@@ -291,33 +295,35 @@ impl PyVocabulary {
     }
 
     /// `rows[i] = table[token_index[i]]`; table (V, D) of the layer's dtype.
-    fn seed_from(&mut self, table: &Bound<'_, PyAny>) -> PyResult<()> {
-        crate::each!(&mut self.inner, s => seed_rows(s, table))
+    fn seed_from(&self, py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<()> {
+        crate::each!(&mut *self.write(py)?, s => seed_rows(py, s, table))
     }
 
     /// σ(gate_logit), (n_rows).
-    fn gate<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
-        crate::each!(&self.inner, s => to_numpy(py, s.gate()).into_any())
+    fn gate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(crate::each!(&*self.read(py)?, s => to_numpy(py, s.gate()).into_any()))
     }
 
     /// mean(σ(gate_logit)).
-    fn penalty(&self) -> f64 {
-        crate::each!(&self.inner, s => splitgrad::Real::to_f64(s.penalty()))
+    fn penalty(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok(crate::each!(&*self.read(py)?, s => splitgrad::Real::to_f64(s.penalty())))
     }
 
     /// `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂`.
-    fn fusion_penalty(&self, py: Python<'_>) -> f64 {
-        crate::each!(&self.inner, s => py.detach(|| splitgrad::Real::to_f64(s.fusion_penalty())))
+    fn fusion_penalty(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok(
+            crate::each!(&*self.read(py)?, s => py.detach(|| splitgrad::Real::to_f64(s.fusion_penalty()))),
+        )
     }
 
     /// `(fusion_penalty, norms)`: the value and each row's distance from
     /// its token's centroid, (n_rows), which `penalty_backward` and
     /// `fused_step` take as `fusion_norms` to skip the forward pass.
-    fn fusion_penalty_norms<'py>(&self, py: Python<'py>) -> (f64, Bound<'py, PyAny>) {
-        crate::each!(&self.inner, s => {
+    fn fusion_penalty_norms<'py>(&self, py: Python<'py>) -> PyResult<(f64, Bound<'py, PyAny>)> {
+        Ok(crate::each!(&*self.read(py)?, s => {
             let (v, n) = py.detach(|| s.fusion_penalty_norms());
             (splitgrad::Real::to_f64(v), to_numpy(py, n).into_any())
-        })
+        }))
     }
 
     /// token_ids (…), language_ids (…), shared (…, D) → (…, D).
@@ -331,7 +337,7 @@ impl PyVocabulary {
         use_gate: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let args = [token_ids, language_ids, shared];
-        crate::each!(&self.inner, s => forward(py, s, self.ws.of(), args, use_gate))
+        crate::each!(&*self.read(py)?, s => forward(py, s, self.ws.of(), args, use_gate))
     }
 
     /// The gradients of `Σ out ⊙ grad_output`: `(grad_shared, Gradients)`
@@ -349,7 +355,7 @@ impl PyVocabulary {
         shared_grad: bool,
     ) -> PyResult<(Option<Bound<'py, PyAny>>, PyGradients)> {
         let args = [token_ids, language_ids, shared, grad_output];
-        crate::each!(&self.inner, s => {
+        crate::each!(&*self.read(py)?, s => {
             let (g, e) = backward(py, s, self.ws.of(), args, use_gate, shared_grad)?;
             let g = g.map(|a| to_numpy_pooled(py, a, self.ws.of()).map(|x| x.into_any()));
             Ok((g.transpose()?, gradients_of(e, &self.ws)))
@@ -369,7 +375,7 @@ impl PyVocabulary {
         fusion_weight: f64,
         fusion_norms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyGradients> {
-        Ok(crate::each!(&self.inner, s => gradients_of(
+        Ok(crate::each!(&*self.read(py)?, s => gradients_of(
             penalty_backward(
                 py,
                 s,
@@ -390,19 +396,34 @@ impl PyVocabulary {
     #[pyo3(signature = (grads, penalty_weight, fusion_weight, rows_optimizer, gate_optimizer, fusion_norms = None))]
     #[allow(clippy::too_many_arguments)]
     fn fused_step(
-        &mut self,
+        &self,
         py: Python<'_>,
         grads: Vec<PyRef<'_, PyGradients>>,
         penalty_weight: f64,
         fusion_weight: f64,
-        mut rows_optimizer: PyRefMut<'_, PyOptimizer>,
-        mut gate_optimizer: PyRefMut<'_, PyOptimizer>,
+        rows_optimizer: &Bound<'_, PyOptimizer>,
+        gate_optimizer: &Bound<'_, PyOptimizer>,
         fusion_norms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let w = (penalty_weight, fusion_weight, fusion_norms);
-        let PyVocabulary { inner, ws } = self;
-        let (ro, go) = (&mut rows_optimizer.inner, &mut gate_optimizer.inner);
-        match (inner, ro, go) {
+        if rows_optimizer.is(gate_optimizer) {
+            return Err(PyValueError::new_err(
+                "fused_step: rows_optimizer and gate_optimizer are one optimiser; \
+                 pass two (each keeps the state of its own parameters)",
+            ));
+        }
+        // The optimisers first, by address, then the layer (`crate::sync`).
+        let (ro, go) = (rows_optimizer.get(), gate_optimizer.get());
+        let (mut r, mut g) = if rows_optimizer.as_ptr() < gate_optimizer.as_ptr() {
+            let r = ro.write(py)?;
+            (r, go.write(py)?)
+        } else {
+            let g = go.write(py)?;
+            (ro.write(py)?, g)
+        };
+        let mut inner = self.write(py)?;
+        let ws = &self.ws;
+        match (&mut *inner, &mut *r, &mut *g) {
             (ByDtype::F32(sv), ByDtype::F32(r), ByDtype::F32(g)) => {
                 fused_step(py, sv, ws.of(), &grads, w, r.as_mut(), g.as_mut())
             }

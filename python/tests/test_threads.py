@@ -110,6 +110,112 @@ def test_numpy_optimiser_steps_from_threads_are_whole():
     assert np.array_equal(emb.parameter("token_embedding.orig.weight"), ref.parameter("token_embedding.orig.weight"))
 
 
+def test_numpy_state_changes_from_threads_beside_forwards_equal_serial_calls():
+    # two threads run forward and backward while the others load the same
+    # state, re-seed the same rows and set trainable flags that are already
+    # set: every forward and backward must equal the serial one, and no call
+    # may fail for the object being in use
+    rng = np.random.default_rng(5)
+    emb = sg.SplitTokenEmbeddings({"orig": 40, "prompt": 8}, ["orig", "prompt"], 12)
+    emb.reset_parameters(2)
+    voc = sg.SplitVocabulary(np.array([0, 1, 1, 2, 0]), np.array([3, 3, 9, 40, 47]), 48, 12, 3, 0.2)
+    table = rng.standard_normal((48, 12)).astype(np.float32)
+    voc.seed_from(table)
+    emb_state, voc_state = emb.state_dict(), voc.state_dict()
+    ids = rng.integers(0, 48, size=(6, 10))
+    langs = rng.integers(0, 3, size=ids.shape)
+    g = rng.standard_normal((6, 10, 12)).astype(np.float32)
+
+    def reads():
+        e = emb.forward(ids)
+        eg = _grads(emb.backward(ids, g))
+        v = voc.forward(ids, langs, e)
+        gs, vg = voc.backward(ids, langs, e, g)
+        return [e, eg, v, gs, _grads(vg), voc.fusion_penalty(), voc.penalty()]
+
+    serial = reads()
+
+    def work(k):
+        got = []
+        for _ in range(ROUNDS * 3):
+            if k < 2:
+                got.append(reads())
+            elif k == 2:
+                emb.load_state_dict(emb_state)
+                voc.load_state_dict(voc_state)
+                emb.set_trainable("prompt", True)
+            else:
+                voc.seed_from(table)
+                voc.set_parameter_trainable("split_vocabulary.gate_logit", True)
+                emb.set_parameter_trainable("token_embedding.orig.weight", True)
+                assert emb.is_trainable("token_embedding.orig.weight")
+        return got
+
+    for rounds in run_threads(work)[:2]:
+        assert len(rounds) == ROUNDS * 3
+        for got in rounds:
+            for a, b in zip(serial, got):
+                if isinstance(a, dict):
+                    _same(a, b)
+                else:
+                    assert np.array_equal(a, b)
+
+
+def test_numpy_fused_steps_and_optimiser_loads_from_threads_are_whole():
+    # fused steps of one vocabulary from the same gradients (the penalties'
+    # read the rows as they are), beside forwards, state reads and loads of
+    # the optimisers' own state: whole steps, one at a time, end in the
+    # bits of as many serial steps; a torn one does not
+    def make():
+        v = sg.SplitVocabulary(np.array([0, 1, 1, 2, 0, 2]), np.array([3, 3, 9, 20, 5, 5]), 24, 8, 3, 0.1)
+        v.seed_from(np.random.default_rng(6).standard_normal((24, 8)).astype(np.float32))
+        return v, sg.SGD(lr=0.05, momentum=0.5), sg.Adam(lr=0.01)
+
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 24, size=40)
+    langs = rng.integers(0, 3, size=40)
+    shared = rng.standard_normal((40, 8)).astype(np.float32)
+    up = rng.standard_normal((40, 8)).astype(np.float32)
+    ref, ref_r, ref_g = make()
+    _, grads = ref.backward(ids, langs, shared, up)
+    for _ in range(2 * ROUNDS):
+        ref.fused_step([grads], 0.3, 0.2, ref_r, ref_g)
+    voc, r, g = make()
+
+    def work(k):
+        for _ in range(ROUNDS):
+            if k < 2:
+                voc.fused_step([grads], 0.3, 0.2, r, g)
+            elif k == 2:
+                voc.forward(ids, langs, shared)
+                voc.backward(ids, langs, shared, up)
+                voc.state_dict()
+            else:
+                r.state_dict()
+                r.lr = 0.05
+                g.lr = 0.01
+                voc.fusion_penalty_norms()
+
+    run_threads(work)
+    for name in ("split_vocabulary.rows", "split_vocabulary.gate_logit"):
+        assert np.array_equal(voc.parameter(name), ref.parameter(name)), name
+    for a, b in ((r, ref_r), (g, ref_g)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sorted(sa) == sorted(sb)
+        for k in sa:
+            assert np.array_equal(sa[k], sb[k]), k
+
+
+def test_one_optimiser_for_rows_and_gates_is_refused_not_a_deadlock():
+    voc = sg.SplitVocabulary(np.array([0]), np.array([1]), 4, 2, 1)
+    opt = sg.SGD(lr=0.1)
+    _, grads = voc.backward(np.array([1]), np.array([0]), np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32))
+    with pytest.raises(ValueError, match="one optimiser"):
+        voc.fused_step([grads], 0.0, 0.0, opt, opt)
+    with pytest.raises(ValueError, match="given twice"):
+        opt.step([voc, voc], grads)
+
+
 torch = pytest.importorskip("torch", reason="torch is not installed: the drop-ins' thread tests need it")
 from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings  # noqa: E402
 
