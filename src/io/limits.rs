@@ -85,24 +85,112 @@ fn cgroup_left() -> Option<u64> {
     Some(max.saturating_sub(current))
 }
 
-/// The memory this process can still plan to use, in bytes (see the module
-/// docs); `u64::MAX` where nothing is known.
-pub fn memory_available() -> u64 {
+/// The least of the system's, the cgroup's and the address space's
+/// figures, read now; `None` where none can be read.
+fn read_system_limits() -> Option<u64> {
     let system = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| proc_field(&m, "MemAvailable:"));
-    let user = std::env::var(MEMORY_LIMIT_VAR)
+    [system, cgroup_left(), address_space_left()]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// `SPLITGRAD_MEMORY_LIMIT`, read on every call (an environment lookup,
+/// not a file): a change of it counts at once.
+fn user_limit() -> Option<u64> {
+    std::env::var(MEMORY_LIMIT_VAR)
         .ok()
-        .and_then(|v| parse_bytes(&v));
-    [system, cgroup_left(), address_space_left(), user]
+        .and_then(|v| parse_bytes(&v))
+}
+
+/// The figure [`memory_available`] gives from the system's limits and the
+/// user's cap.
+fn plan_limit(system: Option<u64>, user: Option<u64>) -> u64 {
+    [system, user]
         .into_iter()
         .flatten()
         .min()
         .map_or(u64::MAX, |m| m.saturating_sub(HEADROOM))
 }
 
+/// How long a reading of the `/proc` and cgroup files answers small
+/// requests. Reading them takes tens of microseconds (five files), which a
+/// small forward pass would otherwise pay several times per call.
+const REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The last reading of the system's limits, and what has been granted from
+/// it since.
+///
+/// A reading answers a request without a new one only while it is younger
+/// than [`REFRESH`], only for a request of at most 1/8 of the figure read,
+/// and only while everything it granted (which the process may now hold)
+/// stays within half of it: memory that other processes take within
+/// 100 ms would have to exceed half of what was free for a granted request
+/// not to fit. Every other request reads the files again, and a request is
+/// refused only on a fresh reading, so a grown limit is never missed.
+#[derive(Debug, Clone, Copy)]
+struct LimitCache {
+    read_at: std::time::Instant,
+    /// [`read_system_limits`] then; `None` where nothing could be read.
+    system: Option<u64>,
+    /// Bytes granted from this reading.
+    granted: u64,
+}
+
+impl LimitCache {
+    /// Whether `bytes` may be granted from this reading at `now`, under the
+    /// user's cap `user`; counts them as granted if so.
+    fn grant(&mut self, bytes: u64, now: std::time::Instant, user: Option<u64>) -> bool {
+        if now.saturating_duration_since(self.read_at) >= REFRESH {
+            return false;
+        }
+        let limit = plan_limit(self.system, user);
+        let total = self.granted.saturating_add(bytes);
+        if bytes > limit / 8 || total > limit / 2 {
+            return false;
+        }
+        self.granted = total;
+        true
+    }
+}
+
+static LIMITS: std::sync::Mutex<Option<LimitCache>> = std::sync::Mutex::new(None);
+
+#[cfg(test)]
+thread_local! {
+    /// The readings this thread has made (the tests' view of the cache).
+    static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Reads the system's limits now and keeps the reading for [`check_memory`].
+fn refresh(now: std::time::Instant) -> Option<u64> {
+    #[cfg(test)]
+    READS.with(|r| r.set(r.get() + 1));
+    let system = read_system_limits();
+    let cache = LimitCache {
+        read_at: now,
+        system,
+        granted: 0,
+    };
+    *LIMITS.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache);
+    system
+}
+
+/// The memory this process can still plan to use, in bytes (see the module
+/// docs); `u64::MAX` where nothing is known. Always read afresh (and the
+/// reading kept for [`check_memory`]'s small requests).
+pub fn memory_available() -> u64 {
+    plan_limit(refresh(std::time::Instant::now()), user_limit())
+}
+
 /// Checks that `bytes` (what `what` would take) fit in the memory
 /// available; `hint` says what changes it (a flag, a smaller file).
+///
+/// A small request is answered from a reading of the limits at most
+/// 100 ms old (see `LimitCache` in the source for the bounds); anything
+/// else, and every refusal, on a fresh reading.
 ///
 /// Errors: [`ErrorKind::TooLarge`] naming `what`, its size and the memory
 /// available.
@@ -114,8 +202,21 @@ pub fn memory_available() -> u64 {
 /// assert!(e.to_string().starts_with("the model (V 10^12) needs more than 16.0 EiB"), "{e}");
 /// ```
 pub fn check_memory(what: impl FnOnce() -> String, bytes: u64, hint: &str) -> Result<()> {
-    let available = memory_available();
+    let now = std::time::Instant::now();
+    let user = user_limit();
+    {
+        let mut cache = LIMITS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.as_mut()
+            && c.grant(bytes, now, user)
+        {
+            return Ok(());
+        }
+    }
+    let available = plan_limit(refresh(now), user);
     if bytes <= available {
+        if let Some(c) = LIMITS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            c.granted = c.granted.saturating_add(bytes);
+        }
         return Ok(());
     }
     Err(Error::new(ErrorKind::TooLarge {
@@ -252,6 +353,81 @@ mod tests {
         assert_eq!(bytes_of(&[4, 1 << 40]), 1 << 42);
         assert_eq!(bytes_of(&[1 << 40, 1 << 40]), u64::MAX);
         assert!(check_memory(|| "x".into(), u64::MAX, "").is_err());
+    }
+
+    #[test]
+    fn a_reading_answers_small_requests_until_it_is_old_or_half_spent() {
+        let t0 = std::time::Instant::now();
+        let gib = 1u64 << 30;
+        let mut c = LimitCache {
+            read_at: t0,
+            system: Some(8 * gib + HEADROOM),
+            granted: 0,
+        };
+        let soon = t0 + std::time::Duration::from_millis(10);
+        // small requests come from the reading, and are counted
+        assert!(c.grant(gib, soon, None));
+        assert!(c.grant(gib, soon, None));
+        assert_eq!(c.granted, 2 * gib);
+        // more than an eighth of the figure: read again
+        assert!(!c.grant(gib + 1, soon, None));
+        // half of the figure granted: read again
+        assert!(c.grant(gib, soon, None));
+        assert!(c.grant(gib, soon, None));
+        assert!(!c.grant(1, soon, None));
+        // a fresh reading at the same figure grants again
+        c.granted = 0;
+        assert!(c.grant(1, soon, None));
+        // the user's cap counts at once
+        assert!(!c.grant(gib, soon, Some(4 * gib)));
+        // an old reading answers nothing
+        assert!(!c.grant(1, t0 + REFRESH, None));
+        // nothing known: everything small enough of u64::MAX
+        let mut none = LimitCache {
+            read_at: t0,
+            system: None,
+            granted: 0,
+        };
+        assert!(none.grant(gib, soon, None));
+    }
+
+    #[test]
+    fn check_memory_uses_a_fresh_reading_and_renews_an_old_one() {
+        let reads = || READS.with(|r| r.get());
+        // (one test: the reading is the process's; other tests' calls only
+        // ever leave fresh readings of the real figures)
+        let plenty = LimitCache {
+            read_at: std::time::Instant::now(),
+            system: Some(1 << 40),
+            granted: 0,
+        };
+        *LIMITS.lock().unwrap() = Some(plenty);
+        let before = reads();
+        for _ in 0..100 {
+            assert!(check_memory(|| "x".into(), 1 << 10, "").is_ok());
+        }
+        assert_eq!(reads(), before, "a fresh reading was not used");
+        // an old reading claiming nothing is free: the files are read again
+        // and the request granted from what they say
+        let stale = LimitCache {
+            read_at: std::time::Instant::now() - 2 * REFRESH,
+            system: Some(0),
+            granted: 0,
+        };
+        *LIMITS.lock().unwrap() = Some(stale);
+        assert!(check_memory(|| "x".into(), 1 << 10, "").is_ok());
+        assert_eq!(reads(), before + 1, "an old reading was not renewed");
+        // a refusal is made only on a fresh reading
+        let tight = LimitCache {
+            read_at: std::time::Instant::now(),
+            system: Some(0),
+            granted: 0,
+        };
+        *LIMITS.lock().unwrap() = Some(tight);
+        assert!(check_memory(|| "x".into(), 1 << 10, "").is_ok());
+        assert_eq!(reads(), before + 2, "refused from a kept reading");
+        assert!(check_memory(|| "x".into(), u64::MAX, "").is_err());
+        assert_eq!(reads(), before + 3);
     }
 
     #[test]
