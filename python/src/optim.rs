@@ -73,7 +73,8 @@ impl PyOptimizer {
 /// `Optimizer.step` for the optimiser's real type `dt`: the gradients and
 /// the layers checked to be of it.
 fn step_typed<T: PyReal>(
-    opt: &mut dyn Optimizer<T>,
+    py: Python<'_>,
+    opt: &mut (dyn Optimizer<T> + Send + Sync),
     layers: &mut [LayerRef<'_>],
     grads: &[PyRef<'_, PyGradients>],
     dt: Dtype,
@@ -108,7 +109,8 @@ fn step_typed<T: PyReal>(
     }
     let src = Source(entries);
     for m in mods {
-        opt.step(m.parameters_mut(), &src).or_raise()?;
+        let params = m.parameters_mut();
+        py.detach(|| opt.step(params, &src)).or_raise()?;
     }
     Ok(())
 }
@@ -237,7 +239,7 @@ impl PyOptimizer {
         let dt = self.dtype();
         let mut opt = self.write(py)?;
         let mut layers = lock_layers(py, &objs)?;
-        crate::each!(&mut *opt, o => step_typed(o.as_mut(), &mut layers, &grads, dt))
+        crate::each!(&mut *opt, o => step_typed(py, o.as_mut(), &mut layers, &grads, dt))
     }
 
     /// The state by name (`<param>.exp_avg`, `.exp_avg_sq`, `.step`, …), copied.

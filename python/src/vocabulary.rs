@@ -446,8 +446,8 @@ fn fused_step<T: PyReal>(
     grads: &[PyRef<'_, PyGradients>],
     // The penalties' weights, and the fusion penalty's row distances if known.
     penalties: (f64, f64, Option<&Bound<'_, PyAny>>),
-    rows_opt: &mut dyn Optimizer<T>,
-    gate_opt: &mut dyn Optimizer<T>,
+    rows_opt: &mut (dyn Optimizer<T> + Send + Sync),
+    gate_opt: &mut (dyn Optimizer<T> + Send + Sync),
 ) -> PyResult<()> {
     let mut pieces = Vec::new();
     for x in grads {
@@ -473,8 +473,8 @@ fn step_rows_and_gates<T: PyReal>(
     pool: &Workspace<T>,
     pieces: Vec<&[NamedGrad<T>]>,
     penalties: (f64, f64, Option<&Bound<'_, PyAny>>),
-    rows_opt: &mut dyn Optimizer<T>,
-    gate_opt: &mut dyn Optimizer<T>,
+    rows_opt: &mut (dyn Optimizer<T> + Send + Sync),
+    gate_opt: &mut (dyn Optimizer<T> + Send + Sync),
 ) -> PyResult<()> {
     let (penalty_weight, fusion_weight, norms) = penalties;
     let norms = norms_arg(norms)?;
@@ -509,7 +509,10 @@ fn step_rows_and_gates<T: PyReal>(
     let (own, borrowed) = merge(own, entries().filter(|e| !by_rows_name(e)));
     let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
     let rows_step = match &fusion {
-        None => rows_opt.step(vec![sv.rows_mut()], &src),
+        None => {
+            let rows = sv.rows_mut();
+            py.detach(|| rows_opt.step(vec![rows], &src))
+        }
         Some(fusion) => {
             let n_rows = sv.n_rows();
             let parts: Vec<(&RowSparse<T>, Vec<u32>)> = entries()
@@ -534,10 +537,12 @@ fn step_rows_and_gates<T: PyReal>(
                     }
                 }
             };
-            rows_opt.update_by_rows(sv.rows_mut(), &grad_row)
+            let rows = sv.rows_mut();
+            py.detach(|| rows_opt.update_by_rows(rows, &grad_row))
         }
     };
-    let r = rows_step.and_then(|()| gate_opt.step(vec![sv.gate_logit_mut()], &src));
+    let gates = sv.gate_logit_mut();
+    let r = rows_step.and_then(|()| py.detach(|| gate_opt.step(vec![gates], &src)));
     drop(src);
     give_back(own, pool);
     r.or_raise()
