@@ -9,6 +9,13 @@ Errors of the Rust library are raised as ``ValueError`` (bad ids, shapes,
 dtypes, configurations), ``OSError`` (files that cannot be read or written)
 or ``FloatingPointError`` (a diverged training run), with the library's
 one-line message.
+
+Every object may be shared between threads. A layer or an optimiser keeps its
+state behind a read-write lock, waited for with the GIL released: forwards,
+backwards, penalties and reads of the state run at once; steps
+(``Optimizer.step``, ``SplitVocabulary.fused_step``), loads, ``seed_from``,
+``reset_parameters`` and freezing wait for those and run alone, so two steps
+on one layer are serialised, never torn.
 """
 
 from ._splitgrad import (
