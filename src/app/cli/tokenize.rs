@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::{ArgGroup, Args};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::app::corpus::save_corpus;
@@ -35,6 +35,7 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
 /// Options of `splitgrad tokenize`.
 #[derive(Args, Debug, Clone)]
+#[command(group(ArgGroup::new("source").required(true).args(["tokenizer", "train_vocab"])))]
 #[command(after_help = "\
 Where a tokenizer.json comes from: give --train-vocab V (8192, say) and \
 tokenize trains a byte-level BPE of V tokens on the languages' text itself, \
