@@ -397,6 +397,178 @@ impl Plan {
     }
 }
 
+/// The text a tokenizer is trained on ([`Plan::vocab_text`]): a prefix of
+/// some of the plan's files, language by language.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VocabText {
+    /// (index into [`Plan::files`], bytes to read from its start), in the
+    /// order they are read.
+    pub parts: Vec<(usize, u64)>,
+    /// Per language: the bytes of its training text (the files `train`
+    /// does not hold out).
+    pub available: Vec<u64>,
+    /// Per language: the bytes of it in `parts`.
+    pub taken: Vec<u64>,
+    /// What each language contributes at most: the smallest `available`
+    /// of a language that has any, or the cap given, whichever is less.
+    pub per_language: u64,
+    /// The files left out because `train` holds them out.
+    pub heldout_files: usize,
+    /// The bytes left out with them (and, for a corpus of one sequence,
+    /// its tail).
+    pub heldout_bytes: u64,
+}
+
+impl VocabText {
+    /// The bytes of text in all parts.
+    pub fn total_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.1).sum()
+    }
+}
+
+/// SplitMix64's finaliser of (seed, i): the order files are sampled in.
+fn sample_hash(seed: u64, i: u64) -> u64 {
+    let mut z = (seed ^ 0x746f_6b76_6f63_6162)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(i.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Plan {
+    /// Per file of the plan: whether `train --heldout-fraction fraction
+    /// --seed seed` holds out the sequence it becomes. A file with text is
+    /// one sequence (a byte-level BPE gives every non-empty text a token;
+    /// an empty file gives none), so this is
+    /// [`heldout_sequences`](crate::app::eval::heldout_sequences) of the
+    /// files with text, by their languages — the rule `train` applies to
+    /// the corpus. With a single file of text, none is held out whole
+    /// (`train` cuts that one's tail; [`vocab_text`](Self::vocab_text)
+    /// leaves it out).
+    pub fn heldout_files(&self, fraction: f64, seed: u64) -> Vec<bool> {
+        let with_text: Vec<usize> = (0..self.files.len())
+            .filter(|&i| self.files[i].bytes > 0)
+            .collect();
+        let languages: Vec<u32> = with_text.iter().map(|&i| self.files[i].language).collect();
+        let held = crate::app::eval::heldout_sequences(&languages, fraction, seed);
+        let mut out = vec![false; self.files.len()];
+        for (&i, h) in with_text.iter().zip(held) {
+            out[i] = h;
+        }
+        out
+    }
+
+    /// The text to train a tokenizer on, balanced across the languages and
+    /// with what `train --heldout-fraction fraction --seed seed` will hold
+    /// out left out ([`heldout_files`](Self::heldout_files)).
+    ///
+    /// Each language contributes the same number of bytes: as many as the
+    /// language with the least training text has, and at most
+    /// `max_per_language`. A language's files are taken in an order drawn
+    /// from `seed` until its share is reached (the last one cut short); a
+    /// language whose only file is held out contributes nothing. With a
+    /// single file of text in the plan, its last `fraction` of bytes (at
+    /// least 2) is left out, as `train` holds out the tail of a corpus of
+    /// one sequence (by tokens: the cut is near, not at, the same place).
+    ///
+    /// Errors: [`Config`](crate::ErrorKind::Config) for a fraction outside
+    /// (0, 1), a cap of 0, or no training text (every file empty).
+    pub fn vocab_text(&self, fraction: f64, seed: u64, max_per_language: u64) -> Result<VocabText> {
+        if !(fraction > 0.0 && fraction < 1.0) {
+            return Err(Error::config(format!(
+                "--heldout-fraction must be in (0, 1), got {fraction}"
+            )));
+        }
+        if max_per_language == 0 {
+            return Err(Error::config("--train-vocab-bytes must be at least 1"));
+        }
+        let held = self.heldout_files(fraction, seed);
+        let n_with_text = self.files.iter().filter(|f| f.bytes > 0).count();
+        let mut usable: Vec<u64> = self.files.iter().map(|f| f.bytes).collect();
+        let (mut heldout_files, mut heldout_bytes) = (0, 0);
+        for (i, f) in self.files.iter().enumerate() {
+            if held[i] {
+                heldout_files += 1;
+                heldout_bytes += f.bytes;
+                usable[i] = 0;
+            } else if n_with_text == 1 && f.bytes > 0 {
+                let tail = ((f.bytes as f64 * fraction).round() as u64)
+                    .max(2)
+                    .min(f.bytes);
+                heldout_bytes += tail;
+                usable[i] = f.bytes - tail;
+            }
+        }
+        let n_lang = self.languages.len();
+        let mut available = vec![0u64; n_lang];
+        for (f, &u) in self.files.iter().zip(&usable) {
+            available[f.language as usize] += u;
+        }
+        let Some(smallest) = available.iter().copied().filter(|&a| a > 0).min() else {
+            return Err(Error::config(
+                "no text to train a tokenizer on: every file under the language folders is empty (or held out)",
+            ));
+        };
+        let per_language = smallest.min(max_per_language);
+        let mut parts = Vec::new();
+        let mut taken = vec![0u64; n_lang];
+        for (lang, taken) in taken.iter_mut().enumerate() {
+            let mut order: Vec<usize> = (0..self.files.len())
+                .filter(|&i| self.files[i].language as usize == lang && usable[i] > 0)
+                .collect();
+            order.sort_by_key(|&i| (sample_hash(seed, i as u64), i));
+            for i in order {
+                if *taken >= per_language {
+                    break;
+                }
+                let n = usable[i].min(per_language - *taken);
+                parts.push((i, n));
+                *taken += n;
+            }
+        }
+        Ok(VocabText {
+            parts,
+            available,
+            taken,
+            per_language,
+            heldout_files,
+            heldout_bytes,
+        })
+    }
+}
+
+/// The longest prefix of `text` of at most `n` bytes that ends on a
+/// character boundary.
+fn prefix(text: &str, n: usize) -> &str {
+    let mut n = n.min(text.len());
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    &text[..n]
+}
+
+/// `text` cut into pieces of at most about `max` bytes, each ending just
+/// after a newline where one falls in its second half, else on a character
+/// boundary (what a tokenizer's trainer is fed, so that no one piece is
+/// the whole of a large file).
+fn pieces(text: &str, max: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let head = prefix(rest, max.max(4));
+        let cut = match head.rfind('\n') {
+            Some(p) if p + 1 >= head.len() / 2 && head.len() < rest.len() => p + 1,
+            _ => head.len(),
+        };
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 /// The files cut into runs of about [`BATCH_BYTES`] (at least one file each).
 fn batches(files: &[TextFile]) -> Vec<&[TextFile]> {
     let mut out = Vec::new();
@@ -415,14 +587,138 @@ fn batches(files: &[TextFile]) -> Vec<&[TextFile]> {
 }
 
 #[cfg(feature = "cli")]
-pub use hf::HfTokenizer;
+pub use hf::{
+    HfTokenizer, MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB, SPECIAL_TOKEN, check_trained_vocab,
+    train_byte_level_bpe,
+};
 
 #[cfg(feature = "cli")]
 mod hf {
     use std::path::Path;
 
-    use super::{TextEncoder, fnv1a64};
+    use std::sync::Mutex;
+
+    use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+    use tokenizers::normalizers::NormalizerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::{AddedToken, TokenizerBuilder, TokenizerImpl};
+
+    use super::{Plan, TextEncoder, VocabText, fnv1a64, pieces, prefix, read_text};
     use crate::{Error, Result};
+
+    /// The special token of a trained tokenizer (id 0).
+    pub const SPECIAL_TOKEN: &str = "<|endoftext|>";
+
+    /// The smallest vocabulary [`train_byte_level_bpe`] takes: the special
+    /// token and the 256 byte symbols.
+    pub const MIN_TRAINED_VOCAB: usize = 257;
+
+    /// The largest: the trainer sets aside room for V tokens before it
+    /// starts, so V is bounded (about 2^20; the largest vocabularies in use
+    /// are a quarter of it).
+    pub const MAX_TRAINED_VOCAB: usize = 1 << 20;
+
+    /// Checks a vocabulary size for [`train_byte_level_bpe`]: from
+    /// [`MIN_TRAINED_VOCAB`] to [`MAX_TRAINED_VOCAB`].
+    ///
+    /// Errors: [`Config`](crate::ErrorKind::Config), naming `--train-vocab`.
+    pub fn check_trained_vocab(vocab_size: usize) -> Result<()> {
+        if vocab_size < MIN_TRAINED_VOCAB {
+            return Err(Error::config(format!(
+                "--train-vocab {vocab_size} is too small: a byte-level BPE holds the 256 byte symbols and {SPECIAL_TOKEN}, so V must be at least {MIN_TRAINED_VOCAB} (and larger for any merge)"
+            )));
+        }
+        if vocab_size > MAX_TRAINED_VOCAB {
+            return Err(Error::config(format!(
+                "--train-vocab {vocab_size} is too large: at most {MAX_TRAINED_VOCAB}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes of text fed to the trainer at once (one task of its counting).
+    const PIECE_BYTES: usize = 64 << 10;
+
+    /// Trains a byte-level BPE of at most `vocab_size` tokens on `text` (a
+    /// [`Plan::vocab_text`] of `plan`) with the `tokenizers` crate, and
+    /// returns its `tokenizer.json`.
+    ///
+    /// The pipeline is GPT-2's, without a normalizer (so decoding gives the
+    /// text back byte for byte): the ByteLevel pre-tokenizer (the GPT-2
+    /// split regex, no prefix space), BPE with the 256 byte symbols as its
+    /// initial alphabet and merges of pairs seen twice or more, the
+    /// ByteLevel decoder and post-processor, and [`SPECIAL_TOKEN`] as id 0.
+    /// The text is read one file at a time and fed in pieces of about 64
+    /// KiB (counted on rayon's threads); `progress` is called with the
+    /// bytes of each piece as it is read. The result depends on the text
+    /// only: the same text gives the same bytes, for any number of threads.
+    /// The vocabulary is smaller than `vocab_size` when the text has fewer
+    /// pairs seen twice.
+    ///
+    /// Errors: [`Config`](crate::ErrorKind::Config) for `vocab_size` below
+    /// [`MIN_TRAINED_VOCAB`] or above [`MAX_TRAINED_VOCAB`]; a file that
+    /// cannot be read or is not UTF-8, naming it ([`read_text`]);
+    /// [`Format`](crate::ErrorKind::Format) if the trainer fails.
+    pub fn train_byte_level_bpe(
+        plan: &Plan,
+        text: &VocabText,
+        vocab_size: usize,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Vec<u8>> {
+        check_trained_vocab(vocab_size)?;
+        let trainer_error = |e: &dyn std::error::Error| {
+            Error::format(format!("cannot train the tokenizer: {}", one_line(e)))
+        };
+        let mut tokenizer: TokenizerImpl<BPE, NormalizerWrapper, ByteLevel, ByteLevel, ByteLevel> =
+            TokenizerBuilder::new()
+                .with_model(BPE::default())
+                .with_normalizer(None)
+                .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
+                .with_post_processor(Some(ByteLevel::new(true, false, true)))
+                .with_decoder(Some(ByteLevel::default()))
+                .build()
+                .map_err(|e| trainer_error(&*e))?;
+        let mut trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(vec![AddedToken::from(SPECIAL_TOKEN, true)])
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        let mut files = text.parts.iter();
+        let mut current: Vec<String> = Vec::new();
+        let feed = std::iter::from_fn(|| {
+            loop {
+                if let Some(piece) = current.pop() {
+                    progress(piece.len() as u64);
+                    return Some(piece);
+                }
+                let &(i, n) = files.next()?;
+                let path = &plan.files[i].path;
+                match read_text(path) {
+                    Ok(t) => {
+                        let n = usize::try_from(n).unwrap_or(usize::MAX);
+                        current = pieces(prefix(&t, n), PIECE_BYTES)
+                            .map(str::to_string)
+                            .collect();
+                        current.reverse();
+                    }
+                    Err(e) => {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        return None;
+                    }
+                }
+            }
+        });
+        let trained = tokenizer.train(&mut trainer, feed).map(|_| ());
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        trained.map_err(|e| trainer_error(&*e))?;
+        let json = tokenizer.to_string(true).map_err(|e| trainer_error(&*e))?;
+        Ok(json.into_bytes())
+    }
 
     /// A Hugging Face `tokenizer.json`, read with the `tokenizers` crate
     /// (its pure-Rust pipelines: byte-level BPE and the like).

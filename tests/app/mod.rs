@@ -21,3 +21,5 @@ mod heldout;
 mod resources;
 #[cfg(feature = "cli")]
 mod tokenize;
+#[cfg(feature = "cli")]
+mod tokenize_train;

@@ -60,4 +60,4 @@ mod split;
 pub use figures::{HeldOut, LanguageEval, RowEval};
 pub use measure::{evaluate, heldout_ce};
 pub use rule::Rule;
-pub use split::split_heldout;
+pub use split::{heldout_sequences, split_heldout};

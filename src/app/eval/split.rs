@@ -32,36 +32,11 @@ pub fn split_heldout(corpus: &Corpus, fraction: f64, seed: u64) -> Result<(Corpu
     let sequences: Vec<std::ops::Range<usize>> = corpus.sequences().collect();
     let mut parts: [Vec<std::ops::Range<usize>>; 2] = [Vec::new(), Vec::new()];
     if sequences.len() >= 2 {
-        let mut by_language: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-        for (i, r) in sequences.iter().enumerate() {
-            let l = corpus.language_ids.get(r.start).copied().unwrap_or(0);
-            by_language.entry(l).or_default().push(i);
-        }
-        let mut held = vec![false; sequences.len()];
-        for members in by_language.values() {
-            let k = members.len();
-            if k < 2 {
-                continue;
-            }
-            let take = ((fraction * k as f64).round() as usize).clamp(1, k - 1);
-            let mut order = members.clone();
-            order.sort_by(|&a, &b| {
-                unit_hash(seed, a as u64)
-                    .total_cmp(&unit_hash(seed, b as u64))
-                    .then(a.cmp(&b))
-            });
-            for &i in &order[..take] {
-                held[i] = true;
-            }
-        }
-        if !held.iter().any(|&h| h) {
-            // Every language has a single sequence: hold out the one whose
-            // hash is lowest.
-            let i = (0..sequences.len())
-                .min_by(|&a, &b| unit_hash(seed, a as u64).total_cmp(&unit_hash(seed, b as u64)))
-                .expect("two or more sequences");
-            held[i] = true;
-        }
+        let languages: Vec<u32> = sequences
+            .iter()
+            .map(|r| corpus.language_ids.get(r.start).copied().unwrap_or(0))
+            .collect();
+        let held = heldout_sequences(&languages, fraction, seed);
         for (r, &h) in sequences.into_iter().zip(&held) {
             parts[h as usize].push(r);
         }
@@ -92,6 +67,59 @@ pub fn split_heldout(corpus: &Corpus, fraction: f64, seed: u64) -> Result<(Corpu
         c
     };
     Ok((take(&parts[0]), take(&parts[1])))
+}
+
+/// Which of a corpus's sequences [`split_heldout`] holds out, given the
+/// language each begins in (`languages[i]` for sequence `i`, two sequences
+/// or more): `true` for a held-out one. This is the whole rule, so text can
+/// be kept out of what is fitted before the corpus exists (`splitgrad
+/// tokenize --train-vocab` trains its tokenizer on the other sequences).
+/// The fraction must be in (0, 1) (checked by the caller); with fewer than
+/// two sequences, nothing is held out (the caller cuts the one sequence).
+///
+/// ```
+/// use splitgrad::app::eval::heldout_sequences;
+/// let held = heldout_sequences(&[0, 0, 0, 0, 1, 1, 7], 0.25, 0);
+/// assert_eq!(held.len(), 7);
+/// // One of language 0's four, one of language 1's two, none of the one of 7.
+/// assert_eq!(held[..4].iter().filter(|&&h| h).count(), 1);
+/// assert_eq!(held[4..6].iter().filter(|&&h| h).count(), 1);
+/// assert!(!held[6]);
+/// ```
+pub fn heldout_sequences(languages: &[u32], fraction: f64, seed: u64) -> Vec<bool> {
+    let mut held = vec![false; languages.len()];
+    if languages.len() < 2 {
+        return held;
+    }
+    let mut by_language: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, &l) in languages.iter().enumerate() {
+        by_language.entry(l).or_default().push(i);
+    }
+    for members in by_language.values() {
+        let k = members.len();
+        if k < 2 {
+            continue;
+        }
+        let take = ((fraction * k as f64).round() as usize).clamp(1, k - 1);
+        let mut order = members.clone();
+        order.sort_by(|&a, &b| {
+            unit_hash(seed, a as u64)
+                .total_cmp(&unit_hash(seed, b as u64))
+                .then(a.cmp(&b))
+        });
+        for &i in &order[..take] {
+            held[i] = true;
+        }
+    }
+    if !held.iter().any(|&h| h) {
+        // Every language has a single sequence: hold out the one whose
+        // hash is lowest.
+        let i = (0..languages.len())
+            .min_by(|&a, &b| unit_hash(seed, a as u64).total_cmp(&unit_hash(seed, b as u64)))
+            .expect("two or more sequences");
+        held[i] = true;
+    }
+    held
 }
 
 /// A hash of (seed, i) as a real in [0, 1) (SplitMix64's finaliser).
