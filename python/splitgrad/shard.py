@@ -49,13 +49,18 @@ __all__ = ["consolidate", "gather_state_dict", "load_shards", "save_shards", "sh
 # --- collectives -------------------------------------------------------------
 
 
+_COMMS = [0]  # how many _Comm this process has made: the same sequence on every process
+
+
 class _Comm:
     """The group, this rank, and the bytes this rank has sent (``sent``).
 
-    A collective that fails (a peer died: gloo sees its connection close; a
-    peer stalls: the group's timeout, ``init_process_group(timeout=...)``)
-    raises a RuntimeError naming the ranks that did not reach a monitored
-    barrier within ``timeout`` seconds.
+    Before each collective a rank records in the process group's store how
+    many it has entered. A collective that fails (a peer died: gloo sees its
+    connection close at once; a peer stalls: the group's timeout,
+    ``init_process_group(timeout=...)``) raises a RuntimeError naming the
+    ranks that had not entered it, read from the store within ``timeout``
+    seconds.
     """
 
     def __init__(self, group, timeout: float = 30.0):
@@ -66,21 +71,42 @@ class _Comm:
         self.rank = dist.get_rank(group)
         self.timeout = float(timeout)
         self.sent = 0
+        self.seq = 0
+        _COMMS[0] += 1
+        self._prefix = f"splitgrad-shard/{_COMMS[0]}/"
+        try:
+            self._store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):  # pragma: no cover - another torch
+            self._store = None
 
     def _run(self, what, fn, *args, **kw):
+        self.seq += 1
+        if self._store is not None:
+            self._store.set(f"{self._prefix}{self.rank}", str(self.seq))
         try:
             return fn(*args, group=self.group, **kw)
         except RuntimeError as exc:
-            raise RuntimeError(f"rank {self.rank}: {what} failed: {self._who()} ({exc})") from exc
+            raise RuntimeError(f"rank {self.rank}: {what} (exchange #{self.seq}) failed: {self._who()} ({exc})") from exc
 
     def _who(self) -> str:
+        """The ranks that had not entered this rank's current collective."""
+        if self._store is None:
+            return "the failed peer is not known"
+        late = []
         try:
-            dist.monitored_barrier(
-                group=self.group, timeout=datetime.timedelta(seconds=self.timeout), wait_all_ranks=True
-            )
+            self._store.set_timeout(datetime.timedelta(seconds=self.timeout))
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                key = f"{self._prefix}{r}"
+                seen = int(self._store.get(key)) if self._store.check([key]) else 0
+                if seen < self.seq:
+                    late.append(f"rank {r} (it entered {seen} of them)")
         except RuntimeError as exc:
-            return f"a peer did not answer within {self.timeout:g} s: {exc}"
-        return "every peer answered a monitored barrier afterwards"
+            return f"the group's store did not answer within {self.timeout:g} s (its host, rank 0, may have died): {exc}"
+        if not late:
+            return "every peer had entered it (one died or stalled inside it)"
+        return "did not reach it: " + ", ".join(late) + "; it died or stalls"
 
     def all_to_all(self, send: torch.Tensor, out_counts, in_counts) -> torch.Tensor:
         send = send.contiguous()

@@ -130,12 +130,8 @@ def check(state, ref, start):
         torch.testing.assert_close(state[k], v, rtol=1e-5, atol=2e-6, msg=k)
 
 
-@pytest.mark.parametrize(
-    "world,cuts,frozen",
-    [(2, [0, B // 2 + 5, B], True), (4, [0, 10, 10, 40, B], False)],
-    ids=["P2-uneven-frozen", "P4-empty-rank"],
-)
-def test_sharded_training_equals_one_process(tmp_path, world, cuts, frozen):
+def test_sharded_training_equals_one_process_and_resumes_on_another_p(tmp_path):
+    world, cuts, frozen = 2, [0, B // 2 + 5, B], True
     index_path = make_index(tmp_path)
     out = str(tmp_path / "out.pt")
     save_dir = str(tmp_path / "shards") if world == 2 else None
@@ -259,4 +255,4 @@ def test_a_killed_process_makes_the_other_stop_with_an_error(tmp_path):
     assert [p.exitcode for p in ctx.processes] == [0, -signal.SIGKILL]
     elapsed, msg = open(out).read().split("\n", 1)
     assert float(elapsed) < 15.0
-    assert "rank 0:" in msg and "1" in msg.split("failed:", 1)[1], msg
+    assert msg.startswith("rank 0:") and "did not reach it: rank 1 (it entered" in msg, msg
