@@ -54,7 +54,12 @@ __all__ = [
     "SplitLanguageModellingHead",
     "SplitTokenEmbeddings",
     "SplitVocabulary",
+    "consolidate",
+    "gather_state_dict",
+    "load_shards",
     "prepare_distributed",
+    "save_shards",
+    "shard",
 ]
 
 LM_IGNORE_INDEX = -100
@@ -910,3 +915,7 @@ class SplitVocabulary(_Bound, nn.Module):
 
     def extra_repr(self) -> str:
         return f"rows={self.n_rows}"
+
+
+# Row-sharded layers (splitgrad/shard.py), here so that scripts use one namespace.
+from .shard import consolidate, gather_state_dict, load_shards, save_shards, shard  # noqa: E402

@@ -1,0 +1,868 @@
+"""Row-sharded layers on torch.distributed (gloo): ``shard``, ``gather_state_dict``,
+``save_shards``, ``load_shards``, ``consolidate``.
+
+Ownership: row ``g`` of a layer's vocabulary (the splits concatenated in
+``split_order``) belongs to rank ``g % P`` of the group, where it is local row
+``g // P``; a ``SplitVocabulary`` row belongs to rank ``token % P`` (all rows
+of a token on one rank, so the fusion penalty's per-token centroids stay
+local). A stride (a hash by residue) rather than contiguous blocks: a
+tokenizer's frequent ids are its low ids, and a new split of a few trainable
+rows sits at the end of the vocabulary, so contiguous blocks would put the
+hot or the trainable rows, and their optimiser work, on one rank; the stride
+spreads both evenly and keeps the owner and the local index one division away.
+Resharding to another P is a re-stride of the full rows (``load_shards``).
+
+Exchanges are ``torch.distributed.all_to_all_single`` (gloo has it, with
+uneven splits), ``all_gather`` and ``all_reduce``; see docs/architecture.md.
+The gradients are averaged over the processes (each owner's row gradient is
+the sum of what every process sent, over P), as DistributedDataParallel
+averages, so one process on the whole batch with its loss over P takes the
+same steps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import _splitgrad as _sg
+from .torch import (
+    LM_IGNORE_INDEX,
+    SequenceCausalLMOutput,
+    SplitLanguageModellingHead,
+    SplitTokenEmbeddings,
+    SplitVocabulary,
+    _first_order,
+    _np_dtype,
+)
+
+dist = torch.distributed
+
+__all__ = ["consolidate", "gather_state_dict", "load_shards", "save_shards", "shard"]
+
+
+# --- collectives -------------------------------------------------------------
+
+
+_COMMS = [0]  # how many _Comm this process has made: the same sequence on every process
+
+
+class _Comm:
+    """The group, this rank, and the bytes this rank has sent (``sent``).
+
+    Before each collective a rank records in the process group's store how
+    many it has entered. A collective that fails (a peer died: gloo sees its
+    connection close at once; a peer stalls: the group's timeout,
+    ``init_process_group(timeout=...)``) raises a RuntimeError naming the
+    ranks that had not entered it, read from the store within ``timeout``
+    seconds.
+    """
+
+    def __init__(self, group, timeout: float = 30.0):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.timeout = float(timeout)
+        self.sent = 0
+        self.seq = 0
+        _COMMS[0] += 1
+        self._prefix = f"splitgrad-shard/{_COMMS[0]}/"
+        try:
+            self._store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):  # pragma: no cover - another torch
+            self._store = None
+
+    def _run(self, what, fn, *args, **kw):
+        self.seq += 1
+        if self._store is not None:
+            self._store.set(f"{self._prefix}{self.rank}", str(self.seq))
+        try:
+            return fn(*args, group=self.group, **kw)
+        except RuntimeError as exc:
+            raise RuntimeError(f"rank {self.rank}: {what} (exchange #{self.seq}) failed: {self._who()} ({exc})") from exc
+
+    def _who(self) -> str:
+        """The ranks that had not entered this rank's current collective."""
+        if self._store is None:
+            return "the failed peer is not known"
+        late = []
+        try:
+            self._store.set_timeout(datetime.timedelta(seconds=self.timeout))
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                key = f"{self._prefix}{r}"
+                seen = int(self._store.get(key)) if self._store.check([key]) else 0
+                if seen < self.seq:
+                    late.append(f"rank {r} (it entered {seen} of them)")
+        except RuntimeError as exc:
+            return f"the group's store did not answer within {self.timeout:g} s (its host, rank 0, may have died): {exc}"
+        if not late:
+            return "every peer had entered it (one died or stalled inside it)"
+        return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+
+    def all_to_all(self, send: torch.Tensor, out_counts, in_counts) -> torch.Tensor:
+        send = send.contiguous()
+        out = send.new_empty((int(sum(in_counts)),) + tuple(send.shape[1:]))
+        self.sent += send.numel() * send.element_size()
+        self._run(
+            "all_to_all_single", dist.all_to_all_single, out, send,
+            output_split_sizes=list(in_counts), input_split_sizes=list(out_counts),
+        )
+        return out
+
+    def counts(self, out_counts: torch.Tensor):
+        """Each rank's count for this rank, given this rank's count for each."""
+        got = torch.empty_like(out_counts)
+        self.sent += out_counts.numel() * 8
+        self._run("all_to_all_single (counts)", dist.all_to_all_single, got, out_counts.contiguous())
+        return got.tolist()
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        self.sent += t.numel() * t.element_size()
+        self._run("all_reduce", dist.all_reduce, t)
+        return t
+
+    def gather_rows(self, t: torch.Tensor):
+        """Every rank's ``t`` (n_p, ...) concatenated in rank order, and the n_p."""
+        t = t.contiguous()
+        n = torch.tensor([t.shape[0]], dtype=torch.int64)
+        ns = [torch.empty_like(n) for _ in range(self.world)]
+        self.sent += 8
+        self._run("all_gather (sizes)", dist.all_gather, ns, n)
+        ns = [int(x) for x in ns]
+        padded = t.new_zeros((max(ns),) + tuple(t.shape[1:]))
+        padded[: t.shape[0]] = t
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        self.sent += padded.numel() * padded.element_size()
+        self._run("all_gather", dist.all_gather, parts, padded)
+        return torch.cat([p[:k] for p, k in zip(parts, ns)]), ns
+
+
+class _Route:
+    """Items sent to their owners and answers brought back in the items' order."""
+
+    def __init__(self, comm: _Comm, owner: torch.Tensor):
+        self.comm = comm
+        self.order = torch.argsort(owner, stable=True)
+        self.out_counts = torch.bincount(owner, minlength=comm.world).to(torch.int64)
+        self.in_counts = comm.counts(self.out_counts)
+        self.out_list = self.out_counts.tolist()
+
+    def send(self, t: torch.Tensor) -> torch.Tensor:
+        """Items (in the items' order) to their owners: what this rank receives."""
+        return self.comm.all_to_all(t[self.order], self.out_list, self.in_counts)
+
+    def back(self, t: torch.Tensor) -> torch.Tensor:
+        """Answers to what this rank received, returned to the senders, in their items' order."""
+        got = self.comm.all_to_all(t, self.in_counts, self.out_list)
+        out = torch.empty_like(got)
+        out[self.order] = got
+        return out
+
+
+def _strided(sizes, order, world, rank):
+    """Local split sizes (rows g of the concatenation with g % world == rank)."""
+    out, off = {}, 0
+    for s in order:
+        n = sizes[s]
+        first = (-(off - rank)) % world  # the first row of this split that rank owns, from the split's start
+        out[s] = 0 if first >= n else (n - first + world - 1) // world
+        off += n
+    return out
+
+
+def _local_rows(sizes, order, world, rank):
+    """For each split, the split-relative rows this rank owns (an int64 array)."""
+    out, off = {}, 0
+    for s in order:
+        g = np.arange(off, off + sizes[s], dtype=np.int64)
+        out[s] = (g[g % world == rank] - off)
+        off += sizes[s]
+    return out
+
+
+class _Sharded(nn.Module):
+    """What the three sharded layers share: the group, their parameters on the local kernels' buffers."""
+
+    def _init_comm(self, group, timeout):
+        if group is None:
+            group = dist.new_group()
+        self._comm = _Comm(group, timeout)
+        self.world, self.rank = self._comm.world, self._comm.rank
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent in this layer's exchanges so far."""
+        return self._comm.sent
+
+    def _sync_trainable(self):
+        for name, p in self._local_params():
+            if self._core is not None and self._core.is_trainable(name) != bool(p.requires_grad):
+                self._core.set_parameter_trainable(name, bool(p.requires_grad))
+
+    def local_state(self):
+        """{name: (full shape, this rank's rows of it (split-relative, int64) or None, local tensor)}."""
+        raise NotImplementedError
+
+    def _fused_state(self):
+        return {}
+
+
+def _param(core, name):
+    return nn.Parameter(torch.from_numpy(core.parameter(name)))
+
+
+def _check_ids(flat: torch.Tensor, n: int, what: str):
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n):
+        bad = int(torch.nonzero((flat < 0) | (flat >= n))[0])
+        raise ValueError(f"array `{what}`: at position {bad}: id {int(flat[bad])}, expected 0 <= id < {n}")
+
+
+# --- embeddings --------------------------------------------------------------
+
+
+class _ShardedEmbeddingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, m, ids, anchor):
+        flat = ids.reshape(-1).to(torch.int64)
+        uniq, inv = torch.unique(flat, return_inverse=True)
+        route = _Route(m._comm, uniq % m.world)
+        asked = route.send(uniq // m.world)
+        rows = torch.from_numpy(m._core.forward(asked.numpy())) if asked.numel() else torch.zeros((0, m.hidden), dtype=m._dtype)
+        got = route.back(rows)
+        ctx.m, ctx.route, ctx.asked, ctx.inv, ctx.n_uniq, ctx.uniq = m, route, asked, inv, uniq.numel(), uniq
+        return got[inv].reshape(tuple(ids.shape) + (m.hidden,))
+
+    @staticmethod
+    def backward(ctx, grad):
+        _first_order(ctx, "sharded SplitTokenEmbeddings")
+        m = ctx.m
+        g = grad.reshape(-1, m.hidden)
+        gu = g.new_zeros((ctx.n_uniq, m.hidden)).index_add_(0, ctx.inv, g)
+        got = ctx.route.send(gu)
+        # The splits any process's batch reached: each takes a step everywhere (its step count moves).
+        reached = torch.zeros(len(m._order), dtype=torch.float64)
+        if ctx.uniq.numel():
+            reached[torch.unique(torch.bucketize(ctx.uniq, m._ends, right=True))] = 1.0
+        m._comm.all_reduce(reached)
+        grads = m._core.backward(ctx.asked.numpy(), got.numpy())
+        parts = {}
+        for name, seen in zip(m._names, reached.tolist()):
+            if seen == 0 or not m._core.is_trainable(name):
+                continue
+            if name in grads:
+                parts[name] = (np.array(grads.rows(name)), np.array(grads.values(name)))
+            else:
+                parts[name] = (np.zeros(0, np.int64), np.zeros((0, m.hidden), dtype=_np_dtype(m._dtype)))
+        if parts:
+            m._fused.step(m._core, _sg.Gradients.from_parts(m._core, parts, 1.0 / m.world))
+        return None, None, None
+
+
+class ShardedTokenEmbeddings(_Sharded):
+    """``SplitTokenEmbeddings`` whose rows and fused Adam state are split over a group (see the module doc)."""
+
+    def __init__(self, full: SplitTokenEmbeddings, process_group=None, timeout: float = 30.0):
+        super().__init__()
+        if full._fused is None:
+            raise ValueError("shard(SplitTokenEmbeddings): build it with fused_adam=...; the owner of a row applies its step")
+        self._init_comm(process_group, timeout)
+        full._sync()
+        self._order = list(full._split_order)
+        self._sizes = {s: shape[0] for s, shape in zip(self._order, full._shapes)}
+        self.hidden = int(full._shapes[0][1]) if full._shapes else 0
+        self.vocab = sum(self._sizes.values())
+        self._ends = torch.tensor(np.cumsum([self._sizes[s] for s in self._order]), dtype=torch.int64)
+        self._dtype = full._dtype
+        self._names = [f"token_embedding.{s}.weight" for s in self._order]
+        local = _strided(self._sizes, self._order, self.world, self.rank)
+        self._rows = _local_rows(self._sizes, self._order, self.world, self.rank)
+        self._core = _sg.SplitTokenEmbeddings(local, self._order, self.hidden, dtype=_np_dtype(self._dtype))
+        self.token_embedding = nn.ParameterDict()
+        for s, name in zip(self._order, self._names):
+            p = _param(self._core, name)
+            with torch.no_grad():
+                p.copy_(full.token_embedding[s].weight[torch.from_numpy(self._rows[s])])
+            p.requires_grad_(full.token_embedding[s].weight.requires_grad)
+            self.token_embedding[s] = p
+        self._fused_cfg = full._fused_cfg
+        self._fused = _sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._dtype))
+        self._load_fused(full.fused_optimizer_state() or {}, full=True)
+        self._anchor = torch.zeros((), dtype=self._dtype, requires_grad=True)
+
+    def _local_params(self):
+        return [(n, self.token_embedding[s]) for s, n in zip(self._order, self._names)]
+
+    def _load_fused(self, state, full):
+        """Loads a fused Adam state (of the full table when ``full``, else of this rank's rows)."""
+        if not state:
+            return
+        own = {}
+        for key, v in state.items():
+            v = np.asarray(v)
+            name = key.rsplit(".", 1)[0]
+            split = name.split(".")[1]
+            own[key] = v[self._rows[split]] if full and v.ndim >= 1 else v
+        self._fused.load_state_dict(own, self._core)
+
+    def _fused_state(self):
+        return self._fused.state_dict()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.is_floating_point():
+            raise ValueError(f"array `input_ids`: has dtype {input_ids.dtype}, expected an integer dtype")
+        _check_ids(input_ids.reshape(-1), self.vocab, "input_ids")
+        self._sync_trainable()
+        anchor = self._anchor if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()) else self._anchor.detach()
+        return _ShardedEmbeddingFunction.apply(self, input_ids, anchor)
+
+    def local_state(self):
+        return {
+            n: ((self._sizes[s], self.hidden), self._rows[s], self.token_embedding[s].detach())
+            for s, n in zip(self._order, self._names)
+        }
+
+
+# --- split vocabulary --------------------------------------------------------
+
+
+class _ShardedVocabularyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, m, use_gate, tokens, langs, shared, anchor):
+        t = tokens.reshape(-1).to(torch.int64)
+        l_ = langs.reshape(-1).to(torch.int64)
+        s = shared.reshape(-1, m.dim)
+        if not (t.shape[0] == l_.shape[0] == s.shape[0]):
+            raise ValueError(f"token_ids, lang_per_token and shared hold {t.shape[0]}, {l_.shape[0]}, {s.shape[0]} tokens")
+        _check_ids(t, m.vocab, "token_ids")
+        _check_ids(l_, m.n_languages, "lang_per_token")
+        keys = (l_ * m.vocab + t).numpy()
+        pos = np.searchsorted(m._keys, keys)
+        has = torch.from_numpy((pos < m._keys.size) & (m._keys[np.minimum(pos, max(m._keys.size - 1, 0))] == keys) if m._keys.size else np.zeros(keys.shape, bool))
+        idx = torch.nonzero(has).reshape(-1)
+        route = _Route(m._comm, t[idx] % m.world)
+        ask_ids = route.send(torch.stack([t[idx], l_[idx]], 1))
+        ask_s = route.send(s[idx].detach())
+        if ask_ids.shape[0]:
+            ans = torch.from_numpy(m._core.forward(ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), ask_s.numpy(), use_gate))
+        else:
+            ans = ask_s.new_zeros((0, m.dim))
+        got = route.back(ans)
+        out = s.detach().clone()
+        out[idx] = got
+        ctx.m, ctx.use_gate, ctx.route, ctx.idx, ctx.ask = m, use_gate, route, idx, (ask_ids, ask_s)
+        ctx.shape = tuple(shared.shape)
+        return out.reshape(ctx.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _first_order(ctx, "sharded SplitVocabulary")
+        m = ctx.m
+        g = grad.reshape(-1, m.dim)
+        got = ctx.route.send(g[ctx.idx].contiguous())
+        ask_ids, ask_s = ctx.ask
+        if got.shape[0]:
+            gs, grads = m._core.backward(
+                ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), ask_s.numpy(), got.numpy(), ctx.use_gate, True
+            )
+            ans = torch.from_numpy(gs)
+        else:
+            grads, ans = None, got.new_zeros((0, m.dim))
+        back = ctx.route.back(ans)
+        out = g.clone()
+        out[ctx.idx] = back
+        m._defer(grads=grads)
+        return None, None, None, None, out.reshape(ctx.shape), None
+
+
+class _ShardedPenaltyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, m, kind, anchor):
+        local = 0.0
+        if m._core is not None:
+            local = (m._core.penalty() if kind == "penalty" else m._core.fusion_penalty()) * m.n_local
+        total = m._comm.all_reduce(torch.tensor([local], dtype=torch.float64))
+        ctx.m, ctx.kind = m, kind
+        return torch.tensor(float(total) / m.n_rows, dtype=m._dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _first_order(ctx, f"sharded SplitVocabulary.{ctx.kind}")
+        ctx.m._defer(**{ctx.kind: float(grad)})
+        return None, None, None
+
+
+class ShardedVocabulary(_Sharded):
+    """``SplitVocabulary`` whose rows, gates and fused optimiser state are split
+    over a group by token (``token % P``). ``forward``, ``penalty`` and
+    ``fusion_penalty`` are collectives: every process calls them in the same order."""
+
+    def __init__(self, full: SplitVocabulary, process_group=None, timeout: float = 30.0):
+        super().__init__()
+        if full._fused is None:
+            raise ValueError("shard(SplitVocabulary): build it with fused_adam=...; the owner of a row applies its step")
+        self._init_comm(process_group, timeout)
+        full._sync()
+        lang, tok = (np.asarray(a, dtype=np.int64) for a in full._core.index())
+        self.n_rows, self.dim, self._dtype = full.n_rows, full.dim, full._dtype
+        self.vocab, self.n_languages = int(full._core.vocab_size), int(full._core.n_languages)
+        self._keys = np.sort(lang * self.vocab + tok)
+        mine = np.nonzero(tok % self.world == self.rank)[0]
+        self._rows = {"rows": mine, "gate_logit": mine}
+        self.n_local = int(mine.size)
+        self._core = None
+        if self.n_local:
+            self._core = _sg.SplitVocabulary(
+                lang[mine], tok[mine], self.vocab, self.dim, self.n_languages, 0.0, _np_dtype(self._dtype)
+            )
+            self.rows = _param(self._core, "split_vocabulary.rows")
+            self.gate_logit = _param(self._core, "split_vocabulary.gate_logit")
+        else:
+            self.rows = nn.Parameter(torch.zeros((0, self.dim), dtype=self._dtype))
+            self.gate_logit = nn.Parameter(torch.zeros((0,), dtype=self._dtype))
+        sel = torch.from_numpy(mine)
+        with torch.no_grad():
+            self.rows.copy_(full.rows[sel])
+            self.gate_logit.copy_(full.gate_logit[sel])
+        self.rows.requires_grad_(full.rows.requires_grad)
+        self.gate_logit.requires_grad_(full.gate_logit.requires_grad)
+        lr, betas, eps = full._fused_cfg
+        name = _np_dtype(self._dtype)
+        self._fused = (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+        states = full.fused_optimizer_state()
+        if states is not None:
+            self._load_fused(list(states), full=True)
+        self._pending = None
+        self._anchor = torch.zeros((), dtype=self._dtype, requires_grad=True)
+
+    def _local_params(self):
+        return [("split_vocabulary.rows", self.rows), ("split_vocabulary.gate_logit", self.gate_logit)]
+
+    def _load_fused(self, states, full):
+        if self._core is None:
+            return
+        for opt, st in zip(self._fused, states):
+            own = {k: (np.asarray(v)[self._rows["rows"]] if full and np.asarray(v).ndim >= 1 else np.asarray(v)) for k, v in st.items()}
+            if own:
+                opt.load_state_dict(own, self._core)
+
+    def _fused_state(self):
+        if self._core is None:
+            return {}
+        out = {}
+        for i, opt in enumerate(self._fused):
+            for k, v in opt.state_dict().items():
+                out[f"{i}:{k}"] = v
+        return out
+
+    def _defer(self, grads=None, penalty=0.0, fusion_penalty=0.0):
+        if self._pending is None:
+            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0}
+            torch.autograd.Variable._execution_engine.queue_callback(self._fused_step)
+        p = self._pending
+        if grads is not None:
+            p["grads"].append(grads)
+        p["penalty"] += penalty
+        p["fusion"] += fusion_penalty
+
+    def _fused_step(self):
+        p, self._pending = self._pending, None
+        # The penalties' weights, averaged over the processes; each rank's
+        # penalties are its rows' share (n_local / n_rows) of the means.
+        w = self._comm.all_reduce(torch.tensor([p["penalty"], p["fusion"]], dtype=torch.float64))
+        if self._core is None:
+            return
+        share = self.n_local / self.n_rows / self.world
+        grads = []
+        for g in p["grads"]:
+            parts = {}
+            for name in g.names():
+                parts[name] = (np.array(g.rows(name)) if g.is_sparse(name) else None, np.array(g.values(name)))
+            grads.append(_sg.Gradients.from_parts(self._core, parts, 1.0 / self.world))
+        self._core.fused_step(grads, float(w[0]) * share, float(w[1]) * share, *self._fused, None)
+
+    def _anchored(self):
+        on = torch.is_grad_enabled() and (self.rows.requires_grad or self.gate_logit.requires_grad)
+        return self._anchor if on else self._anchor.detach()
+
+    def forward(self, token_ids, lang_per_token, shared: torch.Tensor, use_gate: bool = True) -> torch.Tensor:
+        self._sync_trainable()
+        t = token_ids if isinstance(token_ids, torch.Tensor) else torch.as_tensor(np.asarray(token_ids))
+        l_ = lang_per_token if isinstance(lang_per_token, torch.Tensor) else torch.as_tensor(np.asarray(lang_per_token))
+        return _ShardedVocabularyFunction.apply(self, bool(use_gate), t, l_, shared, self._anchored())
+
+    def penalty(self) -> torch.Tensor:
+        self._sync_trainable()
+        return _ShardedPenaltyFunction.apply(self, "penalty", self._anchored())
+
+    def fusion_penalty(self) -> torch.Tensor:
+        self._sync_trainable()
+        return _ShardedPenaltyFunction.apply(self, "fusion_penalty", self._anchored())
+
+    @torch.no_grad()
+    def seed_from(self, table: torch.Tensor) -> None:
+        if self._core is not None:
+            self._core.seed_from(table.detach().contiguous().numpy())
+
+    def local_state(self):
+        return {
+            "rows": ((self.n_rows, self.dim), self._rows["rows"], self.rows.detach()),
+            "gate_logit": ((self.n_rows,), self._rows["gate_logit"], self.gate_logit.detach()),
+        }
+
+
+# --- vocabulary-parallel head ------------------------------------------------
+
+
+class _ShardedHeadFunction(torch.autograd.Function):
+    """Megatron's vocabulary-parallel cross-entropy through the fused kernel.
+
+    Every rank runs the kernel on every token against its V/P rows with a
+    local label (the token's, where this rank owns it, else local row 0):
+    its loss plus that label's logit is the slice's log-sum-exp. The slices'
+    log-sum-exps and label logits are gathered and combined. The backward
+    runs the kernel with each token's upstream gradient times
+    exp(lse_slice − lse), which gives the slice's softmax share, and a
+    rank-one correction per token at its local label row (O(N·H)) replaces
+    the local one-hot by the true one."""
+
+    @staticmethod
+    def forward(ctx, m, hidden, labels, anchor, *weights):
+        h = hidden.reshape(-1, m.hidden).detach()
+        lab = labels.reshape(-1).to(torch.int64)
+        if lab.shape[0] != h.shape[0]:
+            raise ValueError(f"labels hold {lab.shape[0]} tokens, hidden_states {h.shape[0]}")
+        comm = m._comm
+        h_all, ns = comm.gather_rows(h)
+        lab_all, _ = comm.gather_rows(lab)
+        ignored = lab_all == LM_IGNORE_INDEX
+        bad = ~ignored & ((lab_all < 0) | (lab_all >= m.vocab))
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(f"array `labels`: at position {i} of the gathered batch: label {int(lab_all[i])}, expected -100 or 0 <= label < {m.vocab}")
+        local = ~ignored & (lab_all % m.world == m.rank)
+        lab_p = torch.where(local, lab_all // m.world, torch.zeros_like(lab_all))
+        loss_p, saved = m._core.forward_saved(h_all.numpy(), lab_p.numpy())
+        w_sel = m._rows_of(lab_p)
+        z = (h_all * w_sel).sum(1)
+        lse_p = torch.from_numpy(loss_p) + z
+        stats, _ = comm.gather_rows(torch.stack([lse_p, torch.where(local, z, torch.zeros_like(z))]).reshape(1, -1))
+        stats = stats.reshape(m.world, 2, -1)
+        lse = torch.logsumexp(stats[:, 0], 0)
+        zlab = stats[:, 1].sum(0)
+        loss = torch.where(ignored, torch.zeros_like(lse), lse - zlab)
+        start = sum(ns[: m.rank])
+        ctx.m, ctx.saved, ctx.ns, ctx.start = m, saved, ns, start
+        ctx.state = (h_all, lab_p, local, lse_p, lse, w_sel, ignored)
+        ctx.shape = tuple(hidden.shape)
+        return loss[start : start + ns[m.rank]].reshape(tuple(labels.shape))
+
+    @staticmethod
+    def backward(ctx, grad):
+        _first_order(ctx, "sharded SplitLanguageModellingHead")
+        m = ctx.m
+        h_all, lab_p, local, lse_p, lse, w_sel, ignored = ctx.state
+        g_all, _ = m._comm.gather_rows(grad.reshape(-1).contiguous())
+        g_all = torch.where(ignored, torch.zeros_like(g_all), g_all)  # an ignored token's loss is the constant 0
+        share = torch.exp(lse_p - lse)
+        g_p = g_all * share
+        gh, grads = m._core.backward(h_all.numpy(), lab_p.numpy(), g_p.numpy(), hidden_grad=True, saved=ctx.saved)
+        c = g_p - torch.where(local, g_all, torch.zeros_like(g_all))
+        gh = torch.from_numpy(gh) + c.unsqueeze(1) * w_sel
+        m._comm.all_reduce(gh)
+        out_h = gh[ctx.start : ctx.start + ctx.ns[m.rank]].reshape(ctx.shape)
+        out_w = []
+        for (lo, hi), name, need in zip(m._ranges, m._names, ctx.needs_input_grad[4:]):
+            if not need:
+                out_w.append(None)
+                continue
+            if name in grads:
+                w = torch.from_numpy(np.array(grads.dense(name) if grads.is_sparse(name) else grads.values(name)))
+            else:
+                w = torch.zeros((hi - lo, m.hidden), dtype=m._dtype)
+            sel = (lab_p >= lo) & (lab_p < hi)
+            w.index_add_(0, lab_p[sel] - lo, c[sel].unsqueeze(1) * h_all[sel])
+            out_w.append(w / m.world)
+        return (None, out_h, None, None, *out_w)
+
+
+class ShardedLanguageModellingHead(_Sharded):
+    """``SplitLanguageModellingHead`` over V/P rows per process (row g on rank g % P).
+
+    ``forward(hidden_states, shared)``: each process passes its own tokens'
+    hidden states and labels and gets their per-token cross-entropy. The
+    hidden states and labels are all-gathered (every vocabulary slice needs
+    every token), each rank's slice gives its log-sum-exp for every token,
+    those are all-gathered (2·N reals a rank) and combined; the backward
+    all-reduces the hidden states' gradient (N·H reals). N × V is never
+    formed. The weights' gradients stay local (averaged over the processes,
+    as DistributedDataParallel averages) for a torch optimiser.
+    """
+
+    def __init__(self, full: SplitLanguageModellingHead, process_group=None, timeout: float = 30.0):
+        super().__init__()
+        self._init_comm(process_group, timeout)
+        full._sync()
+        self._order = list(full._split_order)
+        self._sizes = {s: shape[0] for s, shape in zip(self._order, full._shapes)}
+        self.hidden = int(full._shapes[0][1])
+        self.vocab = sum(self._sizes.values())
+        if self.vocab < self.world:
+            raise ValueError(f"shard(SplitLanguageModellingHead): {self.vocab} rows cannot be split over {self.world} processes")
+        self._dtype = full.lm_head[self._order[0]].weight.dtype
+        self._names = [f"lm_head.{s}.weight" for s in self._order]
+        local = _strided(self._sizes, self._order, self.world, self.rank)
+        self._rows = _local_rows(self._sizes, self._order, self.world, self.rank)
+        self._core = _sg.SplitLanguageModellingHead(local, self._order, self.hidden, dtype=_np_dtype(self._dtype))
+        self.lm_head = nn.ParameterDict()
+        self._ranges, lo = [], 0
+        for s, name in zip(self._order, self._names):
+            p = _param(self._core, name)
+            with torch.no_grad():
+                p.copy_(full.lm_head[s].weight[torch.from_numpy(self._rows[s])])
+            p.requires_grad_(full.lm_head[s].weight.requires_grad)
+            self.lm_head[s] = p
+            self._ranges.append((lo, lo + local[s]))
+            lo += local[s]
+        self._anchor = torch.zeros((), dtype=self._dtype, requires_grad=True)
+
+    def _local_params(self):
+        return [(n, self.lm_head[s]) for s, n in zip(self._order, self._names)]
+
+    def _rows_of(self, lab_p):
+        out = torch.zeros((lab_p.shape[0], self.hidden), dtype=self._dtype)
+        for (lo, hi), s in zip(self._ranges, self._order):
+            sel = (lab_p >= lo) & (lab_p < hi)
+            out[sel] = self.lm_head[s].detach()[lab_p[sel] - lo]
+        return out
+
+    def forward(self, hidden_states: torch.Tensor, shared) -> SequenceCausalLMOutput:
+        labels = shared.labels if hasattr(shared, "labels") else shared
+        self._sync_trainable()
+        weights = [self.lm_head[s] for s in self._order]
+        losses = _ShardedHeadFunction.apply(self, hidden_states, labels, self._anchor, *weights)
+        return SequenceCausalLMOutput(cross_entropy=losses)
+
+    def local_state(self):
+        return {
+            n: ((self._sizes[s], self.hidden), self._rows[s], self.lm_head[s].detach())
+            for s, n in zip(self._order, self._names)
+        }
+
+
+# --- the interface -----------------------------------------------------------
+
+_KINDS = {
+    SplitTokenEmbeddings: ShardedTokenEmbeddings,
+    SplitVocabulary: ShardedVocabulary,
+    SplitLanguageModellingHead: ShardedLanguageModellingHead,
+}
+
+
+def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Module:
+    """The sharded form of ``module``; call it on every process after
+    ``init_process_group`` and before ``DistributedDataParallel``.
+
+    A ``SplitTokenEmbeddings`` or ``SplitVocabulary`` (built with
+    ``fused_adam``) or a ``SplitLanguageModellingHead``: returns its sharded
+    module, holding this rank's rows (copied from ``module``, which the caller
+    may then drop). Any other module: each of those layers inside it is
+    replaced by its sharded module, every sharded module's parameters are left
+    out of DistributedDataParallel's buckets, and ``module`` is returned.
+    ``process_group``: the processes (default: a new group of all of them);
+    ``timeout``: seconds a monitored barrier waits to name a failed peer after
+    a collective fails (a stall is detected by the group's own timeout,
+    ``init_process_group(timeout=...)``)."""
+    group = process_group
+    if group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
+        group = dist.new_group()
+    kind = _KINDS.get(type(module))
+    if kind is not None:
+        return kind(module, group, timeout)
+    for prefix, parent in list(module.named_modules()):
+        for name, child in list(parent.named_children()):
+            kind = _KINDS.get(type(child))
+            if kind is not None:
+                setattr(parent, name, kind(child, group, timeout))
+    ignored = [n for n, _ in _sharded_params(module)]
+    if ignored:
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignored)
+    return module
+
+
+def _sharded_params(model):
+    for prefix, mod in model.named_modules():
+        if isinstance(mod, _Sharded):
+            for name, _ in mod.named_parameters():
+                yield (f"{prefix}.{name}" if prefix else name), mod
+
+
+def _sharded_modules(model):
+    if isinstance(model, _Sharded):
+        return [("", model)]
+    return [(p, m) for p, m in model.named_modules() if isinstance(m, _Sharded)]
+
+
+def _key(prefix, name):
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _d9d_name(mod, name):
+    """The local state's name as the full module's state dict calls it."""
+    return name
+
+
+def gather_state_dict(sharded: nn.Module, dst: int = 0):
+    """The full state dict of ``sharded`` (a sharded layer or a model holding
+    them) under d9d's names, on rank ``dst`` of the layers' group; ``None``
+    elsewhere. A collective: every process calls it."""
+    mods = _sharded_modules(sharded)
+    if not mods:
+        raise ValueError("gather_state_dict: no sharded layer in this module")
+    out = {}
+    rank_is_dst = None
+    for prefix, mod in mods:
+        comm = mod._comm
+        rank_is_dst = comm.rank == dst
+        for name, (shape, rows, t) in mod.local_state().items():
+            t = t.contiguous()
+            idx = torch.from_numpy(rows)
+            all_t, _ = comm.gather_rows(t)
+            all_i, _ = comm.gather_rows(idx)
+            if rank_is_dst:
+                full = t.new_zeros(shape)
+                full[all_i] = all_t
+                out[_key(prefix, name)] = full
+    if not rank_is_dst:
+        return None
+    if not isinstance(sharded, _Sharded):
+        sharded_names = {n for n, _ in _sharded_params(sharded)}
+        for k, v in sharded.state_dict().items():
+            if k not in sharded_names:
+                out[k] = v.clone()
+    return out
+
+
+def _atomic_save(obj, path):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_shards(model: nn.Module, directory) -> str:
+    """Each process writes its rows and fused optimiser state to
+    ``directory/shard-<rank>-of-<P>.pt`` (temp file + rename; ends with a
+    barrier, so every shard is complete when any process returns). Returns
+    this process's file."""
+    mods = _sharded_modules(model)
+    if not mods:
+        raise ValueError("save_shards: no sharded layer in this module")
+    comm = mods[0][1]._comm
+    os.makedirs(directory, exist_ok=True)
+    layers = {}
+    for prefix, mod in mods:
+        layers[prefix] = {
+            "tensors": {n: (shape, torch.from_numpy(np.asarray(rows)), t.clone()) for n, (shape, rows, t) in mod.local_state().items()},
+            "fused": {k: torch.from_numpy(np.array(v)) for k, v in mod._fused_state().items()},
+        }
+    path = os.path.join(str(directory), f"shard-{comm.rank}-of-{comm.world}.pt")
+    _atomic_save({"rank": comm.rank, "world": comm.world, "layers": layers}, path)
+    comm._run("barrier", dist.barrier)
+    return path
+
+
+def _read_shards(directory):
+    names = [f for f in os.listdir(directory) if f.startswith("shard-") and f.endswith(".pt")]
+    if not names:
+        raise FileNotFoundError(f"{directory}: no shard-<rank>-of-<P>.pt files")
+    worlds = {int(f[:-3].split("-of-")[1]) for f in names}
+    if len(worlds) != 1:
+        raise ValueError(f"{directory}: shards of different process counts {sorted(worlds)}")
+    (world,) = worlds
+    shards = []
+    for r in range(world):
+        p = os.path.join(directory, f"shard-{r}-of-{world}.pt")
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{p}: missing (the checkpoint has {world} shards)")
+        shards.append(torch.load(p, weights_only=True))
+    return shards
+
+
+def _full_tensors(shards):
+    """{layer prefix: {name: full tensor}} and the full fused states."""
+    out, fused = {}, {}
+    for prefix in shards[0]["layers"]:
+        tensors, states = {}, {}
+        for name in shards[0]["layers"][prefix]["tensors"]:
+            shape = shards[0]["layers"][prefix]["tensors"][name][0]
+            full = None
+            for s in shards:
+                _, rows, t = s["layers"][prefix]["tensors"][name]
+                if full is None:
+                    full = t.new_zeros(shape)
+                full[rows] = t
+            tensors[name] = full
+        for key in shards[0]["layers"][prefix]["fused"]:
+            parts = [s["layers"][prefix]["fused"].get(key) for s in shards]
+            v0 = next(p for p in parts if p is not None)
+            if v0.ndim == 0:
+                states[key] = v0
+                continue
+            param = key.split(":", 1)[-1].rsplit(".", 1)[0]
+            local_name = param.split(".", 1)[1] if param.startswith("split_vocabulary.") else param
+            shape = shards[0]["layers"][prefix]["tensors"][local_name][0]
+            full = v0.new_zeros(tuple(shape))
+            for s, p in zip(shards, parts):
+                if p is not None:
+                    full[s["layers"][prefix]["tensors"][local_name][1]] = p
+            states[key] = full
+        out[prefix], fused[prefix] = tensors, states
+    return out, fused
+
+
+def load_shards(model: nn.Module, directory) -> None:
+    """Loads ``directory``'s shards (written by any number of processes) into
+    ``model``'s sharded layers: each process takes its own rows and their
+    fused optimiser state."""
+    full, fused = _full_tensors(_read_shards(directory))
+    for prefix, mod in _sharded_modules(model):
+        if prefix not in full:
+            raise KeyError(f"{directory}: no shard of layer `{prefix}`")
+        with torch.no_grad():
+            for name, (_, rows, t) in mod.local_state().items():
+                t.copy_(full[prefix][name][torch.from_numpy(np.asarray(rows))])
+        st = {k: v.numpy() for k, v in fused[prefix].items()}
+        if isinstance(mod, ShardedVocabulary):
+            mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=True)
+        elif isinstance(mod, ShardedTokenEmbeddings):
+            mod._load_fused(st, full=True)
+
+
+def consolidate(directory, path) -> dict:
+    """The shards in ``directory`` as one d9d-loadable state dict (layer
+    weights under d9d's names), written to ``path`` atomically (torch.save
+    format; ``model.load_state_dict(torch.load(path))`` on the unsharded
+    model). Needs no process group. Returns the state dict."""
+    full, _ = _full_tensors(_read_shards(directory))
+    out = {_key(p, n): t for p, ts in full.items() for n, t in ts.items()}
+    _atomic_save(out, path)
+    return out

@@ -1,0 +1,258 @@
+"""Sharded layers (splitgrad.torch.shard) on 2 and 4 gloo processes train the
+same weights as one unsharded process on the combined batch (its loss over
+P): embeddings and split vocabulary on fused_adam, the vocabulary-parallel
+head, a dense layer under DistributedDataParallel; frozen splits, uneven and
+empty per-process batches; checkpoints resumed on another P; a killed
+process makes the other stop with an error naming it."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import datetime  # noqa: E402
+
+import torch.multiprocessing as mp  # noqa: E402
+
+V, D, L, B, STEPS = 41, 8, 3, 64, 3
+SIZES = {"orig": V - 5, "new": 5}
+FUSED = {"lr": 0.01}
+
+
+class Model(torch.nn.Module):
+    def __init__(self, index_path):
+        super().__init__()
+        from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
+
+        self.emb = SplitTokenEmbeddings(SIZES, list(SIZES), D, fused_adam=FUSED)
+        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5, fused_adam=FUSED)
+        self.lin = torch.nn.Linear(D, D)
+        self.head = SplitLanguageModellingHead(SIZES, list(SIZES), D)
+
+    def forward(self, tokens, langs, labels, ce_weight=1.0):
+        x = self.sv(tokens, langs, self.emb(tokens))
+        ce = self.head(torch.tanh(self.lin(x)), labels).cross_entropy.sum()
+        return ce_weight * ce + 0.1 * self.sv.fusion_penalty() + 0.1 * self.sv.penalty()
+
+
+def make_index(tmp_path):
+    rng = np.random.default_rng(3)
+    cells = np.sort(rng.choice(L * V, size=30, replace=False))
+    path = str(tmp_path / "index.npz")
+    np.savez(path, language_index=cells // V, token_index=cells % V)
+    return path
+
+
+def build(index_path, frozen):
+    torch.manual_seed(0)
+    m = Model(index_path)
+    m.sv.seed_from(torch.randn(V, D, generator=torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        m.sv.rows.add_(0.1 * torch.randn(m.sv.rows.shape, generator=torch.Generator().manual_seed(2)))
+    if frozen:
+        m.emb.token_embedding["orig"].weight.requires_grad_(False)
+        m.head.lm_head["new"].weight.requires_grad_(False)
+    return m
+
+
+def batches():
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(STEPS):
+        labels = torch.randint(0, V, (B,), generator=g)
+        labels[::7] = -100
+        out.append((torch.randint(0, V, (B,), generator=g), torch.randint(0, L, (B,), generator=g), labels))
+    return out
+
+
+def optimiser(m):
+    return torch.optim.SGD([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.05)
+
+
+def reference(index_path, frozen, world, steps=STEPS):
+    m = build(index_path, frozen)
+    opt = optimiser(m)
+    for tokens, langs, labels in batches()[:steps]:
+        opt.zero_grad()
+        m(tokens, langs, labels, ce_weight=1.0 / world).backward()
+        opt.step()
+    return m
+
+
+def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir):
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+    from splitgrad.torch import gather_state_dict, load_shards, save_shards, shard
+
+    m = shard(build(index_path, frozen))
+    first = 0
+    if load_dir is not None:
+        load_shards(m, load_dir)
+        dense = torch.load(os.path.join(load_dir, "dense.pt"))
+        m.lin.load_state_dict(dense)
+        first = 2
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opt = optimiser(m)
+    for step, (tokens, langs, labels) in enumerate(batches()):
+        if step < first:
+            continue
+        part = slice(cuts[rank], cuts[rank + 1])
+        opt.zero_grad()
+        ddp(tokens[part], langs[part], labels[part]).backward()
+        opt.step()
+        if save_dir is not None and step == 1:
+            save_shards(m, save_dir)
+            if rank == 0:
+                torch.save(m.lin.state_dict(), os.path.join(save_dir, "dense.pt"))
+    state = gather_state_dict(m, dst=0)
+    sent = sum(mod.bytes_sent for mod in (m.emb, m.sv, m.head))
+    if rank == 0:
+        torch.save({"state": state, "sent": sent}, out)
+    else:
+        assert state is None
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def check(state, ref, start):
+    for k, v in ref.state_dict().items():
+        if not k.endswith(("lm_head.new.weight", "token_embedding.orig.weight")):
+            assert not torch.equal(v, start[k]), f"{k} did not train"
+        torch.testing.assert_close(state[k], v, rtol=1e-5, atol=2e-6, msg=k)
+
+
+def test_sharded_training_equals_one_process_and_resumes_on_another_p(tmp_path):
+    world, cuts, frozen = 2, [0, B // 2 + 5, B], True
+    index_path = make_index(tmp_path)
+    out = str(tmp_path / "out.pt")
+    save_dir = str(tmp_path / "shards") if world == 2 else None
+    mp.start_processes(
+        worker, args=(world, str(tmp_path / "store"), index_path, cuts, frozen, out, save_dir, None),
+        nprocs=world, start_method="spawn",
+    )
+    got = torch.load(out)
+    assert got["sent"] > 0
+    ref = reference(index_path, frozen, world)
+    start = build(index_path, frozen).state_dict()
+    if frozen:
+        for k in ("emb.token_embedding.orig.weight", "head.lm_head.new.weight"):
+            assert torch.equal(got["state"][k], start[k]), k
+    check(got["state"], ref, start)
+
+    if save_dir is not None:
+        # The shards after two steps: one d9d-loadable file equal to the
+        # reference after two steps, and a resume on 4 processes (one with
+        # an empty batch) that takes the third step as the reference does.
+        from splitgrad.torch import consolidate
+
+        two = reference(index_path, frozen, world, steps=2)
+        full = consolidate(save_dir, str(tmp_path / "full.pt"))
+        plain = build(index_path, frozen)
+        plain.load_state_dict({**two.state_dict(), **torch.load(str(tmp_path / "full.pt"))})
+        for k, v in full.items():
+            torch.testing.assert_close(plain.state_dict()[k], two.state_dict()[k], rtol=1e-5, atol=2e-6, msg=k)
+        assert not [f for f in os.listdir(save_dir) if f.startswith(".tmp-")]
+        out4 = str(tmp_path / "out4.pt")
+        mp.start_processes(
+            worker,
+            args=(4, str(tmp_path / "store4"), index_path, [0, 20, 20, 50, B], frozen, out4, None, save_dir),
+            nprocs=4, start_method="spawn",
+        )
+        # The reference with the third step's loss over 4 (the new P).
+        m = build(index_path, frozen)
+        opt = optimiser(m)
+        for step, (tokens, langs, labels) in enumerate(batches()):
+            opt.zero_grad()
+            m(tokens, langs, labels, ce_weight=1.0 / (2 if step < 2 else 4)).backward()
+            opt.step()
+        check(torch.load(out4)["state"], m, start)
+
+
+def head_worker(rank, world, store, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from splitgrad.torch import SplitLanguageModellingHead, shard
+
+    torch.manual_seed(0)
+    full = SplitLanguageModellingHead(SIZES, list(SIZES), D, dtype=torch.float64)
+    head = shard(full)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(30, D, generator=g, dtype=torch.float64)
+    lab = torch.randint(0, V, (30,), generator=g)
+    lab[3] = -100
+    up = torch.randn(30, generator=g, dtype=torch.float64)
+    part = slice(rank * 15, (rank + 1) * 15)
+    hp = h[part].clone().requires_grad_(True)
+    loss = head(hp, lab[part]).cross_entropy
+    (loss * up[part]).sum().backward()
+    local = {s: (torch.from_numpy(head._rows[s]), head.lm_head[s].grad) for s in SIZES}
+    torch.save({"loss": loss.detach(), "gh": hp.grad, "local": local}, f"{out}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_vocabulary_parallel_head_equals_the_whole_head(tmp_path):
+    from splitgrad.torch import SplitLanguageModellingHead
+
+    out = str(tmp_path / "head")
+    mp.start_processes(head_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, start_method="spawn")
+    torch.manual_seed(0)
+    full = SplitLanguageModellingHead(SIZES, list(SIZES), D, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(30, D, generator=g, dtype=torch.float64).requires_grad_(True)
+    lab = torch.randint(0, V, (30,), generator=g)
+    lab[3] = -100
+    up = torch.randn(30, generator=g, dtype=torch.float64)
+    loss = full(h, lab).cross_entropy
+    (loss * up).sum().backward()
+    got = [torch.load(f"{out}.{r}") for r in range(2)]
+    torch.testing.assert_close(torch.cat([x["loss"] for x in got]), loss.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.cat([x["gh"] for x in got]), h.grad, rtol=1e-12, atol=1e-12)
+    for s in SIZES:
+        w = torch.zeros_like(full.lm_head[s].weight)
+        for x in got:
+            rows, gr = x["local"][s]
+            w[rows] = gr * 2  # each rank's share is averaged over the 2 processes
+        torch.testing.assert_close(w, full.lm_head[s].weight.grad, rtol=1e-12, atol=1e-12, msg=s)
+
+
+def fault_worker(rank, world, store, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=10))
+    from splitgrad.torch import SplitTokenEmbeddings, shard
+
+    emb = shard(SplitTokenEmbeddings(SIZES, list(SIZES), D, fused_adam=FUSED), timeout=3.0)
+    emb(torch.arange(V)).sum().backward()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    t = time.monotonic()
+    try:
+        emb(torch.arange(V)).sum().backward()
+        msg = ""
+    except RuntimeError as e:
+        msg = str(e)
+    with open(out, "w") as f:
+        f.write(f"{time.monotonic() - t}\n{msg}")
+    os._exit(0)  # the group is broken: leave without its teardown
+
+
+def test_a_killed_process_makes_the_other_stop_with_an_error(tmp_path):
+    out = str(tmp_path / "fault")
+    ctx = mp.start_processes(fault_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, start_method="spawn", join=False)
+    for p in ctx.processes:
+        p.join(60)
+    assert [p.exitcode for p in ctx.processes] == [0, -signal.SIGKILL]
+    elapsed, msg = open(out).read().split("\n", 1)
+    assert float(elapsed) < 15.0
+    assert msg.startswith("rank 0:") and "did not reach it: rank 1 (it entered" in msg, msg
