@@ -4,7 +4,8 @@
 //! For each language, `DIR/<language>.safetensors` holds the (V, D)
 //! embedding table that language sees (the shared row, or the gated mix
 //! where the pair has a row) as `token_embedding.vocab.weight`, d9d's name
-//! for a one-split embedding. `DIR/kept.json` lists the rows the decision
+//! for a one-split embedding, with the metadata `language` (its name, or
+//! its index where the corpus names none) and `language_index`. `DIR/kept.json` lists the rows the decision
 //! rule keeps, with their gates and held-out gains (and the language names
 //! and decoded token strings where the corpus had them), and every row
 //! besides.
@@ -102,7 +103,15 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
     for (lang, path) in files.iter().take(l).enumerate() {
         let table = language_table(model, lang, use_gate)?;
         let meta = BTreeMap::from([
-            ("language".to_string(), lang.to_string()),
+            // The language's name where the corpus has one, and its index.
+            (
+                "language".to_string(),
+                names
+                    .and_then(|n| n.get(lang))
+                    .cloned()
+                    .unwrap_or_else(|| lang.to_string()),
+            ),
+            ("language_index".to_string(), lang.to_string()),
             ("source".to_string(), args.checkpoint.display().to_string()),
         ]);
         save(
