@@ -163,7 +163,7 @@ fn small(vocab_size: usize, names: &[&str], hash: &str) -> splitgrad::app::corpu
         vec![1, 2, 3, 1, 2, 3, 4, 1],
         vec![0, 0, 0, 0, 1, 1, 1, 1],
     );
-    c.sequence_starts = Some(vec![0, 4]);
+    c.sequence_starts = vec![0, 4];
     c.meta.vocab_size = Some(vocab_size);
     c.meta.n_languages = Some(names.len());
     c.meta.language_names = Some(names.iter().map(|n| n.to_string()).collect());
