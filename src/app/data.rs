@@ -193,6 +193,9 @@ pub fn index_from_counts(corpus: &Corpus, min_count: usize) -> SplitIndex {
 fn heldout_of(corpus: Corpus, args: &DataSource) -> Result<(Corpus, Corpus, String)> {
     if let Some(path) = &args.heldout {
         let heldout = load_with_bigrams(path, "evaluate on")?;
+        if let Some(train_path) = &args.corpus {
+            check_agree(train_path, &corpus, path, &heldout)?;
+        }
         return Ok((corpus, heldout, path.display().to_string()));
     }
     let f = args.heldout_fraction;
@@ -209,6 +212,48 @@ fn heldout_of(corpus: Corpus, args: &DataSource) -> Result<(Corpus, Corpus, Stri
         args.seed
     );
     Ok((train, heldout, how))
+}
+
+/// A held-out corpus file must come from the training corpus's
+/// tokenizer: its stated `vocab_size`, `n_languages`, `language_names`
+/// and `tokenizer_hash` must equal the training corpus's (a value stated
+/// by only one of them is not compared). The error is one line naming
+/// both files and the first field that differs.
+pub fn check_agree(
+    train_path: &Path,
+    train: &Corpus,
+    heldout_path: &Path,
+    heldout: &Corpus,
+) -> Result<()> {
+    let (a, b) = (&train.meta, &heldout.meta);
+    let differs = |field: &str, x: String, y: String| {
+        Err(Error::config(format!(
+            "the held-out corpus {} does not agree with the training corpus {}: {field} {y} there, {x} here",
+            heldout_path.display(),
+            train_path.display()
+        )))
+    };
+    if let (Some(x), Some(y)) = (a.vocab_size, b.vocab_size)
+        && x != y
+    {
+        return differs("vocab_size", x.to_string(), y.to_string());
+    }
+    if let (Some(x), Some(y)) = (a.n_languages, b.n_languages)
+        && x != y
+    {
+        return differs("n_languages", x.to_string(), y.to_string());
+    }
+    if let (Some(x), Some(y)) = (&a.language_names, &b.language_names)
+        && x != y
+    {
+        return differs("language_names", format!("{x:?}"), format!("{y:?}"));
+    }
+    if let (Some(x), Some(y)) = (&a.tokenizer_hash, &b.tokenizer_hash)
+        && x != y
+    {
+        return differs("tokenizer_hash", format!("{x:?}"), format!("{y:?}"));
+    }
+    Ok(())
 }
 
 /// Loads (or generates) the corpus, holds out its evaluation part, and
@@ -244,6 +289,12 @@ pub fn load(args: &DataSource) -> Result<Data> {
             let corpus = load_with_bigrams(path, "train on")?;
             // V and L as the corpus states them, or its largest ids + 1.
             let (v, l) = (corpus.vocab_size(), corpus.n_languages());
+            if l < 2 {
+                return Err(Error::config(format!(
+                    "{}: a single language: nothing can be split (a split row is a (language, token) pair's own row, so a corpus needs two or more languages)",
+                    path.display()
+                )));
+            }
             let index = match &args.index {
                 Some(ip) => Some(load_index(ip, l, v)?),
                 None => None,

@@ -156,3 +156,80 @@ fn export_writes_each_languages_table_and_the_kept_pairs() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
     assert_eq!(std::fs::read(out.join("kept.json")).unwrap(), before);
 }
+
+/// A small two-language corpus with its stated metadata.
+fn small(vocab_size: usize, names: &[&str], hash: &str) -> splitgrad::app::corpus::Corpus {
+    let mut c = splitgrad::app::corpus::Corpus::new(
+        vec![1, 2, 3, 1, 2, 3, 4, 1],
+        vec![0, 0, 0, 0, 1, 1, 1, 1],
+    );
+    c.sequence_starts = vec![0, 4];
+    c.meta.vocab_size = Some(vocab_size);
+    c.meta.n_languages = Some(names.len());
+    c.meta.language_names = Some(names.iter().map(|n| n.to_string()).collect());
+    c.meta.tokenizer_hash = Some(hash.to_string());
+    c
+}
+
+fn load_err(source: &splitgrad::app::data::DataSource) -> String {
+    match splitgrad::app::data::load(source) {
+        Ok(_) => panic!("loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_heldout_corpus_from_another_tokenizer_is_refused_naming_both_files() {
+    use splitgrad::app::data::DataSource;
+    let dir = scratch("agree");
+    let a = dir.join("a.npz");
+    save_corpus(&a, &small(10, &["en", "fr"], "h1")).unwrap();
+    let cases = [
+        (
+            "v.npz",
+            small(12, &["en", "fr"], "h1"),
+            "vocab_size 12 there, 10 here",
+        ),
+        (
+            "n.npz",
+            small(10, &["en", "fr", "de"], "h1"),
+            "n_languages 3 there, 2 here",
+        ),
+        ("l.npz", small(10, &["en", "de"], "h1"), "language_names"),
+        (
+            "t.npz",
+            small(10, &["en", "fr"], "h2"),
+            "tokenizer_hash \"h2\" there, \"h1\" here",
+        ),
+    ];
+    for (name, corpus, what) in cases {
+        let b = dir.join(name);
+        save_corpus(&b, &corpus).unwrap();
+        let mut source = DataSource::of_corpus(Some(a.clone()), 1, 0);
+        source.heldout = Some(b.clone());
+        let e = load_err(&source);
+        assert!(!e.contains('\n'), "{e}");
+        assert!(e.contains(&b.display().to_string()), "{e}");
+        assert!(e.contains(&a.display().to_string()), "{e}");
+        assert!(e.contains(what), "{e}");
+    }
+    // The same tokenizer's corpus is accepted.
+    let b = dir.join("same.npz");
+    save_corpus(&b, &small(10, &["en", "fr"], "h1")).unwrap();
+    let mut source = DataSource::of_corpus(Some(a.clone()), 1, 0);
+    source.heldout = Some(b);
+    splitgrad::app::data::load(&source).unwrap();
+}
+
+#[test]
+fn a_corpus_of_one_language_says_nothing_can_be_split() {
+    use splitgrad::app::data::DataSource;
+    let dir = scratch("one-language");
+    let a = dir.join("one.npz");
+    let mut c = splitgrad::app::corpus::Corpus::new(vec![1, 2, 3, 1, 2], vec![0; 5]);
+    c.meta.n_languages = Some(1);
+    save_corpus(&a, &c).unwrap();
+    let e = load_err(&DataSource::of_corpus(Some(a.clone()), 1, 0));
+    assert!(e.contains(&a.display().to_string()), "{e}");
+    assert!(e.contains("a single language: nothing can be split"), "{e}");
+}
