@@ -24,11 +24,10 @@ from ._splitgrad import (
     SplitLanguageModellingHead,
     SplitTokenEmbeddings,
     SplitVocabulary,
-    load_checkpoint,
     num_threads,
-    save_checkpoint,
     set_num_threads,
 )
+from . import _splitgrad, _metadata
 from . import _copy, golden  # noqa: F401  (_copy: deepcopy and pickle of the layers)
 
 __all__ = [
@@ -48,6 +47,24 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def save_checkpoint(path, modules, optimizer=None, metadata=None, extra=None):
+    """Writes the state of ``modules``, of ``optimizer`` (under ``optimizer.``),
+    the ``extra`` arrays and ``metadata`` to one safetensors file, atomically.
+
+    Metadata values are stored as strings; ``bool``, ``int`` and ``float``
+    values come back from ``load_checkpoint`` as what they were.
+    """
+    return _splitgrad.save_checkpoint(path, modules, optimizer, _metadata.encode(metadata), extra)
+
+
+def load_checkpoint(path, modules, optimizer=None):
+    """Loads ``modules`` and ``optimizer`` saved by ``save_checkpoint``,
+    checking every tensor before anything changes: ``(metadata, other
+    tensors)``, the metadata with the types it was saved with."""
+    metadata, rest = _splitgrad.load_checkpoint(path, modules, optimizer)
+    return _metadata.decode(metadata), rest
 
 
 def Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False, dtype="float32"):

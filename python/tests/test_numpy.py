@@ -501,7 +501,7 @@ def test_checkpoint_round_trip(tmp_path):
     h2 = sg.SplitLanguageModellingHead({"orig": 6, "special": 0, "prompt": 3}, ORDER, 4)
     opt2 = sg.LazyAdam()
     meta, rest = sg.load_checkpoint(str(path), [e2, h2], opt2)
-    assert meta == {"step": "1"}
+    assert meta == {"step": 1}
     np.testing.assert_array_equal(rest["history"], np.arange(3.0))
     for a, b in [(e, e2), (h, h2)]:
         for k, v in a.state_dict().items():
@@ -514,6 +514,25 @@ def test_checkpoint_round_trip(tmp_path):
         sg.load_checkpoint(str(tmp_path / "junk.safetensors"), [e2])
     with pytest.raises(OSError):
         sg.save_checkpoint(str(tmp_path / "no" / "such" / "dir.safetensors"), [e])
+
+
+def test_checkpoint_metadata_keeps_its_types(tmp_path):
+    e = emb()
+    path = tmp_path / "typed.safetensors"
+    meta = {"step": 7, "lr": 0.1, "frozen": True, "name": "1", "n": np.int64(3), "x": np.float32(0.5)}
+    sg.save_checkpoint(str(path), [e], metadata=meta)
+    got, _ = sg.load_checkpoint(str(path), [emb()])
+    assert got == {"step": 7, "lr": 0.1, "frozen": True, "name": "1", "n": 3, "x": 0.5}
+    assert [type(got[k]) for k in ("step", "lr", "frozen", "name", "n", "x")] == [int, float, bool, str, int, float]
+    with pytest.raises(ValueError, match="reserved"):
+        sg.save_checkpoint(str(path), [e], metadata={"splitgrad.metadata_types": "{}"})
+    # The command line's checkpoints are typed by their format's table.
+    from splitgrad import _metadata
+
+    cli = {"format": "splitgrad-bigram-1", "step": "5", "lr": "0.01", "use_gate": "true", "corpus": "synthetic"}
+    assert _metadata.decode(cli) == {"format": "splitgrad-bigram-1", "step": 5, "lr": 0.01, "use_gate": True, "corpus": "synthetic"}
+    with pytest.raises(ValueError, match="'step'"):
+        _metadata.decode({"format": "splitgrad-bigram-1", "step": "five"})
 
 
 # --- golden vectors --------------------------------------------------------

@@ -199,3 +199,50 @@ fn sweep_tabulates_every_weight() {
         assert!((1.0..=4.0).contains(&ev), "{ev}");
     }
 }
+
+#[test]
+fn negative_numbers_are_named_not_taken_for_flags() {
+    let dir = scratch("negative-numbers");
+    for (args, flag, value) in [
+        (&["train", "--steps", "-5"][..], "--steps", "-5"),
+        (&["train", "--steps=-5"], "--steps", "-5"),
+        (&["bench", "embed_prompt", "--steps", "-3"], "--steps", "-3"),
+        (&["train", "--threads", "-1.5"], "--threads", "-1.5"),
+    ] {
+        let out = cli::run(&dir, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(
+            err.trim(),
+            format!("splitgrad: error: {flag} must not be negative, got {value}"),
+            "{args:?}"
+        );
+    }
+    // A value clap rejects for another reason keeps clap's message.
+    let out = cli::run(&dir, &["train", "--steps", "many"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'many'"));
+}
+
+#[test]
+fn progress_is_plain_lines_off_a_terminal_and_quiet_silences_it() {
+    let dir = scratch("progress-lines");
+    // The test's standard error is a pipe, not a terminal.
+    let run = train(&dir.join("run"), 12, &[]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with(cli::PROGRESS))
+        .collect();
+    assert!(lines.len() >= 2, "{err}");
+    assert!(lines[0].starts_with("splitgrad: step 1/12 "), "{err}");
+    let last = lines[lines.len() - 1];
+    assert!(last.starts_with("splitgrad: step 12/12 (100%)"), "{err}");
+    for part in ["loss ", "tok/s", "elapsed ", "left "] {
+        assert!(last.contains(part), "{part}: {last}");
+    }
+    let quiet = train(&dir.join("quiet"), 12, &["--quiet"]);
+    let err = String::from_utf8_lossy(&quiet.stderr);
+    assert!(!err.contains(cli::PROGRESS), "{err}");
+    assert!(String::from_utf8_lossy(&quiet.stdout).contains("wrote"));
+}

@@ -17,6 +17,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_splitgrad");
 /// What a failed run's one line of standard error begins with.
 pub const ERROR: &str = "splitgrad: error: ";
 
+/// What a plain progress line begins with.
+pub const PROGRESS: &str = "splitgrad: step ";
+
 /// A fresh, empty folder `group/name` under the target's temporary folder.
 pub fn scratch(group: &str, name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -128,6 +131,7 @@ pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 
 /// Runs `splitgrad ARGS` in `dir` (under `limit_kib` of address space if
 /// given) and checks the failure: status 1, one line of standard error
+/// (progress lines aside)
 /// starting [`ERROR`], no panic, no file under `dir` changed, added or
 /// removed. Returns the line after [`ERROR`].
 #[track_caller]
@@ -145,7 +149,11 @@ pub fn fails(dir: &Path, args: &[&str], limit_kib: Option<u64>) -> String {
         run.status
     );
     assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
+    // Progress lines (standard error is not a terminal here) aside.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with(PROGRESS))
+        .collect();
     assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
     assert_eq!(snapshot(dir), before, "{args:?} changed a file");
     lines[0]

@@ -19,7 +19,8 @@ mod train;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// A result whose error is printed as one line.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -149,7 +150,7 @@ fn quiet_broken_pipe() {
 /// prints any error as one line.
 pub fn main() -> ExitCode {
     quiet_broken_pipe();
-    let args = Cli::parse();
+    let args = parse_args();
     match run(args) {
         Ok(code) => code,
         Err(e) => {
@@ -157,6 +158,55 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line's grammar: clap's, with every subcommand taking a
+/// value that looks like a negative number as the option's value (so that
+/// `--steps -5` is answered with what is wrong with -5, not with clap's
+/// "unexpected argument '-5' found").
+pub fn command() -> clap::Command {
+    fn numbers_are_values(cmd: clap::Command) -> clap::Command {
+        cmd.allow_negative_numbers(true)
+            .mut_subcommands(numbers_are_values)
+    }
+    numbers_are_values(Cli::command())
+}
+
+/// Parses the process's arguments, exiting with clap's usage error (status
+/// 2) on a bad command line; a negative number given to an option that
+/// takes none is named as such.
+fn parse_args() -> Cli {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) => match negative_value(&e) {
+            Some((arg, value)) => {
+                eprintln!("splitgrad: error: {arg} must not be negative, got {value}");
+                std::process::exit(2)
+            }
+            None => e.exit(),
+        },
+    }
+}
+
+/// The option and value of an error that rejects a negative number (an
+/// unsigned option given `-5`), if `e` is one.
+fn negative_value(e: &clap::Error) -> Option<(String, String)> {
+    if e.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let value = match e.get(ContextKind::InvalidValue)? {
+        ContextValue::String(v) => v.clone(),
+        _ => return None,
+    };
+    let arg = match e.get(ContextKind::InvalidArg)? {
+        ContextValue::String(a) => a.split_whitespace().next()?.to_string(),
+        _ => return None,
+    };
+    let negative = value.starts_with('-') && value[1..].parse::<f64>().is_ok_and(|x| x > 0.0);
+    negative.then_some((arg, value))
 }
 
 /// Runs a parsed command line.

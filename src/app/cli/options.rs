@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// Seed of the corpus, the weights and the batches.
     #[arg(long, default_value_t = defaults().data.seed)]
     pub seed: u64,
+    /// Show no progress (the report and errors still print). Without it,
+    /// progress is a bar on a terminal and a plain line every few seconds
+    /// otherwise.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 impl RunArgs {

@@ -115,7 +115,7 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
                 .check("--dim or --batch")?;
             let train = args.model.train(args.steps, args.run.seed);
             let mut trainer = data.trainer(None, dim, train)?;
-            run_to_end(&mut trainer, "shared-only model")?;
+            run_to_end(&mut trainer, "shared-only model", args.run.quiet)?;
             save_shared(trainer.model(), &shared_path)?;
             trainer.model().clone()
         }

@@ -103,7 +103,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
             ..args.model.train(args.steps, args.run.seed)
         };
         let mut trainer = data.trainer(Some(&index), dim, train)?;
-        run_to_end(&mut trainer, &format!("weight {w}"))?;
+        run_to_end(&mut trainer, &format!("weight {w}"), args.run.quiet)?;
         let p = measure(&trainer, &data, w, args.tolerance)?;
         let apart_text: Vec<String> = p
             .language_apart

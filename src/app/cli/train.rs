@@ -14,7 +14,7 @@ use crate::app::train::{TrainConfig, Trainer};
 
 use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, prepare_run_folder, report_removed};
-use super::progress::progress_bar;
+use super::progress::Progress;
 use super::report::{self, to_json, write_json};
 use super::{CliResult, plots, set_threads};
 
@@ -207,7 +207,7 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
             args.steps
         );
     }
-    if let Some(code) = train_to_end(&mut run, &stop)? {
+    if let Some(code) = train_to_end(&mut run, &stop, args.run.quiet)? {
         return Ok(code);
     }
     let report = run.finish(threads)?;
@@ -226,24 +226,30 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
 
 /// Trains to the last step behind a progress bar; on a signal, stops with
 /// a checkpoint and returns the exit code.
-fn train_to_end(run: &mut Run<'_>, stop: &Stop) -> CliResult<Option<ExitCode>> {
-    let bar = progress_bar(run.trainer().config().steps, run.trainer().step_index());
+fn train_to_end(run: &mut Run<'_>, stop: &Stop, quiet: bool) -> CliResult<Option<ExitCode>> {
+    let mut progress = Progress::new(
+        run.trainer().config().steps,
+        run.trainer().step_index(),
+        quiet,
+    );
     while !run.is_done() {
         if let Some(code) = stop.requested() {
-            bar.finish_and_clear();
+            progress.finish();
             print_stopped(run.stop()?, run.checkpoint());
             return Ok(Some(ExitCode::from(code)));
         }
         let s = run.step()?;
-        bar.set_position(run.trainer().step_index());
-        bar.set_message(format!(
-            "loss {:.4}  held-out {:.4}  {:.0} tok/s",
-            s.total,
-            run.heldout_ce(),
-            run.tokens_per_second()
-        ));
+        progress.update(
+            run.trainer().step_index(),
+            format!(
+                "loss {:.4}  held-out {:.4}  {:.0} tok/s",
+                s.total,
+                run.heldout_ce(),
+                run.tokens_per_second()
+            ),
+        );
     }
-    bar.finish_and_clear();
+    progress.finish();
     Ok(None)
 }
 
