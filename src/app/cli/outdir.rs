@@ -115,6 +115,9 @@ pub fn lock_run_folder(out: &Path) -> CliResult<Result<RunLock, Held>> {
         .truncate(false)
         .open(&path)
         .map_err(cannot)?;
+    // `File::try_lock` is Rust 1.89: the command line needs it, while the
+    // library (without the `cli` feature) keeps the crate's 1.85.
+    #[allow(clippy::incompatible_msrv)]
     match file.try_lock() {
         Ok(()) => {
             file.set_len(0).map_err(cannot)?;
@@ -147,6 +150,9 @@ fn holder(file: &mut File) -> Option<u32> {
 /// without writing anything (a folder without a lock file is not held).
 fn probe(out: &Path) -> Option<Held> {
     let mut file = File::open(out.join(LOCK_FILE)).ok()?;
+    // `File::try_lock` is Rust 1.89: the command line needs it, while the
+    // library (without the `cli` feature) keeps the crate's 1.85.
+    #[allow(clippy::incompatible_msrv)]
     match file.try_lock() {
         Err(TryLockError::WouldBlock) => Some(Held(holder(&mut file))),
         _ => None,
