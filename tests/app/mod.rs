@@ -20,6 +20,8 @@ mod heldout;
 #[cfg(feature = "cli")]
 mod resources;
 #[cfg(feature = "cli")]
+mod run_lock;
+#[cfg(feature = "cli")]
 mod tokenize;
 #[cfg(feature = "cli")]
 mod tokenize_train;

@@ -112,12 +112,18 @@ pub fn last_json(run: &Output) -> serde_json::Value {
 }
 
 /// Every file under `dir` with its bytes; a file that is not a regular
-/// file (a FIFO, a device) by its length only, unread.
+/// file (a FIFO, a device) by its length only, unread; run folders' lock
+/// files (`.lock`) left out.
 pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
     for e in fs::read_dir(dir).into_iter().flatten() {
         let p = e.unwrap().path();
         let meta = fs::symlink_metadata(&p).unwrap();
+        if p.file_name().is_some_and(|n| n == ".lock") {
+            // A run folder's lock, taken (and its holder's pid written)
+            // by any `train` into it, a refused one too: not a result.
+            continue;
+        }
         if meta.is_dir() {
             out.extend(snapshot(&p));
         } else if meta.is_file() {

@@ -13,7 +13,9 @@ use crate::app::run::{Run, RunConfig, Stopped};
 use crate::app::train::{TrainConfig, Trainer};
 
 use super::options::{ModelArgs, RunArgs, defaults};
-use super::outdir::{default_run_folder, prepare_run_folder, report_removed};
+use super::outdir::{
+    RunLock, default_run_folder, prepare_default_run_folder, prepare_run_folder, report_removed,
+};
 use super::progress::Progress;
 use super::report::{self, to_json, write_json};
 use super::{CliResult, plots, set_threads};
@@ -100,28 +102,31 @@ impl TrainArgs {
         Ok(())
     }
 
-    /// The output folder for a run on `data`, made ready: `--resume` needs
-    /// its checkpoint, a finished run in it needs `--resume` or `--force`.
-    fn prepare_out(&self, data: &Data) -> CliResult<PathBuf> {
-        let out = self
-            .out
-            .clone()
-            .unwrap_or_else(|| default_run_folder(&data.name, self.corpus.as_deref()));
-        let ckpt = out.join(CHECKPOINT);
-        if self.resume && !ckpt.exists() {
-            return Err(format!(
-                "{}: --resume, but there is no checkpoint to resume from",
-                ckpt.display()
-            )
-            .into());
-        }
-        report_removed(&prepare_run_folder(
-            &out,
-            CHECKPOINT,
-            self.resume,
-            self.force,
-        )?);
-        Ok(out)
+    /// The output folder for a run on `data`, made ready and locked for
+    /// this run: `--resume` needs its checkpoint, a finished run in it needs
+    /// `--resume` or `--force`, a folder another run holds is refused.
+    /// Without `--out` (and without `--resume` or `--force`, which name
+    /// the default folder's run), a taken default folder gives way to the
+    /// next free one.
+    fn prepare_out(&self, data: &Data) -> CliResult<(PathBuf, RunLock)> {
+        let (out, lock, removed) = match &self.out {
+            Some(out) => {
+                let (lock, removed) = prepare_run_folder(out, CHECKPOINT, self.resume, self.force)?;
+                (out.clone(), lock, removed)
+            }
+            None => {
+                let base = default_run_folder(&data.name, self.corpus.as_deref());
+                if self.resume || self.force {
+                    let (lock, removed) =
+                        prepare_run_folder(&base, CHECKPOINT, self.resume, self.force)?;
+                    (base, lock, removed)
+                } else {
+                    prepare_default_run_folder(&base, CHECKPOINT)?
+                }
+            }
+        };
+        report_removed(&removed);
+        Ok((out, lock))
     }
 
     /// The run these options describe.
@@ -196,7 +201,8 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let data = data::load(&config.data)?;
     data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
-    let out = args.prepare_out(&data)?;
+    // Held until the run ends: no other run writes into this folder.
+    let (out, _lock) = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
     let mut run = Run::start(&data, &config, ckpt.clone(), args.resume)?;
     if args.resume {
