@@ -130,7 +130,7 @@ impl<'a> Run<'a> {
             self.trainer.record_heldout(ce, ce_closed);
             self.heldout = ce;
         }
-        if step % self.checkpoint_every == 0 && !self.trainer.is_done() {
+        if step.is_multiple_of(self.checkpoint_every) && !self.trainer.is_done() {
             self.trainer.save(&self.checkpoint)?;
         }
         Ok(s)

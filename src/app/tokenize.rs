@@ -540,6 +540,7 @@ impl Plan {
 
 /// The longest prefix of `text` of at most `n` bytes that ends on a
 /// character boundary.
+#[cfg(feature = "cli")]
 fn prefix(text: &str, n: usize) -> &str {
     let mut n = n.min(text.len());
     while !text.is_char_boundary(n) {
@@ -552,6 +553,7 @@ fn prefix(text: &str, n: usize) -> &str {
 /// after a newline where one falls in its second half, else on a character
 /// boundary (what a tokenizer's trainer is fed, so that no one piece is
 /// the whole of a large file).
+#[cfg(feature = "cli")]
 fn pieces(text: &str, max: usize) -> impl Iterator<Item = &str> {
     let mut rest = text;
     std::iter::from_fn(move || {

@@ -544,14 +544,14 @@ impl<T: Real> Trainer<T> {
             }
         }
         for (name, t) in self.optimizer.state_dict().iter() {
-            if let Some(a) = t.as_real::<T>() {
-                if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                    return diverged(
-                        format!("optimiser state `{}{name}`", crate::checkpoint::OPTIMIZER),
-                        i,
-                        Real::to_f64(*v),
-                    );
-                }
+            if let Some(a) = t.as_real::<T>()
+                && let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite())
+            {
+                return diverged(
+                    format!("optimiser state `{}{name}`", crate::checkpoint::OPTIMIZER),
+                    i,
+                    Real::to_f64(*v),
+                );
             }
         }
         Ok(())

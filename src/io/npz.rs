@@ -165,16 +165,16 @@ impl NpzReader {
         // and reported when it is asked for.
         let mut entries = HashMap::new();
         for index in 0..zip.len() {
-            if let Ok(member) = zip.by_index_raw(index) {
-                if let Some(name) = npyz::npz::array_name_from_file_name(member.name()) {
-                    let entry = Entry {
-                        index,
-                        method: member.compression(),
-                        size: member.size(),
-                        data_end: member.data_start().saturating_add(member.compressed_size()),
-                    };
-                    entries.insert(name.to_string(), entry);
-                }
+            if let Ok(member) = zip.by_index_raw(index)
+                && let Some(name) = npyz::npz::array_name_from_file_name(member.name())
+            {
+                let entry = Entry {
+                    index,
+                    method: member.compression(),
+                    size: member.size(),
+                    data_end: member.data_start().saturating_add(member.compressed_size()),
+                };
+                entries.insert(name.to_string(), entry);
             }
         }
         Ok(NpzReader {

@@ -434,7 +434,7 @@ mod tests {
             -1e30,
             f32::MIN_POSITIVE,
         ]);
-        while xs.len() % 8 != 0 {
+        while !xs.len().is_multiple_of(8) {
             xs.push(0.5);
         }
         for c in xs.chunks_exact(8) {

@@ -282,10 +282,10 @@ pub fn fused_ce_backward_on<T: Real>(
         targets,
         chunks,
     };
-    if let Some(isa) = kernel.isa::<T>() {
-        if tile::backward(isa, pool, head, stats, gy, &mut gh, gws).is_some() {
-            return;
-        }
+    if let Some(isa) = kernel.isa::<T>()
+        && tile::backward(isa, pool, head, stats, gy, &mut gh, gws).is_some()
+    {
+        return;
     }
     fallback::backward(head, stats, gy, gh, gws)
 }

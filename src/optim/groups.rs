@@ -194,10 +194,10 @@ impl<T: Real> ParamGroups<T> {
         let mut per: Vec<Vec<(String, StateValue<T>)>> =
             self.groups.iter().map(|_| Vec::new()).collect();
         for (entry, value) in entries {
-            if let Some((group, rest)) = entry.split_once('.') {
-                if let Some(k) = self.groups.iter().position(|(n, _, _)| n == group) {
-                    per[k].push((rest.to_string(), value));
-                }
+            if let Some((group, rest)) = entry.split_once('.')
+                && let Some(k) = self.groups.iter().position(|(n, _, _)| n == group)
+            {
+                per[k].push((rest.to_string(), value));
             }
         }
         for (k, entries) in per.into_iter().enumerate() {

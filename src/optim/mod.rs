@@ -302,18 +302,18 @@ pub trait Optimizer<T: Real> {
                 TensorData::U64(_) => StateValue::Step(state.step(name)?),
                 _ => {
                     let a = state.real::<T>(name, t.shape())?;
-                    if name.ends_with(".exp_avg_sq") {
-                        if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| **v < T::zero()) {
-                            return Err(state.error(
-                                name,
-                                crate::ErrorKind::Format {
-                                    message: format!(
-                                        "a second moment must be ≥ 0, found {} at flat position {i}",
-                                        Real::to_f64(*v)
-                                    ),
-                                },
-                            ));
-                        }
+                    if name.ends_with(".exp_avg_sq")
+                        && let Some((i, v)) = a.iter().enumerate().find(|(_, v)| **v < T::zero())
+                    {
+                        return Err(state.error(
+                            name,
+                            crate::ErrorKind::Format {
+                                message: format!(
+                                    "a second moment must be ≥ 0, found {} at flat position {i}",
+                                    Real::to_f64(*v)
+                                ),
+                            },
+                        ));
                     }
                     StateValue::Array(a.to_owned())
                 }

@@ -172,7 +172,7 @@ fn edit_metadata(path: &Path, key: &str, value: &str) {
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     header["__metadata__"][key] = serde_json::json!(value);
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

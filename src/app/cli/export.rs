@@ -84,15 +84,15 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         .map(|s| args.out.join(format!("{s}.safetensors")))
         .collect();
     files.push(args.out.join("kept.json"));
-    if !args.force {
-        if let Some(f) = files.iter().find(|f| f.exists()) {
-            return Err(format!(
-                "{}: already exists; pass --force to replace the export in {}",
-                f.display(),
-                args.out.display()
-            )
-            .into());
-        }
+    if !args.force
+        && let Some(f) = files.iter().find(|f| f.exists())
+    {
+        return Err(format!(
+            "{}: already exists; pass --force to replace the export in {}",
+            f.display(),
+            args.out.display()
+        )
+        .into());
     }
     std::fs::create_dir_all(&args.out).map_err(|e| {
         format!(

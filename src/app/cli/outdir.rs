@@ -115,9 +115,6 @@ pub fn lock_run_folder(out: &Path) -> CliResult<Result<RunLock, Held>> {
         .truncate(false)
         .open(&path)
         .map_err(cannot)?;
-    // `File::try_lock` is Rust 1.89: the command line needs it, while the
-    // library (without the `cli` feature) keeps the crate's 1.85.
-    #[allow(clippy::incompatible_msrv)]
     match file.try_lock() {
         Ok(()) => {
             file.set_len(0).map_err(cannot)?;
@@ -136,10 +133,11 @@ pub fn lock_run_folder(out: &Path) -> CliResult<Result<RunLock, Held>> {
 fn holder(file: &mut File) -> Option<u32> {
     for _ in 0..50 {
         let mut text = String::new();
-        if file.rewind().is_ok() && (&mut *file).take(64).read_to_string(&mut text).is_ok() {
-            if let Ok(pid) = text.trim().parse() {
-                return Some(pid);
-            }
+        if file.rewind().is_ok()
+            && (&mut *file).take(64).read_to_string(&mut text).is_ok()
+            && let Ok(pid) = text.trim().parse()
+        {
+            return Some(pid);
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
@@ -150,9 +148,6 @@ fn holder(file: &mut File) -> Option<u32> {
 /// without writing anything (a folder without a lock file is not held).
 fn probe(out: &Path) -> Option<Held> {
     let mut file = File::open(out.join(LOCK_FILE)).ok()?;
-    // `File::try_lock` is Rust 1.89: the command line needs it, while the
-    // library (without the `cli` feature) keeps the crate's 1.85.
-    #[allow(clippy::incompatible_msrv)]
     match file.try_lock() {
         Err(TryLockError::WouldBlock) => Some(Held(holder(&mut file))),
         _ => None,

@@ -437,11 +437,11 @@ fn list_cases(dir: &Path) -> Result<Listing> {
     let mut skipped = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let path = entry.map_err(io)?.path();
-        if path.extension().is_some_and(|x| x == "npz") {
-            if let Some(stem) = path.file_stem() {
-                cases.push((stem.to_string_lossy().into_owned(), path));
-                continue;
-            }
+        if path.extension().is_some_and(|x| x == "npz")
+            && let Some(stem) = path.file_stem()
+        {
+            cases.push((stem.to_string_lossy().into_owned(), path));
+            continue;
         }
         let why = if path.is_dir() {
             "a folder inside a layer's folder (cases are NAME.npz files)"
@@ -537,13 +537,13 @@ pub fn evaluate_dir(inputs: &Path, out: &Path) -> Result<EvalSummary> {
         let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a folder");
         return Err(Error::from(e).in_file(inputs));
     }
-    if let (Ok(a), Ok(b)) = (inputs.canonicalize(), out.canonicalize()) {
-        if a == b {
-            return Err(Error::config(format!(
-                "the output folder {} is the input folder: results would replace the cases",
-                out.display()
-            )));
-        }
+    if let (Ok(a), Ok(b)) = (inputs.canonicalize(), out.canonicalize())
+        && a == b
+    {
+        return Err(Error::config(format!(
+            "the output folder {} is the input folder: results would replace the cases",
+            out.display()
+        )));
     }
     let mut summary = EvalSummary::default();
     let io = |e: std::io::Error| Error::from(e).in_file(inputs);

@@ -254,10 +254,10 @@ pub fn fused_ce(
             products::add_hidden_rows(h, rows, &c, &ctiles, g);
         }
     }
-    if let Some(wp) = wp {
-        if !wp.is_empty() {
-            pool.give_vec(wp);
-        }
+    if let Some(wp) = wp
+        && !wp.is_empty()
+    {
+        pool.give_vec(wp);
     }
     // E was written through its spare capacity, so its length is 0: ask
     // the capacity whether there is a buffer to give back.

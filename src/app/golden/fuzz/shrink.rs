@@ -133,10 +133,10 @@ impl Embeddings {
         };
         let mut reached = vec![0usize; size];
         for &id in &self.ids {
-            if let Some((j, r)) = self.splits.locate(id.max(0) as usize) {
-                if j == k {
-                    reached[r] += 1;
-                }
+            if let Some((j, r)) = self.splits.locate(id.max(0) as usize)
+                && j == k
+            {
+                reached[r] += 1;
             }
         }
         let h = self.splits.width;
