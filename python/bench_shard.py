@@ -58,7 +58,7 @@ FUSED = {"lr": 1e-3}
 # moderate sizes: the whole script runs in about a minute and a half on 2 shared cores
 EMB = {"sizes": {"orig": 30000, "new": 2000}, "h": 256, "n": 4096}
 SV = {"vocab": 32000, "dim": 256, "langs": 4, "cells": 24000, "n": 4096}
-HEAD = {"sizes": {"orig": 3500, "new": 500}, "h": 64, "n": 256}
+HEAD = {"sizes": {"orig": 14000, "new": 2000}, "h": 128, "n": 1024}
 LIMIT_ROWS, LIMIT_H = 200_000, 512  # 410 MB of f32 weights for the memory-limit case
 
 
