@@ -10,7 +10,7 @@ use splitgrad::app::corpus::{Corpus, load_corpus};
 use splitgrad::app::tokenize::fnv1a64;
 use tokenizers::Tokenizer;
 
-use crate::common::cli::{self, BIN, last_json, run_ok, s};
+use crate::common::cli::{self, BIN, lang_args, last_json, one_line_error, run_ok, s};
 
 /// The languages of the test data, in the order they are given.
 const LANGS: [&str; 5] = ["en", "fr", "de", "ru", "ja"];
@@ -30,14 +30,6 @@ fn scratch(name: &str) -> PathBuf {
     cli::scratch("tokenize", name)
 }
 
-/// `--lang NAME=DIR` for each pair.
-fn lang_args(langs: &[(&str, &Path)]) -> Vec<String> {
-    langs
-        .iter()
-        .flat_map(|(name, dir)| ["--lang".to_string(), format!("{name}={}", dir.display())])
-        .collect()
-}
-
 fn tokenize(tokenizer: &Path, langs: &[(&str, &Path)], out: &Path, extra: &[&str]) -> Output {
     Command::new(BIN)
         .arg("tokenize")
@@ -49,23 +41,6 @@ fn tokenize(tokenizer: &Path, langs: &[(&str, &Path)], out: &Path, extra: &[&str
         .args(extra)
         .output()
         .unwrap()
-}
-
-/// The error line of a failed run, checked to be one line with status 1
-/// or 2 and no panic.
-#[track_caller]
-fn one_line_error(out: &Output) -> String {
-    assert!(
-        matches!(out.status.code(), Some(1 | 2)),
-        "status {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.starts_with("splitgrad: error: "), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
 }
 
 fn text_dirs() -> Vec<(&'static str, PathBuf)> {

@@ -11,33 +11,21 @@ use splitgrad::app::corpus::load_corpus;
 use splitgrad::app::eval::split_heldout;
 use tokenizers::Tokenizer;
 
-use crate::common::cli::{self, BIN};
+use crate::common::cli::{self, BIN, lang_args, one_line_error};
 
 fn scratch(name: &str) -> PathBuf {
     cli::scratch("tokenize_train", name)
 }
 
 fn tokenize(langs: &[(&str, &Path)], out: &Path, extra: &[&str]) -> Output {
-    let mut c = Command::new(BIN);
-    c.arg("tokenize");
-    for (name, dir) in langs {
-        c.arg("--lang").arg(format!("{name}={}", dir.display()));
-    }
-    c.arg("--out").arg(out).args(extra).output().unwrap()
-}
-
-#[track_caller]
-fn one_line_error(out: &Output) -> String {
-    assert!(
-        matches!(out.status.code(), Some(1 | 2)),
-        "status {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.starts_with("splitgrad: error: "), "{err}");
-    err
+    Command::new(BIN)
+        .arg("tokenize")
+        .args(lang_args(langs))
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 /// A made-up word of 9 letters for file `i` of language `l`, unlike any

@@ -178,3 +178,28 @@ pub fn clap_fails(dir: &Path, args: &[&str]) -> String {
     assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
     stderr.lines().next().unwrap().to_string()
 }
+
+/// `--lang NAME=DIR` for each pair (`tokenize`'s languages).
+pub fn lang_args(langs: &[(&str, &Path)]) -> Vec<String> {
+    langs
+        .iter()
+        .flat_map(|(name, dir)| ["--lang".to_string(), format!("{name}={}", dir.display())])
+        .collect()
+}
+
+/// The error line of a failed run, checked to be one line with status 1
+/// or 2 and no panic.
+#[track_caller]
+pub fn one_line_error(out: &Output) -> String {
+    assert!(
+        matches!(out.status.code(), Some(1 | 2)),
+        "status {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("splitgrad: error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
