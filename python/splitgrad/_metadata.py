@@ -11,6 +11,8 @@ typed from the format's own table. Any other value stays a string.
 
 import json
 
+import numpy as np
+
 TYPES_KEY = "splitgrad.metadata_types"
 
 _PARSE = {
@@ -45,10 +47,6 @@ def _type_of(value):
     for name, t in (("bool", bool), ("int", int), ("float", float)):
         if isinstance(value, t):
             return name
-    try:  # numpy scalars
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        return None
     for name, t in (("bool", np.bool_), ("int", np.integer), ("float", np.floating)):
         if isinstance(value, t):
             return name
