@@ -210,7 +210,7 @@ pub(crate) fn baseline_forced() -> bool {
 }
 
 /// `SPLITGRAD_SIMD`, read once.
-fn forced() -> &'static Option<String> {
+pub(crate) fn forced() -> &'static Option<String> {
     static FORCED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     FORCED.get_or_init(|| std::env::var("SPLITGRAD_SIMD").ok())
 }

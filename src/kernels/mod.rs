@@ -10,6 +10,7 @@
 //! |---|---|
 //! | [`real`] | the element types `f32`/`f64` and their `matrixmultiply` gemm |
 //! | [`gemm`] | the f32 tile kernel (scalar, AVX2 + FMA) and the fused LM head's products on it |
+//! | [`half`] | bf16 and f16 storage: widening to f32, narrowing by rounding to nearest or stochastically ([`HalfFloat`], [`SrKey`]) |
 //! | [`exp`] | the vectorised softmax arithmetic (row max, `Σ exp`, scaled `exp`) |
 //! | [`reduce`] | the blocked inner product, scaled copies and adds |
 //! | [`rows`] | row copies (gathers) and dense row scatter-adds |
@@ -20,6 +21,7 @@
 
 pub mod exp;
 pub mod gemm;
+pub mod half;
 pub mod pool;
 pub mod real;
 pub mod reduce;
@@ -28,6 +30,7 @@ pub mod rows;
 pub mod scatter;
 pub(crate) mod stream;
 
+pub use self::half::{HalfFloat, SrKey};
 pub use real::Real;
 
 /// Below this many elements a kernel runs serially: rayon's fork costs more

@@ -1,0 +1,1070 @@
+//! Half-precision storage: bf16 and f16 values widened to f32 for the math
+//! and narrowed back when stored, by rounding to nearest (ties to even) or by
+//! stochastic rounding.
+//!
+//! | kernel | what |
+//! |---|---|
+//! | [`widen`] | `dst[i] = src[i]` as f32 (exact) |
+//! | [`narrow_nearest`] | `dst[i]` = the representable value nearest `src[i]`, ties to even |
+//! | [`narrow_stochastic`] | `dst[i]` = one of the two representable neighbours of `src[i]`, the upper with probability proportional to the distance from the lower |
+//!
+//! Each has a naive twin (`*_naive`) on the `half` crate's software
+//! conversions (`to_f32_const`, `from_f32_const`, never the F16C
+//! instructions, so the twins do not share the fast paths' hardware), and a
+//! form `*_on` that runs one [`HalfPath`] of the caller's choice. The fast
+//! forms run [`HalfPath::chosen`]: AVX-512 where the CPU has it, else AVX2
+//! with F16C, else plain code; every path gives the same bits, and the tails
+//! a vector does not cover run the plain code on the same global indices.
+//!
+//! **Conversions.** bf16 → f32 is a 16-bit shift of the bits; f16 → f32 is
+//! exact (F16C's `vcvtph2ps`). Both quiet a NaN: its top mantissa bit is
+//! set, the rest of the payload kept, as the `half` crate and F16C do. f32 → half
+//! rounds to nearest, ties to even, keeps subnormals (never flushed to
+//! zero), rounds to ±∞ past the largest finite value's half-ulp (bf16
+//! beyond `(2 − 2⁻⁸)·2¹²⁷`, f16 at 65520 and beyond), keeps ±∞, and turns a NaN
+//! into a quiet NaN of the same sign with the payload's top bits. bf16
+//! rounds with integer arithmetic on the bits (AVX-512 BF16's `vcvtneps2bf16`
+//! would flush subnormal inputs to zero); f16 uses F16C's `vcvtps2ph` with
+//! ties to even.
+//!
+//! **Stochastic rounding.** Let `lo ≤ |x| < hi` be the neighbours of `|x|`
+//! (`hi` the next value up; past the largest finite value, `hi` is ∞ and
+//! stands for the largest value plus its ulp) and `F` the part of `|x|`
+//! below the ulp as a 32-bit fraction, `F = ⌊2³²·(|x| − lo)/(hi − lo)⌋`.
+//! With 32 random bits `r`, the stored magnitude is `hi` if `F + r ≥ 2³²`,
+//! else `lo`, with `x`'s sign: so `P(hi) = F/2³²`. For bf16 `F` has 16
+//! bits, the f32 bits below the bf16 ulp: adding `r >> 16` to the f32 bits
+//! and truncating them to 16 is exactly that, and exact, `P(hi) = (|x| −
+//! lo)/(hi − lo)`. For f16, `F` is exact where f16 is normal (13 bits
+//! below its ulp); in its subnormal range (|x| < 2⁻¹⁴, ulp 2⁻²⁴) bits of
+//! `|x|` beyond 32 places below the ulp are dropped, so there `P(hi)`
+//! falls short by less than 2⁻³²: the expected stored value is within
+//! 2⁻³² ulp of `x`, toward zero. Values already representable are stored
+//! exactly (`F = 0`), a NaN becomes the quiet NaN rounding to nearest
+//! gives, ±∞ stays ±∞. The bits `r` of element `i` of a call are
+//! [`sr_bits`]`(key, first_index + i)`, a pure function of the [`SrKey`]
+//! and the element's global index, so the result does not depend on how a
+//! caller cuts a parameter into calls or across threads.
+//!
+//! These are internal kernels: a source and destination of different
+//! lengths is a caller's bug and panics.
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+
+mod sealed {
+    /// Which half-precision format, for the dispatch.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Format {
+        Bf16,
+        F16,
+    }
+
+    pub trait Sealed: Copy + 'static {
+        const FORMAT: Format;
+        /// The bits of the largest finite value.
+        const MAX_BITS: u16;
+        /// The bits of +∞.
+        const INF_BITS: u16;
+        fn bits(s: &[Self]) -> &[u16];
+        fn bits_mut(s: &mut [Self]) -> &mut [u16];
+        /// The `half` crate's software conversions.
+        fn naive_to_f32(self) -> f32;
+        fn naive_from_f32(x: f32) -> Self;
+        fn from_raw(bits: u16) -> Self;
+    }
+
+    impl Sealed for half::bf16 {
+        const FORMAT: Format = Format::Bf16;
+        const MAX_BITS: u16 = 0x7F7F;
+        const INF_BITS: u16 = 0x7F80;
+        fn bits(s: &[Self]) -> &[u16] {
+            half::slice::HalfFloatSliceExt::reinterpret_cast(s)
+        }
+        fn bits_mut(s: &mut [Self]) -> &mut [u16] {
+            half::slice::HalfFloatSliceExt::reinterpret_cast_mut(s)
+        }
+        fn naive_to_f32(self) -> f32 {
+            self.to_f32_const()
+        }
+        fn naive_from_f32(x: f32) -> Self {
+            half::bf16::from_f32_const(x)
+        }
+        fn from_raw(bits: u16) -> Self {
+            half::bf16::from_bits(bits)
+        }
+    }
+
+    impl Sealed for half::f16 {
+        const FORMAT: Format = Format::F16;
+        const MAX_BITS: u16 = 0x7BFF;
+        const INF_BITS: u16 = 0x7C00;
+        fn bits(s: &[Self]) -> &[u16] {
+            half::slice::HalfFloatSliceExt::reinterpret_cast(s)
+        }
+        fn bits_mut(s: &mut [Self]) -> &mut [u16] {
+            half::slice::HalfFloatSliceExt::reinterpret_cast_mut(s)
+        }
+        fn naive_to_f32(self) -> f32 {
+            self.to_f32_const()
+        }
+        fn naive_from_f32(x: f32) -> Self {
+            half::f16::from_f32_const(x)
+        }
+        fn from_raw(bits: u16) -> Self {
+            half::f16::from_bits(bits)
+        }
+    }
+}
+
+use sealed::Format;
+
+/// A half-precision storage type: `half::bf16` or `half::f16`.
+///
+/// ```
+/// use splitgrad::kernels::half::HalfFloat;
+/// assert_eq!(<half::bf16 as HalfFloat>::NAME, "bf16");
+/// assert_eq!(<half::f16 as HalfFloat>::from_bits(0x3C00).to_f32(), 1.0);
+/// ```
+pub trait HalfFloat: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// `"bf16"` or `"f16"`.
+    const NAME: &'static str;
+    /// The 16 bits of the value.
+    fn to_bits(self) -> u16;
+    /// The value of 16 bits.
+    fn from_bits(bits: u16) -> Self;
+}
+
+impl HalfFloat for bf16 {
+    const NAME: &'static str = "bf16";
+    fn to_bits(self) -> u16 {
+        bf16::to_bits(self)
+    }
+    fn from_bits(bits: u16) -> Self {
+        bf16::from_bits(bits)
+    }
+}
+
+impl HalfFloat for f16 {
+    const NAME: &'static str = "f16";
+    fn to_bits(self) -> u16 {
+        f16::to_bits(self)
+    }
+    fn from_bits(bits: u16) -> Self {
+        f16::from_bits(bits)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Stochastic rounding's random bits.
+
+/// The key of one stochastic narrowing: a pure function of the run's seed,
+/// the optimiser step and the parameter, mixed into 64 bits.
+///
+/// `SrKey::new(seed, step, param)` is `h = s(s(s(seed) ^ step) ^ param)`
+/// with `s` SplitMix64's output function of `z + 0x9E3779B97F4A7C15`; its
+/// words are `k0 = h mod 2³²` and `k1 = h >> 32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SrKey {
+    k0: u32,
+    k1: u32,
+}
+
+/// SplitMix64: the output function of the state `z + γ`.
+fn splitmix64(z: u64) -> u64 {
+    let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl SrKey {
+    /// The key for `step` of the parameter whose name hashes to `param`
+    /// ([`SrKey::param_hash`]) in the run seeded with `seed`.
+    pub fn new(seed: u64, step: u64, param: u64) -> SrKey {
+        let h = splitmix64(splitmix64(splitmix64(seed) ^ step) ^ param);
+        SrKey {
+            k0: h as u32,
+            k1: (h >> 32) as u32,
+        }
+    }
+
+    /// A stable 64-bit hash of a parameter's name: FNV-1a 64 of its UTF-8
+    /// bytes.
+    ///
+    /// ```
+    /// use splitgrad::kernels::half::SrKey;
+    /// assert_eq!(SrKey::param_hash(""), 0xcbf2_9ce4_8422_2325);
+    /// assert_eq!(SrKey::param_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    /// ```
+    pub fn param_hash(name: &str) -> u64 {
+        name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+        })
+    }
+
+    /// The key's two words, `(k0, k1)`.
+    pub fn words(self) -> (u32, u32) {
+        (self.k0, self.k1)
+    }
+}
+
+const MIX1: u32 = 0x7FEB_352D;
+const MIX2: u32 = 0x846C_A68B;
+
+/// A bijective 32-bit mixer ("lowbias32": xor-shift 16, multiply, xor-shift
+/// 15, multiply, xor-shift 16).
+#[inline(always)]
+fn mix32(x: u32) -> u32 {
+    let x = (x ^ (x >> 16)).wrapping_mul(MIX1);
+    let x = (x ^ (x >> 15)).wrapping_mul(MIX2);
+    x ^ (x >> 16)
+}
+
+/// The 32 random bits of the element with global index `index` under
+/// `key`: `mix32(mix32(lo ^ k0) ^ hi ^ k1)` with `lo`, `hi` the low and
+/// high 32 bits of `index`. For one key and one `hi` it is a bijection of
+/// `lo`, so over 2³² consecutive indices every value comes once.
+///
+/// ```
+/// use splitgrad::kernels::half::{SrKey, sr_bits};
+/// let key = SrKey::new(7, 1, SrKey::param_hash("table"));
+/// assert_eq!(sr_bits(key, 5), sr_bits(key, 5));
+/// assert_ne!(sr_bits(key, 5), sr_bits(key, 6));
+/// ```
+#[inline]
+pub fn sr_bits(key: SrKey, index: u64) -> u32 {
+    mix32(mix32(index as u32 ^ key.k0) ^ (index >> 32) as u32 ^ key.k1)
+}
+
+// ---------------------------------------------------------------------------
+// One element, on the bits: the plain code, and the tails of the vector paths.
+
+/// `x << n`, 0 when `n ≥ 32` (as `vpsllvd`).
+#[inline(always)]
+fn shl_or_zero(x: u32, n: u32) -> u32 {
+    x.checked_shl(n).unwrap_or(0)
+}
+
+/// `x >> n`, 0 when `n ≥ 32` (as `vpsrlvd`).
+#[inline(always)]
+fn shr_or_zero(x: u32, n: u32) -> u32 {
+    x.checked_shr(n).unwrap_or(0)
+}
+
+#[inline(always)]
+fn bf16_widen(h: u16) -> u32 {
+    let quiet = if h & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
+    ((h | quiet) as u32) << 16
+}
+
+/// The quiet NaN of the f32 NaN `x` (bf16).
+#[inline(always)]
+fn bf16_nan(x: u32) -> u16 {
+    ((x >> 16) | 0x40) as u16
+}
+
+#[inline(always)]
+fn bf16_nearest(x: u32) -> u16 {
+    if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        return bf16_nan(x);
+    }
+    // Adds just under half an ulp, plus one when the kept part is odd: a
+    // tie then carries only from an odd value. The largest finite value
+    // carries into ∞; no finite value carries into the sign.
+    ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) as u16
+}
+
+#[inline(always)]
+fn bf16_stochastic(x: u32, r: u32) -> u16 {
+    if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        return bf16_nan(x);
+    }
+    // The low 16 bits plus 16 random bits carry with probability low/2¹⁶.
+    ((x + (r >> 16)) >> 16) as u16
+}
+
+#[inline(always)]
+fn f16_widen(h: u16) -> u32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let e = ((h >> 10) & 0x1F) as u32;
+    let m = (h & 0x3FF) as u32;
+    if e == 0x1F {
+        let quiet = if m != 0 { 0x40_0000 } else { 0 };
+        sign | 0x7F80_0000 | quiet | (m << 13)
+    } else if e == 0 {
+        // m·2⁻²⁴, exact in f32 (and 0 for m = 0).
+        sign | (m as f32 * f32::from_bits(0x3380_0000)).to_bits()
+    } else {
+        sign | ((e + 112) << 23) | (m << 13)
+    }
+}
+
+/// The quiet f16 NaN of the f32 NaN whose magnitude bits are `a`, with
+/// `sign` (0 or 0x8000).
+#[inline(always)]
+fn f16_nan(sign: u32, a: u32) -> u16 {
+    (sign | 0x7E00 | ((a >> 13) & 0x3FF)) as u16
+}
+
+/// The f16 magnitude bits of f32 magnitude bits `a` (not NaN) truncated
+/// toward zero (≥ 0x7C00 past the finite range), and the part below the
+/// f16 ulp as a 32-bit fraction (bits beyond 32 places dropped).
+#[inline(always)]
+fn f16_split(a: u32) -> (u32, u32) {
+    let e = a >> 23;
+    if e > 112 {
+        // f16 normal (or beyond): 13 f32 bits below the f16 ulp.
+        ((a >> 13) - 0x1_C000, a << 19)
+    } else {
+        // |x| < 2⁻¹⁴, ulp 2⁻²⁴: |x|/2⁻²⁴ = m·2⁻ˢ.
+        let m = (a & 0x7F_FFFF) | if e == 0 { 0 } else { 0x80_0000 };
+        let s = 126 - e.max(1);
+        let frac = shl_or_zero(m, 32u32.wrapping_sub(s)) | shr_or_zero(m, s.wrapping_sub(32));
+        (shr_or_zero(m, s), frac)
+    }
+}
+
+#[inline(always)]
+fn f16_nearest(x: u32) -> u16 {
+    let sign = (x >> 16) & 0x8000;
+    let a = x & 0x7FFF_FFFF;
+    if a > 0x7F80_0000 {
+        return f16_nan(sign, a);
+    }
+    if a >> 23 > 112 {
+        let t = (a >> 13) - 0x1_C000;
+        let f = a & 0x1FFF;
+        let up = (f > 0x1000 || (f == 0x1000 && t & 1 == 1)) as u32;
+        (sign | (t + up).min(0x7C00)) as u16
+    } else {
+        // |x|·2²⁴ < 2¹⁰ is exact; adding and taking away 2²³ rounds it to
+        // an integer, ties to even: the subnormal's bits (1024 is 2⁻¹⁴'s).
+        let t = f32::from_bits(a) * 16_777_216.0;
+        let n = ((t + 8_388_608.0) - 8_388_608.0) as u32;
+        (sign | n) as u16
+    }
+}
+
+#[inline(always)]
+fn f16_stochastic(x: u32, r: u32) -> u16 {
+    let sign = (x >> 16) & 0x8000;
+    let a = x & 0x7FFF_FFFF;
+    if a > 0x7F80_0000 {
+        return f16_nan(sign, a);
+    }
+    let (t, frac) = f16_split(a);
+    let up = frac.checked_add(r).is_none() as u32;
+    (sign | (t + up).min(0x7C00)) as u16
+}
+
+// ---------------------------------------------------------------------------
+// The plain code on slices.
+
+fn widen_scalar<H: HalfFloat>(src: &[u16], dst: &mut [f32]) {
+    match H::FORMAT {
+        Format::Bf16 => {
+            for (d, &h) in dst.iter_mut().zip(src) {
+                *d = f32::from_bits(bf16_widen(h));
+            }
+        }
+        Format::F16 => {
+            for (d, &h) in dst.iter_mut().zip(src) {
+                *d = f32::from_bits(f16_widen(h));
+            }
+        }
+    }
+}
+
+fn nearest_scalar<H: HalfFloat>(src: &[f32], dst: &mut [u16]) {
+    match H::FORMAT {
+        Format::Bf16 => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = bf16_nearest(x.to_bits());
+            }
+        }
+        Format::F16 => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = f16_nearest(x.to_bits());
+            }
+        }
+    }
+}
+
+fn stochastic_scalar<H: HalfFloat>(src: &[f32], dst: &mut [u16], key: SrKey, first_index: u64) {
+    let index = |i: usize| first_index.wrapping_add(i as u64);
+    match H::FORMAT {
+        Format::Bf16 => {
+            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+                *d = bf16_stochastic(x.to_bits(), sr_bits(key, index(i)));
+            }
+        }
+        Format::F16 => {
+            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+                *d = f16_stochastic(x.to_bits(), sr_bits(key, index(i)));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The vector paths.
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{HalfFloat, MIX1, MIX2, SrKey};
+
+    /// Whether the 16 indices from `index` share their high word (the
+    /// vector code adds the lane to the low word): false once in 2³².
+    #[inline(always)]
+    fn no_wrap(index: u64) -> bool {
+        index as u32 <= u32::MAX - 15
+    }
+
+    // --- AVX2 and F16C: 8 lanes -------------------------------------------
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn mix32_avx2(x: __m256i) -> __m256i {
+        let x = _mm256_xor_si256(x, _mm256_srli_epi32::<16>(x));
+        let x = _mm256_mullo_epi32(x, _mm256_set1_epi32(MIX1 as i32));
+        let x = _mm256_xor_si256(x, _mm256_srli_epi32::<15>(x));
+        let x = _mm256_mullo_epi32(x, _mm256_set1_epi32(MIX2 as i32));
+        _mm256_xor_si256(x, _mm256_srli_epi32::<16>(x))
+    }
+
+    /// `sr_bits` of the 8 indices from `index` (which share a high word).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sr_bits_avx2(key: SrKey, index: u64) -> __m256i {
+        let lo = _mm256_add_epi32(
+            _mm256_set1_epi32(index as u32 as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let x = mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(key.k0 as i32)));
+        let hi = ((index >> 32) as u32 ^ key.k1) as i32;
+        mix32_avx2(_mm256_xor_si256(x, _mm256_set1_epi32(hi)))
+    }
+
+    /// 16 values below 2¹⁶ in two vectors of 32 bits, as 16 × 16 bits in order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pack16_avx2(a: __m256i, b: __m256i) -> __m256i {
+        // packus interleaves the 128-bit halves: a0-3 b0-3 | a4-7 b4-7.
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b))
+    }
+
+    /// [`super::bf16_widen`] on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bf16_widen_avx2(h: __m128i) -> __m256i {
+        let set = _mm256_set1_epi32;
+        let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+        let nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, set(0x7FFF_FFFF)), set(0x7F80_0000));
+        _mm256_or_si256(w, _mm256_and_si256(nan, set(0x40_0000)))
+    }
+
+    /// [`super::bf16_nearest`] on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bf16_nearest_avx2(x: __m256i) -> __m256i {
+        let set = _mm256_set1_epi32;
+        let high = _mm256_srli_epi32::<16>(x);
+        let odd = _mm256_and_si256(high, set(1));
+        let rounded =
+            _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(x, set(0x7FFF)), odd));
+        let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, set(0x7FFF_FFFF)), set(0x7F80_0000));
+        _mm256_blendv_epi8(rounded, _mm256_or_si256(high, set(0x40)), nan)
+    }
+
+    /// [`super::bf16_stochastic`] on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bf16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
+        let set = _mm256_set1_epi32;
+        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, _mm256_srli_epi32::<16>(r)));
+        let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, set(0x7FFF_FFFF)), set(0x7F80_0000));
+        let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(x), set(0x40));
+        _mm256_blendv_epi8(rounded, quiet, nan)
+    }
+
+    /// [`super::f16_stochastic`] on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn f16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
+        let set = _mm256_set1_epi32;
+        let sign = _mm256_and_si256(_mm256_srli_epi32::<16>(x), set(0x8000));
+        let a = _mm256_and_si256(x, set(0x7FFF_FFFF));
+        let e = _mm256_srli_epi32::<23>(a);
+        // f16 normal: the bits, rebiased, and 13 bits below the ulp.
+        let t_norm = _mm256_sub_epi32(_mm256_srli_epi32::<13>(a), set(0x1_C000));
+        let f_norm = _mm256_slli_epi32::<19>(a);
+        // f16 subnormal: m·2⁻ˢ in units of 2⁻²⁴ (shift counts ≥ 32 give 0).
+        let implicit = _mm256_andnot_si256(_mm256_cmpeq_epi32(e, set(0)), set(0x80_0000));
+        let m = _mm256_or_si256(_mm256_and_si256(a, set(0x7F_FFFF)), implicit);
+        let s = _mm256_sub_epi32(set(126), _mm256_max_epu32(e, set(1)));
+        let t_sub = _mm256_srlv_epi32(m, s);
+        let f_sub = _mm256_or_si256(
+            _mm256_sllv_epi32(m, _mm256_sub_epi32(set(32), s)),
+            _mm256_srlv_epi32(m, _mm256_sub_epi32(s, set(32))),
+        );
+        let normal = _mm256_cmpgt_epi32(e, set(112));
+        let t = _mm256_blendv_epi8(t_sub, t_norm, normal);
+        let f = _mm256_blendv_epi8(f_sub, f_norm, normal);
+        // f + r carries iff the sum wraps below f; no carry: the mask is −1.
+        let sum = _mm256_add_epi32(f, r);
+        let no_carry = _mm256_cmpeq_epi32(_mm256_min_epu32(sum, f), f);
+        let up = _mm256_add_epi32(set(1), no_carry);
+        let mag = _mm256_min_epu32(_mm256_add_epi32(t, up), set(0x7C00));
+        let nan = _mm256_cmpgt_epi32(a, set(0x7F80_0000));
+        let quiet = _mm256_or_si256(
+            set(0x7E00),
+            _mm256_and_si256(_mm256_srli_epi32::<13>(a), set(0x3FF)),
+        );
+        _mm256_or_si256(sign, _mm256_blendv_epi8(mag, quiet, nan))
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX2 and F16C; `src` and `dst` have one length.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen_avx2<H: HalfFloat>(src: &[u16], dst: &mut [f32]) {
+        let body = src.len() - src.len() % 8;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(8) {
+            // SAFETY: i + 8 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                let w = if bf16 {
+                    _mm256_castsi256_ps(bf16_widen_avx2(h))
+                } else {
+                    _mm256_cvtph_ps(h)
+                };
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), w);
+            }
+        }
+        super::widen_scalar::<H>(&src[body..], &mut dst[body..]);
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX2 and F16C; `src` and `dst` have one length.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn nearest_avx2<H: HalfFloat>(src: &[f32], dst: &mut [u16]) {
+        let body = src.len() - src.len() % 16;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(16) {
+            // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let p = src.as_ptr().add(i);
+                let q = dst.as_mut_ptr().add(i);
+                if bf16 {
+                    let a = bf16_nearest_avx2(_mm256_loadu_si256(p.cast()));
+                    let b = bf16_nearest_avx2(_mm256_loadu_si256(p.add(8).cast()));
+                    _mm256_storeu_si256(q.cast(), pack16_avx2(a, b));
+                } else {
+                    let a = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(p));
+                    let b = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(p.add(8)));
+                    _mm_storeu_si128(q.cast(), a);
+                    _mm_storeu_si128(q.add(8).cast(), b);
+                }
+            }
+        }
+        super::nearest_scalar::<H>(&src[body..], &mut dst[body..]);
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX2; `src` and `dst` have one length.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn stochastic_avx2<H: HalfFloat>(
+        src: &[f32],
+        dst: &mut [u16],
+        key: SrKey,
+        first_index: u64,
+    ) {
+        let body = src.len() - src.len() % 16;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(16) {
+            let index = first_index.wrapping_add(i as u64);
+            if !no_wrap(index) {
+                super::stochastic_scalar::<H>(&src[i..i + 16], &mut dst[i..i + 16], key, index);
+                continue;
+            }
+            let (ra, rb) = (sr_bits_avx2(key, index), sr_bits_avx2(key, index + 8));
+            // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let p = src.as_ptr().add(i);
+                let (xa, xb) = (
+                    _mm256_loadu_si256(p.cast()),
+                    _mm256_loadu_si256(p.add(8).cast()),
+                );
+                let (a, b) = if bf16 {
+                    (bf16_stochastic_avx2(xa, ra), bf16_stochastic_avx2(xb, rb))
+                } else {
+                    (f16_stochastic_avx2(xa, ra), f16_stochastic_avx2(xb, rb))
+                };
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), pack16_avx2(a, b));
+            }
+        }
+        let tail = first_index.wrapping_add(body as u64);
+        super::stochastic_scalar::<H>(&src[body..], &mut dst[body..], key, tail);
+    }
+
+    // --- AVX-512: 16 lanes --------------------------------------------------
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn mix32_avx512(x: __m512i) -> __m512i {
+        let x = _mm512_xor_si512(x, _mm512_srli_epi32::<16>(x));
+        let x = _mm512_mullo_epi32(x, _mm512_set1_epi32(MIX1 as i32));
+        let x = _mm512_xor_si512(x, _mm512_srli_epi32::<15>(x));
+        let x = _mm512_mullo_epi32(x, _mm512_set1_epi32(MIX2 as i32));
+        _mm512_xor_si512(x, _mm512_srli_epi32::<16>(x))
+    }
+
+    /// `sr_bits` of the 16 indices from `index` (which share a high word).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sr_bits_avx512(key: SrKey, index: u64) -> __m512i {
+        let lo = _mm512_add_epi32(
+            _mm512_set1_epi32(index as u32 as i32),
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        );
+        let x = mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(key.k0 as i32)));
+        let hi = ((index >> 32) as u32 ^ key.k1) as i32;
+        mix32_avx512(_mm512_xor_si512(x, _mm512_set1_epi32(hi)))
+    }
+
+    /// Whether each lane of `x` is an f32 NaN.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn is_nan_avx512(x: __m512i) -> __mmask16 {
+        let a = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
+        _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F80_0000))
+    }
+
+    /// [`super::bf16_widen`] on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn bf16_widen_avx512(h: __m256i) -> __m512i {
+        let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+        _mm512_mask_or_epi32(w, is_nan_avx512(w), w, _mm512_set1_epi32(0x40_0000))
+    }
+
+    /// [`super::bf16_nearest`] on 16 lanes, as 16 × 16 bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn bf16_nearest_avx512(x: __m512i) -> __m256i {
+        let set = _mm512_set1_epi32;
+        let high = _mm512_srli_epi32::<16>(x);
+        let odd = _mm512_and_si512(high, set(1));
+        let rounded =
+            _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(x, set(0x7FFF)), odd));
+        let quiet = _mm512_or_si512(high, set(0x40));
+        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan_avx512(x), rounded, quiet))
+    }
+
+    /// [`super::bf16_stochastic`] on 16 lanes, as 16 × 16 bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn bf16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
+        let set = _mm512_set1_epi32;
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(x, _mm512_srli_epi32::<16>(r)));
+        let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), set(0x40));
+        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan_avx512(x), rounded, quiet))
+    }
+
+    /// [`super::f16_stochastic`] on 16 lanes, as 16 × 16 bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn f16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
+        let set = _mm512_set1_epi32;
+        let sign = _mm512_and_si512(_mm512_srli_epi32::<16>(x), set(0x8000));
+        let a = _mm512_and_si512(x, set(0x7FFF_FFFF));
+        let e = _mm512_srli_epi32::<23>(a);
+        let t_norm = _mm512_sub_epi32(_mm512_srli_epi32::<13>(a), set(0x1_C000));
+        let f_norm = _mm512_slli_epi32::<19>(a);
+        let has_implicit = _mm512_cmpneq_epi32_mask(e, set(0));
+        let m = _mm512_or_si512(
+            _mm512_and_si512(a, set(0x7F_FFFF)),
+            _mm512_maskz_mov_epi32(has_implicit, set(0x80_0000)),
+        );
+        let s = _mm512_sub_epi32(set(126), _mm512_max_epu32(e, set(1)));
+        let t_sub = _mm512_srlv_epi32(m, s);
+        let f_sub = _mm512_or_si512(
+            _mm512_sllv_epi32(m, _mm512_sub_epi32(set(32), s)),
+            _mm512_srlv_epi32(m, _mm512_sub_epi32(s, set(32))),
+        );
+        let normal = _mm512_cmpgt_epu32_mask(e, set(112));
+        let t = _mm512_mask_blend_epi32(normal, t_sub, t_norm);
+        let f = _mm512_mask_blend_epi32(normal, f_sub, f_norm);
+        let sum = _mm512_add_epi32(f, r);
+        let carry = _mm512_cmplt_epu32_mask(sum, f);
+        let t = _mm512_mask_add_epi32(t, carry, t, set(1));
+        let mag = _mm512_min_epu32(t, set(0x7C00));
+        let quiet = _mm512_or_si512(
+            set(0x7E00),
+            _mm512_and_si512(_mm512_srli_epi32::<13>(a), set(0x3FF)),
+        );
+        let nan = _mm512_cmpgt_epu32_mask(a, set(0x7F80_0000));
+        _mm512_cvtepi32_epi16(_mm512_or_si512(
+            sign,
+            _mm512_mask_blend_epi32(nan, mag, quiet),
+        ))
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX-512F; `src` and `dst` have one length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen_avx512<H: HalfFloat>(src: &[u16], dst: &mut [f32]) {
+        let body = src.len() - src.len() % 16;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(16) {
+            // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+                let w = if bf16 {
+                    _mm512_castsi512_ps(bf16_widen_avx512(h))
+                } else {
+                    _mm512_cvtph_ps(h)
+                };
+                _mm512_storeu_ps(dst.as_mut_ptr().add(i), w);
+            }
+        }
+        super::widen_scalar::<H>(&src[body..], &mut dst[body..]);
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX-512F; `src` and `dst` have one length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn nearest_avx512<H: HalfFloat>(src: &[f32], dst: &mut [u16]) {
+        let body = src.len() - src.len() % 16;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(16) {
+            // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let p = src.as_ptr().add(i);
+                let h = if bf16 {
+                    bf16_nearest_avx512(_mm512_loadu_si512(p.cast()))
+                } else {
+                    _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_loadu_ps(p),
+                    )
+                };
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), h);
+            }
+        }
+        super::nearest_scalar::<H>(&src[body..], &mut dst[body..]);
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must have AVX-512F; `src` and `dst` have one length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn stochastic_avx512<H: HalfFloat>(
+        src: &[f32],
+        dst: &mut [u16],
+        key: SrKey,
+        first_index: u64,
+    ) {
+        let body = src.len() - src.len() % 16;
+        let bf16 = H::FORMAT == super::Format::Bf16;
+        for i in (0..body).step_by(16) {
+            let index = first_index.wrapping_add(i as u64);
+            if !no_wrap(index) {
+                super::stochastic_scalar::<H>(&src[i..i + 16], &mut dst[i..i + 16], key, index);
+                continue;
+            }
+            let r = sr_bits_avx512(key, index);
+            // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
+            // stores are unaligned ones.
+            unsafe {
+                let x = _mm512_loadu_si512(src.as_ptr().add(i).cast());
+                let h = if bf16 {
+                    bf16_stochastic_avx512(x, r)
+                } else {
+                    f16_stochastic_avx512(x, r)
+                };
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), h);
+            }
+        }
+        let tail = first_index.wrapping_add(body as u64);
+        super::stochastic_scalar::<H>(&src[body..], &mut dst[body..], key, tail);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The paths and the public kernels.
+
+/// A code path of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HalfPath {
+    /// Plain Rust on the bits, one element at a time: the reference the
+    /// vector paths' tails also run.
+    Scalar,
+    /// AVX2 and F16C (x86-64), 8 lanes.
+    Avx2,
+    /// AVX-512F (x86-64), 16 lanes.
+    Avx512,
+}
+
+impl HalfPath {
+    /// Every path, the plain one first.
+    pub const ALL: [HalfPath; 3] = [HalfPath::Scalar, HalfPath::Avx2, HalfPath::Avx512];
+
+    /// Whether this CPU can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            HalfPath::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            HalfPath::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            HalfPath::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            HalfPath::Avx2 | HalfPath::Avx512 => false,
+        }
+    }
+
+    /// The path the fast kernels run, chosen once: the widest this CPU
+    /// has (AVX-512F, else AVX2 with F16C, else the plain code).
+    /// `SPLITGRAD_SIMD=baseline` forces the plain code and
+    /// `SPLITGRAD_SIMD=avx2` the AVX2 path where the CPU has it.
+    pub fn chosen() -> HalfPath {
+        static CHOSEN: OnceLock<HalfPath> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let (avx512, avx2) = (HalfPath::Avx512.available(), HalfPath::Avx2.available());
+            match super::exp::forced().as_deref() {
+                Some("baseline") => HalfPath::Scalar,
+                Some("avx2") if avx2 => HalfPath::Avx2,
+                Some("avx2") => HalfPath::Scalar,
+                _ if avx512 => HalfPath::Avx512,
+                _ if avx2 => HalfPath::Avx2,
+                _ => HalfPath::Scalar,
+            }
+        })
+    }
+
+    #[track_caller]
+    fn check(self) {
+        assert!(self.available(), "{self:?} is not available on this CPU");
+    }
+}
+
+#[track_caller]
+fn check_lengths(kernel: &str, src: usize, dst: usize) {
+    assert_eq!(
+        src, dst,
+        "{kernel}: the source has {src} elements and the destination {dst}"
+    );
+}
+
+/// `dst[i] = src[i]` as f32, exactly, on [`HalfPath::chosen`].
+///
+/// **Panics** if the lengths differ.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::widen;
+/// let mut out = [0.0f32; 2];
+/// widen(&[bf16::from_f32(1.5), bf16::from_f32(-2.0)], &mut out);
+/// assert_eq!(out, [1.5, -2.0]);
+/// ```
+#[track_caller]
+pub fn widen<H: HalfFloat>(src: &[H], dst: &mut [f32]) {
+    widen_on(HalfPath::chosen(), src, dst)
+}
+
+/// [`widen`] on `path`.
+///
+/// **Panics** if the lengths differ or the CPU cannot run `path`.
+#[track_caller]
+pub fn widen_on<H: HalfFloat>(path: HalfPath, src: &[H], dst: &mut [f32]) {
+    check_lengths("widen", src.len(), dst.len());
+    path.check();
+    let src = H::bits(src);
+    match path {
+        HalfPath::Scalar => widen_scalar::<H>(src, dst),
+        // SAFETY: `check` found AVX2 and F16C on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::widen_avx2::<H>(src, dst) },
+        // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::widen_avx512::<H>(src, dst) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    }
+}
+
+/// [`widen`]'s naive twin: the `half` crate's software `to_f32_const`.
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn widen_naive<H: HalfFloat>(src: &[H], dst: &mut [f32]) {
+    check_lengths("widen", src.len(), dst.len());
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = h.naive_to_f32();
+    }
+}
+
+/// `dst[i]` = the value of `H` nearest `src[i]`, ties to even (subnormals
+/// kept, ±∞ past the range, NaN quiet), on [`HalfPath::chosen`].
+///
+/// **Panics** if the lengths differ.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::narrow_nearest;
+/// let mut out = [bf16::ZERO; 2];
+/// // 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: the even one, 1, wins.
+/// narrow_nearest(&[1.0 + 1.0 / 256.0, 3.0], &mut out);
+/// assert_eq!(out, [bf16::ONE, bf16::from_f32(3.0)]);
+/// ```
+#[track_caller]
+pub fn narrow_nearest<H: HalfFloat>(src: &[f32], dst: &mut [H]) {
+    narrow_nearest_on(HalfPath::chosen(), src, dst)
+}
+
+/// [`narrow_nearest`] on `path`.
+///
+/// **Panics** if the lengths differ or the CPU cannot run `path`.
+#[track_caller]
+pub fn narrow_nearest_on<H: HalfFloat>(path: HalfPath, src: &[f32], dst: &mut [H]) {
+    check_lengths("narrow_nearest", src.len(), dst.len());
+    path.check();
+    let dst = H::bits_mut(dst);
+    match path {
+        HalfPath::Scalar => nearest_scalar::<H>(src, dst),
+        // SAFETY: `check` found AVX2 and F16C on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::nearest_avx2::<H>(src, dst) },
+        // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::nearest_avx512::<H>(src, dst) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    }
+}
+
+/// [`narrow_nearest`]'s naive twin: the `half` crate's software
+/// `from_f32_const`.
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn narrow_nearest_naive<H: HalfFloat>(src: &[f32], dst: &mut [H]) {
+    check_lengths("narrow_nearest", src.len(), dst.len());
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = H::naive_from_f32(x);
+    }
+}
+
+/// `dst[i]` = `src[i]` rounded stochastically to one of its two neighbours
+/// in `H`, with the random bits [`sr_bits`]`(key, first_index + i)`
+/// (wrapping), on [`HalfPath::chosen`]. The module's documentation states
+/// the rounding; its expected value is `src[i]` (for f16 within 2⁻³² ulp
+/// in the subnormal range).
+///
+/// **Panics** if the lengths differ.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::{narrow_stochastic, SrKey};
+/// let key = SrKey::new(1, 0, SrKey::param_hash("w"));
+/// let x = vec![1.0 + 1.0 / 512.0; 4096]; // a quarter of an ulp above 1
+/// let mut out = vec![bf16::ZERO; 4096];
+/// narrow_stochastic(&x, &mut out, key, 0);
+/// let up = out.iter().filter(|&&h| h == bf16::from_f32(1.0 + 1.0 / 128.0)).count();
+/// assert!(out.iter().all(|&h| h == bf16::ONE || h == bf16::from_f32(1.0 + 1.0 / 128.0)));
+/// assert!((900..1150).contains(&up)); // 1024 expected
+/// ```
+#[track_caller]
+pub fn narrow_stochastic<H: HalfFloat>(src: &[f32], dst: &mut [H], key: SrKey, first_index: u64) {
+    narrow_stochastic_on(HalfPath::chosen(), src, dst, key, first_index)
+}
+
+/// [`narrow_stochastic`] on `path`.
+///
+/// **Panics** if the lengths differ or the CPU cannot run `path`.
+#[track_caller]
+pub fn narrow_stochastic_on<H: HalfFloat>(
+    path: HalfPath,
+    src: &[f32],
+    dst: &mut [H],
+    key: SrKey,
+    first_index: u64,
+) {
+    check_lengths("narrow_stochastic", src.len(), dst.len());
+    path.check();
+    let dst = H::bits_mut(dst);
+    match path {
+        HalfPath::Scalar => stochastic_scalar::<H>(src, dst, key, first_index),
+        // SAFETY: `check` found AVX2 on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::stochastic_avx2::<H>(src, dst, key, first_index) },
+        // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::stochastic_avx512::<H>(src, dst, key, first_index) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    }
+}
+
+/// [`narrow_stochastic`]'s naive twin, from the definition in f64: the
+/// lower neighbour `lo` found with the `half` crate's software rounding to
+/// nearest (one step down when that rounded up), the ulp above it from the
+/// next value, `F = ⌊2³²·(|x| − lo)/ulp⌋`, and `lo`'s successor if
+/// `F + r ≥ 2³²`.
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn narrow_stochastic_naive<H: HalfFloat>(
+    src: &[f32],
+    dst: &mut [H],
+    key: SrKey,
+    first_index: u64,
+) {
+    check_lengths("narrow_stochastic", src.len(), dst.len());
+    for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+        let r = sr_bits(key, first_index.wrapping_add(i as u64));
+        *d = stochastic_naive_one::<H>(x, r);
+    }
+}
+
+fn stochastic_naive_one<H: HalfFloat>(x: f32, r: u32) -> H {
+    if x.is_nan() {
+        return H::naive_from_f32(x);
+    }
+    let value = |bits: u16| H::from_raw(bits).naive_to_f32() as f64;
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    let a = x.abs() as f64;
+    let mut lo = H::naive_from_f32(x.abs()).to_bits();
+    if value(lo) > a {
+        lo -= 1;
+    }
+    if lo == H::INF_BITS {
+        return H::from_raw(sign | lo);
+    }
+    let ulp = if lo == H::MAX_BITS {
+        value(lo) - value(lo - 1)
+    } else {
+        value(lo + 1) - value(lo)
+    };
+    let below = a - value(lo);
+    if below >= ulp {
+        // Past the largest finite value by a whole ulp or more.
+        return H::from_raw(sign | H::INF_BITS);
+    }
+    let f = (below / ulp * 4_294_967_296.0).floor() as u64;
+    let up = (f + r as u64 >= 1 << 32) as u16;
+    H::from_raw(sign | (lo + up))
+}
