@@ -20,8 +20,8 @@
 //! exact (F16C's `vcvtph2ps`). Both quiet a NaN: its top mantissa bit is
 //! set, the rest of the payload kept, as the `half` crate and F16C do. f32 → half
 //! rounds to nearest, ties to even, keeps subnormals (never flushed to
-//! zero), rounds to ±∞ past the largest finite value's half-ulp (bf16
-//! beyond `(2 − 2⁻⁸)·2¹²⁷`, f16 at 65520 and beyond), keeps ±∞, and turns a NaN
+//! zero), rounds to ±∞ from half an ulp past the largest finite value on
+//! (bf16 from `(2 − 2⁻⁸)·2¹²⁷`, f16 from 65520), keeps ±∞, and turns a NaN
 //! into a quiet NaN of the same sign with the payload's top bits. bf16
 //! rounds with integer arithmetic on the bits (AVX-512 BF16's `vcvtneps2bf16`
 //! would flush subnormal inputs to zero); f16 uses F16C's `vcvtps2ph` with
@@ -45,6 +45,10 @@
 //! [`sr_bits`]`(key, first_index + i)`, a pure function of the [`SrKey`]
 //! and the element's global index, so the result does not depend on how a
 //! caller cuts a parameter into calls or across threads.
+//!
+//! The semantics are `docs/spec.md#71-half-precision-storage`; why
+//! stochastic rounding is unbiased, its variance and its cost,
+//! `docs/gradients.md#stochastic-rounding`.
 //!
 //! These are internal kernels: a source and destination of different
 //! lengths is a caller's bug and panics.
