@@ -334,20 +334,23 @@ fn f16_split(a: u32) -> (u32, u32) {
 fn f16_nearest(x: u32) -> u16 {
     let sign = (x >> 16) & 0x8000;
     let a = x & 0x7FFF_FFFF;
-    if a > 0x7F80_0000 {
-        return f16_nan(sign, a);
-    }
-    if a >> 23 > 112 {
-        let t = (a >> 13) - 0x1_C000;
-        let f = a & 0x1FFF;
-        let up = (f > 0x1000 || (f == 0x1000 && t & 1 == 1)) as u32;
-        (sign | (t + up).min(0x7C00)) as u16
+    // Written without branches on the value (a branch on the dropped bits
+    // would be mispredicted half the time). f16 normal or beyond: as
+    // `bf16_nearest`, on the 13 bits below the f16 ulp, then rebiased.
+    let normal = ((a + 0x0FFF + ((a >> 13) & 1)) >> 13).wrapping_sub(0x1_C000);
+    // |x| < 2⁻¹⁴: |x|·2²⁴ < 2¹⁰ is exact; adding and taking away 2²³ rounds
+    // it to an integer, ties to even: the subnormal's bits (1024 is 2⁻¹⁴'s).
+    let t = f32::from_bits(a) * 16_777_216.0;
+    let subnormal = ((t + 8_388_608.0) - 8_388_608.0) as u32;
+    let mag = if a >> 23 > 112 {
+        normal.min(0x7C00)
     } else {
-        // |x|·2²⁴ < 2¹⁰ is exact; adding and taking away 2²³ rounds it to
-        // an integer, ties to even: the subnormal's bits (1024 is 2⁻¹⁴'s).
-        let t = f32::from_bits(a) * 16_777_216.0;
-        let n = ((t + 8_388_608.0) - 8_388_608.0) as u32;
-        (sign | n) as u16
+        subnormal
+    };
+    if a > 0x7F80_0000 {
+        f16_nan(sign, a)
+    } else {
+        (sign | mag) as u16
     }
 }
 
