@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -50,26 +51,62 @@ __all__ = ["consolidate", "gather_state_dict", "load_shards", "save_shards", "sh
 
 
 _COMMS = [0]  # how many _Comm this process has made: the same sequence on every process
+_TIMED = {}  # id(group) -> (group, timeout) for the groups made here with a timeout
+
+
+def _check_timeout(timeout) -> float:
+    t = float(timeout)
+    if not (t > 0 and t < float("inf")):
+        raise ValueError(f"shard: timeout {timeout!r}, expected a finite number of seconds > 0")
+    return t
+
+
+def _timed_group(group, timeout: float):
+    """A group of ``group``'s processes (all of them when ``None``) whose
+    collectives time out after ``timeout`` seconds; made once (a collective
+    over those processes), reused when passed back."""
+    made = _TIMED.get(id(group))
+    if made is not None and made[0] is group and made[1] == timeout:
+        return group
+    td = datetime.timedelta(seconds=timeout)
+    if group is None:
+        new = dist.new_group(timeout=td)
+    else:
+        new = dist.new_group(
+            ranks=dist.get_process_group_ranks(group), timeout=td,
+            backend=dist.get_backend(group), use_local_synchronization=True,
+        )
+    _TIMED[id(new)] = (new, timeout)
+    return new
 
 
 class _Comm:
     """The group, this rank, and the bytes this rank has sent (``sent``).
 
-    Before each collective a rank records in the process group's store how
-    many it has entered. A collective that fails (a peer died: gloo sees its
-    connection close at once; a peer stalls: the group's timeout,
-    ``init_process_group(timeout=...)``) raises a RuntimeError naming the
-    ranks that had not entered it, read from the store within ``timeout``
-    seconds.
+    The exchanges run on a gloo group of their own over the same processes,
+    made with ``timeout`` (seconds) as its timeout (``new_group(timeout=)``):
+    a collective that some peer has not joined within ``timeout`` of this
+    rank entering it fails, as does one whose peer died (gloo sees its
+    connection close at once). Before each collective a rank records in the
+    store how many it has entered; when one fails, the RuntimeError names
+    the ranks that had not entered it (dead, or stalled between exchanges).
+    If every peer had entered it (one stopped inside it), each survivor
+    records in the store that it is alive and waits up to ``timeout`` more
+    for the others' records, and names the ranks whose record never came.
+    So a peer that dies or stalls stops the others with an error naming it
+    within ``timeout`` (2 × ``timeout`` when it stopped inside an exchange)
+    of their entering the exchange it misses; ``timeout`` must exceed the
+    longest a rank may spend away from the exchanges while the others wait
+    (a checkpoint write, an evaluation on one rank).
     """
 
     def __init__(self, group, timeout: float = 30.0):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
-        self.group = group
-        self.world = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        self.timeout = float(timeout)
+        self.timeout = _check_timeout(timeout)
+        self.group = _timed_group(group, self.timeout)
+        self.world = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
         self.sent = 0
         self.seq = 0
         _COMMS[0] += 1
@@ -89,24 +126,36 @@ class _Comm:
             raise RuntimeError(f"rank {self.rank}: {what} (exchange #{self.seq}) failed: {self._who()} ({exc})") from exc
 
     def _who(self) -> str:
-        """The ranks that had not entered this rank's current collective."""
+        """The ranks that had not entered this rank's current collective, or
+        (when all had) those that did not answer within ``timeout`` after it."""
         if self._store is None:
             return "the failed peer is not known"
         late = []
+        others = [r for r in range(self.world) if r != self.rank]
+        alive = f"{self._prefix}alive/{self.seq}/"
         try:
             self._store.set_timeout(datetime.timedelta(seconds=self.timeout))
-            for r in range(self.world):
-                if r == self.rank:
-                    continue
+            self._store.set(f"{alive}{self.rank}", "1")
+            for r in others:
                 key = f"{self._prefix}{r}"
                 seen = int(self._store.get(key)) if self._store.check([key]) else 0
                 if seen < self.seq:
                     late.append(f"rank {r} (it entered {seen} of them)")
+            if late:
+                return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+            # Every peer entered it: the survivors answer in the store.
+            deadline = time.monotonic() + self.timeout
+            while True:
+                mute = [r for r in others if not self._store.check([f"{alive}{r}"])]
+                if not mute or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
         except RuntimeError as exc:
             return f"the group's store did not answer within {self.timeout:g} s (its host, rank 0, may have died): {exc}"
-        if not late:
-            return "every peer had entered it (one died or stalled inside it)"
-        return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+        if not mute:
+            return "every peer had entered it and is alive (the exchange itself failed)"
+        names = ", ".join(f"rank {r}" for r in mute)
+        return f"{names} entered it but did not answer within {self.timeout:g} s after it failed; it died or stalls inside it"
 
     def all_to_all(self, send: torch.Tensor, out_counts, in_counts) -> torch.Tensor:
         send = send.contiguous()
@@ -193,8 +242,6 @@ class _Sharded(nn.Module):
     """What the three sharded layers share: the group, their parameters on the local kernels' buffers."""
 
     def _init_comm(self, group, timeout):
-        if group is None:
-            group = dist.new_group()
         self._comm = _Comm(group, timeout)
         self.world, self.rank = self._comm.world, self._comm.rank
 
@@ -677,15 +724,19 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     may then drop). Any other module: each of those layers inside it is
     replaced by its sharded module, every sharded module's parameters are left
     out of DistributedDataParallel's buckets, and ``module`` is returned.
-    ``process_group``: the processes (default: a new group of all of them);
-    ``timeout``: seconds a monitored barrier waits to name a failed peer after
-    a collective fails (a stall is detected by the group's own timeout,
-    ``init_process_group(timeout=...)``)."""
-    group = process_group
-    if group is None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
-        group = dist.new_group()
+    ``process_group``: the processes (default: all of them); the exchanges
+    run on a new group of those processes whose collectives time out after
+    ``timeout`` seconds. A peer that dies or stalls (alive but not joining
+    an exchange) makes every other rank raise a RuntimeError naming it
+    within ``timeout`` of entering the exchange it misses (2 × ``timeout``
+    if it stopped inside one), never a hang; ``timeout`` must exceed the
+    longest a rank may be away from the exchanges while the others wait
+    (a checkpoint write, an evaluation on one rank). After that error the
+    group is unusable."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
+    timeout = _check_timeout(timeout)
+    group = _timed_group(process_group, timeout)
     kind = _KINDS.get(type(module))
     if kind is not None:
         return kind(module, group, timeout)

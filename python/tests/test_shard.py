@@ -256,3 +256,92 @@ def test_a_killed_process_makes_the_other_stop_with_an_error(tmp_path):
     elapsed, msg = open(out).read().split("\n", 1)
     assert float(elapsed) < 15.0
     assert msg.startswith("rank 0:") and "did not reach it: rank 1 (it entered" in msg, msg
+
+
+STALL_TIMEOUT = 2.0
+
+
+def stall_worker(rank, world, store, out, stalled, inside):
+    """Trains the model two steps, then rank ``stalled`` stops (SIGSTOP):
+    before the third step's first exchange, or inside it (after recording its
+    arrival). The others write how long their third step ran and its error.
+    (Not at the second step: there DistributedDataParallel's forward
+    broadcasts its rebuilt buckets on the default group, whose timeout is
+    init_process_group's.)"""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    from splitgrad.torch import shard
+
+    m = shard(build(make_index_at(os.path.dirname(store)), False), timeout=STALL_TIMEOUT)
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opt = optimiser(m)
+    for step, (tokens, langs, labels) in enumerate(batches()):
+        if step == 2 and rank == stalled:
+            if inside:
+                dist.all_to_all_single = lambda *a, **k: os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        part = slice(rank * B // world, (rank + 1) * B // world)
+        t = time.monotonic()
+        try:
+            opt.zero_grad()
+            ddp(tokens[part], langs[part], labels[part]).backward()
+            opt.step()
+            msg = ""
+        except RuntimeError as e:
+            msg = str(e)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{time.monotonic() - t}\n{msg}")
+    os._exit(0)  # the group is broken: leave without its teardown
+
+
+def make_index_at(directory):
+    path = os.path.join(directory, "index.npz")
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    return path
+
+
+def run_stalled(tmp_path, world, stalled, inside):
+    """Runs ``stall_worker`` on ``world`` processes; returns each survivor's
+    (seconds, message). The stopped process is killed, and nothing outlives
+    the call (a deadline bounds it)."""
+    make_index(tmp_path)
+    out = str(tmp_path / "stall")
+    ctx = mp.start_processes(stall_worker, args=(world, str(tmp_path / "store"), out, stalled, inside),
+                             nprocs=world, start_method="spawn", join=False)
+    survivors = [r for r in range(world) if r != stalled]
+    deadline = time.monotonic() + 60.0
+    try:
+        while time.monotonic() < deadline and not all(os.path.exists(f"{out}.{r}") for r in survivors):
+            time.sleep(0.1)
+        for r in survivors:
+            ctx.processes[r].join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)  # a stopped process dies from SIGKILL too
+                p.join(10)
+    codes = [p.exitcode for p in ctx.processes]
+    assert codes == [-signal.SIGKILL if r == stalled else 0 for r in range(world)], codes
+    got = {}
+    for r in survivors:
+        elapsed, msg = open(f"{out}.{r}").read().split("\n", 1)
+        got[r] = (float(elapsed), msg)
+    return got
+
+
+@pytest.mark.parametrize("world, stalled", [(2, 1), (4, 2)])
+def test_a_stalled_process_makes_the_others_stop_naming_it_within_the_timeout(tmp_path, world, stalled):
+    for r, (elapsed, msg) in run_stalled(tmp_path, world, stalled, inside=False).items():
+        assert STALL_TIMEOUT * 0.9 < elapsed < STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and f"did not reach it: rank {stalled} (it entered" in msg, msg
+        assert all(f"rank {q} (" not in msg for q in range(world) if q not in (r, stalled)), msg
+
+
+def test_a_process_stalled_inside_an_exchange_is_named_within_twice_the_timeout(tmp_path):
+    for r, (elapsed, msg) in run_stalled(tmp_path, 2, 1, inside=True).items():
+        assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and "rank 1 entered it but did not answer" in msg, msg
