@@ -259,6 +259,10 @@ class _Sharded(nn.Module):
         """{name: (full shape, this rank's rows of it (split-relative, int64) or None, local tensor)}."""
         raise NotImplementedError
 
+    def _state_params(self):
+        """{name (as in ``local_state``): the parameter holding this rank's rows}."""
+        raise NotImplementedError
+
     def _fused_state(self):
         return {}
 
@@ -347,6 +351,9 @@ class ShardedTokenEmbeddings(_Sharded):
 
     def _local_params(self):
         return [(n, self.token_embedding[s]) for s, n in zip(self._order, self._names)]
+
+    def _state_params(self):
+        return dict(self._local_params())
 
     def _load_fused(self, state, full):
         """Loads a fused Adam state (of the full table when ``full``, else of this rank's rows)."""
@@ -492,6 +499,9 @@ class ShardedVocabulary(_Sharded):
 
     def _local_params(self):
         return [("split_vocabulary.rows", self.rows), ("split_vocabulary.gate_logit", self.gate_logit)]
+
+    def _state_params(self):
+        return {"rows": self.rows, "gate_logit": self.gate_logit}
 
     def _load_fused(self, states, full):
         if self._core is None:
@@ -684,6 +694,9 @@ class ShardedLanguageModellingHead(_Sharded):
     def _local_params(self):
         return [(n, self.lm_head[s]) for s, n in zip(self._order, self._names)]
 
+    def _state_params(self):
+        return dict(self._local_params())
+
     def _rows_of(self, lab_p):
         out = torch.zeros((lab_p.shape[0], self.hidden), dtype=self._dtype)
         for (lo, hi), s in zip(self._ranges, self._order):
@@ -819,24 +832,80 @@ def _atomic_save(obj, path):
         raise
 
 
-def save_shards(model: nn.Module, directory) -> str:
+def _optimizer_params(model, optimizer):
+    """[(group, [(parameter name in ``model``, parameter)])] for ``optimizer``'s groups."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for gi, group in enumerate(optimizer.param_groups):
+        ps = []
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError(f"optimizer: a parameter of group {gi} (shape {tuple(p.shape)}) is not a parameter of the model")
+            ps.append((names[id(p)], p))
+        out.append((group, ps))
+    return out
+
+
+def _sharded_owner(mods):
+    """{id(parameter): (layer prefix, local name)} for the sharded layers' parameters."""
+    return {id(p): (prefix, n) for prefix, mod in mods for n, p in mod._state_params().items()}
+
+
+def _optimizer_shard(model, mods, optimizer, rank):
+    """This rank's part of ``optimizer``'s state: per sharded layer, each
+    parameter's state split into row tensors (the parameter's shape: its
+    rows) and the rest; on rank 0 the other parameters' state (replicated,
+    as under DistributedDataParallel) and the groups' settings."""
+    owner = _sharded_owner(mods)
+    layers, dense, groups = {prefix: {} for prefix, _ in mods}, {}, []
+    for group, ps in _optimizer_params(model, optimizer):
+        groups.append({"settings": {k: v for k, v in group.items() if k != "params"}, "params": [n for n, _ in ps]})
+        for name, p in ps:
+            st = optimizer.state.get(p)
+            if not st:
+                continue
+            if id(p) in owner:
+                prefix, local = owner[id(p)]
+                rows = {k: v.detach().clone() for k, v in st.items() if torch.is_tensor(v) and v.ndim >= 1 and v.shape == p.shape}
+                other = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items() if k not in rows}
+                layers[prefix][local] = {"rows": rows, "other": other}
+            elif rank == 0:
+                dense[name] = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+    return layers, ({"dense": dense, "groups": groups} if rank == 0 else None)
+
+
+def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     """Each process writes its rows and fused optimiser state to
     ``directory/shard-<rank>-of-<P>.pt`` (temp file + rename; ends with a
     barrier, so every shard is complete when any process returns). Returns
-    this process's file."""
+    this process's file.
+
+    ``optimizer``: a torch optimiser over the model's parameters (the head's
+    rows, the dense rest); its state is written too: each sharded
+    parameter's in this rank's shard (the tensors of the parameter's shape
+    as rows, re-strided on loading like the weights), the other parameters'
+    (the same on every process under DistributedDataParallel) and the
+    groups' settings in rank 0's. ``load_shards(..., optimizer=)`` restores it."""
     mods = _sharded_modules(model)
     if not mods:
         raise ValueError("save_shards: no sharded layer in this module")
     comm = mods[0][1]._comm
     os.makedirs(directory, exist_ok=True)
+    optim_layers, optim = _optimizer_shard(model, mods, optimizer, comm.rank) if optimizer is not None else ({}, None)
     layers = {}
     for prefix, mod in mods:
         layers[prefix] = {
             "tensors": {n: (shape, torch.from_numpy(np.asarray(rows)), t.clone()) for n, (shape, rows, t) in mod.local_state().items()},
             "fused": {k: torch.from_numpy(np.array(v)) for k, v in mod._fused_state().items()},
         }
+        if optimizer is not None:
+            layers[prefix]["optimizer"] = optim_layers[prefix]
     path = os.path.join(str(directory), f"shard-{comm.rank}-of-{comm.world}.pt")
-    _atomic_save({"rank": comm.rank, "world": comm.world, "layers": layers}, path)
+    blob = {"rank": comm.rank, "world": comm.world, "layers": layers}
+    if optimizer is not None:
+        blob["has_optimizer"] = True
+        blob["optimizer"] = optim
+    _atomic_save(blob, path)
     comm._run("barrier", dist.barrier)
     return path
 
@@ -890,14 +959,76 @@ def _full_tensors(shards):
     return out, fused
 
 
-def load_shards(model: nn.Module, directory) -> None:
+def _optimizer_state_of(directory, shards, model, mods, optimizer, comm):
+    """``optimizer``'s state dict from the shards: each sharded parameter's
+    rows re-strided to this rank's (its other state taken as saved when
+    every shard agrees, or from this rank's shard on the same P), the rest
+    from rank 0's shard."""
+    if not all(s.get("has_optimizer") for s in shards):
+        raise ValueError(f"{directory}: the shards hold no optimiser state (save_shards was called without optimizer=)")
+    saved = shards[0]["optimizer"]
+    ps = _optimizer_params(model, optimizer)
+    if [g["params"] for g in saved["groups"]] != [[n for n, _ in group] for _, group in ps]:
+        raise ValueError(
+            f"{directory}: the optimiser's parameter groups {[[n for n, _ in g] for _, g in ps]} "
+            f"are not the saved ones {[g['params'] for g in saved['groups']]}"
+        )
+    same_p = len(shards) == comm.world
+    owner, here = _sharded_owner(mods), dict(mods)
+    sd = optimizer.state_dict()
+    state, idx = {}, 0
+    for _, group in ps:
+        for name, p in group:
+            i = idx
+            idx += 1
+            if id(p) not in owner:
+                if name in saved["dense"]:
+                    state[i] = saved["dense"][name]
+                continue
+            prefix, local = owner[id(p)]
+            parts = [s["layers"][prefix].get("optimizer", {}).get(local) for s in shards]
+            if all(x is None for x in parts):
+                continue
+            if any(x is None for x in parts):
+                raise ValueError(f"{directory}: optimiser state of `{_key(prefix, local)}` in some shards only")
+            st = {}
+            for k in parts[0]["other"]:
+                vals = [x["other"][k] for x in parts]
+                if same_p:
+                    st[k] = vals[comm.rank]
+                elif all((torch.equal(v, vals[0]) if torch.is_tensor(v) else v == vals[0]) for v in vals):
+                    st[k] = vals[0]
+                else:
+                    raise ValueError(f"{directory}: optimiser state `{k}` of `{_key(prefix, local)}` differs between the shards and is not row-wise; it cannot be re-strided to {comm.world} processes")
+            for k in parts[0]["rows"]:
+                shape = shards[0]["layers"][prefix]["tensors"][local][0]
+                v0 = parts[0]["rows"][k]
+                full = v0.new_zeros((shape[0],) + tuple(v0.shape[1:]))
+                for s, x in zip(shards, parts):
+                    full[s["layers"][prefix]["tensors"][local][1]] = x["rows"][k]
+                st[k] = full[torch.from_numpy(np.asarray(here[prefix].local_state()[local][1]))]
+            state[i] = st
+    sd["state"] = state
+    for g, sg in zip(sd["param_groups"], saved["groups"]):
+        g.update(sg["settings"])
+    return sd
+
+
+def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     """Loads ``directory``'s shards (written by any number of processes) into
     ``model``'s sharded layers: each process takes its own rows and their
-    fused optimiser state."""
-    full, fused = _full_tensors(_read_shards(directory))
-    for prefix, mod in _sharded_modules(model):
-        if prefix not in full:
+    fused optimiser state. With ``optimizer`` (built over the same
+    parameters, in the same groups, as the one given to ``save_shards``)
+    its state is restored too: the sharded parameters' rows re-strided to
+    this process, the rest as saved, the groups' settings (``lr``, ...) as saved."""
+    shards = _read_shards(directory)
+    mods = _sharded_modules(model)
+    for prefix, _ in mods:
+        if prefix not in shards[0]["layers"]:
             raise KeyError(f"{directory}: no shard of layer `{prefix}`")
+    optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
+    full, fused = _full_tensors(shards)
+    for prefix, mod in mods:
         with torch.no_grad():
             for name, (_, rows, t) in mod.local_state().items():
                 t.copy_(full[prefix][name][torch.from_numpy(np.asarray(rows))])
@@ -906,6 +1037,8 @@ def load_shards(model: nn.Module, directory) -> None:
             mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=True)
         elif isinstance(mod, ShardedTokenEmbeddings):
             mod._load_fused(st, full=True)
+    if optim_sd is not None:
+        optimizer.load_state_dict(optim_sd)
 
 
 def consolidate(directory, path) -> dict:

@@ -2,8 +2,11 @@
 same weights as one unsharded process on the combined batch (its loss over
 P): embeddings and split vocabulary on fused_adam, the vocabulary-parallel
 head, a dense layer under DistributedDataParallel; frozen splits, uneven and
-empty per-process batches; checkpoints resumed on another P; a killed
-process makes the other stop with an error naming it."""
+empty per-process batches (the head and the dense layer on torch Adam);
+checkpoints, with the torch optimiser's state, resumed on the same P (bit
+for bit) and on another; a killed process, and one stopped (SIGSTOP)
+between or inside exchanges, make the others stop with an error naming it
+within the timeout."""
 
 import os
 import signal
@@ -73,7 +76,8 @@ def batches():
 
 
 def optimiser(m):
-    return torch.optim.SGD([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.05)
+    """Torch Adam for the dense layer and the head (whose rows the sharded head holds)."""
+    return torch.optim.Adam([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.01)
 
 
 def reference(index_path, frozen, world, steps=STEPS):
@@ -94,14 +98,14 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
     from splitgrad.torch import gather_state_dict, load_shards, save_shards, shard
 
     m = shard(build(index_path, frozen))
+    opt = optimiser(m)
     first = 0
     if load_dir is not None:
-        load_shards(m, load_dir)
+        load_shards(m, load_dir, optimizer=opt)
         dense = torch.load(os.path.join(load_dir, "dense.pt"))
         m.lin.load_state_dict(dense)
         first = 2
     ddp = torch.nn.parallel.DistributedDataParallel(m)
-    opt = optimiser(m)
     for step, (tokens, langs, labels) in enumerate(batches()):
         if step < first:
             continue
@@ -110,7 +114,7 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
         ddp(tokens[part], langs[part], labels[part]).backward()
         opt.step()
         if save_dir is not None and step == 1:
-            save_shards(m, save_dir)
+            save_shards(m, save_dir, optimizer=opt)
             if rank == 0:
                 torch.save(m.lin.state_dict(), os.path.join(save_dir, "dense.pt"))
     state = gather_state_dict(m, dst=0)
@@ -161,20 +165,29 @@ def test_sharded_training_equals_one_process_and_resumes_on_another_p(tmp_path):
         for k, v in full.items():
             torch.testing.assert_close(plain.state_dict()[k], two.state_dict()[k], rtol=1e-5, atol=2e-6, msg=k)
         assert not [f for f in os.listdir(save_dir) if f.startswith(".tmp-")]
-        out4 = str(tmp_path / "out4.pt")
-        mp.start_processes(
-            worker,
-            args=(4, str(tmp_path / "store4"), index_path, [0, 20, 20, 50, B], frozen, out4, None, save_dir),
-            nprocs=4, start_method="spawn",
-        )
-        # The reference with the third step's loss over 4 (the new P).
-        m = build(index_path, frozen)
-        opt = optimiser(m)
-        for step, (tokens, langs, labels) in enumerate(batches()):
-            opt.zero_grad()
-            m(tokens, langs, labels, ce_weight=1.0 / (2 if step < 2 else 4)).backward()
-            opt.step()
-        check(torch.load(out4)["state"], m, start)
+        # Resumed from those shards, with the head's and the dense layer's
+        # Adam state: on the same P the third step is the uninterrupted
+        # run's, bit for bit; on 1 and 4 processes (one with an empty batch)
+        # the reference's with the third step's loss over the new P.
+        for p_new, cuts_new in ((2, cuts), (1, [0, B]), (4, [0, 20, 20, 50, B])):
+            out_new = str(tmp_path / f"out{p_new}.pt")
+            mp.start_processes(
+                worker,
+                args=(p_new, str(tmp_path / f"store{p_new}"), index_path, cuts_new, frozen, out_new, None, save_dir),
+                nprocs=p_new, start_method="spawn",
+            )
+            resumed = torch.load(out_new)["state"]
+            if p_new == world:
+                for k, v in got["state"].items():
+                    assert torch.equal(resumed[k], v), k
+                continue
+            m = build(index_path, frozen)
+            opt = optimiser(m)
+            for step, (tokens, langs, labels) in enumerate(batches()):
+                opt.zero_grad()
+                m(tokens, langs, labels, ce_weight=1.0 / (world if step < 2 else p_new)).backward()
+                opt.step()
+            check(resumed, m, start)
 
 
 def head_worker(rank, world, store, out):
