@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -80,6 +81,23 @@ def _timed_group(group, timeout: float):
     return new
 
 
+def _within(fn, seconds):
+    """``fn()`` run on a daemon thread; ``None`` if it has not returned (or
+    it raised RuntimeError) within ``seconds``."""
+    box = []
+
+    def run():
+        try:
+            box.append(fn())
+        except RuntimeError:
+            box.append(None)
+
+    th = threading.Thread(target=run, daemon=True, name="splitgrad-shard-store")
+    th.start()
+    th.join(seconds)
+    return box[0] if box else None
+
+
 class _Comm:
     """The group, this rank, and the bytes this rank has sent (``sent``).
 
@@ -94,8 +112,9 @@ class _Comm:
     records in the store that it is alive and waits up to ``timeout`` more
     for the others' records, and names the ranks whose record never came.
     So a peer that dies or stalls stops the others with an error naming it
-    within ``timeout`` (2 × ``timeout`` when it stopped inside an exchange)
-    of their entering the exchange it misses; ``timeout`` must exceed the
+    within ``timeout`` of their entering the exchange it misses (2 ×
+    ``timeout`` when it stopped inside an exchange, or when it hosts the
+    store: then the error says the store did not answer); ``timeout`` must exceed the
     longest a rank may spend away from the exchanges while the others wait
     (a checkpoint write, an evaluation on one rank).
     """
@@ -127,34 +146,46 @@ class _Comm:
 
     def _who(self) -> str:
         """The ranks that had not entered this rank's current collective, or
-        (when all had) those that did not answer within ``timeout`` after it."""
+        (when all had) those that did not answer within ``timeout`` after it.
+        The store is read from a daemon thread, waited for at most
+        ``timeout`` (a TCPStore's ``check`` has no timeout of its own)."""
         if self._store is None:
             return "the failed peer is not known"
-        late = []
         others = [r for r in range(self.world) if r != self.rank]
         alive = f"{self._prefix}alive/{self.seq}/"
-        try:
-            self._store.set_timeout(datetime.timedelta(seconds=self.timeout))
+
+        def behind():
             self._store.set(f"{alive}{self.rank}", "1")
+            late = []
             for r in others:
                 key = f"{self._prefix}{r}"
                 seen = int(self._store.get(key)) if self._store.check([key]) else 0
                 if seen < self.seq:
                     late.append(f"rank {r} (it entered {seen} of them)")
-            if late:
-                return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+            return late
+
+        def mute():
             # Every peer entered it: the survivors answer in the store.
             deadline = time.monotonic() + self.timeout
             while True:
-                mute = [r for r in others if not self._store.check([f"{alive}{r}"])]
-                if not mute or time.monotonic() >= deadline:
-                    break
+                left = [r for r in others if not self._store.check([f"{alive}{r}"])]
+                if not left or time.monotonic() >= deadline:
+                    return left
                 time.sleep(0.02)
-        except RuntimeError as exc:
-            return f"the group's store did not answer within {self.timeout:g} s (its host, rank 0, may have died): {exc}"
-        if not mute:
+
+        late, left = _within(behind, self.timeout), []
+        if late is not None and not late:
+            left = _within(mute, self.timeout + 1.0)
+        if late is None or (not late and left is None):
+            return (
+                f"the group's store did not answer within {self.timeout:g} s (the process hosting it, "
+                "rank 0 unless a launcher's agent hosts it, may have died or be stalled)"
+            )
+        if late:
+            return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+        if not left:
             return "every peer had entered it and is alive (the exchange itself failed)"
-        names = ", ".join(f"rank {r}" for r in mute)
+        names = ", ".join(f"rank {r}" for r in left)
         return f"{names} entered it but did not answer within {self.timeout:g} s after it failed; it died or stalls inside it"
 
     def all_to_all(self, send: torch.Tensor, out_counts, in_counts) -> torch.Tensor:
@@ -742,7 +773,7 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     ``timeout`` seconds. A peer that dies or stalls (alive but not joining
     an exchange) makes every other rank raise a RuntimeError naming it
     within ``timeout`` of entering the exchange it misses (2 × ``timeout``
-    if it stopped inside one), never a hang; ``timeout`` must exceed the
+    if it stopped inside one or hosts the store), never a hang; ``timeout`` must exceed the
     longest a rank may be away from the exchanges while the others wait
     (a checkpoint write, an evaluation on one rank). After that error the
     group is unusable."""

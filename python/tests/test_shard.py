@@ -274,7 +274,7 @@ def test_a_killed_process_makes_the_other_stop_with_an_error(tmp_path):
 STALL_TIMEOUT = 2.0
 
 
-def stall_worker(rank, world, store, out, stalled, inside):
+def stall_worker(rank, world, store, out, stalled, inside, port):
     """Trains the model two steps, then rank ``stalled`` stops (SIGSTOP):
     before the third step's first exchange, or inside it (after recording its
     arrival). The others write how long their third step ran and its error.
@@ -283,7 +283,8 @@ def stall_worker(rank, world, store, out, stalled, inside):
     init_process_group's.)"""
     os.environ["RAYON_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+    init = f"tcp://127.0.0.1:{port}" if port else f"file://{store}"  # tcp: rank 0 hosts the store
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     from splitgrad.torch import shard
 
@@ -317,13 +318,20 @@ def make_index_at(directory):
     return path
 
 
-def run_stalled(tmp_path, world, stalled, inside):
+def run_stalled(tmp_path, world, stalled, inside, tcp=False):
     """Runs ``stall_worker`` on ``world`` processes; returns each survivor's
     (seconds, message). The stopped process is killed, and nothing outlives
     the call (a deadline bounds it)."""
     make_index(tmp_path)
     out = str(tmp_path / "stall")
-    ctx = mp.start_processes(stall_worker, args=(world, str(tmp_path / "store"), out, stalled, inside),
+    port = 0
+    if tcp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    ctx = mp.start_processes(stall_worker, args=(world, str(tmp_path / "store"), out, stalled, inside, port),
                              nprocs=world, start_method="spawn", join=False)
     survivors = [r for r in range(world) if r != stalled]
     deadline = time.monotonic() + 60.0
@@ -358,3 +366,10 @@ def test_a_process_stalled_inside_an_exchange_is_named_within_twice_the_timeout(
     for r, (elapsed, msg) in run_stalled(tmp_path, 2, 1, inside=True).items():
         assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
         assert msg.startswith(f"rank {r}:") and "rank 1 entered it but did not answer" in msg, msg
+
+
+def test_a_stalled_store_host_is_reported_within_twice_the_timeout(tmp_path):
+    # Under init_method tcp:// rank 0 hosts the store: stopped, it stops the store too.
+    for r, (elapsed, msg) in run_stalled(tmp_path, 2, 0, inside=False, tcp=True).items():
+        assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and "store did not answer within 2 s" in msg and "rank 0" in msg, msg
