@@ -114,9 +114,10 @@ class _Comm:
     So a peer that dies or stalls stops the others with an error naming it
     within ``timeout`` of their entering the exchange it misses (2 ×
     ``timeout`` when it stopped inside an exchange, or when it hosts the
-    store: then the error says the store did not answer); ``timeout`` must exceed the
-    longest a rank may spend away from the exchanges while the others wait
-    (a checkpoint write, an evaluation on one rank).
+    store: then the error says the store did not answer). ``timeout`` must
+    exceed the longest a rank may spend away from the exchanges while the
+    others wait (a checkpoint write, an evaluation on one rank) and the
+    longest single transfer (``gather_state_dict`` moves whole tables).
     """
 
     def __init__(self, group, timeout: float = 30.0):
@@ -775,7 +776,8 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     within ``timeout`` of entering the exchange it misses (2 × ``timeout``
     if it stopped inside one or hosts the store), never a hang; ``timeout`` must exceed the
     longest a rank may be away from the exchanges while the others wait
-    (a checkpoint write, an evaluation on one rank). After that error the
+    (a checkpoint write, an evaluation on one rank) and the longest single
+    transfer (``gather_state_dict`` moves whole tables). After that error the
     group is unusable."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
