@@ -52,7 +52,8 @@ __all__ = ["consolidate", "gather_state_dict", "load_shards", "save_shards", "sh
 
 
 _COMMS = [0]  # how many _Comm this process has made: the same sequence on every process
-_TIMED = {}  # id(group) -> (group, timeout) for the groups made here with a timeout
+_TIMED = {}  # (id(the caller's group), timeout) -> (that group, the group made from it)
+_MADE = {}  # id(group) -> (group, timeout) for the groups made here
 
 
 def _check_timeout(timeout) -> float:
@@ -62,13 +63,24 @@ def _check_timeout(timeout) -> float:
     return t
 
 
+def _alive(group) -> bool:
+    try:
+        return group in dist.distributed_c10d._world.pg_map
+    except (AttributeError, TypeError):  # pragma: no cover - another torch
+        return True
+
+
 def _timed_group(group, timeout: float):
     """A group of ``group``'s processes (all of them when ``None``) whose
-    collectives time out after ``timeout`` seconds; made once (a collective
-    over those processes), reused when passed back."""
-    made = _TIMED.get(id(group))
-    if made is not None and made[0] is group and made[1] == timeout:
+    collectives time out after ``timeout`` seconds: made once per group and
+    timeout (a collective over those processes; every process makes the
+    same calls), reused after, and returned as is when it is passed back."""
+    made = _MADE.get(id(group))
+    if made is not None and made[0] is group and made[1] == timeout and _alive(group):
         return group
+    cached = _TIMED.get((id(group), timeout))
+    if cached is not None and cached[0] is group and _alive(cached[1]):
+        return cached[1]
     td = datetime.timedelta(seconds=timeout)
     if group is None:
         new = dist.new_group(timeout=td)
@@ -77,7 +89,8 @@ def _timed_group(group, timeout: float):
             ranks=dist.get_process_group_ranks(group), timeout=td,
             backend=dist.get_backend(group), use_local_synchronization=True,
         )
-    _TIMED[id(new)] = (new, timeout)
+    _MADE[id(new)] = (new, timeout)
+    _TIMED[(id(group), timeout)] = (group, new)
     return new
 
 
