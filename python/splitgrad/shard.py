@@ -25,6 +25,8 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import threading
+import time
 
 import numpy as np
 import torch
@@ -50,26 +52,94 @@ __all__ = ["consolidate", "gather_state_dict", "load_shards", "save_shards", "sh
 
 
 _COMMS = [0]  # how many _Comm this process has made: the same sequence on every process
+_TIMED = {}  # (id(the caller's group), timeout) -> (that group, the group made from it)
+_MADE = {}  # id(group) -> (group, timeout) for the groups made here
+
+
+def _check_timeout(timeout) -> float:
+    t = float(timeout)
+    if not (t > 0 and t < float("inf")):
+        raise ValueError(f"shard: timeout {timeout!r}, expected a finite number of seconds > 0")
+    return t
+
+
+def _alive(group) -> bool:
+    try:
+        return group in dist.distributed_c10d._world.pg_map
+    except (AttributeError, TypeError):  # pragma: no cover - another torch
+        return True
+
+
+def _timed_group(group, timeout: float):
+    """A group of ``group``'s processes (all of them when ``None``) whose
+    collectives time out after ``timeout`` seconds: made once per group and
+    timeout (a collective over those processes; every process makes the
+    same calls), reused after, and returned as is when it is passed back."""
+    made = _MADE.get(id(group))
+    if made is not None and made[0] is group and made[1] == timeout and _alive(group):
+        return group
+    cached = _TIMED.get((id(group), timeout))
+    if cached is not None and cached[0] is group and _alive(cached[1]):
+        return cached[1]
+    td = datetime.timedelta(seconds=timeout)
+    if group is None:
+        new = dist.new_group(timeout=td)
+    else:
+        new = dist.new_group(
+            ranks=dist.get_process_group_ranks(group), timeout=td,
+            backend=dist.get_backend(group), use_local_synchronization=True,
+        )
+    _MADE[id(new)] = (new, timeout)
+    _TIMED[(id(group), timeout)] = (group, new)
+    return new
+
+
+def _within(fn, seconds):
+    """``fn()`` run on a daemon thread; ``None`` if it has not returned (or
+    it raised RuntimeError) within ``seconds``."""
+    box = []
+
+    def run():
+        try:
+            box.append(fn())
+        except RuntimeError:
+            box.append(None)
+
+    th = threading.Thread(target=run, daemon=True, name="splitgrad-shard-store")
+    th.start()
+    th.join(seconds)
+    return box[0] if box else None
 
 
 class _Comm:
     """The group, this rank, and the bytes this rank has sent (``sent``).
 
-    Before each collective a rank records in the process group's store how
-    many it has entered. A collective that fails (a peer died: gloo sees its
-    connection close at once; a peer stalls: the group's timeout,
-    ``init_process_group(timeout=...)``) raises a RuntimeError naming the
-    ranks that had not entered it, read from the store within ``timeout``
-    seconds.
+    The exchanges run on a gloo group of their own over the same processes,
+    made with ``timeout`` (seconds) as its timeout (``new_group(timeout=)``):
+    a collective that some peer has not joined within ``timeout`` of this
+    rank entering it fails, as does one whose peer died (gloo sees its
+    connection close at once). Before each collective a rank records in the
+    store how many it has entered; when one fails, the RuntimeError names
+    the ranks that had not entered it (dead, or stalled between exchanges).
+    If every peer had entered it (one stopped inside it), each survivor
+    records in the store that it is alive and waits up to ``timeout`` more
+    for the others' records, and names the ranks whose record never came.
+    So a peer that dies or stalls stops the others with an error naming it
+    within ``timeout`` of their entering the exchange it misses (2 ×
+    ``timeout`` when it stopped inside an exchange, or when it hosts the
+    store: then the error says the store did not answer). ``timeout`` must
+    exceed the longest a rank may spend away from the exchanges while the
+    others wait (a checkpoint write, an evaluation on one rank) and the
+    longest single transfer (``gather_state_dict`` moves whole tables).
     """
 
     def __init__(self, group, timeout: float = 30.0):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
-        self.group = group
-        self.world = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        self.timeout = float(timeout)
+        self.timeout = _check_timeout(timeout)
+        self.group = _timed_group(group, self.timeout)
+        self.world = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
         self.sent = 0
         self.seq = 0
         _COMMS[0] += 1
@@ -89,24 +159,48 @@ class _Comm:
             raise RuntimeError(f"rank {self.rank}: {what} (exchange #{self.seq}) failed: {self._who()} ({exc})") from exc
 
     def _who(self) -> str:
-        """The ranks that had not entered this rank's current collective."""
+        """The ranks that had not entered this rank's current collective, or
+        (when all had) those that did not answer within ``timeout`` after it.
+        The store is read from a daemon thread, waited for at most
+        ``timeout`` (a TCPStore's ``check`` has no timeout of its own)."""
         if self._store is None:
             return "the failed peer is not known"
-        late = []
-        try:
-            self._store.set_timeout(datetime.timedelta(seconds=self.timeout))
-            for r in range(self.world):
-                if r == self.rank:
-                    continue
+        others = [r for r in range(self.world) if r != self.rank]
+        alive = f"{self._prefix}alive/{self.seq}/"
+
+        def behind():
+            self._store.set(f"{alive}{self.rank}", "1")
+            late = []
+            for r in others:
                 key = f"{self._prefix}{r}"
                 seen = int(self._store.get(key)) if self._store.check([key]) else 0
                 if seen < self.seq:
                     late.append(f"rank {r} (it entered {seen} of them)")
-        except RuntimeError as exc:
-            return f"the group's store did not answer within {self.timeout:g} s (its host, rank 0, may have died): {exc}"
-        if not late:
-            return "every peer had entered it (one died or stalled inside it)"
-        return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+            return late
+
+        def mute():
+            # Every peer entered it: the survivors answer in the store.
+            deadline = time.monotonic() + self.timeout
+            while True:
+                left = [r for r in others if not self._store.check([f"{alive}{r}"])]
+                if not left or time.monotonic() >= deadline:
+                    return left
+                time.sleep(0.02)
+
+        late, left = _within(behind, self.timeout), []
+        if late is not None and not late:
+            left = _within(mute, self.timeout + 1.0)
+        if late is None or (not late and left is None):
+            return (
+                f"the group's store did not answer within {self.timeout:g} s (the process hosting it, "
+                "rank 0 unless a launcher's agent hosts it, may have died or be stalled)"
+            )
+        if late:
+            return "did not reach it: " + ", ".join(late) + "; it died or stalls"
+        if not left:
+            return "every peer had entered it and is alive (the exchange itself failed)"
+        names = ", ".join(f"rank {r}" for r in left)
+        return f"{names} entered it but did not answer within {self.timeout:g} s after it failed; it died or stalls inside it"
 
     def all_to_all(self, send: torch.Tensor, out_counts, in_counts) -> torch.Tensor:
         send = send.contiguous()
@@ -193,8 +287,6 @@ class _Sharded(nn.Module):
     """What the three sharded layers share: the group, their parameters on the local kernels' buffers."""
 
     def _init_comm(self, group, timeout):
-        if group is None:
-            group = dist.new_group()
         self._comm = _Comm(group, timeout)
         self.world, self.rank = self._comm.world, self._comm.rank
 
@@ -210,6 +302,10 @@ class _Sharded(nn.Module):
 
     def local_state(self):
         """{name: (full shape, this rank's rows of it (split-relative, int64) or None, local tensor)}."""
+        raise NotImplementedError
+
+    def _state_params(self):
+        """{name (as in ``local_state``): the parameter holding this rank's rows}."""
         raise NotImplementedError
 
     def _fused_state(self):
@@ -300,6 +396,9 @@ class ShardedTokenEmbeddings(_Sharded):
 
     def _local_params(self):
         return [(n, self.token_embedding[s]) for s, n in zip(self._order, self._names)]
+
+    def _state_params(self):
+        return dict(self._local_params())
 
     def _load_fused(self, state, full):
         """Loads a fused Adam state (of the full table when ``full``, else of this rank's rows)."""
@@ -445,6 +544,9 @@ class ShardedVocabulary(_Sharded):
 
     def _local_params(self):
         return [("split_vocabulary.rows", self.rows), ("split_vocabulary.gate_logit", self.gate_logit)]
+
+    def _state_params(self):
+        return {"rows": self.rows, "gate_logit": self.gate_logit}
 
     def _load_fused(self, states, full):
         if self._core is None:
@@ -637,6 +739,9 @@ class ShardedLanguageModellingHead(_Sharded):
     def _local_params(self):
         return [(n, self.lm_head[s]) for s, n in zip(self._order, self._names)]
 
+    def _state_params(self):
+        return dict(self._local_params())
+
     def _rows_of(self, lab_p):
         out = torch.zeros((lab_p.shape[0], self.hidden), dtype=self._dtype)
         for (lo, hi), s in zip(self._ranges, self._order):
@@ -677,15 +782,20 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     may then drop). Any other module: each of those layers inside it is
     replaced by its sharded module, every sharded module's parameters are left
     out of DistributedDataParallel's buckets, and ``module`` is returned.
-    ``process_group``: the processes (default: a new group of all of them);
-    ``timeout``: seconds a monitored barrier waits to name a failed peer after
-    a collective fails (a stall is detected by the group's own timeout,
-    ``init_process_group(timeout=...)``)."""
-    group = process_group
-    if group is None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
-        group = dist.new_group()
+    ``process_group``: the processes (default: all of them); the exchanges
+    run on a new group of those processes whose collectives time out after
+    ``timeout`` seconds. A peer that dies or stalls (alive but not joining
+    an exchange) makes every other rank raise a RuntimeError naming it
+    within ``timeout`` of entering the exchange it misses (2 × ``timeout``
+    if it stopped inside one or hosts the store), never a hang; ``timeout`` must exceed the
+    longest a rank may be away from the exchanges while the others wait
+    (a checkpoint write, an evaluation on one rank) and the longest single
+    transfer (``gather_state_dict`` moves whole tables). After that error the
+    group is unusable."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
+    timeout = _check_timeout(timeout)
+    group = _timed_group(process_group, timeout)
     kind = _KINDS.get(type(module))
     if kind is not None:
         return kind(module, group, timeout)
@@ -768,24 +878,80 @@ def _atomic_save(obj, path):
         raise
 
 
-def save_shards(model: nn.Module, directory) -> str:
+def _optimizer_params(model, optimizer):
+    """[(group, [(parameter name in ``model``, parameter)])] for ``optimizer``'s groups."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for gi, group in enumerate(optimizer.param_groups):
+        ps = []
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError(f"optimizer: a parameter of group {gi} (shape {tuple(p.shape)}) is not a parameter of the model")
+            ps.append((names[id(p)], p))
+        out.append((group, ps))
+    return out
+
+
+def _sharded_owner(mods):
+    """{id(parameter): (layer prefix, local name)} for the sharded layers' parameters."""
+    return {id(p): (prefix, n) for prefix, mod in mods for n, p in mod._state_params().items()}
+
+
+def _optimizer_shard(model, mods, optimizer, rank):
+    """This rank's part of ``optimizer``'s state: per sharded layer, each
+    parameter's state split into row tensors (the parameter's shape: its
+    rows) and the rest; on rank 0 the other parameters' state (replicated,
+    as under DistributedDataParallel) and the groups' settings."""
+    owner = _sharded_owner(mods)
+    layers, dense, groups = {prefix: {} for prefix, _ in mods}, {}, []
+    for group, ps in _optimizer_params(model, optimizer):
+        groups.append({"settings": {k: v for k, v in group.items() if k != "params"}, "params": [n for n, _ in ps]})
+        for name, p in ps:
+            st = optimizer.state.get(p)
+            if not st:
+                continue
+            if id(p) in owner:
+                prefix, local = owner[id(p)]
+                rows = {k: v.detach().clone() for k, v in st.items() if torch.is_tensor(v) and v.ndim >= 1 and v.shape == p.shape}
+                other = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items() if k not in rows}
+                layers[prefix][local] = {"rows": rows, "other": other}
+            elif rank == 0:
+                dense[name] = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+    return layers, ({"dense": dense, "groups": groups} if rank == 0 else None)
+
+
+def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     """Each process writes its rows and fused optimiser state to
     ``directory/shard-<rank>-of-<P>.pt`` (temp file + rename; ends with a
     barrier, so every shard is complete when any process returns). Returns
-    this process's file."""
+    this process's file.
+
+    ``optimizer``: a torch optimiser over the model's parameters (the head's
+    rows, the dense rest); its state is written too: each sharded
+    parameter's in this rank's shard (the tensors of the parameter's shape
+    as rows, re-strided on loading like the weights), the other parameters'
+    (the same on every process under DistributedDataParallel) and the
+    groups' settings in rank 0's. ``load_shards(..., optimizer=)`` restores it."""
     mods = _sharded_modules(model)
     if not mods:
         raise ValueError("save_shards: no sharded layer in this module")
     comm = mods[0][1]._comm
     os.makedirs(directory, exist_ok=True)
+    optim_layers, optim = _optimizer_shard(model, mods, optimizer, comm.rank) if optimizer is not None else ({}, None)
     layers = {}
     for prefix, mod in mods:
         layers[prefix] = {
             "tensors": {n: (shape, torch.from_numpy(np.asarray(rows)), t.clone()) for n, (shape, rows, t) in mod.local_state().items()},
             "fused": {k: torch.from_numpy(np.array(v)) for k, v in mod._fused_state().items()},
         }
+        if optimizer is not None:
+            layers[prefix]["optimizer"] = optim_layers[prefix]
     path = os.path.join(str(directory), f"shard-{comm.rank}-of-{comm.world}.pt")
-    _atomic_save({"rank": comm.rank, "world": comm.world, "layers": layers}, path)
+    blob = {"rank": comm.rank, "world": comm.world, "layers": layers}
+    if optimizer is not None:
+        blob["has_optimizer"] = True
+        blob["optimizer"] = optim
+    _atomic_save(blob, path)
     comm._run("barrier", dist.barrier)
     return path
 
@@ -839,14 +1005,76 @@ def _full_tensors(shards):
     return out, fused
 
 
-def load_shards(model: nn.Module, directory) -> None:
+def _optimizer_state_of(directory, shards, model, mods, optimizer, comm):
+    """``optimizer``'s state dict from the shards: each sharded parameter's
+    rows re-strided to this rank's (its other state taken as saved when
+    every shard agrees, or from this rank's shard on the same P), the rest
+    from rank 0's shard."""
+    if not all(s.get("has_optimizer") for s in shards):
+        raise ValueError(f"{directory}: the shards hold no optimiser state (save_shards was called without optimizer=)")
+    saved = shards[0]["optimizer"]
+    ps = _optimizer_params(model, optimizer)
+    if [g["params"] for g in saved["groups"]] != [[n for n, _ in group] for _, group in ps]:
+        raise ValueError(
+            f"{directory}: the optimiser's parameter groups {[[n for n, _ in g] for _, g in ps]} "
+            f"are not the saved ones {[g['params'] for g in saved['groups']]}"
+        )
+    same_p = len(shards) == comm.world
+    owner, here = _sharded_owner(mods), dict(mods)
+    sd = optimizer.state_dict()
+    state, idx = {}, 0
+    for _, group in ps:
+        for name, p in group:
+            i = idx
+            idx += 1
+            if id(p) not in owner:
+                if name in saved["dense"]:
+                    state[i] = saved["dense"][name]
+                continue
+            prefix, local = owner[id(p)]
+            parts = [s["layers"][prefix].get("optimizer", {}).get(local) for s in shards]
+            if all(x is None for x in parts):
+                continue
+            if any(x is None for x in parts):
+                raise ValueError(f"{directory}: optimiser state of `{_key(prefix, local)}` in some shards only")
+            st = {}
+            for k in parts[0]["other"]:
+                vals = [x["other"][k] for x in parts]
+                if same_p:
+                    st[k] = vals[comm.rank]
+                elif all((torch.equal(v, vals[0]) if torch.is_tensor(v) else v == vals[0]) for v in vals):
+                    st[k] = vals[0]
+                else:
+                    raise ValueError(f"{directory}: optimiser state `{k}` of `{_key(prefix, local)}` differs between the shards and is not row-wise; it cannot be re-strided to {comm.world} processes")
+            for k in parts[0]["rows"]:
+                shape = shards[0]["layers"][prefix]["tensors"][local][0]
+                v0 = parts[0]["rows"][k]
+                full = v0.new_zeros((shape[0],) + tuple(v0.shape[1:]))
+                for s, x in zip(shards, parts):
+                    full[s["layers"][prefix]["tensors"][local][1]] = x["rows"][k]
+                st[k] = full[torch.from_numpy(np.asarray(here[prefix].local_state()[local][1]))]
+            state[i] = st
+    sd["state"] = state
+    for g, sg in zip(sd["param_groups"], saved["groups"]):
+        g.update(sg["settings"])
+    return sd
+
+
+def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     """Loads ``directory``'s shards (written by any number of processes) into
     ``model``'s sharded layers: each process takes its own rows and their
-    fused optimiser state."""
-    full, fused = _full_tensors(_read_shards(directory))
-    for prefix, mod in _sharded_modules(model):
-        if prefix not in full:
+    fused optimiser state. With ``optimizer`` (built over the same
+    parameters, in the same groups, as the one given to ``save_shards``)
+    its state is restored too: the sharded parameters' rows re-strided to
+    this process, the rest as saved, the groups' settings (``lr``, ...) as saved."""
+    shards = _read_shards(directory)
+    mods = _sharded_modules(model)
+    for prefix, _ in mods:
+        if prefix not in shards[0]["layers"]:
             raise KeyError(f"{directory}: no shard of layer `{prefix}`")
+    optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
+    full, fused = _full_tensors(shards)
+    for prefix, mod in mods:
         with torch.no_grad():
             for name, (_, rows, t) in mod.local_state().items():
                 t.copy_(full[prefix][name][torch.from_numpy(np.asarray(rows))])
@@ -855,6 +1083,8 @@ def load_shards(model: nn.Module, directory) -> None:
             mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=True)
         elif isinstance(mod, ShardedTokenEmbeddings):
             mod._load_fused(st, full=True)
+    if optim_sd is not None:
+        optimizer.load_state_dict(optim_sd)
 
 
 def consolidate(directory, path) -> dict:

@@ -2,8 +2,11 @@
 same weights as one unsharded process on the combined batch (its loss over
 P): embeddings and split vocabulary on fused_adam, the vocabulary-parallel
 head, a dense layer under DistributedDataParallel; frozen splits, uneven and
-empty per-process batches; checkpoints resumed on another P; a killed
-process makes the other stop with an error naming it."""
+empty per-process batches (the head and the dense layer on torch Adam);
+checkpoints, with the torch optimiser's state, resumed on the same P (bit
+for bit) and on another; a killed process, and one stopped (SIGSTOP)
+between or inside exchanges, make the others stop with an error naming it
+within the timeout."""
 
 import os
 import signal
@@ -73,7 +76,8 @@ def batches():
 
 
 def optimiser(m):
-    return torch.optim.SGD([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.05)
+    """Torch Adam for the dense layer and the head (whose rows the sharded head holds)."""
+    return torch.optim.Adam([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.01)
 
 
 def reference(index_path, frozen, world, steps=STEPS):
@@ -94,14 +98,14 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
     from splitgrad.torch import gather_state_dict, load_shards, save_shards, shard
 
     m = shard(build(index_path, frozen))
+    opt = optimiser(m)
     first = 0
     if load_dir is not None:
-        load_shards(m, load_dir)
+        load_shards(m, load_dir, optimizer=opt)
         dense = torch.load(os.path.join(load_dir, "dense.pt"))
         m.lin.load_state_dict(dense)
         first = 2
     ddp = torch.nn.parallel.DistributedDataParallel(m)
-    opt = optimiser(m)
     for step, (tokens, langs, labels) in enumerate(batches()):
         if step < first:
             continue
@@ -110,7 +114,7 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
         ddp(tokens[part], langs[part], labels[part]).backward()
         opt.step()
         if save_dir is not None and step == 1:
-            save_shards(m, save_dir)
+            save_shards(m, save_dir, optimizer=opt)
             if rank == 0:
                 torch.save(m.lin.state_dict(), os.path.join(save_dir, "dense.pt"))
     state = gather_state_dict(m, dst=0)
@@ -161,20 +165,29 @@ def test_sharded_training_equals_one_process_and_resumes_on_another_p(tmp_path):
         for k, v in full.items():
             torch.testing.assert_close(plain.state_dict()[k], two.state_dict()[k], rtol=1e-5, atol=2e-6, msg=k)
         assert not [f for f in os.listdir(save_dir) if f.startswith(".tmp-")]
-        out4 = str(tmp_path / "out4.pt")
-        mp.start_processes(
-            worker,
-            args=(4, str(tmp_path / "store4"), index_path, [0, 20, 20, 50, B], frozen, out4, None, save_dir),
-            nprocs=4, start_method="spawn",
-        )
-        # The reference with the third step's loss over 4 (the new P).
-        m = build(index_path, frozen)
-        opt = optimiser(m)
-        for step, (tokens, langs, labels) in enumerate(batches()):
-            opt.zero_grad()
-            m(tokens, langs, labels, ce_weight=1.0 / (2 if step < 2 else 4)).backward()
-            opt.step()
-        check(torch.load(out4)["state"], m, start)
+        # Resumed from those shards, with the head's and the dense layer's
+        # Adam state: on the same P the third step is the uninterrupted
+        # run's, bit for bit; on 1 and 4 processes (one with an empty batch)
+        # the reference's with the third step's loss over the new P.
+        for p_new, cuts_new in ((2, cuts), (1, [0, B]), (4, [0, 20, 20, 50, B])):
+            out_new = str(tmp_path / f"out{p_new}.pt")
+            mp.start_processes(
+                worker,
+                args=(p_new, str(tmp_path / f"store{p_new}"), index_path, cuts_new, frozen, out_new, None, save_dir),
+                nprocs=p_new, start_method="spawn",
+            )
+            resumed = torch.load(out_new)["state"]
+            if p_new == world:
+                for k, v in got["state"].items():
+                    assert torch.equal(resumed[k], v), k
+                continue
+            m = build(index_path, frozen)
+            opt = optimiser(m)
+            for step, (tokens, langs, labels) in enumerate(batches()):
+                opt.zero_grad()
+                m(tokens, langs, labels, ce_weight=1.0 / (world if step < 2 else p_new)).backward()
+                opt.step()
+            check(resumed, m, start)
 
 
 def head_worker(rank, world, store, out):
@@ -256,3 +269,107 @@ def test_a_killed_process_makes_the_other_stop_with_an_error(tmp_path):
     elapsed, msg = open(out).read().split("\n", 1)
     assert float(elapsed) < 15.0
     assert msg.startswith("rank 0:") and "did not reach it: rank 1 (it entered" in msg, msg
+
+
+STALL_TIMEOUT = 2.0
+
+
+def stall_worker(rank, world, store, out, stalled, inside, port):
+    """Trains the model two steps, then rank ``stalled`` stops (SIGSTOP):
+    before the third step's first exchange, or inside it (after recording its
+    arrival). The others write how long their third step ran and its error.
+    (Not at the second step: there DistributedDataParallel's forward
+    broadcasts its rebuilt buckets on the default group, whose timeout is
+    init_process_group's.)"""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    init = f"tcp://127.0.0.1:{port}" if port else f"file://{store}"  # tcp: rank 0 hosts the store
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    from splitgrad.torch import shard
+
+    m = shard(build(make_index_at(os.path.dirname(store)), False), timeout=STALL_TIMEOUT)
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opt = optimiser(m)
+    for step, (tokens, langs, labels) in enumerate(batches()):
+        if step == 2 and rank == stalled:
+            if inside:
+                dist.all_to_all_single = lambda *a, **k: os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        part = slice(rank * B // world, (rank + 1) * B // world)
+        t = time.monotonic()
+        try:
+            opt.zero_grad()
+            ddp(tokens[part], langs[part], labels[part]).backward()
+            opt.step()
+            msg = ""
+        except RuntimeError as e:
+            msg = str(e)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{time.monotonic() - t}\n{msg}")
+    os._exit(0)  # the group is broken: leave without its teardown
+
+
+def make_index_at(directory):
+    path = os.path.join(directory, "index.npz")
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    return path
+
+
+def run_stalled(tmp_path, world, stalled, inside, tcp=False):
+    """Runs ``stall_worker`` on ``world`` processes; returns each survivor's
+    (seconds, message). The stopped process is killed, and nothing outlives
+    the call (a deadline bounds it)."""
+    make_index(tmp_path)
+    out = str(tmp_path / "stall")
+    port = 0
+    if tcp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    ctx = mp.start_processes(stall_worker, args=(world, str(tmp_path / "store"), out, stalled, inside, port),
+                             nprocs=world, start_method="spawn", join=False)
+    survivors = [r for r in range(world) if r != stalled]
+    deadline = time.monotonic() + 60.0
+    try:
+        while time.monotonic() < deadline and not all(os.path.exists(f"{out}.{r}") for r in survivors):
+            time.sleep(0.1)
+        for r in survivors:
+            ctx.processes[r].join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)  # a stopped process dies from SIGKILL too
+                p.join(10)
+    codes = [p.exitcode for p in ctx.processes]
+    assert codes == [-signal.SIGKILL if r == stalled else 0 for r in range(world)], codes
+    got = {}
+    for r in survivors:
+        elapsed, msg = open(f"{out}.{r}").read().split("\n", 1)
+        got[r] = (float(elapsed), msg)
+    return got
+
+
+@pytest.mark.parametrize("world, stalled", [(2, 1), (4, 2)])
+def test_a_stalled_process_makes_the_others_stop_naming_it_within_the_timeout(tmp_path, world, stalled):
+    for r, (elapsed, msg) in run_stalled(tmp_path, world, stalled, inside=False).items():
+        assert STALL_TIMEOUT * 0.9 < elapsed < STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and f"did not reach it: rank {stalled} (it entered" in msg, msg
+        assert all(f"rank {q} (" not in msg for q in range(world) if q not in (r, stalled)), msg
+
+
+def test_a_process_stalled_inside_an_exchange_is_named_within_twice_the_timeout(tmp_path):
+    for r, (elapsed, msg) in run_stalled(tmp_path, 2, 1, inside=True).items():
+        assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and "rank 1 entered it but did not answer" in msg, msg
+
+
+def test_a_stalled_store_host_is_reported_within_twice_the_timeout(tmp_path):
+    # Under init_method tcp:// rank 0 hosts the store: stopped, it stops the store too.
+    for r, (elapsed, msg) in run_stalled(tmp_path, 2, 0, inside=False, tcp=True).items():
+        assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
+        assert msg.startswith(f"rank {r}:") and "store did not answer within 2 s" in msg and "rank 0" in msg, msg
