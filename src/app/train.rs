@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use ndarray::Array2;
 
@@ -77,9 +78,12 @@ pub struct StepStats {
 /// A model, its optimisers and where it is in its run.
 pub struct Trainer<T: Real> {
     model: BigramModel<T>,
-    /// Every bigram as (context token, language, next token), packed so
-    /// that drawing one touches one cache line.
-    bigrams: Vec<[u32; 3]>,
+    /// The training corpus; a step draws its bigrams by number
+    /// ([`Corpus::bigram_context`]), so nothing of the corpus's size is
+    /// kept beside it.
+    corpus: Arc<Corpus>,
+    /// Its number of bigrams.
+    n_bigrams: u64,
     /// [`corpus_fingerprint`] of the corpus, computed once.
     fingerprint: u64,
     config: TrainConfig,
@@ -164,8 +168,8 @@ pub fn corpus_fingerprint(c: &Corpus) -> u64 {
         }
     };
     eat(c.token_ids.len() as u64);
-    c.token_ids.iter().for_each(|&t| eat(t as u64));
-    c.language_ids.iter().for_each(|&l| eat(l as u64));
+    c.token_ids.for_each(|t| eat(t as u64));
+    c.language_ids.for_each(|l| eat(l as u64));
     c.sequence_starts.iter().for_each(|&s| eat(s as u64));
     h
 }
@@ -369,20 +373,16 @@ impl<T: Real> Trainer<T> {
 
     /// A trainer at step 0. The corpus must fit the model (ids below V and
     /// L) and hold at least one bigram.
-    pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
+    pub fn new(
+        model: BigramModel<T>,
+        corpus: impl Into<Arc<Corpus>>,
+        config: TrainConfig,
+    ) -> Result<Self> {
+        let corpus = corpus.into();
         let mc = model.config();
         corpus.validate(mc.vocab_size, mc.n_languages)?;
-        let bigrams: Vec<[u32; 3]> = corpus
-            .bigrams()
-            .map(|(i, j)| {
-                [
-                    corpus.token_ids[i],
-                    corpus.language_ids[i],
-                    corpus.token_ids[j],
-                ]
-            })
-            .collect();
-        if bigrams.is_empty() {
+        let n_bigrams = corpus.n_bigrams() as u64;
+        if n_bigrams == 0 {
             return Err(
                 Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)")
             );
@@ -394,7 +394,8 @@ impl<T: Real> Trainer<T> {
         Ok(Trainer {
             model,
             fingerprint,
-            bigrams,
+            corpus,
+            n_bigrams,
             config,
             optimizer: optimizer(config.lr)?,
             pool: Pool::new(),
@@ -474,13 +475,13 @@ impl<T: Real> Trainer<T> {
     /// The batch of step `step`: a function of the seed and the step only.
     pub fn batch_at(&self, step: u64) -> Batch {
         let mut rng = Rng::new(self.config.seed ^ 0x6261_7463_6865_7321).fork(step);
-        let n = self.bigrams.len() as u64;
+        let c = &*self.corpus;
         let mut b = Batch::default();
         for _ in 0..self.config.batch {
-            let [token, language, next] = self.bigrams[rng.below(n) as usize];
-            b.tokens.push(token as i64);
-            b.languages.push(language as i64);
-            b.targets.push(next as i64);
+            let i = c.bigram_context(rng.below(self.n_bigrams) as usize);
+            b.tokens.push(i64::from(c.token_ids.get(i)));
+            b.languages.push(i64::from(c.language_ids.get(i)));
+            b.targets.push(i64::from(c.token_ids.get(i + 1)));
         }
         b
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Args;
 
 use crate::app::data::{self, Data, DataSource};
+use crate::app::plan::Plan;
 use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
 use crate::app::train::{TrainConfig, Trainer};
@@ -198,7 +199,16 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let stop = Stop::install()?;
     let threads = set_threads(args.run.threads)?;
     let config = args.config();
-    let data = data::load(&config.data)?;
+    // The corpus's size and the model's, before the corpus is read; then
+    // the whole run, with the split rows chosen.
+    let data = data::load_planned(&config.data, &|plan| {
+        Plan {
+            dim: config.dim,
+            batch: config.train.batch,
+            ..plan
+        }
+        .check("--dim or --batch")
+    })?;
     data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
     // Held until the run ends: no other run writes into this folder.
