@@ -151,6 +151,19 @@ impl Corpus {
             .map(|(s, e)| s..e)
     }
 
+    /// The token range of sequence `k`.
+    ///
+    /// **Panics** if `k ≥ n_sequences()`.
+    #[track_caller]
+    pub fn sequence_range(&self, k: usize) -> Range<usize> {
+        let end = self
+            .sequence_starts
+            .get(k + 1)
+            .copied()
+            .unwrap_or(self.len());
+        self.sequence_starts[k]..end
+    }
+
     /// The number of sequences.
     pub fn n_sequences(&self) -> usize {
         self.sequence_starts.len()
@@ -190,6 +203,36 @@ impl Corpus {
             }
         }
         b + (lo - 1)
+    }
+
+    /// The bigrams from the `b`-th on, in order: [`bigrams`](Self::bigrams)
+    /// skipped to `b` with one search of the sequence starts.
+    ///
+    /// ```
+    /// use splitgrad::app::corpus::Corpus;
+    /// let mut c = Corpus::new(vec![1, 2, 3, 4, 5, 6], vec![0; 6]);
+    /// c.sequence_starts = vec![0, 2, 3];
+    /// for b in 0..=c.n_bigrams() {
+    ///     assert!(c.bigrams_from(b).eq(c.bigrams().skip(b)));
+    /// }
+    /// ```
+    pub fn bigrams_from(&self, b: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (first, k) = if b < self.n_bigrams() {
+            let i = self.bigram_context(b);
+            (i, i - b)
+        } else {
+            (self.len(), self.sequence_starts.len())
+        };
+        let ends = self
+            .sequence_starts
+            .iter()
+            .skip(k + 1)
+            .copied()
+            .chain([self.len()]);
+        let starts = std::iter::once(first).chain(self.sequence_starts.iter().skip(k + 1).copied());
+        starts
+            .zip(ends)
+            .flat_map(|(s, e)| (s + 1..e.max(s + 1)).map(|p| (p - 1, p)))
     }
 
     /// The number of [`bigrams`](Self::bigrams): N minus the number of
@@ -244,7 +287,7 @@ impl Corpus {
             ),
         ];
         for (array, what, ids, high) in arrays {
-            if let Some(i) = ids.position(|x| x as usize >= high) {
+            if let Some(i) = ids.first_at_or_above(high as u64) {
                 let high = i64::try_from(high).unwrap_or(i64::MAX);
                 return Err(
                     Error::out_of_range(what, vec![i], i64::from(ids.get(i)), 0, high)
@@ -309,7 +352,7 @@ impl Corpus {
                 ))
                 .in_array(array));
             }
-            if let Some(i) = ids.position(|x| x as usize >= size) {
+            if let Some(i) = ids.first_at_or_above(size as u64) {
                 return Err(Error::format(format!(
                     "{size} does not exceed {what} id {} at position [{i}] of `{ids_array}`",
                     ids.get(i)

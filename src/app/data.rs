@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::Rng;
 use crate::app::corpus::{Corpus, inspect_corpus, load_corpus};
 use crate::app::eval::split_heldout;
@@ -195,14 +197,39 @@ fn counted_index(corpus: &Corpus, min_count: usize, dense_cells: usize) -> Split
     let pairs: Vec<(usize, usize)> = match v.checked_mul(l).filter(|&c| c <= dense_cells) {
         // A count per (language, token) cell: one pass, no hashing.
         Some(cells) => {
-            let mut counts = vec![0u64; cells];
-            for (i, _) in corpus.bigrams() {
-                let (t, lang) = (
-                    corpus.token_ids.get(i) as usize,
-                    corpus.language_ids.get(i) as usize,
-                );
-                counts[lang * v + t] += 1;
-            }
+            let count = |counts: &mut Vec<u64>, seqs: &[usize]| {
+                for &k in seqs {
+                    for i in corpus.sequence_range(k).skip(1) {
+                        let (t, lang) = (
+                            corpus.token_ids.get(i - 1) as usize,
+                            corpus.language_ids.get(i - 1) as usize,
+                        );
+                        counts[lang * v + t] += 1;
+                    }
+                }
+            };
+            let seqs: Vec<usize> = (0..corpus.n_sequences()).collect();
+            // Threads count apart when their tables are small (counts are
+            // integers: the sum is the same in any order).
+            let counts = if cells <= 1 << 20 {
+                seqs.par_chunks(256)
+                    .fold(
+                        || vec![0u64; cells],
+                        |mut c, chunk| {
+                            count(&mut c, chunk);
+                            c
+                        },
+                    )
+                    .reduce_with(|mut a, b| {
+                        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                        a
+                    })
+                    .unwrap_or_else(|| vec![0u64; cells])
+            } else {
+                let mut c = vec![0u64; cells];
+                count(&mut c, &seqs);
+                c
+            };
             counts
                 .iter()
                 .enumerate()

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use ndarray::Array2;
 
 use crate::app::corpus::Corpus;
@@ -157,22 +159,51 @@ fn split_joined(s: &str) -> Vec<String> {
 /// closed.
 pub const HELDOUT_CURVE: &str = "train.heldout";
 
-/// A fingerprint of a corpus (FNV-1a over its arrays), kept in checkpoints
-/// so that a run is never resumed on other data.
+/// A fingerprint of a corpus, kept in checkpoints so that a run is never
+/// resumed on other data: FNV-1a over 64-bit words, of each fixed block
+/// of [`FINGERPRINT_BLOCK`] ids of each array (hashed in parallel), of
+/// the blocks' hashes in order, of the lengths and of the sequence
+/// starts. The value depends on the ids alone, not on their widths or the
+/// threads.
 pub fn corpus_fingerprint(c: &Corpus) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |x: u64| {
-        for b in x.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
+    const PRIME: u64 = 0x0100_0000_01b3;
+    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    let words =
+        |h: u64, xs: &mut dyn Iterator<Item = u64>| xs.fold(h, |h, x| (h ^ x).wrapping_mul(PRIME));
+    let column = |col: &crate::io::Column| -> Vec<u64> {
+        fn blocks<X: Copy + Into<u64> + Sync>(v: &[X]) -> Vec<u64> {
+            v.par_chunks(FINGERPRINT_BLOCK)
+                .map(|b| {
+                    b.iter()
+                        .fold(BASIS, |h, &x| (h ^ x.into()).wrapping_mul(PRIME))
+                })
+                .collect()
+        }
+        if let Some(v) = col.as_u8() {
+            blocks(v)
+        } else if let Some(v) = col.as_u16() {
+            blocks(v)
+        } else {
+            blocks(col.as_u32().unwrap_or_default())
         }
     };
-    eat(c.token_ids.len() as u64);
-    c.token_ids.for_each(|t| eat(t as u64));
-    c.language_ids.for_each(|l| eat(l as u64));
-    c.sequence_starts.iter().for_each(|&s| eat(s as u64));
-    h
+    let mut h = words(
+        BASIS,
+        &mut [c.token_ids.len() as u64, c.language_ids.len() as u64].into_iter(),
+    );
+    for col in [&c.token_ids, &c.language_ids] {
+        h = words(h, &mut column(col).into_iter());
+    }
+    words(h, &mut c.sequence_starts.iter().map(|&s| s as u64))
 }
+
+/// Ids a block of [`corpus_fingerprint`] hashes.
+const FINGERPRINT_BLOCK: usize = 1 << 16;
+
+/// What the checkpoint's `corpus_fingerprint` begins with: the
+/// [`corpus_fingerprint`] of this version (earlier ones wrote the hex
+/// digits alone, of another hash).
+const FINGERPRINT_VERSION: &str = "v2:";
 
 /// The loss history of a run, one row per step: total, ce, penalty, fusion.
 pub const HISTORY: &str = "train.history";
@@ -578,7 +609,10 @@ impl<T: Real> Trainer<T> {
             ("fusion_penalty", c.fusion_penalty.to_string()),
             ("use_gate", c.use_gate.to_string()),
             ("seed", c.seed.to_string()),
-            ("corpus_fingerprint", format!("{:016x}", self.fingerprint)),
+            (
+                "corpus_fingerprint",
+                format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -638,8 +672,15 @@ impl<T: Real> Trainer<T> {
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let snap = Snapshot::read(path)?;
-        let fp = format!("{:016x}", self.fingerprint);
-        if snap.meta("corpus_fingerprint")? != fp {
+        let fp = format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint);
+        let theirs = snap.meta("corpus_fingerprint")?;
+        if !theirs.starts_with(FINGERPRINT_VERSION) {
+            return Err(Error::config(
+                "the checkpoint was written by an earlier splitgrad, whose corpus fingerprint this one no longer computes; finish it with that version, or start again with --force",
+            )
+            .in_file(path));
+        }
+        if theirs != fp {
             return Err(Error::config(
                 "the checkpoint was written for another corpus (or another held-out split of it)",
             )

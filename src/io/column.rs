@@ -176,9 +176,29 @@ impl Column {
         each!(&self.data, v => v.iter().position(|&x| pred(u32::from(x))))
     }
 
+    /// The position of the first value at or above `bound`, found with one
+    /// pass for the largest value (which vectorises) and a second only when
+    /// there is such a value.
+    ///
+    /// ```
+    /// let c = splitgrad::io::Column::from(vec![3u32, 9, 4, 12]);
+    /// assert_eq!(c.first_at_or_above(9), Some(1));
+    /// assert_eq!(c.first_at_or_above(13), None);
+    /// ```
+    pub fn first_at_or_above(&self, bound: u64) -> Option<usize> {
+        if (self.max_plus_one() as u64) <= bound {
+            return None;
+        }
+        self.position(|x| u64::from(x) >= bound)
+    }
+
     /// The largest value plus one (0 when empty).
     pub fn max_plus_one(&self) -> usize {
-        each!(&self.data, v => v.iter().max().map_or(0, |&x| u32::from(x) as usize + 1))
+        if self.is_empty() {
+            return 0;
+        }
+        // A fold of `max` vectorises; `Iterator::max` does not.
+        each!(&self.data, v => u32::from(v.iter().fold(0, |m, &x| m.max(x))) as usize + 1)
     }
 
     /// Appends a value, widening the column first if it does not fit.
@@ -195,9 +215,10 @@ impl Column {
     /// Appends `values`, widening the column once if one of them does not
     /// fit.
     pub fn extend_from_u32(&mut self, values: &[u32]) {
-        let Some(&max) = values.iter().max() else {
+        if values.is_empty() {
             return;
-        };
+        }
+        let max = values.iter().fold(0, |m, &x| m.max(x));
         self.reserve_width(Width::for_value(max));
         match &mut self.data {
             Data::U8(v) => v.extend(values.iter().map(|&x| x as u8)),
@@ -212,8 +233,7 @@ impl Column {
     #[track_caller]
     pub fn extend_from(&mut self, other: &Column, range: Range<usize>) {
         if self.width() < other.width() {
-            let max =
-                each!(&other.data, v => v[range.clone()].iter().max().map_or(0, |&x| u32::from(x)));
+            let max = each!(&other.data, v => u32::from(v[range.clone()].iter().fold(0, |m, &x| m.max(x))));
             self.reserve_width(Width::for_value(max));
         }
         match (&mut self.data, &other.data) {
@@ -231,6 +251,49 @@ impl Column {
                     }
                 })
             }
+        }
+    }
+
+    /// Appends the values of `bytes`, little-endian unsigned integers of
+    /// `size` bytes each (1, 2 or 4), widening the column to that size
+    /// first if it is narrower.
+    ///
+    /// **Panics** if `size` is not 1, 2 or 4 or `bytes` is not a whole
+    /// number of values.
+    #[track_caller]
+    pub fn extend_from_le_bytes(&mut self, bytes: &[u8], size: usize) {
+        assert!(
+            matches!(size, 1 | 2 | 4) && bytes.len().is_multiple_of(size),
+            "Column::extend_from_le_bytes: {} bytes of {size}-byte values",
+            bytes.len()
+        );
+        let width = match size {
+            1 => Width::U8,
+            2 => Width::U16,
+            _ => Width::U32,
+        };
+        self.reserve_width(width);
+        match (&mut self.data, size) {
+            (Data::U8(v), 1) => v.extend_from_slice(bytes),
+            (Data::U16(v), 1) => v.extend(bytes.iter().map(|&b| u16::from(b))),
+            (Data::U32(v), 1) => v.extend(bytes.iter().map(|&b| u32::from(b))),
+            (Data::U16(v), 2) => v.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]])),
+            ),
+            (Data::U32(v), 2) => v.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))),
+            ),
+            (Data::U32(v), _) => v.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            // The column was widened to hold `size` bytes above.
+            _ => unreachable!("column narrower than {size} bytes after widening"),
         }
     }
 

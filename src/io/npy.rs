@@ -378,6 +378,38 @@ pub(crate) fn read_ints(r: &mut dyn Read, header: &Header) -> Result<Vec<i64>> {
     }
 }
 
+/// The raw little-endian bytes of an unsigned array's elements, handed to
+/// `sink` a chunk of whole elements at a time, then the check that the
+/// member ends there: for a reader that keeps the values at their width
+/// (no decoding). The caller has checked that the dtype is unsigned and
+/// little-endian (or one byte).
+pub(crate) fn read_raw_chunks(
+    r: &mut dyn Read,
+    header: &Header,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (n, size) = (header.len, header.dtype.size);
+    let mut bytes = vec![0u8; INT_CHUNK * size];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(INT_CHUNK);
+        let raw = &mut bytes[..k * size];
+        if let Err(e) = r.read_exact(raw) {
+            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
+        }
+        sink(raw)?;
+        done += k;
+    }
+    let mut probe = [0u8; 1];
+    match r.read(&mut probe) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::format(format!(
+            "corrupt member: bytes follow the {n} elements its header announces"
+        ))),
+        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
+    }
+}
+
 /// Elements decoded per chunk by [`read_int_chunks`].
 const INT_CHUNK: usize = 1 << 16;
 

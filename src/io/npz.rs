@@ -396,22 +396,47 @@ impl NpzReader {
             if h.shape.len() != 1 {
                 return Err(Error::shape(name, "1-D", &h.shape));
             }
+            let unsigned = h.dtype.kind() == DtypeKind::UInt
+                && matches!(h.dtype.size(), 1 | 2 | 4)
+                && (h.dtype.size() == 1 || !h.dtype.is_big_endian());
+            if unsigned {
+                // Kept at the file's width (or `width`, if wider), with no
+                // value to check: every one is below 2³².
+                let size = h.dtype.size();
+                let wide = Width::for_bound(1u64 << (8 * size));
+                let mut column = Column::with_width(width.max(wide), h.len);
+                npy::read_raw_chunks(r, h, &mut |raw| {
+                    column.extend_from_le_bytes(raw, size);
+                    Ok(())
+                })?;
+                return Ok(column);
+            }
             let mut column = Column::with_width(width, h.len);
             let mut narrow: Vec<u32> = Vec::new();
             npy::read_int_chunks(r, h, &mut |first, values| {
-                narrow.clear();
-                for (j, &v) in values.iter().enumerate() {
-                    match u32::try_from(v) {
-                        Ok(x) => narrow.push(x),
-                        Err(_) => {
-                            return Err(Error::out_of_range(what, vec![first + j], v, 0, 1 << 32));
-                        }
-                    }
-                }
-                let needs = narrow
+                // One pass for the range (vectorised), then the narrowing.
+                let (lo, hi) = values
                     .iter()
-                    .max()
-                    .map_or(Width::U8, |&m| Width::for_value(m));
+                    .fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                if values.is_empty() {
+                    return Ok(());
+                }
+                if lo < 0 || hi > i64::from(u32::MAX) {
+                    let j = values
+                        .iter()
+                        .position(|&v| u32::try_from(v).is_err())
+                        .unwrap_or_default();
+                    return Err(Error::out_of_range(
+                        what,
+                        vec![first + j],
+                        values[j],
+                        0,
+                        1 << 32,
+                    ));
+                }
+                narrow.clear();
+                narrow.extend(values.iter().map(|&v| v as u32));
+                let needs = Width::for_value(hi as u32);
                 if needs > column.width() {
                     let bytes = super::bytes_of(&[h.len as u64, needs.bytes() as u64]);
                     super::check_memory(

@@ -201,6 +201,7 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let config = args.config();
     // The corpus's size and the model's, before the corpus is read; then
     // the whole run, with the split rows chosen.
+    let started = std::time::Instant::now();
     let data = data::load_planned(&config.data, &|plan| {
         Plan {
             dim: config.dim,
@@ -209,6 +210,17 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         }
         .check("--dim or --batch")
     })?;
+    if let (Some(path), false) = (&config.data.corpus, args.run.quiet) {
+        let size = data.corpus_size();
+        eprintln!(
+            "splitgrad: loaded {} in {:.2} s: {} tokens in {} sequences, {} in memory with the held-out part",
+            path.display(),
+            started.elapsed().as_secs_f64(),
+            size.tokens,
+            size.sequences,
+            crate::error::human_bytes(size.bytes()),
+        );
+    }
     data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
     // Held until the run ends: no other run writes into this folder.

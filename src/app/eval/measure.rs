@@ -155,10 +155,10 @@ fn evaluate_on<T: Real>(
             per_language: LangSums::new(n_lang),
             with_row: Vec::new(),
         };
-        let first = k * TOKENS_PER_TASK;
-        for b in first..(first + TOKENS_PER_TASK).min(n) {
-            let i = heldout.bigram_context(b);
-            let j = i + 1;
+        for (i, j) in heldout
+            .bigrams_from(k * TOKENS_PER_TASK)
+            .take(TOKENS_PER_TASK)
+        {
             {
                 let (t, l, y) = (
                     heldout.token_ids.get(i) as usize,
