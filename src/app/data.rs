@@ -199,13 +199,10 @@ fn counted_index(corpus: &Corpus, min_count: usize, dense_cells: usize) -> Split
         Some(cells) => {
             let count = |counts: &mut Vec<u64>, seqs: &[usize]| {
                 for &k in seqs {
-                    for i in corpus.sequence_range(k).skip(1) {
-                        let (t, lang) = (
-                            corpus.token_ids.get(i - 1) as usize,
-                            corpus.language_ids.get(i - 1) as usize,
-                        );
-                        counts[lang * v + t] += 1;
-                    }
+                    // Every token of the sequence but its last is a context.
+                    let r = corpus.sequence_range(k);
+                    let contexts = r.start..r.end - 1;
+                    count_pairs(corpus, contexts, v, counts);
                 }
             };
             let seqs: Vec<usize> = (0..corpus.n_sequences()).collect();
@@ -258,6 +255,41 @@ fn counted_index(corpus: &Corpus, min_count: usize, dense_cells: usize) -> Split
         pairs.iter().map(|p| p.0).collect(),
         pairs.iter().map(|p| p.1).collect(),
     )
+}
+
+/// Adds one to `counts[language · v + token]` for each position of
+/// `range`, with the loop specialised to the columns' widths.
+fn count_pairs(corpus: &Corpus, range: std::ops::Range<usize>, v: usize, counts: &mut [u64]) {
+    fn run<T: Copy + Into<u32>, L: Copy + Into<u32>>(
+        tokens: &[T],
+        languages: &[L],
+        v: usize,
+        counts: &mut [u64],
+    ) {
+        for (&t, &l) in tokens.iter().zip(languages) {
+            counts[l.into() as usize * v + t.into() as usize] += 1;
+        }
+    }
+    let (t, l) = (&corpus.token_ids, &corpus.language_ids);
+    macro_rules! with_languages {
+        ($tokens:expr) => {{
+            let tokens = &$tokens[range.clone()];
+            if let Some(ls) = l.as_u8() {
+                run(tokens, &ls[range], v, counts)
+            } else if let Some(ls) = l.as_u16() {
+                run(tokens, &ls[range], v, counts)
+            } else {
+                run(tokens, &l.as_u32().unwrap_or_default()[range], v, counts)
+            }
+        }};
+    }
+    if let Some(ts) = t.as_u8() {
+        with_languages!(ts)
+    } else if let Some(ts) = t.as_u16() {
+        with_languages!(ts)
+    } else {
+        with_languages!(t.as_u32().unwrap_or_default())
+    }
 }
 
 /// Above this many (language, token) cells, [`index_from_counts`] counts

@@ -197,8 +197,7 @@ impl Column {
         if self.is_empty() {
             return 0;
         }
-        // A fold of `max` vectorises; `Iterator::max` does not.
-        each!(&self.data, v => u32::from(v.iter().fold(0, |m, &x| m.max(x))) as usize + 1)
+        each!(&self.data, v => u32::from(max_of(v)) as usize + 1)
     }
 
     /// Appends a value, widening the column first if it does not fit.
@@ -377,6 +376,21 @@ impl Column {
         };
         each!(&self.data, v => v[start..end].iter().map(|&x| u32::from(x)).collect())
     }
+}
+
+/// The largest value of `v` (0 when empty), with 32 running maxima so
+/// that the loop vectorises.
+fn max_of<T: Copy + Ord + Default>(v: &[T]) -> T {
+    let mut lanes = [T::default(); 32];
+    let chunks = v.chunks_exact(32);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = (*m).max(x);
+        }
+    }
+    let m = rest.iter().fold(T::default(), |m, &x| m.max(x));
+    lanes.into_iter().fold(m, T::max)
 }
 
 impl From<Vec<u32>> for Column {
