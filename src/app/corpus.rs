@@ -556,12 +556,15 @@ pub fn inspect_corpus(path: impl AsRef<Path>) -> Result<CorpusShape> {
         Ok((shape[0] as u64, dtype.size().min(4) as u64))
     };
     let (tokens, token_size) = one_d(&mut npz, "token_ids")?;
-    let languages = if npz.contains("language_ids") || !npz.contains(PER_SEQUENCE) {
-        "language_ids"
+    // A file with neither language array is refused by `load_corpus`,
+    // after its token ids (so that their errors come first).
+    let language_size = if npz.contains("language_ids") {
+        one_d(&mut npz, "language_ids")?.1
+    } else if npz.contains(PER_SEQUENCE) {
+        one_d(&mut npz, PER_SEQUENCE)?.1
     } else {
-        PER_SEQUENCE
+        1
     };
-    let (_, language_size) = one_d(&mut npz, languages)?;
     let sequences = if npz.contains("sequence_starts") {
         one_d(&mut npz, "sequence_starts")?.0.max(1)
     } else {

@@ -406,11 +406,15 @@ pub fn load_planned(args: &DataSource, plan: &dyn Fn(Plan) -> Result<()>) -> Res
         }
         Some(path) => {
             let shape = inspect_corpus(path)?;
+            let unread = |stated: Option<usize>| match stated {
+                Some(_) => format!("stated by {}", path.display()),
+                None => format!("not stated by {}: 0 until its ids are read", path.display()),
+            };
             plan(Plan {
                 vocab_size: shape.vocab_size.unwrap_or(0),
-                vocab_source: source_of(path, true, "token id"),
+                vocab_source: unread(shape.vocab_size),
                 n_languages: shape.n_languages.unwrap_or(0),
-                languages_source: source_of(path, true, "language id"),
+                languages_source: unread(shape.n_languages),
                 corpus: CorpusSize {
                     tokens: shape.tokens,
                     sequences: shape.sequences,

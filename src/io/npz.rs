@@ -306,19 +306,19 @@ impl NpzReader {
 
     /// The element type of array `name`.
     pub fn dtype(&mut self, name: &str) -> Result<Dtype> {
-        self.with_member(name, |_, h| Ok(h.dtype.clone()))
+        self.with_member_decoded(name, |_| 0, |_, h| Ok(h.dtype.clone()))
     }
 
     /// The shape of array `name` (`[]` for a 0-d array).
     pub fn shape(&mut self, name: &str) -> Result<Vec<usize>> {
-        self.with_member(name, |_, h| Ok(h.shape.clone()))
+        self.with_member_decoded(name, |_| 0, |_, h| Ok(h.shape.clone()))
     }
 
     /// Whether array `name` holds `float32` or `float64` values.
     ///
     /// Errors: [`ErrorKind::Dtype`] for any other element type.
     pub fn real_dtype(&mut self, name: &str) -> Result<RealDtype> {
-        self.with_member(name, |_, h| real_dtype_of(&h.dtype))
+        self.with_member_decoded(name, |_| 0, |_, h| real_dtype_of(&h.dtype))
     }
 
     /// Array `name`, of any integer dtype (`int8` … `uint64`, either byte

@@ -142,66 +142,63 @@ fn per_sequence_languages_must_match_the_sequences() {
     );
 }
 
-/// A corpus whose headers promise more than the memory there is is refused
-/// before any id is read: its data here is cut short, so a read would be a
-/// truncation error instead. The line names the corpus's size and the
-/// parts of the run; nothing is written.
+/// A run too large for the memory there is (here under a cap of 100 MB)
+/// is refused from the corpus's headers before any id is read: its ids
+/// are corrupt
+/// (a byte changed, so the archive's checksum fails when they are read),
+/// which the same run without the cap reports. The line names the
+/// corpus's size and the parts of the run; nothing is written.
 #[test]
 fn a_run_too_large_for_memory_is_refused_from_the_headers() {
     let dir = scratch("corpus_scale", "plan");
-    let n: u64 = 50_000_000;
-    let header = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({n},), }}");
-    let mut padded = header.clone();
-    while (10 + padded.len() + 1) % 64 != 0 {
-        padded.push(' ');
-    }
-    padded.push('\n');
-    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-    npy.extend_from_slice(&(padded.len() as u16).to_le_bytes());
-    npy.extend_from_slice(padded.as_bytes());
-    npy.extend_from_slice(&[0u8; 64]);
-    // A valid zip holding the short member, beside valid small ones.
-    let path = dir.join("corpus.npz");
-    {
-        use std::io::Write;
-        let mut bytes = std::io::Cursor::new(Vec::new());
-        let mut small = NpzWriter::new("unused.npz");
-        small
-            .add("sequence_languages", &arr1(&[0u8]))
-            .add_scalar("vocab_size", 8192i64)
-            .add_scalar("n_languages", 2i64);
-        small.write_to(&mut bytes).unwrap();
-        // Re-open it and add the short member with the zip crate's writer.
-        let mut zip =
-            npyz::zip::ZipWriter::new_append(std::io::Cursor::new(bytes.into_inner())).unwrap();
-        zip.start_file(
-            "token_ids.npy",
-            npyz::zip::write::FileOptions::default()
-                .compression_method(npyz::zip::CompressionMethod::Stored),
+    let n = 4usize << 20;
+    let path = cli::npz(&dir, "corpus.npz", |w| {
+        w.add(
+            "token_ids",
+            &ndarray::Array1::from_iter((0..n).map(|i| (i % 8000) as u16)),
         )
-        .unwrap();
-        zip.write_all(&npy).unwrap();
-        let out = zip.finish().unwrap().into_inner();
-        fs::write(&path, out).unwrap();
-    }
+        .add("sequence_starts", &arr1(&[0i64, n as i64 / 2]))
+        .add("sequence_languages", &arr1(&[0u8, 1]))
+        .add_scalar("vocab_size", 8192i64)
+        .add_scalar("n_languages", 2i64);
+    });
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    fs::write(&path, bytes).unwrap();
+    let args = ["train", "--corpus", "corpus.npz", "--out", "run"];
     let before = cli::snapshot(&dir);
-    let run = cli::command(&dir, &["train", "--corpus", "corpus.npz", "--out", "run"])
-        .env("SPLITGRAD_MEMORY_LIMIT", "150M")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8(run.stderr).unwrap();
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| !l.starts_with(PROGRESS))
-        .collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    let line = lines[0];
+    let run = |cap: Option<&str>| {
+        let mut c = cli::command(&dir, &args);
+        if let Some(cap) = cap {
+            c.env("SPLITGRAD_MEMORY_LIMIT", cap);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let lines: Vec<String> = stderr
+            .lines()
+            .filter(|l| !l.starts_with(PROGRESS))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        lines[0].clone()
+    };
+    let refused = run(Some("100M"));
     assert!(
-        line.starts_with("splitgrad: error: training this model (V 8192 (stated by corpus.npz), L 2 (stated by corpus.npz), D 64, 0 split rows, batch 4096, a corpus of 50000000 tokens at 3 bytes each) needs "),
-        "{line}"
+        refused.starts_with("splitgrad: error: training this model (V 8192 (stated by corpus.npz), L 2 (stated by corpus.npz), D 64, 0 split rows, batch 4096, a corpus of 4194304 tokens at 3 bytes each) needs "),
+        "{refused}"
     );
-    assert!(line.contains("; the corpus 157."), "{line}");
-    assert!(line.ends_with("; lower --dim or --batch"), "{line}");
+    assert!(
+        refused.contains("; the corpus 13.2 MiB + the model with its optimiser state 18.0 MiB + a step 12.2 MiB + workspace 96.0 MiB;"),
+        "{refused}"
+    );
+    assert!(refused.ends_with("; lower --dim or --batch"), "{refused}");
+    assert_eq!(cli::snapshot(&dir), before);
+    let read = run(None);
+    assert!(
+        read.contains("array `token_ids`") && read.contains("checksum"),
+        "{read}"
+    );
     assert_eq!(cli::snapshot(&dir), before);
 }

@@ -193,6 +193,10 @@ impl Stop {
     }
 }
 
+/// Corpora of this many tokens or more (or that take a second) are
+/// reported when loaded.
+const LOUD_CORPUS: u64 = 10_000_000;
+
 /// Runs `train` and prints the report.
 pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     args.validate()?;
@@ -210,19 +214,23 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         }
         .check("--dim or --batch")
     })?;
-    if let (Some(path), false) = (&config.data.corpus, args.run.quiet) {
-        let size = data.corpus_size();
+    data.plan(config.dim, data.index.token_index.len(), config.train.batch)
+        .check("--dim or --batch")?;
+    // A corpus that took a while to load says so (a small one is quiet).
+    let size = data.corpus_size();
+    let took = started.elapsed().as_secs_f64();
+    if let (Some(path), false) = (&config.data.corpus, args.run.quiet)
+        && (took >= 1.0 || size.tokens >= LOUD_CORPUS)
+    {
         eprintln!(
             "splitgrad: loaded {} in {:.2} s: {} tokens in {} sequences, {} in memory with the held-out part",
             path.display(),
-            started.elapsed().as_secs_f64(),
+            took,
             size.tokens,
             size.sequences,
             crate::error::human_bytes(size.bytes()),
         );
     }
-    data.plan(config.dim, data.index.token_index.len(), config.train.batch)
-        .check("--dim or --batch")?;
     // Held until the run ends: no other run writes into this folder.
     let (out, _lock) = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
