@@ -75,12 +75,15 @@ fn main() -> Result<(), splitgrad::Error> {
         let picks: Vec<usize> = (0..1024)
             .map(|_| bigrams[batch_rng.below(bigrams.len() as u64) as usize])
             .collect();
-        let tokens: Vec<i64> = picks.iter().map(|&i| corpus.token_ids[i] as i64).collect();
+        let tokens: Vec<i64> = picks
+            .iter()
+            .map(|&i| corpus.token_ids.get(i) as i64)
+            .collect();
         let langs: Vec<i64> = picks
             .iter()
-            .map(|&i| corpus.language_ids[i] as i64)
+            .map(|&i| corpus.language_ids.get(i) as i64)
             .collect();
-        let next = Array1::from_iter(picks.iter().map(|&i| corpus.token_ids[i + 1] as i64));
+        let next = Array1::from_iter(picks.iter().map(|&i| corpus.token_ids.get(i + 1) as i64));
         let (loss, grads) = {
             let mut tape = Tape::new();
             let e = shared.forward(&mut tape, &tokens)?;

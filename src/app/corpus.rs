@@ -6,10 +6,15 @@ use std::path::Path;
 
 use ndarray::Array1;
 
+pub use crate::io::{Column, Width};
 use crate::io::{NpzReader, NpzWriter};
 use crate::{Error, ErrorKind, Result};
 
 /// Token ids with the language of each token, cut into sequences.
+///
+/// Both are [`Column`]s, each at the narrowest width that holds its values
+/// (`u16` tokens for a vocabulary of up to 65,536, `u8` languages for up
+/// to 256): a corpus takes 3 to 5 bytes a token in memory.
 ///
 /// The model predicts each token from the one before it; no such bigram
 /// crosses a sequence start. `sequence_starts` is strictly increasing and
@@ -26,9 +31,9 @@ use crate::{Error, ErrorKind, Result};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Corpus {
     /// The tokens, `(N)`.
-    pub token_ids: Vec<u32>,
+    pub token_ids: Column,
     /// The language of each token, `(N)`.
-    pub language_ids: Vec<u32>,
+    pub language_ids: Column,
     /// Where each sequence begins: `[0, …]`, strictly increasing, each `< N`.
     pub sequence_starts: Vec<usize>,
     /// What the file says about the vocabulary and the languages (empty
@@ -86,7 +91,13 @@ const MAX_SIZE: u64 = 1 << 32;
 impl Corpus {
     /// A corpus that is one sequence, with no metadata. Nothing is checked
     /// until [`validate`](Self::validate).
+    /// The ids are stored at the narrowest width that holds them.
     pub fn new(token_ids: Vec<u32>, language_ids: Vec<u32>) -> Self {
+        Corpus::from_columns(token_ids.into(), language_ids.into())
+    }
+
+    /// As [`new`](Self::new), from columns.
+    pub fn from_columns(token_ids: Column, language_ids: Column) -> Self {
         Corpus {
             token_ids,
             language_ids,
@@ -114,7 +125,7 @@ impl Corpus {
     pub fn vocab_size(&self) -> usize {
         self.meta
             .vocab_size
-            .unwrap_or_else(|| max_plus_one(&self.token_ids))
+            .unwrap_or_else(|| self.token_ids.max_plus_one())
     }
 
     /// L: the stated [`CorpusMeta::n_languages`] if there is one, else the
@@ -122,7 +133,7 @@ impl Corpus {
     pub fn n_languages(&self) -> usize {
         self.meta
             .n_languages
-            .unwrap_or_else(|| max_plus_one(&self.language_ids))
+            .unwrap_or_else(|| self.language_ids.max_plus_one())
     }
 
     /// The token ranges of the sequences, in order.
@@ -140,6 +151,19 @@ impl Corpus {
             .map(|(s, e)| s..e)
     }
 
+    /// The token range of sequence `k`.
+    ///
+    /// **Panics** if `k ≥ n_sequences()`.
+    #[track_caller]
+    pub fn sequence_range(&self, k: usize) -> Range<usize> {
+        let end = self
+            .sequence_starts
+            .get(k + 1)
+            .copied()
+            .unwrap_or(self.len());
+        self.sequence_starts[k]..end
+    }
+
     /// The number of sequences.
     pub fn n_sequences(&self) -> usize {
         self.sequence_starts.len()
@@ -150,6 +174,65 @@ impl Corpus {
     pub fn bigrams(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.sequences()
             .flat_map(|r| (r.start + 1..r.end).map(|p| (p - 1, p)))
+    }
+
+    /// The context position of bigram `b`, the `b`-th of
+    /// [`bigrams`](Self::bigrams) (`b` < [`n_bigrams`](Self::n_bigrams)),
+    /// found from the sequence starts alone: sequence k's bigrams are
+    /// numbered from `sequence_starts[k] − k`.
+    ///
+    /// ```
+    /// use splitgrad::app::corpus::Corpus;
+    /// let mut c = Corpus::new(vec![1, 2, 3, 4, 5, 6], vec![0; 6]);
+    /// c.sequence_starts = vec![0, 2, 3];
+    /// let contexts: Vec<usize> = (0..c.n_bigrams()).map(|b| c.bigram_context(b)).collect();
+    /// assert_eq!(contexts, c.bigrams().map(|(i, _)| i).collect::<Vec<_>>());
+    /// assert_eq!(contexts, [0, 3, 4]);
+    /// ```
+    pub fn bigram_context(&self, b: usize) -> usize {
+        let starts = &self.sequence_starts;
+        // The last sequence k whose first bigram is numbered at most b
+        // (starts[0] − 0 = 0 ≤ b, so there is one).
+        let (mut lo, mut hi) = (1, starts.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if starts[mid] - mid <= b {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        b + (lo - 1)
+    }
+
+    /// The bigrams from the `b`-th on, in order: [`bigrams`](Self::bigrams)
+    /// skipped to `b` with one search of the sequence starts.
+    ///
+    /// ```
+    /// use splitgrad::app::corpus::Corpus;
+    /// let mut c = Corpus::new(vec![1, 2, 3, 4, 5, 6], vec![0; 6]);
+    /// c.sequence_starts = vec![0, 2, 3];
+    /// for b in 0..=c.n_bigrams() {
+    ///     assert!(c.bigrams_from(b).eq(c.bigrams().skip(b)));
+    /// }
+    /// ```
+    pub fn bigrams_from(&self, b: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (first, k) = if b < self.n_bigrams() {
+            let i = self.bigram_context(b);
+            (i, i - b)
+        } else {
+            (self.len(), self.sequence_starts.len())
+        };
+        let ends = self
+            .sequence_starts
+            .iter()
+            .skip(k + 1)
+            .copied()
+            .chain([self.len()]);
+        let starts = std::iter::once(first).chain(self.sequence_starts.iter().skip(k + 1).copied());
+        starts
+            .zip(ends)
+            .flat_map(|(s, e)| (s + 1..e.max(s + 1)).map(|p| (p - 1, p)))
     }
 
     /// The number of [`bigrams`](Self::bigrams): N minus the number of
@@ -204,10 +287,11 @@ impl Corpus {
             ),
         ];
         for (array, what, ids, high) in arrays {
-            if let Some(i) = ids.iter().position(|&x| x as usize >= high) {
+            if let Some(i) = ids.first_at_or_above(high as u64) {
                 let high = i64::try_from(high).unwrap_or(i64::MAX);
                 return Err(
-                    Error::out_of_range(what, vec![i], i64::from(ids[i]), 0, high).in_array(array),
+                    Error::out_of_range(what, vec![i], i64::from(ids.get(i)), 0, high)
+                        .in_array(array),
                 );
             }
         }
@@ -268,10 +352,10 @@ impl Corpus {
                 ))
                 .in_array(array));
             }
-            if let Some(i) = ids.iter().position(|&x| x as usize >= size) {
+            if let Some(i) = ids.first_at_or_above(size as u64) {
                 return Err(Error::format(format!(
                     "{size} does not exceed {what} id {} at position [{i}] of `{ids_array}`",
-                    ids[i]
+                    ids.get(i)
                 ))
                 .in_array(array));
             }
@@ -299,10 +383,6 @@ impl Corpus {
         }
         Ok(())
     }
-}
-
-fn max_plus_one(ids: &[u32]) -> usize {
-    ids.iter().max().map_or(0, |&x| x as usize + 1)
 }
 
 /// Sequence starts must be in `0..n` and strictly increasing.
@@ -363,39 +443,46 @@ fn check_starts(starts: &[i64], n: usize) -> Result<()> {
 /// ```
 pub fn load_corpus(path: impl AsRef<Path>) -> Result<Corpus> {
     let path = path.as_ref();
+    let in_file = |e: Error| e.in_file(path);
     let mut npz = NpzReader::open(path)?;
-    let tokens = npz.ints_1d("token_ids")?;
-    let languages = npz.ints_1d("language_ids")?;
+    // The metadata first: a stated size sets the width the ids are read at.
+    let meta = load_meta(&mut npz).map_err(in_file)?;
+    let width_for = |size: Option<usize>| size.map_or(Width::U8, |v| Width::for_bound(v as u64));
     let starts = if npz.contains("sequence_starts") {
         npz.ints_1d("sequence_starts")?
     } else {
         Vec::new()
     };
-    let in_file = |e: Error| e.in_file(path);
-    let n = tokens.len();
-    if languages.len() != n {
-        return Err(in_file(
-            Error::shape(
-                "language_ids",
-                format!("({n},), the length of token_ids"),
-                &[languages.len()],
-            )
-            .in_array("language_ids"),
-        ));
-    }
+    let token_ids = npz.ids_1d("token_ids", "token id", width_for(meta.vocab_size))?;
+    let n = token_ids.len();
     if n == 0 {
         return Err(in_file(Error::new(ErrorKind::Empty).in_array("token_ids")));
     }
-    let token_ids = to_u32(&tokens, "token id").map_err(|e| in_file(e.in_array("token_ids")))?;
-    let language_ids =
-        to_u32(&languages, "language id").map_err(|e| in_file(e.in_array("language_ids")))?;
     check_starts(&starts, n).map_err(in_file)?;
     // In range and increasing, so each is a valid usize.
     let mut sequence_starts: Vec<usize> = starts.iter().map(|&s| s as usize).collect();
+    drop(starts);
     if sequence_starts.first() != Some(&0) {
         sequence_starts.insert(0, 0);
     }
-    let meta = load_meta(&mut npz).map_err(in_file)?;
+    let language_width = width_for(meta.n_languages);
+    let language_ids = if npz.contains("language_ids") || !npz.contains(PER_SEQUENCE) {
+        let languages = npz.ids_1d("language_ids", "language id", language_width)?;
+        if languages.len() != n {
+            return Err(in_file(
+                Error::shape(
+                    "language_ids",
+                    format!("({n},), the length of token_ids"),
+                    &[languages.len()],
+                )
+                .in_array("language_ids"),
+            ));
+        }
+        languages
+    } else {
+        let per_sequence = npz.ids_1d(PER_SEQUENCE, "language id", language_width)?;
+        expand_per_sequence(&per_sequence, &sequence_starts, n).map_err(in_file)?
+    };
     let corpus = Corpus {
         token_ids,
         language_ids,
@@ -404,6 +491,143 @@ pub fn load_corpus(path: impl AsRef<Path>) -> Result<Corpus> {
     };
     corpus.check_meta().map_err(in_file)?;
     Ok(corpus)
+}
+
+/// What a corpus file's headers and metadata say of its size, read
+/// without its ids ([`inspect_corpus`]): enough to plan a run's memory
+/// before the corpus is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CorpusShape {
+    /// N.
+    pub tokens: u64,
+    /// Sequences (1 without `sequence_starts`).
+    pub sequences: u64,
+    /// Bytes a token will take in memory: the widths [`load_corpus`] reads
+    /// its token and language ids at (an upper bound when the file states
+    /// no size: the file's own integer widths, at most 4 bytes).
+    pub bytes_per_token: u64,
+    /// The stated `vocab_size`.
+    pub vocab_size: Option<usize>,
+    /// The stated `n_languages`.
+    pub n_languages: Option<usize>,
+}
+
+/// Reads the shape of the corpus file at `path` ([`CorpusShape`]) from
+/// the headers of its arrays and its metadata, none of its ids.
+///
+/// Errors: those of [`load_corpus`] for the file, the metadata and the
+/// arrays' dtypes and ranks (the values are not read, so not checked).
+///
+/// ```
+/// # fn main() -> splitgrad::Result<()> {
+/// use splitgrad::app::corpus::{inspect_corpus, save_corpus, Corpus};
+/// let path = std::env::temp_dir().join(format!("splitgrad-doc-inspect-{}.npz", std::process::id()));
+/// let mut corpus = Corpus::new(vec![3, 1, 2, 9], vec![0, 1, 0, 0]);
+/// corpus.meta.vocab_size = Some(70_000);
+/// save_corpus(&path, &corpus)?;
+/// let shape = inspect_corpus(&path)?;
+/// assert_eq!((shape.tokens, shape.sequences, shape.bytes_per_token), (4, 1, 5));
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+pub fn inspect_corpus(path: impl AsRef<Path>) -> Result<CorpusShape> {
+    let path = path.as_ref();
+    let mut npz = NpzReader::open(path)?;
+    let meta = load_meta(&mut npz).map_err(|e| e.in_file(path))?;
+    let one_d = |npz: &mut NpzReader, name: &str| -> Result<(u64, u64)> {
+        let dtype = npz.dtype(name)?;
+        let shape = npz.shape(name)?;
+        if !matches!(
+            dtype.kind(),
+            crate::io::DtypeKind::Int | crate::io::DtypeKind::UInt
+        ) {
+            return Err(Error::new(ErrorKind::Dtype {
+                expected: "an integer dtype (int8 … int64, uint8 … uint64)".into(),
+                found: dtype.to_string(),
+            })
+            .in_file(path)
+            .in_array(name));
+        }
+        if shape.len() != 1 {
+            return Err(Error::shape(name, "1-D", &shape)
+                .in_file(path)
+                .in_array(name));
+        }
+        Ok((shape[0] as u64, dtype.size().min(4) as u64))
+    };
+    let (tokens, token_size) = one_d(&mut npz, "token_ids")?;
+    // A file with neither language array is refused by `load_corpus`,
+    // after its token ids (so that their errors come first).
+    let language_size = if npz.contains("language_ids") {
+        one_d(&mut npz, "language_ids")?.1
+    } else if npz.contains(PER_SEQUENCE) {
+        one_d(&mut npz, PER_SEQUENCE)?.1
+    } else {
+        1
+    };
+    let sequences = if npz.contains("sequence_starts") {
+        one_d(&mut npz, "sequence_starts")?.0.max(1)
+    } else {
+        1
+    };
+    let width = |stated: Option<usize>, size: u64| {
+        stated.map_or(size, |v| Width::for_bound(v as u64).bytes() as u64)
+    };
+    Ok(CorpusShape {
+        tokens,
+        sequences,
+        bytes_per_token: width(meta.vocab_size, token_size)
+            + width(meta.n_languages, language_size),
+        vocab_size: meta.vocab_size,
+        n_languages: meta.n_languages,
+    })
+}
+
+/// The array that gives one language per sequence, in a file that has no
+/// `language_ids`.
+const PER_SEQUENCE: &str = "sequence_languages";
+
+/// The language of every token from the language of every sequence.
+fn expand_per_sequence(per_sequence: &Column, starts: &[usize], n: usize) -> Result<Column> {
+    if per_sequence.len() != starts.len() {
+        return Err(Error::shape(
+            PER_SEQUENCE,
+            format!(
+                "({},), one language per sequence (sequence_starts, with 0 first)",
+                starts.len()
+            ),
+            &[per_sequence.len()],
+        )
+        .in_array(PER_SEQUENCE));
+    }
+    crate::io::check_memory(
+        || format!("the language of each of {n} tokens"),
+        n as u64 * per_sequence.width().bytes() as u64,
+        "",
+    )?;
+    let mut out = Column::with_width(per_sequence.width(), n);
+    let ends = starts.iter().skip(1).copied().chain([n]);
+    let mut run = Vec::new();
+    for (k, (&s, e)) in starts.iter().zip(ends).enumerate() {
+        run.clear();
+        run.resize(e - s, per_sequence.get(k));
+        out.extend_from_u32(&run);
+    }
+    Ok(out)
+}
+
+/// The language of each sequence, if every sequence of `corpus` is in
+/// one language (its languages can then be written one per sequence).
+fn languages_per_sequence(corpus: &Corpus) -> Option<Column> {
+    let mut out = Column::with_width(corpus.language_ids.width(), corpus.n_sequences());
+    for r in corpus.sequences() {
+        let first = corpus.language_ids.try_get(r.start)?;
+        if (r.start..r.end).any(|i| corpus.language_ids.get(i) != first) {
+            return None;
+        }
+        out.push(first);
+    }
+    Some(out)
 }
 
 /// The metadata arrays that are present, each of the right dtype and rank.
@@ -451,44 +675,77 @@ fn size_scalar(npz: &mut NpzReader, array: &str) -> Result<usize> {
     })
 }
 
-fn to_u32(values: &[i64], what: &'static str) -> Result<Vec<u32>> {
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            u32::try_from(v).map_err(|_| Error::out_of_range(what, vec![i], v, 0, 1 << 32))
-        })
-        .collect()
+/// How [`save_corpus_as`] writes a corpus.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CorpusFormat {
+    /// Write `sequence_languages`, one language per sequence, instead of
+    /// `language_ids` when every sequence is in one language (as text
+    /// tokenized a document at a time is).
+    pub per_sequence_languages: bool,
+    /// Compress every array with deflate (`numpy.savez_compressed`'s
+    /// format; slower to read, smaller on disk).
+    pub deflate: bool,
 }
 
-/// Writes `corpus` as an `.npz` file (atomically): `token_ids`,
-/// `language_ids` and `sequence_starts`, all `int64`, and each part of
-/// its [`CorpusMeta`] that is present (sizes as 0-d `int64`, strings as
-/// numpy unicode arrays). The corpus is written as it is, valid or not.
+/// Writes `corpus` as an `.npz` file (atomically) with
+/// [`CorpusFormat::default`]: `token_ids` and `language_ids` at the width
+/// their values need (`uint8`, `uint16` or `uint32`, the widths of their
+/// [`Column`]s), `sequence_starts` as `int64`, and each part of its
+/// [`CorpusMeta`] that is present (sizes as 0-d `int64`, strings as numpy
+/// unicode arrays). The corpus is written as it is, valid or not.
 ///
 /// Errors: [`ErrorKind::Io`] naming the path.
 ///
 /// ```
 /// # fn main() -> splitgrad::Result<()> {
 /// use splitgrad::app::corpus::{load_corpus, save_corpus, Corpus};
+/// use splitgrad::io::NpzReader;
 /// let path = std::env::temp_dir().join(format!("splitgrad-doc-save-corpus-{}.npz", std::process::id()));
-/// let corpus = Corpus::new(vec![3, 1, 2], vec![0, 1, 0]);
+/// let corpus = Corpus::new(vec![3, 1, 2000], vec![0, 1, 0]);
 /// save_corpus(&path, &corpus)?;
 /// assert_eq!(load_corpus(&path)?, corpus);
+/// let mut r = NpzReader::open(&path)?;
+/// assert_eq!(r.dtype("token_ids")?.descr(), "<u2");
+/// assert_eq!(r.dtype("language_ids")?.descr(), "|u1");
 /// # std::fs::remove_file(&path)?;
 /// # Ok(()) }
 /// ```
 pub fn save_corpus(path: impl AsRef<Path>, corpus: &Corpus) -> Result<()> {
-    let ids = |v: &[u32]| -> Array1<i64> { v.iter().map(|&x| i64::from(x)).collect() };
+    save_corpus_as(path, corpus, CorpusFormat::default())
+}
+
+/// Writes `corpus` as [`save_corpus`] does, in `format`.
+///
+/// ```
+/// # fn main() -> splitgrad::Result<()> {
+/// use splitgrad::app::corpus::{load_corpus, save_corpus_as, Corpus, CorpusFormat};
+/// use splitgrad::io::NpzReader;
+/// let path = std::env::temp_dir().join(format!("splitgrad-doc-save-as-{}.npz", std::process::id()));
+/// let mut corpus = Corpus::new(vec![3, 1, 2, 4, 4], vec![0, 0, 1, 1, 1]);
+/// corpus.sequence_starts = vec![0, 2];
+/// let format = CorpusFormat { per_sequence_languages: true, deflate: true };
+/// save_corpus_as(&path, &corpus, format)?;
+/// let mut r = NpzReader::open(&path)?;
+/// assert!(!r.contains("language_ids"));
+/// assert_eq!(r.ints_1d("sequence_languages")?, [0, 1]);
+/// assert_eq!(load_corpus(&path)?, corpus);
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+pub fn save_corpus_as(path: impl AsRef<Path>, corpus: &Corpus, format: CorpusFormat) -> Result<()> {
     let starts: Array1<i64> = corpus
         .sequence_starts
         .iter()
         .map(|&s| i64::try_from(s).unwrap_or(i64::MAX))
         .collect();
     let mut npz = NpzWriter::new(path);
-    npz.add("token_ids", &ids(&corpus.token_ids))
-        .add("language_ids", &ids(&corpus.language_ids))
-        .add("sequence_starts", &starts);
+    npz.deflate(format.deflate);
+    npz.add_column("token_ids", &corpus.token_ids);
+    match languages_per_sequence(corpus).filter(|_| format.per_sequence_languages) {
+        Some(per_sequence) => npz.add_column(PER_SEQUENCE, &per_sequence),
+        None => npz.add_column("language_ids", &corpus.language_ids),
+    };
+    npz.add("sequence_starts", &starts);
     let meta = &corpus.meta;
     for (array, size) in [
         ("vocab_size", meta.vocab_size),

@@ -4,12 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use crate::Rng;
-use crate::app::corpus::{Corpus, load_corpus};
+use crate::app::corpus::{Corpus, inspect_corpus, load_corpus};
 use crate::app::eval::split_heldout;
 use crate::app::model::{BigramModel, ModelConfig};
-use crate::app::plan::Plan;
+use crate::app::plan::{CorpusSize, Plan};
 use crate::app::synthetic::{SyntheticConfig, generate};
 use crate::app::train::{RunLabels, TrainConfig, Trainer};
 use crate::error::{Error, Result};
@@ -54,7 +57,7 @@ pub struct Data {
     /// The run's name: `synthetic`, or the corpus file's stem.
     pub name: String,
     /// The part trained on.
-    pub corpus: Corpus,
+    pub corpus: Arc<Corpus>,
     /// The part evaluated on (never trained on, never used to choose pairs).
     pub heldout: Corpus,
     /// How the held-out part was made, for the report.
@@ -134,7 +137,22 @@ impl Data {
             None => BigramModel::shared_only(config)?,
         };
         model.reset_parameters(&mut Rng::new(train.seed))?;
-        Trainer::new(model, self.corpus.clone(), train)
+        Trainer::new(model, Arc::clone(&self.corpus), train)
+    }
+
+    /// The training and held-out parts as they are held.
+    pub fn corpus_size(&self) -> CorpusSize {
+        let parts = [&*self.corpus, &self.heldout];
+        CorpusSize {
+            tokens: parts.iter().map(|c| c.len() as u64).sum(),
+            sequences: parts.iter().map(|c| c.n_sequences() as u64).sum(),
+            bytes_per_token: parts
+                .iter()
+                .map(|c| (c.token_ids.width().bytes() + c.language_ids.width().bytes()) as u64)
+                .max()
+                .unwrap_or(0),
+            heldout_fraction: 0.0,
+        }
     }
 
     /// The memory plan of a model of width `dim` with `n_rows` split rows
@@ -148,7 +166,7 @@ impl Data {
             dim,
             n_rows,
             batch,
-            n_bigrams: self.corpus.n_bigrams(),
+            corpus: self.corpus_size(),
             real_bytes: 4,
             action: "training",
         }
@@ -168,25 +186,116 @@ fn source_of(path: &Path, stated: bool, ids: &str) -> String {
 /// Every (language, token) pair seen at least `min_count` times as a
 /// context, in (language, token) order.
 pub fn index_from_counts(corpus: &Corpus, min_count: usize) -> SplitIndex {
-    let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
-    for (i, _) in corpus.bigrams() {
-        *counts
-            .entry((
-                corpus.language_ids[i] as usize,
-                corpus.token_ids[i] as usize,
-            ))
-            .or_default() += 1;
-    }
-    let pairs: Vec<(usize, usize)> = counts
-        .into_iter()
-        .filter(|&(_, c)| c >= min_count.max(1))
-        .map(|(p, _)| p)
-        .collect();
+    counted_index(corpus, min_count, DENSE_COUNTS)
+}
+
+/// [`index_from_counts`], counting in a table when there are at most
+/// `dense_cells` cells.
+fn counted_index(corpus: &Corpus, min_count: usize, dense_cells: usize) -> SplitIndex {
+    let (v, l) = (corpus.vocab_size(), corpus.n_languages());
+    let min_count = min_count.max(1) as u64;
+    let pairs: Vec<(usize, usize)> = match v.checked_mul(l).filter(|&c| c <= dense_cells) {
+        // A count per (language, token) cell: one pass, no hashing.
+        Some(cells) => {
+            let count = |counts: &mut Vec<u64>, seqs: &[usize]| {
+                for &k in seqs {
+                    // Every token of the sequence but its last is a context.
+                    let r = corpus.sequence_range(k);
+                    let contexts = r.start..r.end - 1;
+                    count_pairs(corpus, contexts, v, counts);
+                }
+            };
+            let seqs: Vec<usize> = (0..corpus.n_sequences()).collect();
+            // Threads count apart when their tables are small (counts are
+            // integers: the sum is the same in any order).
+            let counts = if cells <= 1 << 20 {
+                seqs.par_chunks(256)
+                    .fold(
+                        || vec![0u64; cells],
+                        |mut c, chunk| {
+                            count(&mut c, chunk);
+                            c
+                        },
+                    )
+                    .reduce_with(|mut a, b| {
+                        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                        a
+                    })
+                    .unwrap_or_else(|| vec![0u64; cells])
+            } else {
+                let mut c = vec![0u64; cells];
+                count(&mut c, &seqs);
+                c
+            };
+            counts
+                .iter()
+                .enumerate()
+                .filter(|&(_, &c)| c >= min_count)
+                .map(|(cell, _)| (cell / v, cell % v))
+                .collect()
+        }
+        None => {
+            let mut counts: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+            for (i, _) in corpus.bigrams() {
+                *counts
+                    .entry((
+                        corpus.language_ids.get(i) as usize,
+                        corpus.token_ids.get(i) as usize,
+                    ))
+                    .or_default() += 1;
+            }
+            counts
+                .into_iter()
+                .filter(|&(_, c)| c >= min_count)
+                .map(|(p, _)| p)
+                .collect()
+        }
+    };
     SplitIndex::new(
         pairs.iter().map(|p| p.0).collect(),
         pairs.iter().map(|p| p.1).collect(),
     )
 }
+
+/// Adds one to `counts[language · v + token]` for each position of
+/// `range`, with the loop specialised to the columns' widths.
+fn count_pairs(corpus: &Corpus, range: std::ops::Range<usize>, v: usize, counts: &mut [u64]) {
+    fn run<T: Copy + Into<u32>, L: Copy + Into<u32>>(
+        tokens: &[T],
+        languages: &[L],
+        v: usize,
+        counts: &mut [u64],
+    ) {
+        for (&t, &l) in tokens.iter().zip(languages) {
+            counts[l.into() as usize * v + t.into() as usize] += 1;
+        }
+    }
+    let (t, l) = (&corpus.token_ids, &corpus.language_ids);
+    macro_rules! with_languages {
+        ($tokens:expr) => {{
+            let tokens = &$tokens[range.clone()];
+            if let Some(ls) = l.as_u8() {
+                run(tokens, &ls[range], v, counts)
+            } else if let Some(ls) = l.as_u16() {
+                run(tokens, &ls[range], v, counts)
+            } else {
+                run(tokens, &l.as_u32().unwrap_or_default()[range], v, counts)
+            }
+        }};
+    }
+    if let Some(ts) = t.as_u8() {
+        with_languages!(ts)
+    } else if let Some(ts) = t.as_u16() {
+        with_languages!(ts)
+    } else {
+        with_languages!(t.as_u32().unwrap_or_default())
+    }
+}
+
+/// Above this many (language, token) cells, [`index_from_counts`] counts
+/// the pairs seen in a map rather than in a table of every cell (8 bytes
+/// a cell: 128 MiB at most).
+const DENSE_COUNTS: usize = 1 << 24;
 
 /// The training and held-out parts of `corpus`: a fraction of its
 /// sequences (seeded), or a held-out corpus file.
@@ -204,11 +313,11 @@ fn heldout_of(corpus: Corpus, args: &DataSource) -> Result<(Corpus, Corpus, Stri
             "--heldout-fraction must be in (0, 1), got {f}"
         )));
     }
-    let (train, heldout) = split_heldout(&corpus, f, args.seed)?;
+    let n_sequences = corpus.n_sequences();
+    let (train, heldout) = split_heldout(corpus, f, args.seed)?;
     let how = format!(
-        "{} of {} sequences ({f} of the corpus, seed {})",
+        "{} of {n_sequences} sequences ({f} of the corpus, seed {})",
         heldout.n_sequences(),
-        corpus.n_sequences(),
         args.seed
     );
     Ok((train, heldout, how))
@@ -259,6 +368,16 @@ pub fn check_agree(
 /// Loads (or generates) the corpus, holds out its evaluation part, and
 /// loads the index (or makes one from the training part's counts).
 pub fn load(args: &DataSource) -> Result<Data> {
+    load_planned(args, &|_| Ok(()))
+}
+
+/// As [`load`], with `plan` shown, before any id of a corpus file is
+/// read, a [`Plan`] holding what its headers say ([`inspect_corpus`]):
+/// the corpus's size with the held-out part that will be copied out of it,
+/// and V and L where the file states them (0 where it does not). The
+/// caller adds the model's sizes and checks it; an error stops the load
+/// before the corpus takes any memory.
+pub fn load_planned(args: &DataSource, plan: &dyn Fn(Plan) -> Result<()>) -> Result<Data> {
     let (name, corpus, truth, index, v, l, sources) = match &args.corpus {
         None => {
             let cfg = SyntheticConfig {
@@ -286,6 +405,30 @@ pub fn load(args: &DataSource) -> Result<Data> {
             )
         }
         Some(path) => {
+            let shape = inspect_corpus(path)?;
+            let unread = |stated: Option<usize>| match stated {
+                Some(_) => format!("stated by {}", path.display()),
+                None => format!("not stated by {}: 0 until its ids are read", path.display()),
+            };
+            plan(Plan {
+                vocab_size: shape.vocab_size.unwrap_or(0),
+                vocab_source: unread(shape.vocab_size),
+                n_languages: shape.n_languages.unwrap_or(0),
+                languages_source: unread(shape.n_languages),
+                corpus: CorpusSize {
+                    tokens: shape.tokens,
+                    sequences: shape.sequences,
+                    bytes_per_token: shape.bytes_per_token,
+                    heldout_fraction: if args.heldout.is_some() {
+                        0.0
+                    } else {
+                        args.heldout_fraction
+                    },
+                },
+                real_bytes: 4,
+                action: "training",
+                ..Plan::default()
+            })?;
             let corpus = load_with_bigrams(path, "train on")?;
             // V and L as the corpus states them, or its largest ids + 1.
             let (v, l) = (corpus.vocab_size(), corpus.n_languages());
@@ -334,7 +477,7 @@ pub fn load(args: &DataSource) -> Result<Data> {
     };
     Ok(Data {
         name,
-        corpus: train,
+        corpus: Arc::new(train),
         heldout,
         heldout_source,
         index,
@@ -344,4 +487,31 @@ pub fn load(args: &DataSource) -> Result<Data> {
         languages_source: sources.1,
         truth,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counting_in_a_table_and_in_a_map_agree() {
+        let mut rng = Rng::new(11);
+        for case in 0..20 {
+            let n = 200 + rng.below(2000) as usize;
+            let v = 2 + rng.below(if case % 2 == 0 { 40 } else { 70_000 }) as u32;
+            let tokens: Vec<u32> = (0..n)
+                .map(|_| rng.below(u64::from(v)) as u32 % 37)
+                .collect();
+            let langs: Vec<u32> = (0..n).map(|_| rng.below(3) as u32).collect();
+            let mut c = Corpus::new(tokens, langs);
+            c.sequence_starts = (0..n).step_by(17).collect();
+            for min_count in [1, 2, 5] {
+                let table = counted_index(&c, min_count, usize::MAX);
+                let map = counted_index(&c, min_count, 0);
+                assert_eq!(table.language_index, map.language_index, "case {case}");
+                assert_eq!(table.token_index, map.token_index, "case {case}");
+                assert!(!table.token_index.is_empty() || min_count > 1);
+            }
+        }
+    }
 }

@@ -30,13 +30,40 @@ pub struct Plan {
     pub n_rows: usize,
     /// Bigrams a step (0 when nothing is trained, as in `report`).
     pub batch: usize,
-    /// Bigrams of the training corpus (kept as a list by the trainer).
-    pub n_bigrams: usize,
+    /// The corpus in memory (training and held-out parts), or zero when
+    /// there is none (a model alone, as `report` loads it).
+    pub corpus: CorpusSize,
     /// Bytes of one real (4 for `f32`).
     pub real_bytes: usize,
     /// What is done with the model, for the error: "training" (the
     /// default, when empty) or "loading".
     pub action: &'static str,
+}
+
+/// The size of a corpus in memory: its tokens at the widths their ids are
+/// kept at ([`crate::io::Column`]) and its sequence starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CorpusSize {
+    /// Tokens, training and held-out parts together.
+    pub tokens: u64,
+    /// Sequences.
+    pub sequences: u64,
+    /// Bytes a token: its id's width plus its language's.
+    pub bytes_per_token: u64,
+    /// The part of the tokens copied out as the held-out split while the
+    /// corpus is split (0 for a held-out file, read apart).
+    pub heldout_fraction: f64,
+}
+
+impl CorpusSize {
+    /// Bytes at the peak: the corpus, its starts, and the held-out part
+    /// copied out of it.
+    pub fn bytes(&self) -> u64 {
+        let whole = bytes_of(&[self.tokens, self.bytes_per_token])
+            .saturating_add(bytes_of(&[self.sequences, 8]));
+        let f = self.heldout_fraction.clamp(0.0, 1.0);
+        whole.saturating_add((whole as f64 * f).ceil() as u64)
+    }
 }
 
 /// Workspace that does not grow with the sizes: the fused head's chunks,
@@ -45,10 +72,19 @@ const FIXED: u64 = 96 << 20;
 
 impl Plan {
     /// The bytes the run needs, by its largest parts (an upper estimate:
-    /// every table with its two Adam moments, the head's dense gradient,
-    /// a step's activations and gradients, the evaluation's hidden rows
-    /// and per-language sums). `u64::MAX` if that overflows.
+    /// the corpus with its held-out split, every table with its two Adam
+    /// moments, the head's dense gradient, a step's activations and
+    /// gradients, the evaluation's hidden rows and per-language sums).
+    /// `u64::MAX` if that overflows.
     pub fn bytes(&self) -> u64 {
+        self.parts()
+            .into_iter()
+            .try_fold(0u64, |acc, (_, b)| acc.checked_add(b))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// [`bytes`](Self::bytes) by part, named for a person.
+    pub fn parts(&self) -> [(&'static str, u64); 4] {
         let (v, l, d, n) = (
             self.vocab_size as u64,
             self.n_languages as u64,
@@ -56,7 +92,13 @@ impl Plan {
             self.n_rows as u64,
         );
         let t = self.real_bytes as u64;
-        let parts = [
+        let sum = |parts: &[u64]| {
+            parts
+                .iter()
+                .try_fold(0u64, |acc, &b| acc.checked_add(b))
+                .unwrap_or(u64::MAX)
+        };
+        let model = sum(&[
             // Shared table and head, each with two moments; the head's
             // dense gradient; the evaluation's copy of the head and its
             // hidden rows (at most V + n of them).
@@ -68,16 +110,15 @@ impl Plan {
             bytes_of(&[n, 96]),
             // Per language: the evaluation's sums.
             bytes_of(&[l, 64]),
-            // A step: ids, gathered and mixed rows, their gradients.
-            bytes_of(&[self.batch as u64, 12 * d * t + 64]),
-            // The trainer's list of bigrams.
-            bytes_of(&[self.n_bigrams as u64, 12]),
-            FIXED,
-        ];
-        parts
-            .into_iter()
-            .try_fold(0u64, |acc, b| acc.checked_add(b))
-            .unwrap_or(u64::MAX)
+        ]);
+        // A step: ids, gathered and mixed rows, their gradients.
+        let step = bytes_of(&[self.batch as u64, 12 * d * t + 64]);
+        [
+            ("the corpus", self.corpus.bytes()),
+            ("the model with its optimiser state", model),
+            ("a step", step),
+            ("workspace", FIXED),
+        ]
     }
 
     /// The sizes in words, for an error.
@@ -93,6 +134,13 @@ impl Plan {
         s += &format!(", D {}, {} split rows", self.dim, self.n_rows);
         if self.batch > 0 {
             s += &format!(", batch {}", self.batch);
+        }
+        let c = &self.corpus;
+        if c.tokens > 0 {
+            s += &format!(
+                ", a corpus of {} tokens at {} bytes each",
+                c.tokens, c.bytes_per_token
+            );
         }
         s
     }
@@ -129,10 +177,18 @@ impl Plan {
             ),
             bytes,
             available,
-            hint: if flags.is_empty() {
-                String::new()
-            } else {
-                format!("lower {flags}")
+            hint: {
+                let parts: Vec<String> = self
+                    .parts()
+                    .iter()
+                    .filter(|(_, b)| *b > 0)
+                    .map(|(name, b)| format!("{name} {}", human_bytes(*b)))
+                    .collect();
+                let mut hint = parts.join(" + ");
+                if !flags.is_empty() {
+                    hint += &format!("; lower {flags}");
+                }
+                hint
             },
         }))
     }
@@ -154,7 +210,12 @@ mod tests {
             dim: 64,
             n_rows: 80,
             batch: 4096,
-            n_bigrams: 1 << 20,
+            corpus: CorpusSize {
+                tokens: 1 << 20,
+                sequences: 1 << 10,
+                bytes_per_token: 3,
+                heldout_fraction: 0.1,
+            },
             real_bytes: 4,
             ..Plan::default()
         }
@@ -190,12 +251,52 @@ mod tests {
                 n_rows: usize::MAX,
                 ..default_run()
             },
+            Plan {
+                corpus: CorpusSize {
+                    tokens: 1 << 50,
+                    ..default_run().corpus
+                },
+                ..default_run()
+            },
         ];
         for p in cases {
             let e = p.check("--dim or --batch").unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::TooLarge { .. }), "{e}");
             assert!(e.to_string().ends_with("; lower --dim or --batch"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_corpus_too_large_is_named_with_every_part() {
+        let p = Plan {
+            corpus: CorpusSize {
+                tokens: 1 << 42,
+                sequences: 1 << 30,
+                bytes_per_token: 3,
+                heldout_fraction: 0.1,
+            },
+            ..default_run()
+        };
+        let e = p.check("--dim or --batch").unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "training this model (V 500, L 4, D 64, 80 split rows, batch 4096, \
+                 a corpus of 4398046511104 tokens at 3 bytes each) needs "
+            ),
+            "{e}"
+        );
+        let corpus = human_bytes(p.corpus.bytes());
+        assert!(
+            e.contains(&format!(
+                "; the corpus {corpus} + the model with its optimiser state "
+            )),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        // The held-out copy is counted: 3.3 bytes a token at a tenth.
+        let whole = (3u64 << 42) + (8 << 30);
+        let held = p.corpus.bytes() - whole;
+        assert!(held.abs_diff(whole / 10) <= 1, "{held}");
     }
 
     #[test]

@@ -62,12 +62,12 @@ fn context_counts(corpus: &Corpus, min_count: usize) -> Vec<ContextCounts> {
     let mut map: HashMap<(usize, usize), HashMap<usize, usize>> = HashMap::new();
     for (i, j) in corpus.bigrams() {
         let key = (
-            corpus.language_ids[i] as usize,
-            corpus.token_ids[i] as usize,
+            corpus.language_ids.get(i) as usize,
+            corpus.token_ids.get(i) as usize,
         );
         *map.entry(key)
             .or_default()
-            .entry(corpus.token_ids[j] as usize)
+            .entry(corpus.token_ids.get(j) as usize)
             .or_default() += 1;
     }
     let mut out: Vec<ContextCounts> = map

@@ -203,8 +203,8 @@ pub fn generate(cfg: &SyntheticConfig) -> Synthetic {
     );
     Synthetic {
         corpus: Corpus {
-            token_ids,
-            language_ids,
+            token_ids: token_ids.into(),
+            language_ids: language_ids.into(),
             sequence_starts,
             meta: CorpusMeta::default(),
         },
@@ -264,15 +264,18 @@ mod tests {
         let shared_next: HashSet<(usize, usize)> = (0..toks.len() - 1)
             .filter(|&i| {
                 (i + 1) % cfg.sequence_len != 0
-                    && !s.contested.contains(&(langs[i] as usize, toks[i] as usize))
+                    && !s
+                        .contested
+                        .contains(&(langs.get(i) as usize, toks.get(i) as usize))
             })
-            .map(|i| (toks[i] as usize, toks[i + 1] as usize))
+            .map(|i| (toks.get(i) as usize, toks.get(i + 1) as usize))
             .collect();
         for i in 0..toks.len() - 1 {
             if (i + 1) % cfg.sequence_len != 0
-                && s.contested.contains(&(langs[i] as usize, toks[i] as usize))
+                && s.contested
+                    .contains(&(langs.get(i) as usize, toks.get(i) as usize))
             {
-                assert!(!shared_next.contains(&(toks[i] as usize, toks[i + 1] as usize)));
+                assert!(!shared_next.contains(&(toks.get(i) as usize, toks.get(i + 1) as usize)));
             }
         }
     }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::app::corpus::{Corpus, CorpusMeta};
+use crate::app::corpus::{Column, Corpus, CorpusMeta, Width};
 use crate::{Error, Result};
 
 /// Bytes of text read and encoded at once (in parallel, one file per task)
@@ -330,8 +330,9 @@ impl Plan {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Tokenized> {
         let vocab_size = encoder.vocab_size();
-        let mut token_ids: Vec<u32> = Vec::new();
-        let mut language_ids: Vec<u32> = Vec::new();
+        let mut token_ids = Column::with_width(Width::for_bound(vocab_size as u64), 0);
+        let mut language_ids = Column::with_width(Width::for_bound(self.languages.len() as u64), 0);
+        let mut run: Vec<u32> = Vec::new();
         let mut sequence_starts: Vec<usize> = Vec::new();
         let mut stats = vec![LanguageStats::default(); self.languages.len()];
         for batch in batches(&self.files) {
@@ -364,8 +365,10 @@ impl Plan {
                     s.sequences += 1;
                     s.tokens += ids.len();
                     sequence_starts.push(token_ids.len());
-                    language_ids.extend(std::iter::repeat_n(file.language, ids.len()));
-                    token_ids.extend_from_slice(&ids);
+                    run.clear();
+                    run.resize(ids.len(), file.language);
+                    language_ids.extend_from_u32(&run);
+                    token_ids.extend_from_u32(&ids);
                 }
             }
         }

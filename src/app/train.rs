@@ -9,6 +9,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use ndarray::Array2;
 
@@ -77,9 +80,12 @@ pub struct StepStats {
 /// A model, its optimisers and where it is in its run.
 pub struct Trainer<T: Real> {
     model: BigramModel<T>,
-    /// Every bigram as (context token, language, next token), packed so
-    /// that drawing one touches one cache line.
-    bigrams: Vec<[u32; 3]>,
+    /// The training corpus; a step draws its bigrams by number
+    /// ([`Corpus::bigram_context`]), so nothing of the corpus's size is
+    /// kept beside it.
+    corpus: Arc<Corpus>,
+    /// Its number of bigrams.
+    n_bigrams: u64,
     /// [`corpus_fingerprint`] of the corpus, computed once.
     fingerprint: u64,
     config: TrainConfig,
@@ -153,22 +159,65 @@ fn split_joined(s: &str) -> Vec<String> {
 /// closed.
 pub const HELDOUT_CURVE: &str = "train.heldout";
 
-/// A fingerprint of a corpus (FNV-1a over its arrays), kept in checkpoints
-/// so that a run is never resumed on other data.
+/// A fingerprint of a corpus, kept in checkpoints so that a run is never
+/// resumed on other data: FNV-1a over 64-bit words, of each fixed block
+/// of [`FINGERPRINT_BLOCK`] ids of each array (hashed in parallel, in
+/// four interleaved chains of every fourth id), of
+/// the blocks' hashes in order, of the lengths and of the sequence
+/// starts. The value depends on the ids alone, not on their widths or the
+/// threads.
 pub fn corpus_fingerprint(c: &Corpus) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |x: u64| {
-        for b in x.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
+    const PRIME: u64 = 0x0100_0000_01b3;
+    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    let words =
+        |h: u64, xs: &mut dyn Iterator<Item = u64>| xs.fold(h, |h, x| (h ^ x).wrapping_mul(PRIME));
+    let column = |col: &crate::io::Column| -> Vec<u64> {
+        fn blocks<X: Copy + Into<u64> + Sync>(v: &[X]) -> Vec<u64> {
+            // Four interleaved chains a block (their multiplications
+            // overlap), folded into one.
+            v.par_chunks(FINGERPRINT_BLOCK)
+                .map(|b| {
+                    let mut lanes = [BASIS, BASIS ^ 1, BASIS ^ 2, BASIS ^ 3];
+                    let quads = b.chunks_exact(4);
+                    let rest = quads.remainder();
+                    for q in quads {
+                        for (h, &x) in lanes.iter_mut().zip(q) {
+                            *h = (*h ^ x.into()).wrapping_mul(PRIME);
+                        }
+                    }
+                    let h = lanes
+                        .into_iter()
+                        .fold(BASIS, |h, x| (h ^ x).wrapping_mul(PRIME));
+                    rest.iter()
+                        .fold(h, |h, &x| (h ^ x.into()).wrapping_mul(PRIME))
+                })
+                .collect()
+        }
+        if let Some(v) = col.as_u8() {
+            blocks(v)
+        } else if let Some(v) = col.as_u16() {
+            blocks(v)
+        } else {
+            blocks(col.as_u32().unwrap_or_default())
         }
     };
-    eat(c.token_ids.len() as u64);
-    c.token_ids.iter().for_each(|&t| eat(t as u64));
-    c.language_ids.iter().for_each(|&l| eat(l as u64));
-    c.sequence_starts.iter().for_each(|&s| eat(s as u64));
-    h
+    let mut h = words(
+        BASIS,
+        &mut [c.token_ids.len() as u64, c.language_ids.len() as u64].into_iter(),
+    );
+    for col in [&c.token_ids, &c.language_ids] {
+        h = words(h, &mut column(col).into_iter());
+    }
+    words(h, &mut c.sequence_starts.iter().map(|&s| s as u64))
 }
+
+/// Ids a block of [`corpus_fingerprint`] hashes.
+const FINGERPRINT_BLOCK: usize = 1 << 16;
+
+/// What the checkpoint's `corpus_fingerprint` begins with: the
+/// [`corpus_fingerprint`] of this version (earlier ones wrote the hex
+/// digits alone, of another hash).
+const FINGERPRINT_VERSION: &str = "v2:";
 
 /// The loss history of a run, one row per step: total, ce, penalty, fusion.
 pub const HISTORY: &str = "train.history";
@@ -369,20 +418,16 @@ impl<T: Real> Trainer<T> {
 
     /// A trainer at step 0. The corpus must fit the model (ids below V and
     /// L) and hold at least one bigram.
-    pub fn new(model: BigramModel<T>, corpus: Corpus, config: TrainConfig) -> Result<Self> {
+    pub fn new(
+        model: BigramModel<T>,
+        corpus: impl Into<Arc<Corpus>>,
+        config: TrainConfig,
+    ) -> Result<Self> {
+        let corpus = corpus.into();
         let mc = model.config();
         corpus.validate(mc.vocab_size, mc.n_languages)?;
-        let bigrams: Vec<[u32; 3]> = corpus
-            .bigrams()
-            .map(|(i, j)| {
-                [
-                    corpus.token_ids[i],
-                    corpus.language_ids[i],
-                    corpus.token_ids[j],
-                ]
-            })
-            .collect();
-        if bigrams.is_empty() {
+        let n_bigrams = corpus.n_bigrams() as u64;
+        if n_bigrams == 0 {
             return Err(
                 Error::new(ErrorKind::Empty).in_array("token_ids (no bigram within a sequence)")
             );
@@ -394,7 +439,8 @@ impl<T: Real> Trainer<T> {
         Ok(Trainer {
             model,
             fingerprint,
-            bigrams,
+            corpus,
+            n_bigrams,
             config,
             optimizer: optimizer(config.lr)?,
             pool: Pool::new(),
@@ -474,13 +520,13 @@ impl<T: Real> Trainer<T> {
     /// The batch of step `step`: a function of the seed and the step only.
     pub fn batch_at(&self, step: u64) -> Batch {
         let mut rng = Rng::new(self.config.seed ^ 0x6261_7463_6865_7321).fork(step);
-        let n = self.bigrams.len() as u64;
+        let c = &*self.corpus;
         let mut b = Batch::default();
         for _ in 0..self.config.batch {
-            let [token, language, next] = self.bigrams[rng.below(n) as usize];
-            b.tokens.push(token as i64);
-            b.languages.push(language as i64);
-            b.targets.push(next as i64);
+            let i = c.bigram_context(rng.below(self.n_bigrams) as usize);
+            b.tokens.push(i64::from(c.token_ids.get(i)));
+            b.languages.push(i64::from(c.language_ids.get(i)));
+            b.targets.push(i64::from(c.token_ids.get(i + 1)));
         }
         b
     }
@@ -577,7 +623,10 @@ impl<T: Real> Trainer<T> {
             ("fusion_penalty", c.fusion_penalty.to_string()),
             ("use_gate", c.use_gate.to_string()),
             ("seed", c.seed.to_string()),
-            ("corpus_fingerprint", format!("{:016x}", self.fingerprint)),
+            (
+                "corpus_fingerprint",
+                format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -637,8 +686,15 @@ impl<T: Real> Trainer<T> {
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let snap = Snapshot::read(path)?;
-        let fp = format!("{:016x}", self.fingerprint);
-        if snap.meta("corpus_fingerprint")? != fp {
+        let fp = format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint);
+        let theirs = snap.meta("corpus_fingerprint")?;
+        if !theirs.starts_with(FINGERPRINT_VERSION) {
+            return Err(Error::config(
+                "the checkpoint was written by an earlier splitgrad, whose corpus fingerprint this one no longer computes; finish it with that version, or start again with --force",
+            )
+            .in_file(path));
+        }
+        if theirs != fp {
             return Err(Error::config(
                 "the checkpoint was written for another corpus (or another held-out split of it)",
             )
@@ -753,5 +809,55 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!path.exists());
+    }
+
+    /// The batches drawn by bigram number equal those drawn from the list
+    /// of every bigram (as the trainer kept before), for corpora with
+    /// sequences of one token among them.
+    #[test]
+    fn batches_by_bigram_number_equal_batches_from_the_list() {
+        let mut rng = Rng::new(3);
+        for case in 0..10u64 {
+            let n = 50 + rng.below(500) as usize;
+            let tokens: Vec<u32> = (0..n).map(|_| rng.below(9) as u32).collect();
+            let langs: Vec<u32> = (0..n).map(|_| rng.below(2) as u32).collect();
+            let mut corpus = Corpus::new(tokens, langs);
+            corpus.sequence_starts = (0..n).filter(|&p| p == 0 || rng.below(4) == 0).collect();
+            let list: Vec<[u32; 3]> = corpus
+                .bigrams()
+                .map(|(i, j)| {
+                    [
+                        corpus.token_ids.get(i),
+                        corpus.language_ids.get(i),
+                        corpus.token_ids.get(j),
+                    ]
+                })
+                .collect();
+            let config = ModelConfig::new(9, 2, 2);
+            let model = BigramModel::<f32>::new(config, SplitIndex::new(vec![0], vec![1])).unwrap();
+            let train = TrainConfig {
+                steps: 3,
+                batch: 64,
+                lr: 1e-2,
+                gate_penalty: 0.0,
+                fusion_penalty: 0.0,
+                use_gate: true,
+                seed: case,
+            };
+            let trainer = Trainer::new(model, corpus, train).unwrap();
+            for step in 0..3 {
+                let b = trainer.batch_at(step);
+                let mut r = Rng::new(case ^ 0x6261_7463_6865_7321).fork(step);
+                for k in 0..64 {
+                    let [t, l, y] = list[r.below(list.len() as u64) as usize];
+                    let got = (b.tokens[k], b.languages[k], b.targets[k]);
+                    assert_eq!(
+                        got,
+                        (t as i64, l as i64, y as i64),
+                        "case {case} step {step} draw {k}"
+                    );
+                }
+            }
+        }
     }
 }

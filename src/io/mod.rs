@@ -20,6 +20,7 @@
 //! ```
 
 mod atomic;
+mod column;
 mod index;
 mod limits;
 mod lookup;
@@ -31,6 +32,7 @@ mod writer;
 #[cfg(test)]
 pub(crate) use atomic::FAIL_BEFORE_RENAME;
 pub use atomic::{remove_stale_temporaries, write_atomic};
+pub use column::{Column, Width};
 pub use index::{SplitIndex, load_index, save_index};
 pub use limits::{
     MEMORY_LIMIT_VAR, bytes_of, check_memory, memory_available, open_regular, read_regular,

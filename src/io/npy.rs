@@ -378,6 +378,116 @@ pub(crate) fn read_ints(r: &mut dyn Read, header: &Header) -> Result<Vec<i64>> {
     }
 }
 
+/// The raw little-endian bytes of an unsigned array's elements, handed to
+/// `sink` a chunk of whole elements at a time, then the check that the
+/// member ends there: for a reader that keeps the values at their width
+/// (no decoding). The caller has checked that the dtype is unsigned and
+/// little-endian (or one byte).
+pub(crate) fn read_raw_chunks(
+    r: &mut dyn Read,
+    header: &Header,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (n, size) = (header.len, header.dtype.size);
+    let mut bytes = vec![0u8; INT_CHUNK * size];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(INT_CHUNK);
+        let raw = &mut bytes[..k * size];
+        if let Err(e) = r.read_exact(raw) {
+            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
+        }
+        sink(raw)?;
+        done += k;
+    }
+    let mut probe = [0u8; 1];
+    match r.read(&mut probe) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::format(format!(
+            "corrupt member: bytes follow the {n} elements its header announces"
+        ))),
+        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
+    }
+}
+
+/// Elements decoded per chunk by [`read_int_chunks`].
+const INT_CHUNK: usize = 1 << 16;
+
+/// The elements of an integer array (any width, signedness, endianness),
+/// in storage order, handed to `sink` as `i64` a chunk at a time with the
+/// flat index of the chunk's first element; nothing of the array's size is
+/// allocated here. Then checks that the member ends there. The caller has
+/// checked that `header.dtype` is an integer.
+pub(crate) fn read_int_chunks(
+    r: &mut dyn Read,
+    header: &Header,
+    sink: &mut dyn FnMut(usize, &[i64]) -> Result<()>,
+) -> Result<()> {
+    let (n, be) = (header.len, header.dtype.big_endian);
+    let size = header.dtype.size;
+    let mut bytes = vec![0u8; INT_CHUNK * size];
+    let mut values = vec![0i64; INT_CHUNK];
+    let mut done = 0;
+    macro_rules! decode {
+        ($t:ty, $raw:expr, $out:expr) => {{
+            const W: usize = std::mem::size_of::<$t>();
+            for (o, b) in $out.iter_mut().zip($raw.chunks_exact(W)) {
+                let mut a = [0u8; W];
+                a.copy_from_slice(b);
+                let x = if be {
+                    <$t>::from_be_bytes(a)
+                } else {
+                    <$t>::from_le_bytes(a)
+                };
+                *o = x as i64;
+            }
+        }};
+    }
+    while done < n {
+        let k = (n - done).min(INT_CHUNK);
+        let raw = &mut bytes[..k * size];
+        if let Err(e) = r.read_exact(raw) {
+            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
+        }
+        let out = &mut values[..k];
+        match (header.dtype.kind, size) {
+            (DtypeKind::Int, 1) => decode!(i8, raw, out),
+            (DtypeKind::Int, 2) => decode!(i16, raw, out),
+            (DtypeKind::Int, 4) => decode!(i32, raw, out),
+            (DtypeKind::Int, 8) => decode!(i64, raw, out),
+            (DtypeKind::UInt, 1) => decode!(u8, raw, out),
+            (DtypeKind::UInt, 2) => decode!(u16, raw, out),
+            (DtypeKind::UInt, 4) => decode!(u32, raw, out),
+            (DtypeKind::UInt, 8) => {
+                for (j, (o, b)) in out.iter_mut().zip(raw.chunks_exact(8)).enumerate() {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    let v = u64::from_le_bytes(le(a, be));
+                    *o = i64::try_from(v).map_err(|_| {
+                        Error::format(format!(
+                            "uint64 value {v} at position {:?} does not fit in int64 (range {}..={})",
+                            header.position(done + j),
+                            i64::MIN,
+                            i64::MAX
+                        ))
+                    })?;
+                }
+            }
+            _ => unreachable!("read_int_chunks called for dtype {}", header.dtype),
+        }
+        sink(done, out)?;
+        done += k;
+    }
+    let mut probe = [0u8; 1];
+    match r.read(&mut probe) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::format(format!(
+            "corrupt member: bytes follow the {n} elements its header announces"
+        ))),
+        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
+    }
+}
+
 /// The elements of a `U{n}` array as strings, in storage order, each
 /// without its trailing NULs (numpy pads with them and strips them when it
 /// reads). The caller has checked the dtype.

@@ -11,6 +11,7 @@ use npyz::zip::{CompressionMethod, ZipArchive};
 
 use super::check_finite;
 use super::npy::{self, Dtype, DtypeKind, Header};
+use super::{Column, Width};
 use crate::{Error, ErrorKind, Real, Result};
 
 /// The real element type of an array: `f32` (`float32`) or `f64` (`float64`).
@@ -210,13 +211,26 @@ impl NpzReader {
         name: &str,
         f: impl FnOnce(&mut dyn Read, &Header) -> Result<U>,
     ) -> Result<U> {
-        self.member(name, f)
+        self.with_member_decoded(name, |_| 8, f)
+    }
+
+    /// As [`with_member`](Self::with_member), for a caller that keeps
+    /// `decoded_bytes(header)` bytes an element (checked against the
+    /// memory available before `f` runs).
+    fn with_member_decoded<U>(
+        &mut self,
+        name: &str,
+        decoded_bytes: impl FnOnce(&Header) -> u64,
+        f: impl FnOnce(&mut dyn Read, &Header) -> Result<U>,
+    ) -> Result<U> {
+        self.member(name, decoded_bytes, f)
             .map_err(|e| e.in_file(&self.path).in_array(name))
     }
 
     fn member<U>(
         &mut self,
         name: &str,
+        decoded_bytes: impl FnOnce(&Header) -> u64,
         f: impl FnOnce(&mut dyn Read, &Header) -> Result<U>,
     ) -> Result<U> {
         let Some(entry) = self.entries.get(name) else {
@@ -268,12 +282,13 @@ impl NpzReader {
                 )));
             }
         }
-        // Every element is decoded into at most 8 bytes (i64, f64): refuse
-        // a shape whose array would not fit before reading any of it. The
+        // Every element is decoded into at most `decoded_bytes` bytes (8 for
+        // i64, f64): refuse a shape whose array would not fit before reading
+        // any of it. The
         // reader is capped at the bytes the shape promises (and one more,
         // to see that the member ends there), whatever the stream inflates to.
         if decoded {
-            let bytes = super::bytes_of(&[header.len as u64, 8]);
+            let bytes = super::bytes_of(&[header.len as u64, decoded_bytes(&header)]);
             super::check_memory(
                 || {
                     format!(
@@ -291,19 +306,19 @@ impl NpzReader {
 
     /// The element type of array `name`.
     pub fn dtype(&mut self, name: &str) -> Result<Dtype> {
-        self.with_member(name, |_, h| Ok(h.dtype.clone()))
+        self.with_member_decoded(name, |_| 0, |_, h| Ok(h.dtype.clone()))
     }
 
     /// The shape of array `name` (`[]` for a 0-d array).
     pub fn shape(&mut self, name: &str) -> Result<Vec<usize>> {
-        self.with_member(name, |_, h| Ok(h.shape.clone()))
+        self.with_member_decoded(name, |_| 0, |_, h| Ok(h.shape.clone()))
     }
 
     /// Whether array `name` holds `float32` or `float64` values.
     ///
     /// Errors: [`ErrorKind::Dtype`] for any other element type.
     pub fn real_dtype(&mut self, name: &str) -> Result<RealDtype> {
-        self.with_member(name, |_, h| real_dtype_of(&h.dtype))
+        self.with_member_decoded(name, |_| 0, |_, h| real_dtype_of(&h.dtype))
     }
 
     /// Array `name`, of any integer dtype (`int8` … `uint64`, either byte
@@ -343,6 +358,106 @@ impl NpzReader {
                 return Err(Error::shape(name, "1-D", &h.shape));
             }
             npy::read_ints(r, h)
+        })
+    }
+
+    /// Array `name`, which must be 1-D and of an integer dtype with every
+    /// value in `0..2³²`, as a [`Column`] at least `width` wide (wider only
+    /// if a value needs it). It is read a chunk at a time: nothing of the
+    /// array's size is allocated but the column, whose bytes are checked
+    /// against the memory available first at the widest it may become
+    /// (`width`, or the dtype's width up to 4 bytes if that is wider: ids
+    /// of a wide dtype may need it), and again before it widens past that.
+    /// `what` names a value in errors ("token id").
+    ///
+    /// Errors: those of [`ints_1d`](Self::ints_1d); a value out of
+    /// `0..2³²`, naming it and its position.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter, Width};
+    /// let path = std::env::temp_dir().join(format!("splitgrad-doc-column-{}.npz", std::process::id()));
+    /// let mut w = NpzWriter::new(&path);
+    /// w.add("ids", &ndarray::arr1(&[3i64, 1, 300]));
+    /// w.add("bad", &ndarray::arr1(&[3i64, -1]));
+    /// w.finish()?;
+    /// let mut r = NpzReader::open(&path)?;
+    /// let ids = r.ids_1d("ids", "token id", Width::U8)?;
+    /// assert_eq!((ids.width(), ids.to_vec()), (Width::U16, vec![3, 1, 300]));
+    /// let e = r.ids_1d("bad", "token id", Width::U8).unwrap_err();
+    /// assert!(e.to_string().ends_with("array `bad`: token id -1 at position [1] is out of range 0..4294967296"), "{e}");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ids_1d(&mut self, name: &str, what: &'static str, width: Width) -> Result<Column> {
+        let widest = |h: &Header| (h.dtype.size().min(4) as u64).max(width.bytes() as u64);
+        self.with_member_decoded(name, widest, |r, h| {
+            check_int_dtype(&h.dtype)?;
+            if h.shape.len() != 1 {
+                return Err(Error::shape(name, "1-D", &h.shape));
+            }
+            let unsigned = h.dtype.kind() == DtypeKind::UInt
+                && matches!(h.dtype.size(), 1 | 2 | 4)
+                && (h.dtype.size() == 1 || !h.dtype.is_big_endian());
+            if unsigned {
+                // Kept at the file's width (or `width`, if wider), with no
+                // value to check: every one is below 2³².
+                let size = h.dtype.size();
+                let wide = Width::for_bound(1u64 << (8 * size));
+                let mut column = Column::with_width(width.max(wide), h.len);
+                npy::read_raw_chunks(r, h, &mut |raw| {
+                    column.extend_from_le_bytes(raw, size);
+                    Ok(())
+                })?;
+                return Ok(column);
+            }
+            let mut column = Column::with_width(width, h.len);
+            let mut narrow: Vec<u32> = Vec::new();
+            npy::read_int_chunks(r, h, &mut |first, values| {
+                // One pass for the range (vectorised), then the narrowing.
+                let (lo, hi) = values
+                    .iter()
+                    .fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                if values.is_empty() {
+                    return Ok(());
+                }
+                if lo < 0 || hi > i64::from(u32::MAX) {
+                    let j = values
+                        .iter()
+                        .position(|&v| u32::try_from(v).is_err())
+                        .unwrap_or_default();
+                    return Err(Error::out_of_range(
+                        what,
+                        vec![first + j],
+                        values[j],
+                        0,
+                        1 << 32,
+                    ));
+                }
+                narrow.clear();
+                narrow.extend(values.iter().map(|&v| v as u32));
+                let needs = Width::for_value(hi as u32);
+                if needs > column.width() {
+                    let bytes = super::bytes_of(&[h.len as u64, needs.bytes() as u64]);
+                    super::check_memory(
+                        || {
+                            format!(
+                                "shape {:?} of {} ({} elements) held as {}",
+                                h.shape,
+                                h.dtype,
+                                h.len,
+                                needs.numpy_name()
+                            )
+                        },
+                        bytes,
+                        "",
+                    )?;
+                    column.reserve_width(needs);
+                }
+                column.extend_from_u32(&narrow);
+                Ok(())
+            })?;
+            Ok(column)
         })
     }
 

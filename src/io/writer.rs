@@ -15,11 +15,14 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for i64 {}
     impl Sealed for u8 {}
+    impl Sealed for u16 {}
+    impl Sealed for u32 {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
 }
 
-/// An element type [`NpzWriter`] stores: `i64`, `u8`, `f32` or `f64`.
+/// An element type [`NpzWriter`] stores: `i64`, `u8`, `u16`, `u32`, `f32`
+/// or `f64`.
 ///
 /// ```
 /// use splitgrad::io::NpyElement;
@@ -27,7 +30,8 @@ mod sealed {
 /// assert_eq!(<u8 as NpyElement>::DESCR, "|u1");
 /// ```
 pub trait NpyElement: Copy + sealed::Sealed {
-    /// numpy's `descr` for the type, little-endian: `<i8`, `|u1`, `<f4`, `<f8`.
+    /// numpy's `descr` for the type, little-endian: `<i8`, `|u1`, `<u2`,
+    /// `<u4`, `<f4`, `<f8`.
     const DESCR: &'static str;
     /// Appends the little-endian bytes of `self`.
     fn put(self, out: &mut Vec<u8>);
@@ -47,6 +51,8 @@ macro_rules! impl_element {
 
 impl_element!(i64, "<i8");
 impl_element!(u8, "|u1");
+impl_element!(u16, "<u2");
+impl_element!(u32, "<u4");
 impl_element!(f32, "<f4");
 impl_element!(f64, "<f8");
 
@@ -112,6 +118,7 @@ fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
 pub struct NpzWriter {
     path: PathBuf,
     members: Vec<(String, Vec<u8>)>,
+    deflate: bool,
 }
 
 impl NpzWriter {
@@ -121,6 +128,45 @@ impl NpzWriter {
         NpzWriter {
             path: path.as_ref().to_path_buf(),
             members: Vec::new(),
+            deflate: false,
+        }
+    }
+
+    /// Compresses every member with deflate (as `numpy.savez_compressed`)
+    /// when `yes`; members are stored uncompressed by default (as
+    /// `numpy.savez`), which reads fastest.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let mut w = NpzWriter::new("unused.npz");
+    /// w.deflate(true).add("zeros", &ndarray::Array1::<u16>::zeros(10_000));
+    /// let mut bytes = std::io::Cursor::new(Vec::new());
+    /// w.write_to(&mut bytes)?;
+    /// assert!(bytes.get_ref().len() < 1000);
+    /// let mut r = NpzReader::from_bytes("memory", bytes.into_inner())?;
+    /// assert_eq!(r.ints_1d("zeros")?, vec![0; 10_000]);
+    /// # Ok(()) }
+    /// ```
+    pub fn deflate(&mut self, yes: bool) -> &mut Self {
+        self.deflate = yes;
+        self
+    }
+
+    /// Adds the values of `column` as a 1-D array `name` of its width
+    /// (`uint8`, `uint16` or `uint32`).
+    ///
+    /// **Panics** if an array called `name` was already added.
+    #[track_caller]
+    pub fn add_column(&mut self, name: &str, column: &super::Column) -> &mut Self {
+        use ndarray::ArrayView1;
+        if let Some(v) = column.as_u8() {
+            self.add(name, &ArrayView1::from(v))
+        } else if let Some(v) = column.as_u16() {
+            self.add(name, &ArrayView1::from(v))
+        } else {
+            let v = column.as_u32().unwrap_or_default();
+            self.add(name, &ArrayView1::from(v))
         }
     }
 
@@ -253,7 +299,11 @@ impl NpzWriter {
         let mut zip = ZipWriter::new(out);
         for (name, bytes) in &self.members {
             let options = FileOptions::default()
-                .compression_method(CompressionMethod::Stored)
+                .compression_method(if self.deflate {
+                    CompressionMethod::Deflated
+                } else {
+                    CompressionMethod::Stored
+                })
                 .last_modified_time(DateTime::default())
                 .unix_permissions(0o644)
                 .large_file(bytes.len() as u64 >= u64::from(u32::MAX));

@@ -9,7 +9,7 @@ use crate::io_common::{
     scratch, write_npz,
 };
 use splitgrad::ErrorKind::{Dtype, Empty, Format, Missing, OutOfRange, Shape};
-use splitgrad::app::corpus::{Corpus, CorpusMeta, load_corpus, save_corpus};
+use splitgrad::app::corpus::{Column, Corpus, CorpusMeta, load_corpus, save_corpus};
 
 fn load_err(test: &str, members: &[(&str, Vec<u8>)]) -> (PathBuf, splitgrad::Error, String) {
     let path = scratch(test).join("corpus.npz");
@@ -86,7 +86,7 @@ fn bigrams_never_cross_a_sequence_start() {
     let starts: Vec<usize> = (0..n).filter(|p| p % 7 == 0 || p % 11 == 3).collect();
     let corpus = Corpus {
         token_ids: (0..n as u32).collect(),
-        language_ids: vec![0; n],
+        language_ids: Column::from(vec![0; n]),
         sequence_starts: starts.clone(),
         meta: CorpusMeta::default(),
     };
@@ -104,8 +104,8 @@ fn bigrams_never_cross_a_sequence_start() {
 fn round_trip() {
     let path = scratch("corpus_round_trip").join("corpus.npz");
     let corpus = Corpus {
-        token_ids: vec![0, u32::MAX, 5, 5, 9],
-        language_ids: vec![3, 3, 0, 1, 1],
+        token_ids: Column::from(vec![0, u32::MAX, 5, 5, 9]),
+        language_ids: Column::from(vec![3, 3, 0, 1, 1]),
         sequence_starts: vec![0, 2, 4],
         meta: CorpusMeta::default(),
     };
@@ -169,8 +169,8 @@ fn load_errors() {
 #[test]
 fn validate_checks_ids_against_the_model() {
     let corpus = Corpus {
-        token_ids: vec![1, 2, 3],
-        language_ids: vec![0, 2, 1],
+        token_ids: Column::from(vec![1, 2, 3]),
+        language_ids: Column::from(vec![0, 2, 1]),
         sequence_starts: vec![0, 2],
         meta: CorpusMeta::default(),
     };
@@ -210,7 +210,7 @@ fn validate_checks_ids_against_the_model() {
         assert_eq!(c.validate(4, 3).unwrap_err().to_string(), expected);
     }
     let short = Corpus {
-        language_ids: vec![0],
+        language_ids: Column::from(vec![0]),
         ..corpus.clone()
     };
     assert_eq!(

@@ -2,6 +2,7 @@
 //! workloads, and (with the `cli` feature) the command line end to end.
 
 mod bench_smoke;
+mod corpus_scale;
 mod fuzz_replay;
 mod io_corpus;
 

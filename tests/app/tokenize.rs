@@ -96,12 +96,14 @@ fn the_test_data_becomes_a_corpus_that_decodes_back_to_its_text() {
         for file in files_of(folder) {
             let range = sequences.next().expect("a sequence per file");
             let text = std::fs::read_to_string(&file).unwrap();
-            let ids = &corpus.token_ids[range.clone()];
+            let ids = &corpus.token_ids.values(range.clone());
             assert_eq!(tok.decode(ids, false).unwrap(), text, "{}", file.display());
             let expected = tok.encode(text.as_str(), false).unwrap();
             assert_eq!(ids, expected.get_ids(), "{}", file.display());
             assert!(
-                corpus.language_ids[range.clone()]
+                corpus
+                    .language_ids
+                    .values(range.clone())
                     .iter()
                     .all(|&l| l as usize == lang)
             );
@@ -163,15 +165,27 @@ fn folders_are_walked_sorted_recursively_without_hidden_or_empty_files() {
     let tok = Tokenizer::from_file(tokenizer_json()).unwrap();
     let texts: Vec<String> = corpus
         .sequences()
-        .map(|r| tok.decode(&corpus.token_ids[r], false).unwrap())
+        .map(|r| tok.decode(&corpus.token_ids.values(r), false).unwrap())
         .collect();
     assert_eq!(
         texts,
         ["Middle, nested.", "Zeta – the last.\n", "Только это.\n"]
     );
     let first_of_b = corpus.sequence_starts[2];
-    assert!(corpus.language_ids[..first_of_b].iter().all(|&l| l == 0));
-    assert!(corpus.language_ids[first_of_b..].iter().all(|&l| l == 1));
+    assert!(
+        corpus
+            .language_ids
+            .values(..first_of_b)
+            .iter()
+            .all(|&l| l == 0)
+    );
+    assert!(
+        corpus
+            .language_ids
+            .values(first_of_b..)
+            .iter()
+            .all(|&l| l == 1)
+    );
     assert_eq!(
         corpus.meta.language_names.as_deref().unwrap(),
         ["one", "two"]

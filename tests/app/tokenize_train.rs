@@ -117,10 +117,10 @@ fn the_tokenizer_never_sees_what_train_holds_out() {
         assert_eq!(corpus.meta.vocab_size, Some(tok.get_vocab_size(true)));
         // What train holds out, by train's own split of the corpus.
         let fraction: f64 = fraction.parse().unwrap();
-        let (_, heldout) = split_heldout(&corpus, fraction, seed.parse().unwrap()).unwrap();
+        let (_, heldout) = split_heldout(corpus.clone(), fraction, seed.parse().unwrap()).unwrap();
         let held_text: Vec<String> = heldout
             .sequences()
-            .map(|r| tok.decode(&heldout.token_ids[r], false).unwrap())
+            .map(|r| tok.decode(&heldout.token_ids.values(r), false).unwrap())
             .collect();
         assert_eq!(held_text.len(), 3 * (10.0 * fraction).round() as usize);
         let (mut seen, mut unseen) = (0, 0);
@@ -141,7 +141,10 @@ fn the_tokenizer_never_sees_what_train_holds_out() {
             for i in 0..10 {
                 let text = std::fs::read_to_string(folder.join(format!("f{i:02}.txt"))).unwrap();
                 let r = sequences.next().unwrap();
-                assert_eq!(tok.decode(&corpus.token_ids[r], false).unwrap(), text);
+                assert_eq!(
+                    tok.decode(&corpus.token_ids.values(r), false).unwrap(),
+                    text
+                );
             }
         }
     }
@@ -194,7 +197,7 @@ fn training_is_balanced_deterministic_and_the_same_for_any_thread_count() {
     let r = corpus.sequences().next().unwrap();
     assert_eq!(
         tok.encode(first.as_str(), false).unwrap().get_ids(),
-        &corpus.token_ids[r]
+        &corpus.token_ids.values(r)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

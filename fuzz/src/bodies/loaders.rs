@@ -172,8 +172,8 @@ pub fn corpus_loader(data: &[u8]) {
         return;
     }
     let index = SplitIndex::new(
-        vec![corpus.language_ids[0] as usize],
-        vec![corpus.token_ids[0] as usize],
+        vec![corpus.language_ids.get(0) as usize],
+        vec![corpus.token_ids.get(0) as usize],
     );
     let config = ModelConfig {
         vocab_size: v,

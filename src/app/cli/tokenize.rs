@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use clap::{ArgGroup, Args};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::app::corpus::save_corpus;
+use crate::app::corpus::{CorpusFormat, save_corpus_as};
 use crate::app::tokenize::{
     HfTokenizer, LanguageSource, Plan, TextEncoder, Tokenized, VocabText, check_trained_vocab,
     train_byte_level_bpe,
@@ -74,10 +74,19 @@ pub struct TokenizeArgs {
     /// Repeat for each language; their ids are 0, 1, … in this order.
     #[arg(long = "lang", value_name = "NAME=DIR", required = true)]
     pub langs: Vec<String>,
-    /// The corpus to write (`token_ids`, `language_ids`,
-    /// `sequence_starts` and the metadata arrays).
+    /// The corpus to write: `token_ids` (uint16 for a vocabulary of up to
+    /// 65,536 tokens, else uint32), `sequence_languages` (one language per
+    /// sequence, uint8), `sequence_starts` and the metadata arrays.
     #[arg(long)]
     pub out: PathBuf,
+    /// Write `language_ids`, the language of every token, instead of one
+    /// per sequence (for readers that want it; one byte more a token).
+    #[arg(long)]
+    pub per_token_languages: bool,
+    /// Compress the corpus's arrays with deflate (as
+    /// `numpy.savez_compressed`): smaller, slower to read.
+    #[arg(long)]
+    pub deflate: bool,
     /// Replace --out (and, with --train-vocab, the tokenizer.json beside
     /// it) if it exists.
     #[arg(long)]
@@ -223,7 +232,11 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
     if let (Some((json, _, _)), Some(path)) = (&trained, &trained_path) {
         crate::io::write_atomic(path, |f| Ok(f.write_all(json)?))?;
     }
-    save_corpus(&args.out, &tokenized.corpus)?;
+    let format = CorpusFormat {
+        per_sequence_languages: !args.per_token_languages,
+        deflate: args.deflate,
+    };
+    save_corpus_as(&args.out, &tokenized.corpus, format)?;
     if let (Some((_, text, asked)), Some(path)) = (&trained, &trained_path) {
         print_trained(&args, &plan, text, *asked, tokenizer.vocab_size(), path);
     }
@@ -259,7 +272,7 @@ fn check_heldout_agrees(
     if predicted.len() >= 2 {
         let languages: Vec<u32> = corpus
             .sequences()
-            .map(|r| corpus.language_ids[r.start])
+            .map(|r| corpus.language_ids.get(r.start))
             .collect();
         let held = crate::app::eval::heldout_sequences(&languages, fraction, seed);
         if held != predicted {

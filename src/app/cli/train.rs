@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Args;
 
 use crate::app::data::{self, Data, DataSource};
+use crate::app::plan::Plan;
 use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
 use crate::app::train::{TrainConfig, Trainer};
@@ -192,15 +193,44 @@ impl Stop {
     }
 }
 
+/// Corpora of this many tokens or more (or that take a second) are
+/// reported when loaded.
+const LOUD_CORPUS: u64 = 10_000_000;
+
 /// Runs `train` and prints the report.
 pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     args.validate()?;
     let stop = Stop::install()?;
     let threads = set_threads(args.run.threads)?;
     let config = args.config();
-    let data = data::load(&config.data)?;
+    // The corpus's size and the model's, before the corpus is read; then
+    // the whole run, with the split rows chosen.
+    let started = std::time::Instant::now();
+    let data = data::load_planned(&config.data, &|plan| {
+        Plan {
+            dim: config.dim,
+            batch: config.train.batch,
+            ..plan
+        }
+        .check("--dim or --batch")
+    })?;
     data.plan(config.dim, data.index.token_index.len(), config.train.batch)
         .check("--dim or --batch")?;
+    // A corpus that took a while to load says so (a small one is quiet).
+    let size = data.corpus_size();
+    let took = started.elapsed().as_secs_f64();
+    if let (Some(path), false) = (&config.data.corpus, args.run.quiet)
+        && (took >= 1.0 || size.tokens >= LOUD_CORPUS)
+    {
+        eprintln!(
+            "splitgrad: loaded {} in {:.2} s: {} tokens in {} sequences, {} in memory with the held-out part",
+            path.display(),
+            took,
+            size.tokens,
+            size.sequences,
+            crate::error::human_bytes(size.bytes()),
+        );
+    }
     // Held until the run ends: no other run writes into this folder.
     let (out, _lock) = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);

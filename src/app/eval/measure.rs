@@ -17,6 +17,8 @@ use crate::state::Module;
 
 /// Tokens per parallel task of the per-token pass.
 const TOKENS_PER_TASK: usize = 1 << 14;
+/// Tasks evaluated at once (their per-row gains are kept until added up).
+const TASKS_PER_GROUP: usize = 64;
 
 /// Split rows per block of the null distributions (each block's logits are
 /// `2 × ROWS_PER_BLOCK × V` reals).
@@ -61,8 +63,10 @@ fn evaluate_on<T: Real>(
     heldout
         .validate(v, cfg.n_languages)
         .map_err(|e| e.in_array("held-out corpus"))?;
-    let bigrams: Vec<(usize, usize)> = heldout.bigrams().collect();
-    if bigrams.is_empty() {
+    // Bigrams are taken by number ([`Corpus::bigram_context`]): nothing of
+    // the held-out part's size is allocated here.
+    let n = heldout.n_bigrams();
+    if n == 0 {
         return Err(Error::new(crate::ErrorKind::Empty)
             .in_array("held-out corpus (no bigram within a sequence)"));
     }
@@ -76,10 +80,10 @@ fn evaluate_on<T: Real>(
     let row_of = |l: usize, t: usize| split.row_of(l, t);
     let mut seen_shared = vec![false; v];
     let mut seen_row = vec![false; n_rows];
-    for &(i, _) in &bigrams {
+    for (i, _) in heldout.bigrams() {
         let (t, l) = (
-            heldout.token_ids[i] as usize,
-            heldout.language_ids[i] as usize,
+            heldout.token_ids.get(i) as usize,
+            heldout.language_ids.get(i) as usize,
         );
         seen_shared[t] = true;
         if let Some(r) = row_of(l, t) {
@@ -144,20 +148,22 @@ fn evaluate_on<T: Real>(
         with_row: Vec<(usize, f64)>,
     }
     let n_lang = cfg.n_languages;
-    let parts: Vec<Part> = bigrams
-        .par_chunks(TOKENS_PER_TASK)
-        .map(|chunk| {
-            let mut p = Part {
-                ce: 0.0,
-                ce_closed: 0.0,
-                per_language: LangSums::new(n_lang),
-                with_row: Vec::new(),
-            };
-            for &(i, j) in chunk {
+    let task = |k: usize| {
+        let mut p = Part {
+            ce: 0.0,
+            ce_closed: 0.0,
+            per_language: LangSums::new(n_lang),
+            with_row: Vec::new(),
+        };
+        for (i, j) in heldout
+            .bigrams_from(k * TOKENS_PER_TASK)
+            .take(TOKENS_PER_TASK)
+        {
+            {
                 let (t, l, y) = (
-                    heldout.token_ids[i] as usize,
-                    heldout.language_ids[i] as usize,
-                    heldout.token_ids[j] as usize,
+                    heldout.token_ids.get(i) as usize,
+                    heldout.language_ids.get(i) as usize,
+                    heldout.token_ids.get(j) as usize,
                 );
                 let closed = loss(slot_of_shared[t] as usize, y);
                 let open = match row_of(l, t) {
@@ -172,23 +178,32 @@ fn evaluate_on<T: Real>(
                 p.ce_closed += closed;
                 p.per_language.add(l, open, closed);
             }
-            p
-        })
-        .collect();
-    let n = bigrams.len();
+        }
+        p
+    };
     let mut ce = 0.0;
     let mut ce_closed = 0.0;
     let mut lang = vec![(0usize, 0.0f64, 0.0f64); n_lang];
     let mut sums = vec![(0usize, 0.0f64, 0.0f64); n_rows];
-    for p in parts {
-        ce += p.ce;
-        ce_closed += p.ce_closed;
-        p.per_language.add_into(&mut lang);
-        for (r, dn) in p.with_row {
-            let s = &mut sums[r];
-            s.0 += 1;
-            s.1 += dn;
-            s.2 += dn * dn;
+    // Tasks run a group at a time and are added up in order, so the sums
+    // do not depend on the threads and the tasks' per-row gains never
+    // take more than a group's memory.
+    let n_tasks = n.div_ceil(TOKENS_PER_TASK);
+    for group in (0..n_tasks).step_by(TASKS_PER_GROUP) {
+        let parts: Vec<Part> = (group..(group + TASKS_PER_GROUP).min(n_tasks))
+            .into_par_iter()
+            .map(task)
+            .collect();
+        for p in parts {
+            ce += p.ce;
+            ce_closed += p.ce_closed;
+            p.per_language.add_into(&mut lang);
+            for (r, dn) in p.with_row {
+                let s = &mut sums[r];
+                s.0 += 1;
+                s.1 += dn;
+                s.2 += dn * dn;
+            }
         }
     }
     // The null of each row seen (a row never seen has nothing to test).
@@ -398,15 +413,15 @@ mod tests {
         let bigrams: Vec<(usize, usize)> = c.bigrams().collect();
         let ctx: Vec<i64> = bigrams
             .iter()
-            .map(|&(i, _)| c.token_ids[i] as i64)
+            .map(|&(i, _)| c.token_ids.get(i) as i64)
             .collect();
         let lang: Vec<i64> = bigrams
             .iter()
-            .map(|&(i, _)| c.language_ids[i] as i64)
+            .map(|&(i, _)| c.language_ids.get(i) as i64)
             .collect();
         let next: Vec<i64> = bigrams
             .iter()
-            .map(|&(_, j)| c.token_ids[j] as i64)
+            .map(|&(_, j)| c.token_ids.get(j) as i64)
             .collect();
         let per_token = |model: &BigramModel<f64>| token_losses(model, &ctx, &lang, &next);
         let open = per_token(&m);

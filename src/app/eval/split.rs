@@ -1,6 +1,6 @@
 //! The held-out part of a corpus: a deterministic choice of its sequences.
 
-use crate::app::corpus::Corpus;
+use crate::app::corpus::{Column, Corpus};
 use crate::error::{Error, Result};
 
 /// Splits `corpus` into (train, held-out) by sequence, language by
@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 /// only. A corpus of one sequence is cut in two instead: its last
 /// `fraction` of tokens (at least 2) is the held-out sequence.
 ///
+/// The corpus is split in place: the held-out sequences are copied out
+/// and the training ones moved up over them, so the split costs the
+/// held-out part's bytes, not a second corpus.
+///
 /// Errors: a fraction outside (0, 1); a corpus too short to leave a bigram
 /// on each side.
 ///
@@ -19,11 +23,11 @@ use crate::error::{Error, Result};
 /// use splitgrad::app::{corpus::Corpus, eval::split_heldout};
 /// let mut c = Corpus::new((0..100).map(|i| i % 7).collect(), vec![0; 100]);
 /// c.sequence_starts = (0..10).map(|i| i * 10).collect();
-/// let (train, heldout) = split_heldout(&c, 0.2, 0)?;
+/// let (train, heldout) = split_heldout(c, 0.2, 0)?;
 /// assert_eq!((train.n_sequences(), heldout.n_sequences()), (8, 2));
 /// # Ok::<(), splitgrad::Error>(())
 /// ```
-pub fn split_heldout(corpus: &Corpus, fraction: f64, seed: u64) -> Result<(Corpus, Corpus)> {
+pub fn split_heldout(mut corpus: Corpus, fraction: f64, seed: u64) -> Result<(Corpus, Corpus)> {
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(Error::config(format!(
             "the held-out fraction must be in (0, 1), got {fraction}"
@@ -34,7 +38,7 @@ pub fn split_heldout(corpus: &Corpus, fraction: f64, seed: u64) -> Result<(Corpu
     if sequences.len() >= 2 {
         let languages: Vec<u32> = sequences
             .iter()
-            .map(|r| corpus.language_ids.get(r.start).copied().unwrap_or(0))
+            .map(|r| corpus.language_ids.try_get(r.start).unwrap_or(0))
             .collect();
         let held = heldout_sequences(&languages, fraction, seed);
         for (r, &h) in sequences.into_iter().zip(&held) {
@@ -53,20 +57,35 @@ pub fn split_heldout(corpus: &Corpus, fraction: f64, seed: u64) -> Result<(Corpu
             std::iter::once(cut..n).collect(),
         ];
     }
-    let take = |ranges: &[std::ops::Range<usize>]| {
-        let mut c = corpus.clone();
-        c.token_ids.clear();
-        c.language_ids.clear();
-        c.sequence_starts.clear();
-        for r in ranges {
-            c.sequence_starts.push(c.token_ids.len());
-            c.token_ids.extend_from_slice(&corpus.token_ids[r.clone()]);
-            c.language_ids
-                .extend_from_slice(&corpus.language_ids[r.clone()]);
-        }
-        c
+    let held_len: usize = parts[1].iter().map(|r| r.len()).sum();
+    let mut heldout = Corpus {
+        token_ids: Column::with_width(corpus.token_ids.width(), held_len),
+        language_ids: Column::with_width(corpus.language_ids.width(), held_len),
+        sequence_starts: Vec::with_capacity(parts[1].len()),
+        meta: corpus.meta.clone(),
     };
-    Ok((take(&parts[0]), take(&parts[1])))
+    for r in &parts[1] {
+        heldout.sequence_starts.push(heldout.token_ids.len());
+        heldout.token_ids.extend_from(&corpus.token_ids, r.clone());
+        heldout
+            .language_ids
+            .extend_from(&corpus.language_ids, r.clone());
+    }
+    // The training sequences, in order, moved up over the held-out ones.
+    let mut starts = Vec::with_capacity(parts[0].len());
+    let mut end = 0;
+    for r in &parts[0] {
+        starts.push(end);
+        corpus.token_ids.copy_within(r.clone(), end);
+        corpus.language_ids.copy_within(r.clone(), end);
+        end += r.len();
+    }
+    for column in [&mut corpus.token_ids, &mut corpus.language_ids] {
+        column.truncate(end);
+        column.shrink_to_fit();
+    }
+    corpus.sequence_starts = starts;
+    Ok((corpus, heldout))
 }
 
 /// Which of a corpus's sequences [`split_heldout`] holds out, given the
@@ -137,12 +156,65 @@ fn unit_hash(seed: u64, i: u64) -> f64 {
 mod tests {
     use super::*;
 
+    /// The split by copying every sequence into one part or the other.
+    fn split_by_copy(corpus: &Corpus, fraction: f64, seed: u64) -> (Corpus, Corpus) {
+        let languages: Vec<u32> = corpus
+            .sequences()
+            .map(|r| corpus.language_ids.get(r.start))
+            .collect();
+        let held = heldout_sequences(&languages, fraction, seed);
+        let mut parts = [
+            Corpus::new(Vec::<u32>::new(), Vec::<u32>::new()),
+            Corpus::new(Vec::<u32>::new(), Vec::<u32>::new()),
+        ];
+        for p in &mut parts {
+            p.sequence_starts.clear();
+            p.meta = corpus.meta.clone();
+        }
+        for (r, h) in corpus.sequences().zip(held) {
+            let p = &mut parts[h as usize];
+            p.sequence_starts.push(p.len());
+            for i in r {
+                p.token_ids.push(corpus.token_ids.get(i));
+                p.language_ids.push(corpus.language_ids.get(i));
+            }
+        }
+        let [a, b] = parts;
+        (a, b)
+    }
+
+    #[test]
+    fn in_place_split_equals_the_split_by_copy() {
+        let mut rng = crate::rng::Rng::new(5);
+        for case in 0..40u64 {
+            let n = 50 + rng.below(400) as usize;
+            let wide = case % 3 == 0;
+            let tokens: Vec<u32> = (0..n)
+                .map(|_| rng.below(if wide { 100_000 } else { 300 }) as u32)
+                .collect();
+            let mut starts: Vec<usize> = (1..n).filter(|_| rng.below(8) == 0).collect();
+            starts.insert(0, 0);
+            let langs: Vec<u32> = (0..n)
+                .map(|i| (starts.partition_point(|&s| s <= i) % 3) as u32)
+                .collect();
+            let mut c = Corpus::new(tokens, langs);
+            c.sequence_starts = starts;
+            if c.n_sequences() < 2 {
+                continue;
+            }
+            let fraction = [0.1, 0.3, 0.5][case as usize % 3];
+            let want = split_by_copy(&c, fraction, case);
+            let got = split_heldout(c, fraction, case).unwrap();
+            assert_eq!(got, want, "case {case}");
+        }
+    }
+
     #[test]
     fn split_is_deterministic_and_by_sequence() {
         let mut c = Corpus::new((0..1000).map(|i| i % 13).collect(), vec![0; 1000]);
         c.sequence_starts = (0..50).map(|i| i * 20).collect();
-        let (a, b) = split_heldout(&c, 0.1, 3).unwrap();
-        let (a2, b2) = split_heldout(&c, 0.1, 3).unwrap();
+        let (a, b) = split_heldout(c.clone(), 0.1, 3).unwrap();
+        let (a2, b2) = split_heldout(c.clone(), 0.1, 3).unwrap();
         assert_eq!((a, b.clone()), (a2, b2));
         assert!(b.sequence_starts.iter().all(|&s| s % 20 == 0));
         assert_eq!(b.n_sequences(), 5);
@@ -153,15 +225,15 @@ mod tests {
             (0..200).map(|i| (i / 10 % 2) as u32).collect(),
         );
         two.sequence_starts = (0..20).map(|i| i * 10).collect();
-        let (_, h) = split_heldout(&two, 0.1, 9).unwrap();
+        let (_, h) = split_heldout(two, 0.1, 9).unwrap();
         assert_eq!(h.n_sequences(), 2);
-        assert_eq!(h.language_ids.iter().filter(|&&l| l == 1).count(), 10);
+        assert_eq!(h.language_ids.iter().filter(|&l| l == 1).count(), 10);
         // One sequence: its tail is held out.
         let one = Corpus::new((0..100).collect(), vec![0; 100]);
-        let (tr, ho) = split_heldout(&one, 0.1, 0).unwrap();
+        let (tr, ho) = split_heldout(one.clone(), 0.1, 0).unwrap();
         assert_eq!((tr.len(), ho.len()), (90, 10));
-        assert_eq!(ho.token_ids[0], 90);
-        assert!(split_heldout(&one, 0.0, 0).is_err());
-        assert!(split_heldout(&Corpus::new(vec![1, 2, 3], vec![0; 3]), 0.5, 0).is_err());
+        assert_eq!(ho.token_ids.get(0), 90);
+        assert!(split_heldout(one, 0.0, 0).is_err());
+        assert!(split_heldout(Corpus::new(vec![1, 2, 3], vec![0; 3]), 0.5, 0).is_err());
     }
 }
