@@ -289,6 +289,38 @@ fn truncated_or_corrupt(e: std::io::Error, what: &str) -> Error {
     }
 }
 
+/// Reads `n` elements of `size` bytes, handing them to `sink` `chunk`
+/// elements at a time with the flat index of each chunk's first, then
+/// checks that the member ends there (reading on to the end also makes the
+/// zip reader check the CRC). The one read loop of every decoder here.
+fn read_chunks(
+    r: &mut dyn Read,
+    n: usize,
+    size: usize,
+    chunk: usize,
+    sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut buf = vec![0u8; chunk.min(n.max(1)) * size];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(chunk);
+        let bytes = &mut buf[..k * size];
+        if let Err(e) = r.read_exact(bytes) {
+            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
+        }
+        sink(done, bytes)?;
+        done += k;
+    }
+    let mut probe = [0u8; 1];
+    match r.read(&mut probe) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::format(format!(
+            "corrupt member: bytes follow the {n} elements its header announces"
+        ))),
+        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
+    }
+}
+
 /// Reads `n` elements of `N` bytes each, converting each (with its flat
 /// index) through `conv`, then checks that the member ends there.
 fn read_items<const N: usize, U>(
@@ -297,30 +329,15 @@ fn read_items<const N: usize, U>(
     mut conv: impl FnMut(usize, [u8; N]) -> Result<U>,
 ) -> Result<Vec<U>> {
     let mut out = Vec::with_capacity(n.min(1 << 20));
-    let mut buf = vec![0u8; CHUNK * N];
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(CHUNK);
-        let bytes = &mut buf[..k * N];
-        if let Err(e) = r.read_exact(bytes) {
-            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
-        }
+    read_chunks(r, n, N, CHUNK, &mut |first, bytes| {
         for (j, chunk) in bytes.chunks_exact(N).enumerate() {
             let mut item = [0u8; N];
             item.copy_from_slice(chunk);
-            out.push(conv(done + j, item)?);
+            out.push(conv(first + j, item)?);
         }
-        done += k;
-    }
-    // Reading on to the end also makes the zip reader check the CRC.
-    let mut probe = [0u8; 1];
-    match r.read(&mut probe) {
-        Ok(0) => Ok(out),
-        Ok(_) => Err(Error::format(format!(
-            "corrupt member: bytes follow the {n} elements its header announces"
-        ))),
-        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
-    }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Little-endian bytes of an element stored with the given endianness.
@@ -346,36 +363,12 @@ pub(crate) fn into_array<U: Clone>(header: &Header, data: Vec<U>) -> Result<Arra
 /// as `i64`, in storage order. The caller has checked that `header.dtype`
 /// is an integer.
 pub(crate) fn read_ints(r: &mut dyn Read, header: &Header) -> Result<Vec<i64>> {
-    let (n, be) = (header.len, header.dtype.big_endian);
-    match (header.dtype.kind, header.dtype.size) {
-        (DtypeKind::Int, 1) => read_items::<1, _>(r, n, |_, b| Ok(i64::from(b[0] as i8))),
-        (DtypeKind::Int, 2) => {
-            read_items::<2, _>(r, n, |_, b| Ok(i64::from(i16::from_le_bytes(le(b, be)))))
-        }
-        (DtypeKind::Int, 4) => {
-            read_items::<4, _>(r, n, |_, b| Ok(i64::from(i32::from_le_bytes(le(b, be)))))
-        }
-        (DtypeKind::Int, 8) => read_items::<8, _>(r, n, |_, b| Ok(i64::from_le_bytes(le(b, be)))),
-        (DtypeKind::UInt, 1) => read_items::<1, _>(r, n, |_, b| Ok(i64::from(b[0]))),
-        (DtypeKind::UInt, 2) => {
-            read_items::<2, _>(r, n, |_, b| Ok(i64::from(u16::from_le_bytes(le(b, be)))))
-        }
-        (DtypeKind::UInt, 4) => {
-            read_items::<4, _>(r, n, |_, b| Ok(i64::from(u32::from_le_bytes(le(b, be)))))
-        }
-        (DtypeKind::UInt, 8) => read_items::<8, _>(r, n, |i, b| {
-            let v = u64::from_le_bytes(le(b, be));
-            i64::try_from(v).map_err(|_| {
-                Error::format(format!(
-                    "uint64 value {v} at position {:?} does not fit in int64 (range {}..={})",
-                    header.position(i),
-                    i64::MIN,
-                    i64::MAX
-                ))
-            })
-        }),
-        _ => unreachable!("read_ints called for dtype {}", header.dtype),
-    }
+    let mut out = Vec::with_capacity(header.len.min(1 << 20));
+    read_int_chunks(r, header, &mut |_, values| {
+        out.extend_from_slice(values);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// The raw little-endian bytes of an unsigned array's elements, handed to
@@ -388,26 +381,13 @@ pub(crate) fn read_raw_chunks(
     header: &Header,
     sink: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    let (n, size) = (header.len, header.dtype.size);
-    let mut bytes = vec![0u8; INT_CHUNK * size];
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(INT_CHUNK);
-        let raw = &mut bytes[..k * size];
-        if let Err(e) = r.read_exact(raw) {
-            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
-        }
-        sink(raw)?;
-        done += k;
-    }
-    let mut probe = [0u8; 1];
-    match r.read(&mut probe) {
-        Ok(0) => Ok(()),
-        Ok(_) => Err(Error::format(format!(
-            "corrupt member: bytes follow the {n} elements its header announces"
-        ))),
-        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
-    }
+    read_chunks(
+        r,
+        header.len,
+        header.dtype.size,
+        INT_CHUNK,
+        &mut |_, raw| sink(raw),
+    )
 }
 
 /// Elements decoded per chunk by [`read_int_chunks`].
@@ -423,33 +403,21 @@ pub(crate) fn read_int_chunks(
     header: &Header,
     sink: &mut dyn FnMut(usize, &[i64]) -> Result<()>,
 ) -> Result<()> {
-    let (n, be) = (header.len, header.dtype.big_endian);
+    let be = header.dtype.big_endian;
     let size = header.dtype.size;
-    let mut bytes = vec![0u8; INT_CHUNK * size];
-    let mut values = vec![0i64; INT_CHUNK];
-    let mut done = 0;
+    let mut values = vec![0i64; INT_CHUNK.min(header.len)];
     macro_rules! decode {
         ($t:ty, $raw:expr, $out:expr) => {{
             const W: usize = std::mem::size_of::<$t>();
             for (o, b) in $out.iter_mut().zip($raw.chunks_exact(W)) {
                 let mut a = [0u8; W];
                 a.copy_from_slice(b);
-                let x = if be {
-                    <$t>::from_be_bytes(a)
-                } else {
-                    <$t>::from_le_bytes(a)
-                };
-                *o = x as i64;
+                *o = <$t>::from_le_bytes(le(a, be)) as i64;
             }
         }};
     }
-    while done < n {
-        let k = (n - done).min(INT_CHUNK);
-        let raw = &mut bytes[..k * size];
-        if let Err(e) = r.read_exact(raw) {
-            return Err(truncated_or_corrupt(e, &format!("data of {n} elements")));
-        }
-        let out = &mut values[..k];
+    read_chunks(r, header.len, size, INT_CHUNK, &mut |done, raw| {
+        let out = &mut values[..raw.len() / size];
         match (header.dtype.kind, size) {
             (DtypeKind::Int, 1) => decode!(i8, raw, out),
             (DtypeKind::Int, 2) => decode!(i16, raw, out),
@@ -475,17 +443,8 @@ pub(crate) fn read_int_chunks(
             }
             _ => unreachable!("read_int_chunks called for dtype {}", header.dtype),
         }
-        sink(done, out)?;
-        done += k;
-    }
-    let mut probe = [0u8; 1];
-    match r.read(&mut probe) {
-        Ok(0) => Ok(()),
-        Ok(_) => Err(Error::format(format!(
-            "corrupt member: bytes follow the {n} elements its header announces"
-        ))),
-        Err(e) => Err(truncated_or_corrupt(e, "end of the data")),
-    }
+        sink(done, out)
+    })
 }
 
 /// The elements of a `U{n}` array as strings, in storage order, each
