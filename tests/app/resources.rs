@@ -315,10 +315,7 @@ fn default_run_folders_differ_for_corpora_of_one_name() {
             &[&["train"][..], &args, &["--corpus", &corpus]].concat(),
         );
     }
-    let runs: Vec<String> = fs::read_dir(dir.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let runs = crate::io_common::listing(&dir.join("runs"));
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert!(runs.iter().all(|r| r.starts_with("corpus-")), "{runs:?}");
     let _ = fs::remove_dir_all(&dir);

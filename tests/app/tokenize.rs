@@ -284,9 +284,8 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
         &["--force"],
     ));
     assert_eq!(load_corpus(&out).unwrap().n_languages(), 1);
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+    let leftovers: Vec<_> = crate::io_common::listing(&dir)
+        .into_iter()
         .filter(|n| n != "corpus.npz" && n != "tokenizer.json" && n != "empty")
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");

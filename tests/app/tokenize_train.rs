@@ -336,9 +336,8 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     cli::assert_ok(&run);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("of 5000 asked"), "{stdout}");
-    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+    let leftovers: Vec<_> = crate::io_common::listing(out.parent().unwrap())
+        .into_iter()
         .filter(|n| n != "corpus.npz" && n != "tokenizer.json")
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
