@@ -217,22 +217,16 @@ impl Corpus {
     /// }
     /// ```
     pub fn bigrams_from(&self, b: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        // Bigram b's context i, in sequence k = i − b; past the end, none.
         let (first, k) = if b < self.n_bigrams() {
             let i = self.bigram_context(b);
             (i, i - b)
         } else {
-            (self.len(), self.sequence_starts.len())
+            (self.len(), self.n_sequences())
         };
-        let ends = self
-            .sequence_starts
-            .iter()
-            .skip(k + 1)
-            .copied()
-            .chain([self.len()]);
-        let starts = std::iter::once(first).chain(self.sequence_starts.iter().skip(k + 1).copied());
-        starts
-            .zip(ends)
-            .flat_map(|(s, e)| (s + 1..e.max(s + 1)).map(|p| (p - 1, p)))
+        self.sequences()
+            .skip(k)
+            .flat_map(move |r| (r.start.max(first) + 1..r.end).map(|p| (p - 1, p)))
     }
 
     /// The number of [`bigrams`](Self::bigrams): N minus the number of
@@ -535,25 +529,8 @@ pub fn inspect_corpus(path: impl AsRef<Path>) -> Result<CorpusShape> {
     let mut npz = NpzReader::open(path)?;
     let meta = load_meta(&mut npz).map_err(|e| e.in_file(path))?;
     let one_d = |npz: &mut NpzReader, name: &str| -> Result<(u64, u64)> {
-        let dtype = npz.dtype(name)?;
-        let shape = npz.shape(name)?;
-        if !matches!(
-            dtype.kind(),
-            crate::io::DtypeKind::Int | crate::io::DtypeKind::UInt
-        ) {
-            return Err(Error::new(ErrorKind::Dtype {
-                expected: "an integer dtype (int8 … int64, uint8 … uint64)".into(),
-                found: dtype.to_string(),
-            })
-            .in_file(path)
-            .in_array(name));
-        }
-        if shape.len() != 1 {
-            return Err(Error::shape(name, "1-D", &shape)
-                .in_file(path)
-                .in_array(name));
-        }
-        Ok((shape[0] as u64, dtype.size().min(4) as u64))
+        let (n, dtype) = npz.int_1d_len(name)?;
+        Ok((n as u64, dtype.size().min(4) as u64))
     };
     let (tokens, token_size) = one_d(&mut npz, "token_ids")?;
     // A file with neither language array is refused by `load_corpus`,

@@ -361,6 +361,36 @@ impl NpzReader {
         })
     }
 
+    /// The length and dtype of array `name`, checked as
+    /// [`ints_1d`](Self::ints_1d) checks them (1-D, an integer dtype),
+    /// none of its data read.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let path = std::env::temp_dir().join(format!("splitgrad-doc-int1dlen-{}.npz", std::process::id()));
+    /// let mut w = NpzWriter::new(&path);
+    /// w.add("ids", &ndarray::arr1(&[3u16, 1, 2]));
+    /// w.finish()?;
+    /// let (n, dtype) = NpzReader::open(&path)?.int_1d_len("ids")?;
+    /// assert_eq!((n, dtype.descr()), (3, "<u2"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn int_1d_len(&mut self, name: &str) -> Result<(usize, Dtype)> {
+        self.with_member_decoded(
+            name,
+            |_| 0,
+            |_, h| {
+                check_int_dtype(&h.dtype)?;
+                if h.shape.len() != 1 {
+                    return Err(Error::shape(name, "1-D", &h.shape));
+                }
+                Ok((h.len, h.dtype.clone()))
+            },
+        )
+    }
+
     /// Array `name`, which must be 1-D and of an integer dtype with every
     /// value in `0..2³²`, as a [`Column`] at least `width` wide (wider only
     /// if a value needs it). It is read a chunk at a time: nothing of the
