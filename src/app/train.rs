@@ -11,21 +11,26 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use ndarray::Array2;
 
 use crate::app::corpus::Corpus;
 use crate::app::eval::HeldOut;
-use crate::app::model::{Batch, BigramModel, ModelConfig};
+use crate::app::model::{Batch, BigramModel};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::SplitIndex;
 use crate::kernels::Real;
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups};
 use crate::rng::Rng;
 use crate::state::{Module, TensorData, TensorRef};
 use crate::tape::{Pool, Tape};
+
+mod fingerprint;
+mod saved;
+
+use fingerprint::FINGERPRINT_VERSION;
+pub use fingerprint::corpus_fingerprint;
+pub use saved::{SavedModel, index_of, load_model};
+use saved::{history_from, record_from};
 
 /// What a training run does each step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -159,66 +164,6 @@ fn split_joined(s: &str) -> Vec<String> {
 /// closed.
 pub const HELDOUT_CURVE: &str = "train.heldout";
 
-/// A fingerprint of a corpus, kept in checkpoints so that a run is never
-/// resumed on other data: FNV-1a over 64-bit words, of each fixed block
-/// of [`FINGERPRINT_BLOCK`] ids of each array (hashed in parallel, in
-/// four interleaved chains of every fourth id), of
-/// the blocks' hashes in order, of the lengths and of the sequence
-/// starts. The value depends on the ids alone, not on their widths or the
-/// threads.
-pub fn corpus_fingerprint(c: &Corpus) -> u64 {
-    const PRIME: u64 = 0x0100_0000_01b3;
-    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
-    let words =
-        |h: u64, xs: &mut dyn Iterator<Item = u64>| xs.fold(h, |h, x| (h ^ x).wrapping_mul(PRIME));
-    let column = |col: &crate::io::Column| -> Vec<u64> {
-        fn blocks<X: Copy + Into<u64> + Sync>(v: &[X]) -> Vec<u64> {
-            // Four interleaved chains a block (their multiplications
-            // overlap), folded into one.
-            v.par_chunks(FINGERPRINT_BLOCK)
-                .map(|b| {
-                    let mut lanes = [BASIS, BASIS ^ 1, BASIS ^ 2, BASIS ^ 3];
-                    let quads = b.chunks_exact(4);
-                    let rest = quads.remainder();
-                    for q in quads {
-                        for (h, &x) in lanes.iter_mut().zip(q) {
-                            *h = (*h ^ x.into()).wrapping_mul(PRIME);
-                        }
-                    }
-                    let h = lanes
-                        .into_iter()
-                        .fold(BASIS, |h, x| (h ^ x).wrapping_mul(PRIME));
-                    rest.iter()
-                        .fold(h, |h, &x| (h ^ x.into()).wrapping_mul(PRIME))
-                })
-                .collect()
-        }
-        if let Some(v) = col.as_u8() {
-            blocks(v)
-        } else if let Some(v) = col.as_u16() {
-            blocks(v)
-        } else {
-            blocks(col.as_u32().unwrap_or_default())
-        }
-    };
-    let mut h = words(
-        BASIS,
-        &mut [c.token_ids.len() as u64, c.language_ids.len() as u64].into_iter(),
-    );
-    for col in [&c.token_ids, &c.language_ids] {
-        h = words(h, &mut column(col).into_iter());
-    }
-    words(h, &mut c.sequence_starts.iter().map(|&s| s as u64))
-}
-
-/// Ids a block of [`corpus_fingerprint`] hashes.
-const FINGERPRINT_BLOCK: usize = 1 << 16;
-
-/// What the checkpoint's `corpus_fingerprint` begins with: the
-/// [`corpus_fingerprint`] of this version (earlier ones wrote the hex
-/// digits alone, of another hash).
-const FINGERPRINT_VERSION: &str = "v2:";
-
 /// The loss history of a run, one row per step: total, ce, penalty, fusion.
 pub const HISTORY: &str = "train.history";
 
@@ -243,168 +188,6 @@ pub fn optimizer<T: Real>(lr: f64) -> Result<ParamGroups<T>> {
 /// Whether a parameter is a table the lazy Adam updates.
 fn is_table(name: &str) -> bool {
     name.starts_with("token_embedding.") || name == "split_vocabulary.rows"
-}
-
-/// A model read back from a checkpoint of [`Trainer::save`], for reports.
-#[derive(Clone, Debug)]
-pub struct SavedModel<T> {
-    /// The model, its index (with `score` when saved) and weights.
-    pub model: BigramModel<T>,
-    /// The checkpoint's metadata (sizes, settings, step, corpus fingerprint).
-    pub metadata: BTreeMap<String, String>,
-    /// The loss terms of every step run.
-    pub history: Vec<StepStats>,
-    /// What the run is about.
-    pub labels: RunLabels,
-    /// Held-out cross-entropy at each evaluation: (step, model, closed).
-    pub heldout_curve: Vec<(u64, f64, f64)>,
-    /// The held-out evaluation of the trained model, if the run ended.
-    pub evaluation: Option<HeldOut>,
-}
-
-impl<T> SavedModel<T> {
-    /// Whether the run was gated (its metadata says `use_gate` is not
-    /// `false`).
-    pub fn use_gate(&self) -> bool {
-        self.metadata.get("use_gate").map(String::as_str) != Some("false")
-    }
-}
-
-/// A run's labels, held-out curve and evaluation.
-type Record = (RunLabels, Vec<(u64, f64, f64)>, Option<HeldOut>);
-
-/// The run's labels, held-out curve and evaluation, from a checkpoint.
-fn record_from(
-    snap: &Snapshot,
-    rest: &crate::state::StateDict,
-    n_rows: usize,
-    n_languages: usize,
-) -> Result<Record> {
-    let meta = |k: &str| snap.metadata.get(k).map(String::as_str);
-    let mut labels = RunLabels {
-        corpus: meta("corpus").unwrap_or("a corpus").to_string(),
-        language_names: meta("language_names").map(split_joined),
-        token_strings: meta("token_strings").map(split_joined),
-        planted: None,
-    };
-    if rest.contains("eval.planted") {
-        let p = rest.i64s("eval.planted", &[n_rows])?;
-        labels.planted = Some(p.iter().map(|&x| x != 0).collect());
-    }
-    let curve = match rest.get(HELDOUT_CURVE) {
-        Some(t) => {
-            let k = t.shape().first().copied().unwrap_or(0);
-            let c = rest.real::<f64>(HELDOUT_CURVE, &[k, 3])?;
-            (0..k)
-                .map(|i| (c[[i, 0]] as u64, c[[i, 1]], c[[i, 2]]))
-                .collect()
-        }
-        None => Vec::new(),
-    };
-    let evaluation = if rest.contains("eval.rows") {
-        Some(HeldOut::from_state(
-            rest,
-            &snap.metadata,
-            n_rows,
-            n_languages,
-        )?)
-    } else {
-        None
-    };
-    Ok((labels, curve, evaluation))
-}
-
-/// The history of `step` steps from a checkpoint's tensor.
-fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<Vec<StepStats>> {
-    let n = usize::try_from(step).unwrap_or(usize::MAX);
-    let hist = rest.real::<f64>(HISTORY, &[n, 4])?;
-    Ok((0..n)
-        .map(|i| StepStats {
-            step: i as u64,
-            total: hist[[i, 0]],
-            ce: hist[[i, 1]],
-            penalty: hist[[i, 2]],
-            fusion: hist[[i, 3]],
-        })
-        .collect())
-}
-
-/// Reads the model of a checkpoint written by [`Trainer::save`] (no corpus
-/// needed): sizes from the metadata, the index and every weight checked.
-pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
-    let path = path.as_ref();
-    let snap = Snapshot::read(path)?;
-    let config = ModelConfig {
-        vocab_size: snap.meta_parse("vocab_size")?,
-        n_languages: snap.meta_parse("n_languages")?,
-        dim: snap.meta_parse("dim")?,
-        gate_init: snap.meta_parse("gate_init")?,
-    };
-    let index = index_of(&snap.state)?;
-    crate::app::plan::Plan {
-        vocab_size: config.vocab_size,
-        vocab_source: "the checkpoint's metadata".into(),
-        n_languages: config.n_languages,
-        languages_source: "the checkpoint's metadata".into(),
-        dim: config.dim,
-        n_rows: index.token_index.len(),
-        real_bytes: std::mem::size_of::<T>(),
-        action: "loading",
-        ..Default::default()
-    }
-    .check("")
-    .map_err(|e| e.in_file(path))?;
-    let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
-    let rest = snap.restore(&mut [&mut model], None)?;
-    let step: u64 = snap.meta_parse("step")?;
-    let history = history_from(&rest, step)?;
-    let (labels, heldout_curve, evaluation) =
-        record_from(&snap, &rest, model.split.n_rows(), config.n_languages)?;
-    Ok(SavedModel {
-        model,
-        metadata: snap.metadata,
-        history,
-        labels,
-        heldout_curve,
-        evaluation,
-    })
-}
-
-/// The split vocabulary's index stored in a checkpoint (with its `score`
-/// when there is one).
-pub fn index_of(state: &crate::state::StateDict) -> Result<SplitIndex> {
-    let name = "split_vocabulary.token_index";
-    let n = match state.get(name) {
-        Some(t) => t.shape().first().copied().unwrap_or(0),
-        None => return Err(state.error(name, ErrorKind::Missing)),
-    };
-    let ids = |name: &str| -> Result<Vec<usize>> {
-        state
-            .i64s(name, &[n])?
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                usize::try_from(x).map_err(|_| {
-                    let e = Error::out_of_range("index entry", vec![i], x, 0, i64::MAX);
-                    state.locate(e, name)
-                })
-            })
-            .collect()
-    };
-    let mut index = SplitIndex::new(
-        ids("split_vocabulary.language_index")?,
-        ids("split_vocabulary.token_index")?,
-    );
-    if state.contains("split_vocabulary.score") {
-        index.score = Some(
-            state
-                .real::<f64>("split_vocabulary.score", &[n])?
-                .iter()
-                .copied()
-                .collect(),
-        );
-    }
-    Ok(index)
 }
 
 impl<T: Real> Trainer<T> {

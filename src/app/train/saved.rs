@@ -1,0 +1,175 @@
+//! Reading back what [`Trainer::save`](super::Trainer::save) wrote: the
+//! model, its record and its index, for reports.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{HELDOUT_CURVE, HISTORY, RunLabels, StepStats, split_joined};
+use crate::app::eval::HeldOut;
+use crate::app::model::{BigramModel, ModelConfig};
+use crate::checkpoint::Snapshot;
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::SplitIndex;
+use crate::kernels::Real;
+
+/// A model read back from a checkpoint of [`Trainer::save`](super::Trainer::save), for reports.
+#[derive(Clone, Debug)]
+pub struct SavedModel<T> {
+    /// The model, its index (with `score` when saved) and weights.
+    pub model: BigramModel<T>,
+    /// The checkpoint's metadata (sizes, settings, step, corpus fingerprint).
+    pub metadata: BTreeMap<String, String>,
+    /// The loss terms of every step run.
+    pub history: Vec<StepStats>,
+    /// What the run is about.
+    pub labels: RunLabels,
+    /// Held-out cross-entropy at each evaluation: (step, model, closed).
+    pub heldout_curve: Vec<(u64, f64, f64)>,
+    /// The held-out evaluation of the trained model, if the run ended.
+    pub evaluation: Option<HeldOut>,
+}
+
+impl<T> SavedModel<T> {
+    /// Whether the run was gated (its metadata says `use_gate` is not
+    /// `false`).
+    pub fn use_gate(&self) -> bool {
+        self.metadata.get("use_gate").map(String::as_str) != Some("false")
+    }
+}
+
+/// A run's labels, held-out curve and evaluation.
+pub(super) type Record = (RunLabels, Vec<(u64, f64, f64)>, Option<HeldOut>);
+
+/// The run's labels, held-out curve and evaluation, from a checkpoint.
+pub(super) fn record_from(
+    snap: &Snapshot,
+    rest: &crate::state::StateDict,
+    n_rows: usize,
+    n_languages: usize,
+) -> Result<Record> {
+    let meta = |k: &str| snap.metadata.get(k).map(String::as_str);
+    let mut labels = RunLabels {
+        corpus: meta("corpus").unwrap_or("a corpus").to_string(),
+        language_names: meta("language_names").map(split_joined),
+        token_strings: meta("token_strings").map(split_joined),
+        planted: None,
+    };
+    if rest.contains("eval.planted") {
+        let p = rest.i64s("eval.planted", &[n_rows])?;
+        labels.planted = Some(p.iter().map(|&x| x != 0).collect());
+    }
+    let curve = match rest.get(HELDOUT_CURVE) {
+        Some(t) => {
+            let k = t.shape().first().copied().unwrap_or(0);
+            let c = rest.real::<f64>(HELDOUT_CURVE, &[k, 3])?;
+            (0..k)
+                .map(|i| (c[[i, 0]] as u64, c[[i, 1]], c[[i, 2]]))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let evaluation = if rest.contains("eval.rows") {
+        Some(HeldOut::from_state(
+            rest,
+            &snap.metadata,
+            n_rows,
+            n_languages,
+        )?)
+    } else {
+        None
+    };
+    Ok((labels, curve, evaluation))
+}
+
+/// The history of `step` steps from a checkpoint's tensor.
+pub(super) fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<Vec<StepStats>> {
+    let n = usize::try_from(step).unwrap_or(usize::MAX);
+    let hist = rest.real::<f64>(HISTORY, &[n, 4])?;
+    Ok((0..n)
+        .map(|i| StepStats {
+            step: i as u64,
+            total: hist[[i, 0]],
+            ce: hist[[i, 1]],
+            penalty: hist[[i, 2]],
+            fusion: hist[[i, 3]],
+        })
+        .collect())
+}
+
+/// Reads the model of a checkpoint written by [`Trainer::save`](super::Trainer::save) (no corpus
+/// needed): sizes from the metadata, the index and every weight checked.
+pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
+    let path = path.as_ref();
+    let snap = Snapshot::read(path)?;
+    let config = ModelConfig {
+        vocab_size: snap.meta_parse("vocab_size")?,
+        n_languages: snap.meta_parse("n_languages")?,
+        dim: snap.meta_parse("dim")?,
+        gate_init: snap.meta_parse("gate_init")?,
+    };
+    let index = index_of(&snap.state)?;
+    crate::app::plan::Plan {
+        vocab_size: config.vocab_size,
+        vocab_source: "the checkpoint's metadata".into(),
+        n_languages: config.n_languages,
+        languages_source: "the checkpoint's metadata".into(),
+        dim: config.dim,
+        n_rows: index.token_index.len(),
+        real_bytes: std::mem::size_of::<T>(),
+        action: "loading",
+        ..Default::default()
+    }
+    .check("")
+    .map_err(|e| e.in_file(path))?;
+    let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
+    let rest = snap.restore(&mut [&mut model], None)?;
+    let step: u64 = snap.meta_parse("step")?;
+    let history = history_from(&rest, step)?;
+    let (labels, heldout_curve, evaluation) =
+        record_from(&snap, &rest, model.split.n_rows(), config.n_languages)?;
+    Ok(SavedModel {
+        model,
+        metadata: snap.metadata,
+        history,
+        labels,
+        heldout_curve,
+        evaluation,
+    })
+}
+
+/// The split vocabulary's index stored in a checkpoint (with its `score`
+/// when there is one).
+pub fn index_of(state: &crate::state::StateDict) -> Result<SplitIndex> {
+    let name = "split_vocabulary.token_index";
+    let n = match state.get(name) {
+        Some(t) => t.shape().first().copied().unwrap_or(0),
+        None => return Err(state.error(name, ErrorKind::Missing)),
+    };
+    let ids = |name: &str| -> Result<Vec<usize>> {
+        state
+            .i64s(name, &[n])?
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                usize::try_from(x).map_err(|_| {
+                    let e = Error::out_of_range("index entry", vec![i], x, 0, i64::MAX);
+                    state.locate(e, name)
+                })
+            })
+            .collect()
+    };
+    let mut index = SplitIndex::new(
+        ids("split_vocabulary.language_index")?,
+        ids("split_vocabulary.token_index")?,
+    );
+    if state.contains("split_vocabulary.score") {
+        index.score = Some(
+            state
+                .real::<f64>("split_vocabulary.score", &[n])?
+                .iter()
+                .copied()
+                .collect(),
+        );
+    }
+    Ok(index)
+}
