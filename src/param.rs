@@ -13,8 +13,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Array2, ArrayD, ArrayView1, ArrayViewMut2};
 
+use crate::error::Result;
 use crate::kernels::Real;
 use crate::kernels::scatter::Coalesced;
+
+mod stored;
+
+pub use stored::{
+    Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened,
+};
 
 /// The identity of a [`Parameter`], unique in the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,7 +35,8 @@ impl ParamId {
     }
 }
 
-/// A named, trainable (or frozen) array.
+/// A named, trainable (or frozen) array, kept at the engine's precision
+/// `T` or in half precision ([`Dtype`]; the math stays in `T`).
 ///
 /// Cloning gives a parameter with a fresh [`ParamId`], so gradients of the
 /// copy are never confused with those of the original.
@@ -45,7 +53,7 @@ impl ParamId {
 pub struct Parameter<T> {
     id: ParamId,
     name: String,
-    value: ArrayD<T>,
+    value: Stored<T>,
     trainable: bool,
 }
 
@@ -61,14 +69,22 @@ impl<T: Clone> Clone for Parameter<T> {
 }
 
 impl<T> Parameter<T> {
-    /// A trainable parameter with this name and value.
+    /// A trainable parameter with this name and value, kept as `T`.
     pub fn new(name: impl Into<String>, value: ArrayD<T>) -> Self {
+        Self::new_stored(name, Stored::Full(value))
+    }
+    /// A trainable parameter with this name and value, kept as it is.
+    pub fn new_stored(name: impl Into<String>, value: Stored<T>) -> Self {
         Parameter {
             id: ParamId::fresh(),
             name: name.into(),
             value,
             trainable: true,
         }
+    }
+    /// Its shape.
+    pub fn shape(&self) -> &[usize] {
+        self.value.shape()
     }
     /// Its identity.
     pub fn id(&self) -> ParamId {
@@ -78,12 +94,42 @@ impl<T> Parameter<T> {
     pub fn name(&self) -> &str {
         &self.name
     }
-    /// Its value.
+    /// Its value, kept as `T`.
+    ///
+    /// **Panics** if it is kept in half precision: read it through
+    /// [`Self::widened`] or [`Self::stored`].
+    #[track_caller]
     pub fn value(&self) -> &ArrayD<T> {
+        match &self.value {
+            Stored::Full(a) => a,
+            _ => panic!("{}", self.half_message()),
+        }
+    }
+    /// Its value, kept as `T`, to change in place (an optimiser step, a
+    /// load).
+    ///
+    /// **Panics** if it is kept in half precision: change it through
+    /// [`Self::stored_mut`].
+    #[track_caller]
+    pub fn value_mut(&mut self) -> &mut ArrayD<T> {
+        let message = self.half_message();
+        match &mut self.value {
+            Stored::Full(a) => a,
+            _ => panic!("{message}"),
+        }
+    }
+    fn half_message(&self) -> String {
+        format!(
+            "parameter `{}` is kept in half precision: read it with widened() or stored()",
+            self.name
+        )
+    }
+    /// Its value as it is kept.
+    pub fn stored(&self) -> &Stored<T> {
         &self.value
     }
-    /// Its value, to change in place (an optimiser step, a load).
-    pub fn value_mut(&mut self) -> &mut ArrayD<T> {
+    /// Its value as it is kept, to change in place.
+    pub fn stored_mut(&mut self) -> &mut Stored<T> {
         &mut self.value
     }
     /// Whether the tape records gradients for it.
@@ -94,6 +140,42 @@ impl<T> Parameter<T> {
     /// receives no gradient and an optimiser never moves it.
     pub fn set_trainable(&mut self, trainable: bool) {
         self.trainable = trainable;
+    }
+}
+
+impl<T: Real> Parameter<T> {
+    /// How its elements are kept.
+    pub fn dtype(&self) -> Dtype {
+        self.value.dtype()
+    }
+    /// The bytes its elements take.
+    pub fn nbytes(&self) -> u64 {
+        self.value.nbytes()
+    }
+    /// Its value as `T`: borrowed when kept as `T`, widened (exactly)
+    /// otherwise.
+    pub fn widened(&self) -> std::borrow::Cow<'_, ArrayD<T>> {
+        self.value.widened()
+    }
+    /// Keeps its elements as `dtype` from now on, rounded to nearest when
+    /// narrowed: `bf16` or `f16`, or `T`'s own to widen back. Its identity
+    /// is kept. An error for another dtype (an `f32` parameter cannot be
+    /// kept as `f64`); nothing changes then.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{Parameter, param::Dtype};
+    /// let mut p = Parameter::new("w", array![[0.1f32, 3.0]].into_dyn());
+    /// p.set_dtype(Dtype::BF16)?;
+    /// assert_eq!((p.dtype(), p.nbytes(), p.shape()), (Dtype::BF16, 4, &[1usize, 2][..]));
+    /// assert_eq!(p.widened()[[0, 0]], 0.10009765625); // the nearest bf16
+    /// assert!(p.set_dtype(Dtype::F64).is_err());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn set_dtype(&mut self, dtype: Dtype) -> Result<()> {
+        self.value
+            .set_dtype(dtype)
+            .map_err(|e| e.in_array(self.name.clone()))
     }
 }
 

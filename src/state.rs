@@ -19,7 +19,7 @@ use ndarray::ArrayViewD;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::real::{Real, RealArray, RealView};
-use crate::param::Parameter;
+use crate::param::{Dtype as StoredDtype, Parameter, Stored, StoredView};
 
 use ndarray::{Array, ArrayD, ArrayView, Dimension};
 use safetensors::Dtype;
@@ -66,6 +66,8 @@ macro_rules! impl_element {
 impl_element! {
     f32 => F32, F32;
     f64 => F64, F64;
+    half::bf16 => BF16, BF16;
+    half::f16 => F16, F16;
     i64 => I64, I64;
     u64 => U64, U64;
 }
@@ -85,6 +87,10 @@ pub enum TensorData {
     F32(ArrayD<f32>),
     /// `F64` in the file.
     F64(ArrayD<f64>),
+    /// `BF16` in the file.
+    BF16(ArrayD<half::bf16>),
+    /// `F16` in the file.
+    F16(ArrayD<half::f16>),
     /// `I64` in the file.
     I64(ArrayD<i64>),
     /// `U64` in the file.
@@ -108,6 +114,10 @@ pub enum TensorRef<'a> {
     F32(ArrayViewD<'a, f32>),
     /// Saved as `F64`.
     F64(ArrayViewD<'a, f64>),
+    /// Saved as `BF16`.
+    BF16(ArrayViewD<'a, half::bf16>),
+    /// Saved as `F16`.
+    F16(ArrayViewD<'a, half::f16>),
     /// Saved as `I64`.
     I64(ArrayViewD<'a, i64>),
     /// Saved as `U64`.
@@ -185,6 +195,8 @@ impl TensorData {
         match self {
             TensorData::F32(a) => TensorRef::F32(a.view()),
             TensorData::F64(a) => TensorRef::F64(a.view()),
+            TensorData::BF16(a) => TensorRef::BF16(a.view()),
+            TensorData::F16(a) => TensorRef::F16(a.view()),
             TensorData::I64(a) => TensorRef::I64(a.view()),
             TensorData::U64(a) => TensorRef::U64(a.view()),
         }
@@ -201,6 +213,8 @@ impl TensorData {
         match self {
             TensorData::F32(a) => a.shape(),
             TensorData::F64(a) => a.shape(),
+            TensorData::BF16(a) => a.shape(),
+            TensorData::F16(a) => a.shape(),
             TensorData::I64(a) => a.shape(),
             TensorData::U64(a) => a.shape(),
         }
@@ -231,6 +245,8 @@ impl TensorRef<'_> {
         match self {
             TensorRef::F32(a) => a.shape(),
             TensorRef::F64(a) => a.shape(),
+            TensorRef::BF16(a) => a.shape(),
+            TensorRef::F16(a) => a.shape(),
             TensorRef::I64(a) => a.shape(),
             TensorRef::U64(a) => a.shape(),
         }
@@ -247,6 +263,8 @@ impl TensorRef<'_> {
         match self {
             TensorRef::F32(_) => "F32",
             TensorRef::F64(_) => "F64",
+            TensorRef::BF16(_) => "BF16",
+            TensorRef::F16(_) => "F16",
             TensorRef::I64(_) => "I64",
             TensorRef::U64(_) => "U64",
         }
@@ -281,12 +299,23 @@ impl<'a> TensorRef<'a> {
         }
     }
 
+    /// A view of a parameter's value as it is kept.
+    pub fn from_stored<T: Real>(a: StoredView<'a, T>) -> Self {
+        match a {
+            StoredView::Full(a) => Self::from_real(a),
+            StoredView::BF16(a) => TensorRef::BF16(a),
+            StoredView::F16(a) => TensorRef::F16(a),
+        }
+    }
+
     /// The same view, borrowed for a shorter time (views are invariant in
     /// their lifetime, so views of different lifetimes meet this way).
     pub fn reborrow(&self) -> TensorRef<'_> {
         match self {
             TensorRef::F32(a) => TensorRef::F32(a.view()),
             TensorRef::F64(a) => TensorRef::F64(a.view()),
+            TensorRef::BF16(a) => TensorRef::BF16(a.view()),
+            TensorRef::F16(a) => TensorRef::F16(a.view()),
             TensorRef::I64(a) => TensorRef::I64(a.view()),
             TensorRef::U64(a) => TensorRef::U64(a.view()),
         }
@@ -297,6 +326,8 @@ impl<'a> TensorRef<'a> {
         match self {
             TensorRef::F32(a) => TensorData::F32(a.to_owned()),
             TensorRef::F64(a) => TensorData::F64(a.to_owned()),
+            TensorRef::BF16(a) => TensorData::BF16(a.to_owned()),
+            TensorRef::F16(a) => TensorData::F16(a.to_owned()),
             TensorRef::I64(a) => TensorData::I64(a.to_owned()),
             TensorRef::U64(a) => TensorData::U64(a.to_owned()),
         }
@@ -471,6 +502,58 @@ impl StateDict {
         Ok(a)
     }
 
+    /// Tensor `name` as a parameter kept as `dtype` holds it (`T` itself,
+    /// `BF16` or `F16`), of shape `shape`, every element finite; errors as
+    /// [`StateDict::real`] (no conversion: a bf16 parameter loads `BF16`).
+    pub fn stored<T: Real>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: StoredDtype,
+    ) -> Result<StoredView<'_, T>> {
+        let t = self.present(name)?;
+        let view = match (dtype, t) {
+            (StoredDtype::BF16, TensorData::BF16(a)) => StoredView::BF16(a.view()),
+            (StoredDtype::F16, TensorData::F16(a)) => StoredView::F16(a.view()),
+            (d, _) if !d.is_half() => return self.real::<T>(name, shape).map(StoredView::Full),
+            (d, t) => {
+                return Err(self.error(
+                    name,
+                    ErrorKind::Dtype {
+                        expected: d.safetensors().into(),
+                        found: t.dtype().to_string(),
+                    },
+                ));
+            }
+        };
+        self.check_shape(name, view.shape(), shape)?;
+        let first_bad = match &view {
+            StoredView::BF16(a) => a
+                .indexed_iter()
+                .find(|(_, x)| !x.is_finite())
+                .map(|(i, _)| i),
+            StoredView::F16(a) => a
+                .indexed_iter()
+                .find(|(_, x)| !x.is_finite())
+                .map(|(i, _)| i),
+            StoredView::Full(_) => None,
+        };
+        if let Some(i) = first_bad {
+            let position = i.slice().to_vec();
+            let value = match &view {
+                StoredView::BF16(a) => a[i.clone()].to_f64(),
+                StoredView::F16(a) => a[i.clone()].to_f64(),
+                StoredView::Full(_) => 0.0,
+            };
+            let e = Error::new(ErrorKind::NonFinite { position, value }).in_array(name);
+            return Err(match &self.source {
+                Some(p) => e.in_file(p),
+                None => e,
+            });
+        }
+        Ok(view)
+    }
+
     /// Integer tensor `name` (`I64`) of shape `shape`; errors as
     /// [`StateDict::real`].
     pub fn i64s(&self, name: &str, shape: &[usize]) -> Result<ArrayViewD<'_, i64>> {
@@ -541,6 +624,41 @@ pub trait Module<T: Real> {
         Vec::new()
     }
 
+    /// Keeps every parameter as `dtype` from now on (rounded to nearest
+    /// when narrowed): `bf16` or `f16` (the math stays in `T`), or `T`'s
+    /// own to widen back. An error for another dtype, and nothing changes.
+    ///
+    /// ```
+    /// use splitgrad::layers::SplitTokenEmbeddings;
+    /// use splitgrad::param::Dtype;
+    /// use splitgrad::state::Module;
+    /// let mut e = SplitTokenEmbeddings::<f32>::new(&[("orig", 6), ("prompt", 2)], &["orig", "prompt"], 4)?;
+    /// assert_eq!(e.parameter_bytes(), 8 * 4 * 4);
+    /// e.set_dtype(Dtype::BF16)?;
+    /// assert_eq!(e.parameter_bytes(), 8 * 4 * 2);
+    /// assert_eq!(e.state_dict().get("token_embedding.prompt.weight").unwrap().dtype(), "BF16");
+    /// assert!(e.set_dtype(Dtype::F64).is_err());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    fn set_dtype(&mut self, dtype: StoredDtype) -> Result<()> {
+        if !dtype.is_half() && dtype != StoredDtype::of::<T>() {
+            return Err(Error::config(format!(
+                "a {} module keeps its parameters as {} or in bf16 or f16, not {dtype}",
+                T::NAME,
+                T::NAME
+            )));
+        }
+        for p in self.parameters_mut() {
+            p.set_dtype(dtype)?;
+        }
+        Ok(())
+    }
+
+    /// The bytes the parameters' values take, as they are kept.
+    fn parameter_bytes(&self) -> u64 {
+        self.parameters().iter().map(|p| p.nbytes()).sum()
+    }
+
     /// (name, parameter), in the order of [`Module::parameters`].
     fn named_parameters(&self) -> Vec<(&str, &Parameter<T>)> {
         self.parameters()
@@ -555,7 +673,12 @@ pub trait Module<T: Real> {
         let mut out: Vec<(String, TensorRef<'_>)> = self
             .parameters()
             .into_iter()
-            .map(|p| (p.name().to_string(), TensorRef::from_real(p.value().view())))
+            .map(|p| {
+                (
+                    p.name().to_string(),
+                    TensorRef::from_stored(p.stored().view()),
+                )
+            })
             .collect();
         out.extend(self.buffers());
         out
@@ -590,7 +713,7 @@ pub trait Module<T: Real> {
             }
         }
         for p in self.parameters() {
-            state.real::<T>(p.name(), p.value().shape())?;
+            state.stored::<T>(p.name(), p.shape(), p.dtype())?;
         }
         Ok(())
     }
@@ -600,8 +723,13 @@ pub trait Module<T: Real> {
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         self.check_state_dict(state)?;
         for p in self.parameters_mut() {
-            let v = state.real::<T>(p.name(), p.value().shape())?;
-            p.value_mut().assign(&v);
+            let (shape, dtype) = (p.shape().to_vec(), p.dtype());
+            match (state.stored::<T>(p.name(), &shape, dtype)?, p.stored_mut()) {
+                (StoredView::Full(v), Stored::Full(a)) => a.assign(&v),
+                (StoredView::BF16(v), Stored::BF16(a)) => a.assign(&v),
+                (StoredView::F16(v), Stored::F16(a)) => a.assign(&v),
+                _ => unreachable!("`stored` checked the dtype"),
+            }
         }
         Ok(())
     }

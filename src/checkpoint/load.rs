@@ -392,8 +392,8 @@ impl Checkpoint {
         self.decode(name, expected_shape, u64::get_le)
     }
 
-    /// Tensor `name` in whichever of the four stored dtypes it has, any
-    /// shape; [`ErrorKind::Dtype`] for another dtype (`BF16`, `I32`, …).
+    /// Tensor `name` in whichever of the six stored dtypes it has, any
+    /// shape; [`ErrorKind::Dtype`] for another dtype (`I32`, `U8`, …).
     ///
     /// ```
     /// # use std::collections::BTreeMap;
@@ -414,11 +414,13 @@ impl Checkpoint {
         Ok(match e.dtype {
             Dtype::F32 => TensorData::F32(self.get_real(name, shape)?),
             Dtype::F64 => TensorData::F64(self.get_real(name, shape)?),
+            Dtype::BF16 => TensorData::BF16(self.decode(name, shape, half::bf16::get_le)?),
+            Dtype::F16 => TensorData::F16(self.decode(name, shape, half::f16::get_le)?),
             Dtype::I64 => TensorData::I64(self.get_i64(name, shape)?),
             Dtype::U64 => TensorData::U64(self.get_u64(name, shape)?),
             other => {
                 let kind = ErrorKind::Dtype {
-                    expected: "F32, F64, I64 or U64".into(),
+                    expected: "F32, F64, BF16, F16, I64 or U64".into(),
                     found: other.to_string(),
                 };
                 return Err(self.err(name, kind));
@@ -426,7 +428,7 @@ impl Checkpoint {
         })
     }
 
-    /// Checks that the real tensor `name` (`F32` or `F64`) holds no NaN or
+    /// Checks that the real tensor `name` (`F32`, `F64`, `BF16` or `F16`) holds no NaN or
     /// infinity, without decoding it into an array.
     ///
     /// Errors: [`ErrorKind::NonFinite`] with the multi-index of the first
@@ -461,9 +463,19 @@ impl Checkpoint {
                 .map(f64::get_le)
                 .enumerate()
                 .find(|(_, x)| !x.is_finite()),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| half::bf16::get_le(b).to_f64())
+                .enumerate()
+                .find(|(_, x)| !x.is_finite()),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| half::f16::get_le(b).to_f64())
+                .enumerate()
+                .find(|(_, x)| !x.is_finite()),
             other => {
                 let kind = ErrorKind::Dtype {
-                    expected: "F32 or F64".into(),
+                    expected: "F32, F64, BF16 or F16".into(),
                     found: other.to_string(),
                 };
                 return Err(self.err(name, kind));

@@ -29,6 +29,8 @@ impl TensorRef<'_> {
         match self {
             TensorRef::F32(a) => Encoded::new(a),
             TensorRef::F64(a) => Encoded::new(a),
+            TensorRef::BF16(a) => Encoded::new(a),
+            TensorRef::F16(a) => Encoded::new(a),
             TensorRef::I64(a) => Encoded::new(a),
             TensorRef::U64(a) => Encoded::new(a),
         }

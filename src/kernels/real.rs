@@ -7,6 +7,8 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, NdFloat};
 
+use super::half::{self, HalfFloat, SrKey, narrow_nearest, narrow_stochastic};
+
 mod sealed {
     /// `matrixmultiply`'s `sgemm` or `dgemm`: m, k, n, α, a and its row
     /// and column strides, b and its strides, β, c and its strides.
@@ -71,6 +73,19 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
 
     /// A view of this type, if `v` holds one.
     fn from_real_view(v: RealView<'_>) -> Option<ndarray::ArrayViewD<'_, Self>>;
+
+    /// Widens half-precision values (exact).
+    ///
+    /// **Panics** if the lengths differ.
+    fn widen_half<H: HalfFloat>(src: &[H], dst: &mut [Self]);
+
+    /// Narrows to half precision: to nearest (even) when `sr` is `None`,
+    /// else stochastically with key `sr.0`, `src[0]` being the element of
+    /// global index `sr.1` ([`narrow_stochastic`]). An `f64` value goes
+    /// through `f32` first: half-precision storage computes in `f32`.
+    ///
+    /// **Panics** if the lengths differ.
+    fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
 
     /// `c ← α·a·b + β·c` through `matrixmultiply`.
     ///
@@ -157,12 +172,65 @@ macro_rules! impl_real {
                     _ => None,
                 }
             }
+            fn widen_half<H: HalfFloat>(src: &[H], dst: &mut [Self]) {
+                <$t as HalfConvert>::widen_half_impl(src, dst)
+            }
+            fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>) {
+                <$t as HalfConvert>::narrow_half_impl(src, dst, sr)
+            }
         }
     };
 }
 
 impl_real!(f32, "f32", F32);
 impl_real!(f64, "f64", F64);
+
+/// The `Real` methods that differ between `f32` and `f64`.
+trait HalfConvert: Sized {
+    fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [Self]);
+    fn narrow_half_impl<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
+}
+
+impl HalfConvert for f32 {
+    fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [f32]) {
+        half::widen(src, dst);
+    }
+    fn narrow_half_impl<H: HalfFloat>(src: &[f32], dst: &mut [H], sr: Option<(SrKey, u64)>) {
+        match sr {
+            None => narrow_nearest(src, dst),
+            Some((key, first)) => narrow_stochastic(src, dst, key, first),
+        }
+    }
+}
+
+/// Elements per step of `f64`'s conversions through an `f32` buffer.
+const F64_CHUNK: usize = 256;
+
+impl HalfConvert for f64 {
+    fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [f64]) {
+        assert_eq!(src.len(), dst.len(), "widen_half: lengths differ");
+        let mut buf = [0f32; F64_CHUNK];
+        for (s, d) in src.chunks(F64_CHUNK).zip(dst.chunks_mut(F64_CHUNK)) {
+            let b = &mut buf[..s.len()];
+            half::widen(s, b);
+            d.iter_mut().zip(b.iter()).for_each(|(d, &x)| *d = x as f64);
+        }
+    }
+    fn narrow_half_impl<H: HalfFloat>(src: &[f64], dst: &mut [H], sr: Option<(SrKey, u64)>) {
+        assert_eq!(src.len(), dst.len(), "narrow_half: lengths differ");
+        let mut buf = [0f32; F64_CHUNK];
+        for (i, (s, d)) in src
+            .chunks(F64_CHUNK)
+            .zip(dst.chunks_mut(F64_CHUNK))
+            .enumerate()
+        {
+            let b = &mut buf[..s.len()];
+            b.iter_mut().zip(s).for_each(|(b, &x)| *b = x as f32);
+            let sr = sr.map(|(k, first)| (k, first.wrapping_add((i * F64_CHUNK) as u64)));
+            f32::narrow_half_impl(b, d, sr);
+        }
+    }
+}
 
 /// An owned array of a [`Real`] type, as the type it is.
 #[derive(Clone, Debug, PartialEq)]

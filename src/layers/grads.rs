@@ -64,7 +64,7 @@ impl<T: Real> NamedGrad<T> {
         values: ArrayView2<'_, T>,
         scale: Option<T>,
     ) -> Self {
-        let shape = p.value().shape();
+        let shape = p.shape();
         assert_eq!(shape.len(), 2, "NamedGrad::from_rows: a 2-D parameter");
         let source = RowSource {
             values,

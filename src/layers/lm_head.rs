@@ -22,7 +22,7 @@
 //! one `chunk_tokens × V` block, sized by [`SumChunks`]). Derivation:
 //! `docs/gradients.md#summed-fused-cross-entropy`.
 
-use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, Ix2, IxDyn};
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, ArrayViewMut2, CowArray, Ix2, IxDyn};
 
 use super::grads::as_tape_leaves;
 use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
@@ -33,7 +33,7 @@ use crate::ops::fused_ce::{
     ChunkSizes, HeadKernel, RowStats, Targets, fused_ce_backward_on, fused_ce_forward_on,
 };
 use crate::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward_on};
-use crate::param::{ParamGrad, Parameter};
+use crate::param::{ParamGrad, Parameter, Stored};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
@@ -383,7 +383,8 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         let flat = self.check(hidden.shape(), labels.view())?;
         let targets = Targets::per_token(flat);
         let h2 = as_rows(hidden.view());
-        let weights = self.weight_views();
+        let arrays = self.weight_arrays();
+        let weights = as_views(&arrays);
         let (loss, stats) =
             fused_ce_forward_on(self.kernel, h2.view(), &weights, &targets, self.chunks);
         let loss = ArrayD::from_shape_vec(IxDyn(labels.shape()), loss).expect("one loss per label");
@@ -436,7 +437,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         let tables = self.splits.tables();
         let mut gws: Vec<Option<ArrayD<T>>> = tables
             .iter()
-            .map(|p| p.is_trainable().then(|| ws.zeros(p.value().shape())))
+            .map(|p| p.is_trainable().then(|| ws.zeros(p.shape())))
             .collect();
         if gh.is_some() || gws.iter().any(Option::is_some) {
             let ghv = gh.as_mut().map(|g| {
@@ -450,7 +451,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
                 self.kernel,
                 ws,
                 h2.view(),
-                &self.weight_views(),
+                &as_views(&self.weight_arrays()),
                 &saved.targets,
                 &saved.stats,
                 &gy,
@@ -491,7 +492,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
             self.kernel,
             ws,
             h2.view(),
-            &self.weight_views(),
+            &as_views(&self.weight_arrays()),
             &flat,
             self.sum_chunks,
             want_hidden,
@@ -517,16 +518,18 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         Ok((loss, LayerGrads { input, params }))
     }
 
-    /// The split weights as (size_k, H) views.
-    fn weight_views(&self) -> Vec<ArrayView2<'_, T>> {
+    /// The split weights as (size_k, H) arrays of `T`: borrowed, or
+    /// widened from half precision (the fused kernels' panels are `T`).
+    fn weight_arrays(&self) -> Vec<CowArray<'_, T, Ix2>> {
         self.splits
             .tables()
             .iter()
             .map(|p| {
-                p.value()
-                    .view()
-                    .into_dimensionality::<Ix2>()
-                    .expect("weights are 2-D")
+                let a = match p.stored() {
+                    Stored::Full(a) => CowArray::from(a.view()),
+                    _ => CowArray::from(p.widened().into_owned()),
+                };
+                a.into_dimensionality::<Ix2>().expect("weights are 2-D")
             })
             .collect()
     }
@@ -571,4 +574,9 @@ fn as_rows<T: Real>(h: ArrayViewD<'_, T>) -> ndarray::CowArray<'_, T, Ix2> {
 fn as_2d_mut<T>(g: &mut Option<ArrayD<T>>) -> Option<ArrayViewMut2<'_, T>> {
     let g = g.as_mut()?.view_mut();
     Some(g.into_dimensionality::<Ix2>().expect("2-D"))
+}
+
+/// Views of the weights of [`SplitLanguageModellingHead::weight_arrays`].
+fn as_views<'a, T>(arrays: &'a [CowArray<'_, T, Ix2>]) -> Vec<ArrayView2<'a, T>> {
+    arrays.iter().map(|a| a.view()).collect()
 }

@@ -25,7 +25,7 @@ pub mod split_embeddings;
 pub mod split_vocabulary;
 mod splits;
 
-use ndarray::{ArrayBase, ArrayView2, ArrayViewD, Data, Dimension, Ix2};
+use ndarray::{ArrayBase, ArrayViewD, CowArray, Data, Dimension, Ix2};
 
 pub use grads::{LayerGrads, NamedGrad};
 pub use lm_head::{HeadSaved, SplitLanguageModellingHead};
@@ -96,27 +96,35 @@ impl<'a, S: Data<Elem = i64>, D: Dimension> Ids<'a> for &'a ArrayBase<S, D> {
 }
 
 /// A 2-D table of `T` as [`SplitVocabulary::seed_from`] takes it: a
-/// [`Parameter`] (the shared embedding table itself), or any 2-D array or
-/// view. `None` when the value is not 2-D.
+/// [`Parameter`] (the shared embedding table itself, widened if it is kept
+/// in half precision), or any 2-D array or view. `None` when the value is
+/// not 2-D.
 pub trait AsTable<'a, T> {
-    /// The table as a (rows, width) view.
-    fn into_table(self) -> Option<ArrayView2<'a, T>>;
+    /// The table as (rows, width), borrowed when it can be.
+    fn into_table(self) -> Option<CowArray<'a, T, Ix2>>;
 }
 
 impl<'a, T: Real> AsTable<'a, T> for &'a Parameter<T> {
-    fn into_table(self) -> Option<ArrayView2<'a, T>> {
-        self.value().view().into_dimensionality::<Ix2>().ok()
+    fn into_table(self) -> Option<CowArray<'a, T, Ix2>> {
+        let a = match self.stored().as_full() {
+            Some(a) => CowArray::from(a.view()),
+            None => CowArray::from(self.widened().into_owned()),
+        };
+        a.into_dimensionality::<Ix2>().ok()
     }
 }
 
 impl<'a, T: Real, D: Dimension> AsTable<'a, T> for ndarray::ArrayView<'a, T, D> {
-    fn into_table(self) -> Option<ArrayView2<'a, T>> {
-        self.into_dimensionality::<Ix2>().ok()
+    fn into_table(self) -> Option<CowArray<'a, T, Ix2>> {
+        self.into_dimensionality::<Ix2>().ok().map(CowArray::from)
     }
 }
 
 impl<'a, T: Real, S: Data<Elem = T>, D: Dimension> AsTable<'a, T> for &'a ArrayBase<S, D> {
-    fn into_table(self) -> Option<ArrayView2<'a, T>> {
-        self.view().into_dimensionality::<Ix2>().ok()
+    fn into_table(self) -> Option<CowArray<'a, T, Ix2>> {
+        self.view()
+            .into_dimensionality::<Ix2>()
+            .ok()
+            .map(CowArray::from)
     }
 }

@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::routing::Routed;
 use crate::kernels::scatter::{RowSource, coalesce_sources_in};
-use crate::ops::split_gather::split_gather_forward_in;
-use crate::param::{ParamGrad, Parameter, RowSparse};
+use crate::ops::split_gather::split_gather_stored_in;
+use crate::param::{ParamGrad, Parameter, RowSparse, StoredView};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
@@ -158,13 +158,13 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         input_ids: impl Ids<'i>,
     ) -> Result<(ArrayD<T>, EmbeddingsSaved)> {
         let saved = self.route(input_ids)?;
-        let views: Vec<ArrayViewD<'_, T>> = self
+        let views: Vec<StoredView<'_, T>> = self
             .splits
             .tables()
             .iter()
-            .map(|p| p.value().view())
+            .map(|p| p.stored().view())
             .collect();
-        let out = split_gather_forward_in(ws, &views, &saved.routed, &saved.ids_shape);
+        let out = split_gather_stored_in(ws, &views, &saved.routed, &saved.ids_shape);
         Ok((out, saved))
     }
 
@@ -206,7 +206,7 @@ impl<T: Real> SplitTokenEmbeddings<T> {
                 rows: Some(&routed.positions[k]),
                 scale: None,
             };
-            let n_rows = p.value().shape()[0];
+            let n_rows = p.shape()[0];
             let rs = RowSparse::from_coalesced(
                 n_rows,
                 coalesce_sources_in(ws, n_rows, h, &routed.local[k], &[source]),

@@ -250,14 +250,22 @@ impl<T: Real> SplitVocabulary<T> {
         if table.dim() != (self.vocab_size, self.dim) {
             return Err(Error::shape("seed table", expected, table.shape()));
         }
-        let mut rows = self
-            .rows
-            .value_mut()
-            .view_mut()
-            .into_dimensionality::<Ix2>()
-            .expect("rows are 2-D");
-        for (mut row, &t) in rows.outer_iter_mut().zip(&self.index.token_index) {
-            row.assign(&table.index_axis(Axis(0), t));
+        match self.rows.stored_mut().as_full_mut() {
+            Some(rows) => {
+                let mut rows = rows
+                    .view_mut()
+                    .into_dimensionality::<Ix2>()
+                    .expect("rows are 2-D");
+                for (mut row, &t) in rows.outer_iter_mut().zip(&self.index.token_index) {
+                    row.assign(&table.index_axis(Axis(0), t));
+                }
+            }
+            None => {
+                // Kept in half precision: the copied rows rounded to nearest
+                // (exact when the table is kept in the same precision).
+                let picked = table.select(Axis(0), &self.index.token_index);
+                self.rows.stored_mut().assign(picked.view().into_dyn());
+            }
         }
         Ok(())
     }
@@ -265,7 +273,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// σ(gate_logit), (n_rows).
     pub fn gate(&self) -> Array1<T> {
         self.gate_logit
-            .value()
+            .widened()
             .iter()
             .map(|&x| sigmoid(x))
             .collect()
@@ -341,7 +349,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// (the Python package's autograd functions) and would otherwise run
     /// the forward pass twice.
     pub fn fusion_penalty_norms(&self) -> (T, Array1<T>) {
-        fusion_penalty_forward(self.rows.value().view(), &self.groups)
+        fusion_penalty_forward(self.rows.widened().view(), &self.groups)
     }
 
     /// `weight · ∂fusion_penalty/∂rows`, (n_rows, D), from the norms
@@ -374,7 +382,7 @@ impl<T: Real> SplitVocabulary<T> {
         self.check_norms(norms)?;
         Ok(fusion_penalty_backward(
             pool,
-            self.rows.value().view(),
+            self.rows.widened().view(),
             &self.groups,
             norms,
             ndarray::arr0(weight).into_dyn().view(),
@@ -391,16 +399,20 @@ impl<T: Real> SplitVocabulary<T> {
     pub fn fusion_row_grads(&self, norms: &[T], weight: T) -> Result<FusionRowGrads<T>> {
         self.check_norms(norms)?;
         Ok(FusionRowGrads::new(
-            self.rows_2d(),
+            self.rows_2d().view(),
             &self.groups,
             norms,
             weight,
         ))
     }
 
-    /// The rows as (n_rows, D).
-    fn rows_2d(&self) -> ndarray::ArrayView2<'_, T> {
-        let rows = self.rows.value().view();
+    /// The rows as (n_rows, D) of `T`: borrowed, or widened from half
+    /// precision.
+    fn rows_2d(&self) -> ndarray::CowArray<'_, T, Ix2> {
+        let rows = match self.rows.stored().as_full() {
+            Some(a) => ndarray::CowArray::from(a.view()),
+            None => ndarray::CowArray::from(self.rows.widened().into_owned()),
+        };
         rows.into_dimensionality::<Ix2>().expect("rows are 2-D")
     }
 

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::io::{bytes_of, check_memory};
 use crate::kernels::Real;
 use crate::kernels::routing::{Routed, SplitRouting};
-use crate::param::Parameter;
+use crate::param::{Parameter, StoredMut};
 use crate::rng::Rng;
 
 /// Named tables that own contiguous ranges of one vocabulary, in order.
@@ -212,13 +212,32 @@ impl<T: Real> SplitTables<T> {
         rng.next_u64();
         let width = self.hidden;
         for (k, p) in self.tables.iter_mut().enumerate() {
-            let data = p.value_mut().as_slice_mut().expect("tables are contiguous");
-            data.par_chunks_mut(BLOCK * width)
-                .enumerate()
-                .for_each(|(b, chunk)| {
-                    let mut r = base.fork(((k as u64) << 32) | b as u64);
-                    chunk.iter_mut().for_each(|x| *x = draw(&mut r));
+            let block = |b: usize, chunk: &mut [T]| {
+                let mut r = base.fork(((k as u64) << 32) | b as u64);
+                chunk.iter_mut().for_each(|x| *x = draw(&mut r));
+            };
+            // A half-precision table gets the same draws, rounded to
+            // nearest.
+            fn narrowed<T: Real, H: crate::kernels::HalfFloat>(
+                data: &mut [H],
+                n: usize,
+                block: &(impl Fn(usize, &mut [T]) + Sync),
+            ) {
+                data.par_chunks_mut(n).enumerate().for_each(|(b, chunk)| {
+                    let mut full = vec![T::zero(); chunk.len()];
+                    block(b, &mut full);
+                    T::narrow_half(&full, chunk, None);
                 });
+            }
+            let n = (BLOCK * width).max(1);
+            match p.stored_mut().flat_mut() {
+                StoredMut::Full(data) => data
+                    .par_chunks_mut(n)
+                    .enumerate()
+                    .for_each(|(b, chunk)| block(b, chunk)),
+                StoredMut::BF16(data) => narrowed(data, n, &block),
+                StoredMut::F16(data) => narrowed(data, n, &block),
+            }
         }
     }
 }

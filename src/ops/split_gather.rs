@@ -6,6 +6,7 @@
 //! routed to it, read in place from `∂out` (or from a lazy `c·R`). A
 //! frozen split gets nothing. Derivation: `docs/gradients.md#split-routing`.
 
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
@@ -14,7 +15,9 @@ use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
 use crate::kernels::rows::rows_from_in;
+use crate::param::StoredView;
 use crate::tape::{Flow, RowPart, Tape, Var};
+use rayon::prelude::*;
 
 /// `out[n] = table_{k(n)}[local(n)]`: each id read from the split that
 /// owns it. tables: (size_k, H) each, routed: N ids → (N, H), reshaped to
@@ -103,6 +106,114 @@ pub fn split_gather_forward_in<T: Real>(
             .for_each(|(d, &s)| *d = s);
     }
     out
+}
+
+/// [`split_gather_forward_in`] on tables kept as they are
+/// ([`StoredView`]): a table kept in half precision has its rows widened
+/// (exactly) as they are read, so the output is `T` and equals the gather
+/// of the widened tables bit for bit.
+///
+/// **Panics** as [`split_gather_forward`].
+#[track_caller]
+pub fn split_gather_stored_in<T: Real>(
+    pool: &Pool<T>,
+    tables: &[StoredView<'_, T>],
+    routed: &Routed,
+    ids_shape: &[usize],
+) -> ArrayD<T> {
+    let full: Option<Vec<ArrayViewD<'_, T>>> = tables
+        .iter()
+        .map(|t| match t {
+            StoredView::Full(a) => Some(a.view()),
+            _ => None,
+        })
+        .collect();
+    if let Some(full) = full {
+        return split_gather_forward_in(pool, &full, routed, ids_shape);
+    }
+    let n = routed.n_ids();
+    assert_eq!(
+        ids_shape.iter().product::<usize>(),
+        n,
+        "split_gather: shape {ids_shape:?} does not hold {n} ids"
+    );
+    assert_eq!(
+        tables.len(),
+        routed.positions.len(),
+        "split_gather: {} tables for {} splits",
+        tables.len(),
+        routed.positions.len()
+    );
+    let width = tables
+        .first()
+        .map_or(0, |t| t.shape().get(1).copied().unwrap_or(0));
+    let flat: Vec<Rows<'_, T>> = tables
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            assert!(
+                t.shape().len() == 2 && t.shape()[1] == width,
+                "split_gather: table {k} has shape {:?}, expected (rows, {width})",
+                t.shape()
+            );
+            if let Some(&bad) = routed.local[k].iter().find(|&&l| l >= t.shape()[0]) {
+                panic!(
+                    "split_gather: row {bad} is out of range 0..{} of table {k}",
+                    t.shape()[0]
+                );
+            }
+            Rows::of(t)
+        })
+        .collect();
+    let mut shape = ids_shape.to_vec();
+    shape.push(width);
+    let mut out = pool.zeros(&[n, width]);
+    if width == 0 || n == 0 {
+        return out.into_shape_with_order(IxDyn(&shape)).expect("reshapes");
+    }
+    let owners = routed.owners();
+    let dst = out.as_slice_mut().expect("fresh array is contiguous");
+    let rows_per_task = (crate::kernels::PAR_MIN_ELEMS / width).max(1);
+    dst.par_chunks_mut(rows_per_task * width)
+        .enumerate()
+        .for_each(|(b, block)| {
+            for (i, o) in block.chunks_mut(width).enumerate() {
+                let (k, l) = owners[b * rows_per_task + i];
+                let span = l * width..(l + 1) * width;
+                match &flat[k] {
+                    Rows::Full(a) => o.copy_from_slice(&a[span]),
+                    Rows::BF16(a) => T::widen_half(&a[span], o),
+                    Rows::F16(a) => T::widen_half(&a[span], o),
+                }
+            }
+        });
+    out.into_shape_with_order(IxDyn(&shape))
+        .expect("standard layout reshapes")
+}
+
+/// A table's elements in row-major order: borrowed, or copied when the
+/// view has other strides.
+enum Rows<'a, T: Clone> {
+    Full(Cow<'a, [T]>),
+    BF16(Cow<'a, [half::bf16]>),
+    F16(Cow<'a, [half::f16]>),
+}
+
+fn row_major<'a, E: Clone>(a: &ArrayViewD<'a, E>) -> Cow<'a, [E]> {
+    match a.to_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
+impl<'a, T: Real> Rows<'a, T> {
+    fn of(t: &StoredView<'a, T>) -> Self {
+        match t {
+            StoredView::Full(a) => Rows::Full(row_major(a)),
+            StoredView::BF16(a) => Rows::BF16(row_major(a)),
+            StoredView::F16(a) => Rows::F16(row_major(a)),
+        }
+    }
 }
 
 /// Row n of `gy` for row `local(n)` of split `k(n)`'s table: one

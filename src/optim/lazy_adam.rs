@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use super::moments::{Kernel, MomentTable, Rule, apply_zip};
 use super::{GradRow, Optimizer, StateValue, check_beta, check_lr, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
+use crate::param::Dtype;
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
@@ -108,6 +109,7 @@ struct Coeffs<T> {
 
 impl<T: Real> Rule<T> for Coeffs<T> {
     type Config = LazyAdamConfig;
+    const LAZY: bool = true;
 
     fn new(c: &LazyAdamConfig, step: u64) -> Self {
         let t = step as f64;
@@ -253,13 +255,21 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             return Ok(());
         }
         let width = rows_width(param)?;
+        if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
+            // Kept in half precision: the default (the gradient written
+            // out, then the widened update), the same result.
+            let g = super::dense_by_rows(param, grad_row)?;
+            return self.update(param, &ParamGrad::Dense(g));
+        }
         let slot = self.moments.step(param)?;
         let c = Coeffs::<T>::new(&self.config, slot.step);
         if width == 0 {
             return Ok(());
         }
         let p = flat_mut(param);
-        let (m, v) = slot.slices_mut();
+        let (m, v) = slot
+            .slices_mut()
+            .expect("moments of a parameter kept as T are kept as T");
         let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
             grad_row(r, p, g);
             c.apply_run(p, m, v, Some(g));

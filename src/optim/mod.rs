@@ -132,6 +132,48 @@ macro_rules! adam_family_methods {
             self.moments.check(params)
         }
 
+        fn set_rounding(&mut self, rounding: $crate::param::Rounding) {
+            self.moments.keeping.rounding = rounding;
+        }
+
+        fn rounding(&self) -> $crate::param::Rounding {
+            self.moments.keeping.rounding
+        }
+
+        /// `T`'s own dtype or bf16; f16 is refused (the second moment, a
+        /// squared gradient, falls below f16's smallest value, 6·10⁻⁸, for
+        /// gradients under 2.4·10⁻⁴). Moments already kept are converted
+        /// (to nearest).
+        fn set_state_dtype(&mut self, dtype: $crate::param::Dtype) -> Result<()> {
+            use $crate::param::Dtype;
+            match dtype {
+                Dtype::F16 => {
+                    return Err($crate::Error::config(
+                        "f16 cannot keep Adam's second moment (a squared gradient below 6e-8 \
+                         is lost); keep the optimiser state in bf16 or f32",
+                    ));
+                }
+                d if d != Dtype::BF16 && d != Dtype::of::<T>() => {
+                    return Err($crate::Error::config(format!(
+                        "optimiser state of a {} optimiser is kept as {} or bf16, not {d}",
+                        T::NAME,
+                        T::NAME
+                    )));
+                }
+                _ => {}
+            }
+            let keep = (dtype != Dtype::of::<T>()).then_some(dtype);
+            self.moments.keeping.state_dtype = keep;
+            self.moments.convert_state(dtype)
+        }
+
+        fn state_dtype(&self) -> $crate::param::Dtype {
+            self.moments
+                .keeping
+                .state_dtype
+                .unwrap_or($crate::param::Dtype::of::<T>())
+        }
+
         learning_rate_methods!($strict);
     };
 }
@@ -153,7 +195,7 @@ use ndarray::ArrayD;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{GradSource, ParamGrad, Parameter};
+use crate::param::{Dtype, GradSource, ParamGrad, Parameter, Stored, StoredView};
 use crate::state::{StateDict, TensorData};
 
 /// A gradient given row by row, for [`Optimizer::update_by_rows`]:
@@ -239,6 +281,51 @@ pub trait Optimizer<T: Real> {
     /// ```
     fn state(&self) -> Vec<(String, StateValue<T>)>;
 
+    /// How the optimiser narrows the values it stores in half precision
+    /// (parameters kept in bf16 or f16, and its own state when kept so):
+    /// stochastically (the default, seed 0) or to nearest.
+    /// [`Rounding::Stochastic`](crate::param::Rounding::Stochastic)'s bits
+    /// depend on the seed, the parameter's step count, the array's name
+    /// and the element's index only, so a run gives the same bits on any
+    /// number of threads and after a resume. An optimiser that stores no
+    /// half-precision value ignores it.
+    fn set_rounding(&mut self, rounding: crate::param::Rounding) {
+        let _ = rounding;
+    }
+
+    /// The rounding of [`Optimizer::set_rounding`].
+    fn rounding(&self) -> crate::param::Rounding {
+        crate::param::Rounding::default()
+    }
+
+    /// Keeps the optimiser's state in `dtype` (default: `T`'s own). An
+    /// optimiser that cannot refuses with an
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) error.
+    ///
+    /// ```
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+    /// use splitgrad::param::Dtype;
+    /// let mut opt = LazyAdam::<f32>::new(LazyAdamConfig::default())?;
+    /// opt.set_state_dtype(Dtype::BF16)?;
+    /// assert_eq!(opt.state_dtype(), Dtype::BF16);
+    /// assert!(opt.set_state_dtype(Dtype::F16).is_err());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    fn set_state_dtype(&mut self, dtype: crate::param::Dtype) -> Result<()> {
+        if dtype == crate::param::Dtype::of::<T>() {
+            return Ok(());
+        }
+        Err(Error::config(format!(
+            "this optimiser keeps its state as {}, not {dtype}",
+            T::NAME
+        )))
+    }
+
+    /// The dtype of [`Optimizer::set_state_dtype`].
+    fn state_dtype(&self) -> crate::param::Dtype {
+        crate::param::Dtype::of::<T>()
+    }
+
     /// Replaces the state with entries saved by [`Optimizer::state`].
     ///
     /// Errors (each naming the entry): a name that is not
@@ -283,6 +370,9 @@ pub trait Optimizer<T: Real> {
                 name,
                 match v {
                     StateValue::Array(a) => TensorData::from_real(a),
+                    StateValue::Half(Stored::BF16(a)) => TensorData::BF16(a),
+                    StateValue::Half(Stored::F16(a)) => TensorData::F16(a),
+                    StateValue::Half(Stored::Full(a)) => TensorData::from_real(a),
                     StateValue::Step(s) => TensorData::U64(ndarray::arr0(s).into_dyn()),
                 },
             );
@@ -300,6 +390,36 @@ pub trait Optimizer<T: Real> {
         for (name, t) in state.iter() {
             let value = match t {
                 TensorData::U64(_) => StateValue::Step(state.step(name)?),
+                TensorData::BF16(_) | TensorData::F16(_) => {
+                    let dtype = if matches!(t, TensorData::BF16(_)) {
+                        Dtype::BF16
+                    } else {
+                        Dtype::F16
+                    };
+                    let a = match state.stored::<T>(name, t.shape(), dtype)? {
+                        StoredView::BF16(a) => Stored::BF16(a.to_owned()),
+                        StoredView::F16(a) => Stored::F16(a.to_owned()),
+                        StoredView::Full(a) => Stored::Full(a.to_owned()),
+                    };
+                    if name.ends_with(".exp_avg_sq")
+                        && let Some((i, v)) = a
+                            .widened()
+                            .iter()
+                            .enumerate()
+                            .find(|(_, v)| **v < T::zero())
+                    {
+                        return Err(state.error(
+                            name,
+                            crate::ErrorKind::Format {
+                                message: format!(
+                                    "a second moment must be ≥ 0, found {} at flat position {i}",
+                                    Real::to_f64(*v)
+                                ),
+                            },
+                        ));
+                    }
+                    StateValue::Half(a)
+                }
                 _ => {
                     let a = state.real::<T>(name, t.shape())?;
                     if name.ends_with(".exp_avg_sq")
@@ -348,6 +468,9 @@ pub trait Optimizer<T: Real> {
 pub enum StateValue<T> {
     /// A real array of the parameter's shape (a moment, a momentum buffer).
     Array(ArrayD<T>),
+    /// A moment kept in half precision (an optimiser whose state dtype is
+    /// bf16).
+    Half(Stored<T>),
     /// A step count, exact.
     Step(u64),
 }
@@ -357,14 +480,14 @@ impl<T> StateValue<T> {
     pub fn as_array(&self) -> Option<&ArrayD<T>> {
         match self {
             StateValue::Array(a) => Some(a),
-            StateValue::Step(_) => None,
+            StateValue::Half(_) | StateValue::Step(_) => None,
         }
     }
 
     /// The step count, if this is one.
     pub fn as_step(&self) -> Option<u64> {
         match self {
-            StateValue::Array(_) => None,
+            StateValue::Array(_) | StateValue::Half(_) => None,
             StateValue::Step(s) => Some(*s),
         }
     }
@@ -372,6 +495,7 @@ impl<T> StateValue<T> {
     fn kind_name(&self) -> &'static str {
         match self {
             StateValue::Array(_) => "real array",
+            StateValue::Half(_) => "half-precision array",
             StateValue::Step(_) => "u64 step count",
         }
     }
@@ -412,7 +536,7 @@ fn wrong_kind<T>(entry: &str, expected: &str, found: &StateValue<T>) -> Error {
 /// **Panics** if a row-sparse gradient's rows are not sorted and unique.
 #[track_caller]
 fn check_grad<T: Real>(param: &Parameter<T>, grad: &ParamGrad<T>) -> Result<()> {
-    let shape = param.value().shape();
+    let shape = param.shape();
     match grad {
         ParamGrad::Dense(g) if g.shape() != shape => Err(Error::shape(
             "gradient",
@@ -464,7 +588,7 @@ fn check_grad<T: Real>(param: &Parameter<T>, grad: &ParamGrad<T>) -> Result<()> 
 /// The row length of a parameter whose gradient comes by rows: an error
 /// unless it is 2-D.
 fn rows_width<T: Real>(param: &Parameter<T>) -> Result<usize> {
-    match param.value().shape() {
+    match param.shape() {
         &[_, width] => Ok(width),
         shape => Err(Error::shape(
             param.name(),
@@ -479,7 +603,7 @@ fn rows_width<T: Real>(param: &Parameter<T>) -> Result<usize> {
 /// tested against).
 fn dense_by_rows<T: Real>(param: &Parameter<T>, grad_row: &GradRow<'_, T>) -> Result<ArrayD<T>> {
     rows_width(param)?;
-    let v = param.value();
+    let v = param.widened();
     let v = v.view().into_dimensionality::<ndarray::Ix2>().expect("2-D");
     let mut g = ndarray::Array2::<T>::zeros(v.raw_dim());
     let mut x = vec![T::zero(); v.ncols()];

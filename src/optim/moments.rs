@@ -6,11 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, IxDyn, Zip};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Zip};
 use rayon::prelude::*;
 
 use super::{StateValue, check_grad, flat_mut, split_entry, unknown_field, wrong_kind};
 use crate::kernels::PAR_MIN_ELEMS;
+use crate::kernels::half::SrKey;
+use crate::param::{Dtype, Part, Rounding, Stored, StoredMut, update_widened};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// Elements per parallel task of a dense update.
@@ -21,6 +23,10 @@ pub(super) const CHUNK: usize = 1 << 14;
 pub(super) trait Rule<T: Real>: Sized + Sync {
     /// The hyper-parameters.
     type Config;
+
+    /// Whether a row-sparse gradient moves only its rows (lazy Adam), or
+    /// every row as its dense equivalent would (dense Adam).
+    const LAZY: bool = false;
 
     /// The coefficients of the step whose count (after the increment) is
     /// `step`.
@@ -90,6 +96,177 @@ pub(super) fn apply_zip<T: Real>(
         .for_each(|p, m, v, &g| rule.apply(p, m, v, g));
 }
 
+/// The stochastic-rounding keys (`None`: to nearest) of a parameter's
+/// value and of its two moments at optimiser step `step`: the arrays are
+/// named `name`, `name.exp_avg` and `name.exp_avg_sq`.
+fn keys(rounding: Rounding, step: u64, name: &str) -> [Option<SrKey>; 3] {
+    [
+        rounding.key(step, name),
+        rounding.key(step, &format!("{name}.exp_avg")),
+        rounding.key(step, &format!("{name}.exp_avg_sq")),
+    ]
+}
+
+/// The three arrays of an update as [`update_widened`] takes them.
+fn parts<'a, T>(
+    [p, m, v]: [StoredMut<'a, T>; 3],
+    [kp, km, kv]: [Option<SrKey>; 3],
+) -> [Part<'a, T>; 3] {
+    [
+        Part { elems: p, key: kp },
+        Part { elems: m, key: km },
+        Part { elems: v, key: kv },
+    ]
+}
+
+/// Writes `full` (the array's shape) into `dst`, narrowed with `key` at
+/// global index 0 when `dst` is kept in half precision.
+fn store<T: Real>(dst: &mut Stored<T>, full: &ArrayD<T>, key: Option<SrKey>) {
+    let src = full.as_standard_layout();
+    let s = src.as_slice().expect("standard layout is contiguous");
+    match dst.flat_mut() {
+        StoredMut::Full(d) => d.copy_from_slice(s),
+        StoredMut::BF16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
+        StoredMut::F16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
+    }
+}
+
+/// The serial reference of [`update_half`]: the parameter and its moments
+/// widened whole, the rule's naive update in `T`, and every element
+/// narrowed back with its key at its flat index. (An element the update
+/// did not touch is representable, so it narrows back to itself.)
+fn update_half_naive<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    grad: &ParamGrad<T>,
+    [kp, km, kv]: [Option<SrKey>; 3],
+) {
+    let mut p = param.widened().into_owned();
+    let mut m = slot.exp_avg.widened().into_owned();
+    let mut v = slot.exp_avg_sq.widened().into_owned();
+    let pmv = [p.view_mut(), m.view_mut(), v.view_mut()];
+    match grad {
+        ParamGrad::Dense(g) => apply_zip(rule, pmv, g.view()),
+        ParamGrad::RowSparse(s) => rule.apply_sparse_naive(pmv, s),
+    }
+    store(param.stored_mut(), &p, kp);
+    store(&mut slot.exp_avg, &m, km);
+    store(&mut slot.exp_avg_sq, &v, kv);
+}
+
+/// One update when the parameter or its moments are kept in half
+/// precision: the rule's own element update in `T` on widened runs of
+/// [`WIDEN_CHUNK`](crate::param::WIDEN_CHUNK) elements, each half-precision
+/// store narrowed with its key at the element's flat index — so the result
+/// is the same for any number of threads, and equals
+/// [`update_half_naive`]'s bit for bit. A lazy rule's row-sparse gradient
+/// touches only its rows; a dense rule's is written out first.
+fn update_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    grad: &ParamGrad<T>,
+    keys: [Option<SrKey>; 3],
+) {
+    let pmv = [
+        param.stored_mut().flat_mut(),
+        slot.exp_avg.flat_mut(),
+        slot.exp_avg_sq.flat_mut(),
+    ];
+    match grad {
+        ParamGrad::Dense(g) => {
+            let g = g.as_standard_layout();
+            dense_half(rule, pmv, g.as_slice().expect("standard layout"), keys);
+        }
+        ParamGrad::RowSparse(s) if R::LAZY => rows_half(rule, pmv, s, keys),
+        ParamGrad::RowSparse(s) => {
+            let g = s.to_dense();
+            dense_half(rule, pmv, g.as_slice().expect("a fresh array"), keys);
+        }
+    }
+}
+
+/// A run of a parameter and of its two moments.
+type Triple<'a, T> = ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>);
+
+/// Every element, in parallel tasks of [`CHUNK`] elements above
+/// [`PAR_MIN_ELEMS`].
+fn dense_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [StoredMut<'_, T>; 3],
+    g: &[T],
+    keys: [Option<SrKey>; 3],
+) {
+    let len = p.len();
+    let run = |(i, ((p, m), v)): (usize, Triple<'_, T>)| {
+        let first = i * CHUNK;
+        let g = &g[first..first + p.len()];
+        update_widened(parts([p, m, v], keys), first as u64, |[p, m, v], off| {
+            let n = p.len();
+            rule.apply_run(p, m, v, Some(&g[off..off + n]));
+        });
+    };
+    let jobs = p
+        .chunks(CHUNK)
+        .into_iter()
+        .zip(m.chunks(CHUNK))
+        .zip(v.chunks(CHUNK))
+        .enumerate();
+    if len < PAR_MIN_ELEMS {
+        jobs.for_each(run);
+    } else {
+        jobs.collect::<Vec<_>>().into_par_iter().for_each(run);
+    }
+}
+
+/// Only the gradient's rows, in parallel over rows (batched to a few
+/// thousand elements a task).
+fn rows_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [StoredMut<'_, T>; 3],
+    s: &RowSparse<T>,
+    keys: [Option<SrKey>; 3],
+) {
+    let width = s.values.ncols();
+    if width == 0 || s.rows.is_empty() {
+        return;
+    }
+    let values = s.values.as_standard_layout();
+    let values = values.as_slice().expect("standard layout is contiguous");
+    let jobs = p
+        .pick_rows(width, &s.rows)
+        .into_iter()
+        .zip(m.pick_rows(width, &s.rows))
+        .zip(v.pick_rows(width, &s.rows))
+        .zip(values.chunks(width))
+        .zip(&s.rows);
+    type Job<'a, T> = (
+        (
+            ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
+            &'a [T],
+        ),
+        &'a usize,
+    );
+    let run = |((((p, m), v), g), &r): Job<'_, T>| {
+        update_widened(
+            parts([p, m, v], keys),
+            (r * width) as u64,
+            |[p, m, v], off| {
+                let n = p.len();
+                rule.apply_run(p, m, v, Some(&g[off..off + n]));
+            },
+        );
+    };
+    if values.len() < PAR_MIN_ELEMS {
+        jobs.for_each(run);
+    } else {
+        let min_rows = (4096 / width).max(1);
+        let jobs: Vec<_> = jobs.collect();
+        jobs.into_par_iter().with_min_len(min_rows).for_each(run);
+    }
+}
+
 /// Which update to run: the parallel kernels, or their serial reference
 /// (`update_naive`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,30 +283,43 @@ pub(super) struct Moments<T> {
     /// Steps taken (PyTorch's `state["step"]`).
     pub step: u64,
     /// First moment `m`, the parameter's shape, standard layout.
-    pub exp_avg: ArrayD<T>,
+    pub exp_avg: Stored<T>,
     /// Second moment `v`, the parameter's shape, standard layout.
-    pub exp_avg_sq: ArrayD<T>,
+    pub exp_avg_sq: Stored<T>,
 }
 
-impl<T> Moments<T> {
-    /// `m` and `v` as flat slices, for the update kernels.
-    pub fn slices_mut(&mut self) -> (&mut [T], &mut [T]) {
-        let m = self
-            .exp_avg
-            .as_slice_mut()
-            .expect("state is standard layout");
-        let v = self
-            .exp_avg_sq
-            .as_slice_mut()
-            .expect("state is standard layout");
-        (m, v)
+impl<T: Real> Moments<T> {
+    /// `m` and `v` as flat slices kept as `T`, for the update kernels
+    /// (`None` when either is kept in half precision).
+    pub fn slices_mut(&mut self) -> Option<(&mut [T], &mut [T])> {
+        match (self.exp_avg.flat_mut(), self.exp_avg_sq.flat_mut()) {
+            (StoredMut::Full(m), StoredMut::Full(v)) => Some((m, v)),
+            _ => None,
+        }
     }
+
+    /// Whether either moment is kept in half precision.
+    pub fn is_half(&self) -> bool {
+        self.exp_avg.dtype().is_half() || self.exp_avg_sq.dtype().is_half()
+    }
+}
+
+/// How an Adam-family optimiser keeps its moments, and how it narrows
+/// what it stores in half precision (the parameters' values and its
+/// moments).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Keeping {
+    /// The moments' dtype; `None`: the engine's own.
+    pub state_dtype: Option<Dtype>,
+    /// The narrowing of every half-precision store.
+    pub rounding: Rounding,
 }
 
 /// The Adam state of every parameter an optimiser has updated.
 #[derive(Clone, Debug, Default)]
 pub(super) struct MomentTable<T> {
     slots: BTreeMap<String, Moments<T>>,
+    pub keeping: Keeping,
 }
 
 impl<T: Real> MomentTable<T> {
@@ -154,10 +344,28 @@ impl<T: Real> MomentTable<T> {
             return Ok(());
         }
         check_grad(param, grad)?;
+        let rounding = self.keeping.rounding;
         let slot = self.step(param)?;
         let rule = R::new(config, slot.step);
+        if param.dtype().is_half() || slot.is_half() {
+            let keys = keys(rounding, slot.step, param.name());
+            match kernel {
+                Kernel::Naive => update_half_naive(&rule, param, slot, grad, keys),
+                Kernel::Fast => update_half(&rule, param, slot, grad, keys),
+            }
+            return Ok(());
+        }
         if kernel == Kernel::Naive {
-            let (m, v) = (slot.exp_avg.view_mut(), slot.exp_avg_sq.view_mut());
+            let m = slot
+                .exp_avg
+                .as_full_mut()
+                .expect("checked above")
+                .view_mut();
+            let v = slot
+                .exp_avg_sq
+                .as_full_mut()
+                .expect("checked above")
+                .view_mut();
             let pmv = [param.value_mut().view_mut(), m, v];
             match grad {
                 ParamGrad::Dense(g) => apply_zip(&rule, pmv, g.view()),
@@ -166,7 +374,7 @@ impl<T: Real> MomentTable<T> {
             return Ok(());
         }
         let p = flat_mut(param);
-        let (m, v) = slot.slices_mut();
+        let (m, v) = slot.slices_mut().expect("checked above");
         match grad {
             ParamGrad::Dense(g) => {
                 let g = g.as_standard_layout();
@@ -189,7 +397,8 @@ impl<T: Real> MomentTable<T> {
     /// The state of `param`, zeros (step 0) the first time; an error if
     /// the kept state has another shape than the parameter.
     pub fn slot(&mut self, param: &Parameter<T>) -> Result<&mut Moments<T>> {
-        let shape = param.value().shape();
+        let shape = param.shape();
+        let dtype = self.keeping.state_dtype.unwrap_or(Dtype::of::<T>());
         if let Some(m) = self.slots.get(param.name()) {
             if m.exp_avg.shape() != shape {
                 return Err(state_shape_error(param, "exp_avg", m.exp_avg.shape()));
@@ -197,26 +406,43 @@ impl<T: Real> MomentTable<T> {
         } else {
             // The two moments are allocated here, the first time: checked
             // against the memory available before they are.
-            let n = param.value().len() as u64;
+            let n = param.shape().iter().product::<usize>() as u64;
             crate::io::check_memory(
                 || {
                     format!(
-                        "the optimiser's two moments of `{}` ({shape:?})",
+                        "the optimiser's two moments of `{}` ({shape:?}, {dtype})",
                         param.name()
                     )
                 },
-                crate::io::bytes_of(&[n, 2, std::mem::size_of::<T>() as u64]),
+                crate::io::bytes_of(&[n, 2, dtype.size() as u64]),
                 "",
             )?;
+            let zeros = || Stored::zeros(shape, dtype).expect("the state dtype was checked");
+            let fresh = Moments {
+                step: 0,
+                exp_avg: zeros(),
+                exp_avg_sq: zeros(),
+            };
+            self.slots.insert(param.name().to_string(), fresh);
         }
         Ok(self
             .slots
-            .entry(param.name().to_string())
-            .or_insert_with(|| Moments {
-                step: 0,
-                exp_avg: ArrayD::zeros(IxDyn(shape)),
-                exp_avg_sq: ArrayD::zeros(IxDyn(shape)),
-            }))
+            .get_mut(param.name())
+            .expect("present or inserted above"))
+    }
+
+    /// Keeps every moment as `dtype` from now on (rounded to nearest).
+    pub fn convert_state(&mut self, dtype: Dtype) -> Result<()> {
+        for (name, m) in self.slots.iter_mut() {
+            for (field, a) in [
+                ("exp_avg", &mut m.exp_avg),
+                ("exp_avg_sq", &mut m.exp_avg_sq),
+            ] {
+                a.set_dtype(dtype)
+                    .map_err(|e| e.in_array(format!("{name}.{field}")))?;
+            }
+        }
+        Ok(())
     }
 
     /// The state of the parameter with this name, if it has any.
@@ -229,15 +455,13 @@ impl<T: Real> MomentTable<T> {
     /// parameter, sorted by name.
     pub fn state(&self) -> Vec<(String, StateValue<T>)> {
         let mut out = Vec::with_capacity(3 * self.slots.len());
+        let value = |a: &Stored<T>| match a {
+            Stored::Full(a) => StateValue::Array(a.clone()),
+            half => StateValue::Half(half.clone()),
+        };
         for (name, m) in &self.slots {
-            out.push((
-                format!("{name}.exp_avg"),
-                StateValue::Array(m.exp_avg.clone()),
-            ));
-            out.push((
-                format!("{name}.exp_avg_sq"),
-                StateValue::Array(m.exp_avg_sq.clone()),
-            ));
+            out.push((format!("{name}.exp_avg"), value(&m.exp_avg)));
+            out.push((format!("{name}.exp_avg_sq"), value(&m.exp_avg_sq)));
             out.push((format!("{name}.step"), StateValue::Step(m.step)));
         }
         out
@@ -246,14 +470,16 @@ impl<T: Real> MomentTable<T> {
     /// Replaces the table with the entries of [`MomentTable::state`]; on an
     /// error the table is unchanged.
     pub fn load(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
-        type Partial<T> = (Option<ArrayD<T>>, Option<ArrayD<T>>, Option<u64>);
+        type Partial<T> = (Option<Stored<T>>, Option<Stored<T>>, Option<u64>);
         let mut parts: BTreeMap<String, Partial<T>> = BTreeMap::new();
         for (entry, value) in entries {
             let (param, field) = split_entry(&entry)?;
             let slot = parts.entry(param.to_string()).or_default();
             let taken = match (field, value) {
-                ("exp_avg", StateValue::Array(a)) => slot.0.replace(a).is_some(),
-                ("exp_avg_sq", StateValue::Array(a)) => slot.1.replace(a).is_some(),
+                ("exp_avg", StateValue::Array(a)) => slot.0.replace(Stored::Full(a)).is_some(),
+                ("exp_avg_sq", StateValue::Array(a)) => slot.1.replace(Stored::Full(a)).is_some(),
+                ("exp_avg", StateValue::Half(a)) => slot.0.replace(a).is_some(),
+                ("exp_avg_sq", StateValue::Half(a)) => slot.1.replace(a).is_some(),
                 ("step", StateValue::Step(s)) => slot.2.replace(s).is_some(),
                 ("exp_avg" | "exp_avg_sq", v) => return Err(wrong_kind(&entry, "real array", &v)),
                 ("step", v) => return Err(wrong_kind(&entry, "u64 step count", &v)),
@@ -279,8 +505,17 @@ impl<T: Real> MomentTable<T> {
                 )
                 .in_array(format!("{name}.exp_avg_sq")));
             }
-            let exp_avg = m.as_standard_layout().into_owned();
-            let exp_avg_sq = v.as_standard_layout().into_owned();
+            // Kept as this optimiser keeps its moments (converted, to
+            // nearest, when the file's differ), in standard layout.
+            let dtype = self.keeping.state_dtype.unwrap_or(Dtype::of::<T>());
+            let keep = |mut a: Stored<T>| {
+                a.set_dtype(dtype)
+                    .map_err(|e| e.in_array(format!("{name}.exp_avg")))?;
+                let _ = a.flat_mut();
+                Ok::<_, Error>(a)
+            };
+            let exp_avg = keep(m)?;
+            let exp_avg_sq = keep(v)?;
             slots.insert(
                 name,
                 Moments {
@@ -297,6 +532,8 @@ impl<T: Real> MomentTable<T> {
     /// Every parameter with state is in `params`, with the state's shape.
     pub fn check(&self, params: &[&Parameter<T>]) -> Result<()> {
         let kept = self.slots.iter().map(|(n, m)| (n, m.exp_avg.shape()));
+        // (shapes only: a moment's dtype is the optimiser's, not the
+        // parameter's)
         check_kept(kept, "exp_avg", params)
     }
 }
@@ -317,7 +554,7 @@ pub(super) fn check_kept<'k, T>(
                 )
                 .in_array(format!("{name}.{field}")));
             }
-            Some(p) if p.value().shape() != shape => {
+            Some(p) if p.shape() != shape => {
                 return Err(state_shape_error(p, field, shape));
             }
             Some(_) => {}
@@ -333,7 +570,7 @@ pub(super) fn state_shape_error<T>(param: &Parameter<T>, field: &str, found: &[u
         "optimiser state",
         format!(
             "{:?} (the shape of parameter `{}`)",
-            param.value().shape(),
+            param.shape(),
             param.name()
         ),
         found,

@@ -183,6 +183,14 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
             return Ok(());
         }
         check_grad(param, grad)?;
+        if param.dtype().is_half() {
+            return Err(Error::config(format!(
+                "Sgd does not update a parameter kept in {} (its store would round every \
+                 update); use Adam or LazyAdam, whose stores round stochastically",
+                param.dtype()
+            ))
+            .in_array(param.name()));
+        }
         let c = Coeffs::<T>::new(&self.config);
         let shape = param.value().shape().to_vec();
         let (mut b, first) = if c.momentum.is_some() {

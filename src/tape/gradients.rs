@@ -98,7 +98,7 @@ impl<T: Real> Gradients<T> {
     pub fn dense(&self, p: &Parameter<T>) -> ArrayD<T> {
         match self.param(p) {
             Some(g) => g.to_dense(),
-            None => ArrayD::zeros(IxDyn(p.value().shape())),
+            None => ArrayD::zeros(IxDyn(p.shape())),
         }
     }
 

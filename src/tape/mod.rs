@@ -261,7 +261,13 @@ impl<'p, T: Real> Tape<'p, T> {
         } else {
             Kind::Constant
         };
-        self.push_leaf(Value::Borrowed(p.value().view()), kind)
+        let value = match p.stored() {
+            crate::param::Stored::Full(a) => Value::Borrowed(a.view()),
+            // Kept in half precision: the tape computes on the widened
+            // values (exact), a copy it owns.
+            _ => Value::Owned(p.widened().into_owned()),
+        };
+        self.push_leaf(value, kind)
     }
 
     /// An owned constant (no gradient).

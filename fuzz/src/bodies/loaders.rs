@@ -260,6 +260,14 @@ pub fn checkpoint_loader(data: &[u8]) {
                         assert_eq!(finite.is_ok(), a.iter().all(|x| x.is_finite()));
                         assert!(ck.get_real::<f32>(name, &shape).is_err());
                     }
+                    TensorData::BF16(a) => {
+                        assert_eq!(finite.is_ok(), a.iter().all(|x| x.is_finite()));
+                        assert!(ck.get_real::<f32>(name, &shape).is_err());
+                    }
+                    TensorData::F16(a) => {
+                        assert_eq!(finite.is_ok(), a.iter().all(|x| x.is_finite()));
+                        assert!(ck.get_real::<f32>(name, &shape).is_err());
+                    }
                     TensorData::I64(_) => {
                         assert!(finite.is_err());
                         assert!(ck.get_i64(name, &shape).is_ok());

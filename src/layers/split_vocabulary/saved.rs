@@ -136,7 +136,13 @@ impl<T: Real> SplitVocabulary<T> {
             .expect("shared has n·D elements (checked)");
         let gate = use_gate.then(|| self.gate());
         let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
-        let out = gated_mix_forward_in(ws, shared2.view(), self.rows_2d(), gate, &saved.row_of);
+        let out = gated_mix_forward_in(
+            ws,
+            shared2.view(),
+            self.rows_2d().view(),
+            gate,
+            &saved.row_of,
+        );
         let out = out
             .into_dyn()
             .into_shape_with_order(IxDyn(shared.shape()))
@@ -220,7 +226,7 @@ impl<T: Real> SplitVocabulary<T> {
             pool,
             row_of,
             shared2.view(),
-            self.rows.value().view(),
+            self.rows.widened().view(),
             gate_value.as_ref().map(|g| g.view()),
             gy,
             want,
