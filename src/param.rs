@@ -21,6 +21,7 @@ mod stored;
 
 pub use stored::{
     Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened,
+    update_widened_in,
 };
 
 /// The identity of a [`Parameter`], unique in the process.

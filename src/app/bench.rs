@@ -50,6 +50,7 @@ use std::time::Instant;
 use ndarray::Array2;
 use rayon::prelude::*;
 
+use crate::param::Dtype;
 use crate::{Error, Real, Result, Rng};
 
 pub mod sweep;
@@ -165,6 +166,10 @@ pub struct BenchConfig {
     /// ([`HeadKernel::Matrixmultiply`](crate::ops::fused_ce::HeadKernel)),
     /// the two kernels alternating step by step.
     pub reference: bool,
+    /// How the parameters are kept (f32, bf16 or f16; the math is f32).
+    pub dtype: Dtype,
+    /// How the optimisers keep their moments (f32 or bf16).
+    pub state_dtype: Dtype,
 }
 
 impl BenchConfig {
@@ -176,6 +181,8 @@ impl BenchConfig {
             threads: None,
             scale: 1,
             reference: false,
+            dtype: Dtype::F32,
+            state_dtype: Dtype::F32,
         }
     }
 }
@@ -211,8 +218,15 @@ pub struct BenchReport {
     /// Peak resident memory of the process after the steps (`VmHWM`), MiB;
     /// `None` where `/proc/self/status` does not exist.
     pub peak_rss_mib: Option<f64>,
-    /// Bytes of the parameters (trainable or not).
+    /// How the parameters were kept.
+    pub dtype: Dtype,
+    /// How the optimisers kept their moments.
+    pub state_dtype: Dtype,
+    /// Bytes of the parameters (trainable or not), as they are kept.
     pub params_bytes: u64,
+    /// Bytes of the optimisers' state after the steps (the moments of
+    /// every parameter updated), as it is kept.
+    pub state_bytes: u64,
     /// Bytes a step must move, the sum of `bytes_terms`.
     pub bytes_moved: u64,
     /// The terms of `bytes_moved`: (what, bytes).
@@ -293,7 +307,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
 /// [`run`] in the current rayon pool.
 fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     use crate::ops::fused_ce::HeadKernel;
-    let mut w = build(cfg.workload, cfg.scale)?;
+    let mut w = build(cfg.workload, cfg.scale, cfg.dtype, cfg.state_dtype)?;
     let reference = cfg.reference && w.set_kernel(HeadKernel::Matrixmultiply);
     if reference {
         w.step()?;
@@ -338,6 +352,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let bytes_terms = w.bytes_terms();
     let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
     let params_bytes = w.params_bytes();
+    let state_bytes = w.state_bytes();
     let workspace_bytes = w.workspace_bytes();
     let flops = w.flops();
     let useful_flops = w.useful_flops();
@@ -361,7 +376,10 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         cpu_s_per_step,
         wait_s_per_step,
         peak_rss_mib,
+        dtype: cfg.dtype,
+        state_dtype: cfg.state_dtype,
         params_bytes,
+        state_bytes,
         bytes_moved,
         bytes_terms,
         memcpy_gbps,
@@ -520,6 +538,51 @@ mod tests {
         .unwrap();
         assert!(e.reference_step_s.is_empty() && e.reference_median_s.is_none());
         assert!(e.useful_flops.is_none() && e.tile_sgemm_gflops.is_none());
+    }
+
+    #[test]
+    fn half_precision_workloads_keep_half_the_bytes() {
+        for w in [
+            Workload::EmbedPrompt,
+            Workload::EmbedFull,
+            Workload::SplitVocab,
+            Workload::LmHead,
+        ] {
+            let c = BenchConfig {
+                steps: 2,
+                scale: 64,
+                ..BenchConfig::new(w)
+            };
+            let f32_run = run(&c).unwrap();
+            for (dtype, state) in [(Dtype::BF16, Dtype::BF16), (Dtype::F16, Dtype::F32)] {
+                let r = run(&BenchConfig {
+                    dtype,
+                    state_dtype: state,
+                    ..c
+                })
+                .unwrap();
+                assert_eq!((r.dtype, r.state_dtype), (dtype, state));
+                assert_eq!(2 * r.params_bytes, f32_run.params_bytes, "{w} {dtype}");
+                // Step counts are 8 bytes each, whatever the dtype.
+                let arrays = |r: &BenchReport| r.state_bytes - r.state_bytes % 8;
+                assert!(r.state_bytes > 0 && f32_run.state_bytes > 0);
+                if state == Dtype::BF16 {
+                    assert!(arrays(&r) * 2 <= arrays(&f32_run) + 64, "{w}");
+                }
+                if state == Dtype::BF16 && w != Workload::LmHead {
+                    assert!(r.bytes_moved < f32_run.bytes_moved, "{w}");
+                }
+                assert!(r.loss.is_finite());
+                // The same loss to the rounding of the tables.
+                let rel = (r.loss - f32_run.loss).abs() / f32_run.loss.abs().max(1.0);
+                assert!(rel < 0.05, "{w} {dtype}: {} vs {}", r.loss, f32_run.loss);
+            }
+        }
+        let c = BenchConfig {
+            state_dtype: Dtype::F16,
+            ..BenchConfig::new(Workload::EmbedFull)
+        };
+        assert!(run(&c).unwrap_err().to_string().contains("bf16"));
     }
 
     #[test]

@@ -138,6 +138,10 @@ pub trait HalfFloat: Copy + Send + Sync + 'static + sealed::Sealed {
     fn to_bits(self) -> u16;
     /// The value of 16 bits.
     fn from_bits(bits: u16) -> Self;
+    /// A vector of bit patterns as values, reusing its allocation.
+    fn vec_from_bits(v: Vec<u16>) -> Vec<Self>;
+    /// A vector of values as their bit patterns, reusing its allocation.
+    fn vec_into_bits(v: Vec<Self>) -> Vec<u16>;
 }
 
 impl HalfFloat for bf16 {
@@ -148,6 +152,12 @@ impl HalfFloat for bf16 {
     fn from_bits(bits: u16) -> Self {
         bf16::from_bits(bits)
     }
+    fn vec_from_bits(v: Vec<u16>) -> Vec<Self> {
+        half::vec::HalfBitsVecExt::reinterpret_into(v)
+    }
+    fn vec_into_bits(v: Vec<Self>) -> Vec<u16> {
+        half::vec::HalfFloatVecExt::reinterpret_into(v)
+    }
 }
 
 impl HalfFloat for f16 {
@@ -157,6 +167,12 @@ impl HalfFloat for f16 {
     }
     fn from_bits(bits: u16) -> Self {
         f16::from_bits(bits)
+    }
+    fn vec_from_bits(v: Vec<u16>) -> Vec<Self> {
+        half::vec::HalfBitsVecExt::reinterpret_into(v)
+    }
+    fn vec_into_bits(v: Vec<Self>) -> Vec<u16> {
+        half::vec::HalfFloatVecExt::reinterpret_into(v)
     }
 }
 

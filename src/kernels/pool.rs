@@ -40,12 +40,16 @@ use super::Real;
 /// ```
 pub struct Pool<T> {
     inner: Arc<Mutex<Vec<Vec<T>>>>,
+    /// Buffers of half-precision elements (activations in bf16 or f16),
+    /// kept as their bits.
+    halves: Arc<Mutex<Vec<Vec<u16>>>>,
 }
 
 impl<T> Clone for Pool<T> {
     fn clone(&self) -> Self {
         Pool {
             inner: Arc::clone(&self.inner),
+            halves: Arc::clone(&self.halves),
         }
     }
 }
@@ -54,8 +58,32 @@ impl<T> Default for Pool<T> {
     fn default() -> Self {
         Pool {
             inner: Arc::new(Mutex::new(Vec::new())),
+            halves: Arc::new(Mutex::new(Vec::new())),
         }
     }
+}
+
+/// The smallest held buffer with room for `n` elements and at most twice
+/// that, taken out of `free`.
+fn take_fitting<E>(free: &mut Vec<Vec<E>>, n: usize) -> Option<Vec<E>> {
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i)?;
+    let mut v = free.swap_remove(best);
+    v.clear();
+    Some(v)
+}
+
+/// Keeps `v` in `free` (the oldest given back when `free` is full).
+fn keep<E>(free: &mut Vec<Vec<E>>, mut v: Vec<E>, max: usize) {
+    v.clear();
+    if free.len() >= max {
+        free.remove(0);
+    }
+    free.push(v);
 }
 
 impl<T> std::fmt::Debug for Pool<T> {
@@ -86,35 +114,47 @@ impl<T> Pool<T> {
     /// An empty `Vec` with room for at least `n` elements: a held buffer
     /// when one fits (at most twice `n`), else a new allocation.
     pub fn take_vec(&self, n: usize) -> Vec<T> {
-        if n * std::mem::size_of::<T>() >= Self::MIN_BYTES {
-            let mut free = self.lock();
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
-                .min_by_key(|(_, v)| v.capacity())
-                .map(|(i, _)| i);
-            if let Some(i) = best {
-                let mut v = free.swap_remove(i);
-                v.clear();
-                return v;
-            }
+        if n * std::mem::size_of::<T>() >= Self::MIN_BYTES
+            && let Some(v) = take_fitting(&mut self.lock(), n)
+        {
+            return v;
         }
         Vec::with_capacity(n)
     }
 
     /// Keeps `v`'s allocation for later requests (or frees it when it is
     /// small or the pool is full).
-    pub fn give_vec(&self, mut v: Vec<T>) {
+    pub fn give_vec(&self, v: Vec<T>) {
         if v.capacity() * std::mem::size_of::<T>() < Self::MIN_BYTES {
             return;
         }
-        v.clear();
-        let mut free = self.lock();
-        if free.len() >= Self::MAX_BUFFERS {
-            free.remove(0);
+        keep(&mut self.lock(), v, Self::MAX_BUFFERS);
+    }
+
+    fn lock_halves(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u16>>> {
+        self.halves.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Pool::take_vec`] for half-precision elements (bf16 or f16).
+    pub fn take_half_vec<H: super::HalfFloat>(&self, n: usize) -> Vec<H> {
+        if n * 2 >= Self::MIN_BYTES
+            && let Some(v) = take_fitting(&mut self.lock_halves(), n)
+        {
+            return H::vec_from_bits(v);
         }
-        free.push(v);
+        Vec::with_capacity(n)
+    }
+
+    /// [`Pool::give_vec`] for half-precision elements.
+    pub fn give_half_vec<H: super::HalfFloat>(&self, v: Vec<H>) {
+        if v.capacity() * 2 < Self::MIN_BYTES {
+            return;
+        }
+        keep(
+            &mut self.lock_halves(),
+            H::vec_into_bits(v),
+            Self::MAX_BUFFERS,
+        );
     }
 
     /// Keeps the allocation of an owned array.
@@ -125,10 +165,16 @@ impl<T> Pool<T> {
 
     /// Bytes of the buffers held now.
     pub fn held_bytes(&self) -> usize {
-        self.lock()
+        let full: usize = self
+            .lock()
             .iter()
             .map(|v| v.capacity() * std::mem::size_of::<T>())
-            .sum()
+            .sum();
+        full + self
+            .lock_halves()
+            .iter()
+            .map(|v| v.capacity() * 2)
+            .sum::<usize>()
     }
 
     /// An array of `shape` whose elements are not yet written, in a pooled

@@ -83,6 +83,51 @@ pub fn dot_slices<T: Real>(x: &[T], r: &[T]) -> T {
     sums.into_iter().fold(T::zero(), |acc, s| acc + s)
 }
 
+/// [`dot_slices`] of two half-precision slices, widened (exactly) a few
+/// hundred elements at a time: the bits of `dot_slices` of the widened
+/// slices.
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn dot_half<T: Real, H: super::HalfFloat>(x: &[H], r: &[H]) -> T {
+    same_length(x, r);
+    let block = |(x, r): (&[H], &[H])| {
+        const STEP: usize = 256;
+        let (mut bx, mut br) = ([T::zero(); STEP], [T::zero(); STEP]);
+        let mut lanes = [T::zero(); DOT_LANES];
+        for (xs, rs) in x.chunks(STEP).zip(r.chunks(STEP)) {
+            let (bx, br) = (&mut bx[..xs.len()], &mut br[..rs.len()]);
+            T::widen_half(xs, bx);
+            T::widen_half(rs, br);
+            // STEP is a multiple of DOT_LANES: every element keeps its
+            // lane of `dot_block`.
+            let mut xc = bx.chunks_exact(DOT_LANES);
+            let mut rc = br.chunks_exact(DOT_LANES);
+            for (a, b) in (&mut xc).zip(&mut rc) {
+                for l in 0..DOT_LANES {
+                    lanes[l] += a[l] * b[l];
+                }
+            }
+            for (l, (&a, &b)) in xc.remainder().iter().zip(rc.remainder()).enumerate() {
+                lanes[l] += a * b;
+            }
+        }
+        lanes.into_iter().fold(T::zero(), |acc, s| acc + s)
+    };
+    let sums: Vec<T> = if x.len() >= super::PAR_MIN_ELEMS {
+        x.par_chunks(DOT_BLOCK)
+            .zip(r.par_chunks(DOT_BLOCK))
+            .map(block)
+            .collect()
+    } else {
+        x.chunks(DOT_BLOCK)
+            .zip(r.chunks(DOT_BLOCK))
+            .map(block)
+            .collect()
+    };
+    sums.into_iter().fold(T::zero(), |acc, s| acc + s)
+}
+
 /// **Panics** if the two slices of an inner product differ in length.
 #[track_caller]
 fn same_length<T>(x: &[T], r: &[T]) {

@@ -13,9 +13,9 @@ use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::routing::Routed;
-use crate::kernels::scatter::{RowSource, coalesce_sources_in};
-use crate::ops::split_gather::split_gather_stored_in;
-use crate::param::{ParamGrad, Parameter, RowSparse, StoredView};
+use crate::kernels::scatter::{RowSource, SourceElem, coalesce_sources_in};
+use crate::ops::split_gather::{split_gather_half_in, split_gather_stored_in};
+use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, Stored, StoredView};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
@@ -168,16 +168,82 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         Ok((out, saved))
     }
 
+    /// [`Self::forward_saved`] with the embeddings in the tables' dtype,
+    /// as torch returns them: when every table is kept in the same half
+    /// precision the rows are copied bit for bit into an output of that
+    /// type (the f32 output rounded once, exactly: every value is
+    /// representable), from a buffer of `ws`
+    /// ([`Workspace::give_half_vec`] takes it back); otherwise the
+    /// output of [`Self::forward_saved`].
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::{layers::{SplitTokenEmbeddings, Workspace}, param::{Dtype, Stored}, state::Module, Rng};
+    /// let mut e = SplitTokenEmbeddings::<f32>::new(&[("a", 3), ("b", 2)], &["a", "b"], 2)?;
+    /// e.reset_parameters(&mut Rng::new(0));
+    /// e.set_dtype(Dtype::BF16)?;
+    /// let ws = Workspace::new();
+    /// let (out, _) = e.forward_saved_stored(&ws, &array![0i64, 4])?;
+    /// let (wide, _) = e.forward_saved(&ws, &array![0i64, 4])?;
+    /// assert_eq!(out.dtype(), Dtype::BF16);
+    /// assert_eq!(out.widened().into_owned(), wide);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved_stored<'i>(
+        &self,
+        ws: &Workspace<T>,
+        input_ids: impl Ids<'i>,
+    ) -> Result<(Stored<T>, EmbeddingsSaved)> {
+        let tables = self.splits.tables();
+        let dtype = tables[0].dtype();
+        if !dtype.is_half() || tables.iter().any(|p| p.dtype() != dtype) {
+            let (out, saved) = self.forward_saved(ws, input_ids)?;
+            return Ok((Stored::Full(out), saved));
+        }
+        let saved = self.route(input_ids)?;
+        let (routed, shape) = (&saved.routed, &saved.ids_shape);
+        let out = match dtype {
+            Dtype::BF16 => {
+                let views: Vec<_> = tables.iter().map(|p| half_view_bf16(p)).collect();
+                Stored::BF16(split_gather_half_in(ws, &views, routed, shape))
+            }
+            _ => {
+                let views: Vec<_> = tables.iter().map(|p| half_view_f16(p)).collect();
+                Stored::F16(split_gather_half_in(ws, &views, routed, shape))
+            }
+        };
+        Ok((out, saved))
+    }
+
     /// The tables' gradients of `Σ out ⊙ grad_output` for the ids of
     /// `saved`: row-sparse, one per trainable split the ids reach, in split
     /// order, each in a buffer from `ws`; the bits of the tape's
-    /// `backward_from(forward(…), grad_output)`. Errors when
+    /// `backward_from(forward(…), grad_output)`. The upstream gradient may
+    /// be kept in half precision ([`StoredView::BF16`],
+    /// [`StoredView::F16`]), as a bf16 layer's is: its rows are widened as
+    /// they are summed, the bits of the widened gradient's. Errors when
     /// `grad_output` is not `(*ids.shape, H)`.
-    pub fn backward_saved(
+    pub fn backward_saved<'g>(
         &self,
         ws: &Workspace<T>,
         saved: &EmbeddingsSaved,
-        grad_output: ArrayViewD<'_, T>,
+        grad_output: impl Into<StoredView<'g, T>>,
+    ) -> Result<LayerGrads<T>>
+    where
+        T: 'g,
+    {
+        match grad_output.into() {
+            StoredView::Full(g) => self.backward_from_source(ws, saved, g),
+            StoredView::BF16(g) => self.backward_from_source(ws, saved, g),
+            StoredView::F16(g) => self.backward_from_source(ws, saved, g),
+        }
+    }
+
+    fn backward_from_source<S: SourceElem<T>>(
+        &self,
+        ws: &Workspace<T>,
+        saved: &EmbeddingsSaved,
+        grad_output: ArrayViewD<'_, S>,
     ) -> Result<LayerGrads<T>> {
         let h = self.hidden_size();
         let mut want = saved.ids_shape.clone();
@@ -201,7 +267,7 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             if !p.is_trainable() || routed.positions[k].is_empty() {
                 continue;
             }
-            let source = RowSource {
+            let source: RowSource<'_, T, S> = RowSource {
                 values: g2.view(),
                 rows: Some(&routed.positions[k]),
                 scale: None,
@@ -221,6 +287,22 @@ impl<T: Real> SplitTokenEmbeddings<T> {
 }
 
 super::splits::split_layer_api!(SplitTokenEmbeddings);
+
+/// A bf16 table's values (checked by the caller).
+fn half_view_bf16<T: Real>(p: &Parameter<T>) -> ArrayViewD<'_, half::bf16> {
+    match p.stored() {
+        Stored::BF16(a) => a.view(),
+        _ => unreachable!("every table is bf16"),
+    }
+}
+
+/// An f16 table's values (checked by the caller).
+fn half_view_f16<T: Real>(p: &Parameter<T>) -> ArrayViewD<'_, half::f16> {
+    match p.stored() {
+        Stored::F16(a) => a.view(),
+        _ => unreachable!("every table is f16"),
+    }
+}
 
 #[cfg(test)]
 mod tests {

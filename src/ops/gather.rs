@@ -12,6 +12,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::rows_from_in;
+use crate::param::StoredView;
 use crate::tape::{Flow, RowPart, Tape, Var};
 
 /// `out[i, …] = table[ids[i], …]`.
@@ -93,12 +94,33 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn gather(&mut self, table: Var, ids: &[usize]) -> Var {
-        let out = gather_forward_in(self.pool(), self.value(table), ids);
+        let out = match self.stored_value(table) {
+            StoredView::Full(t) => gather_forward_in(self.pool(), t, ids),
+            half => gather_stored_in(self.pool(), half, ids),
+        };
         self.push_op_with(out, &[table], || Gather {
             table,
             ids: ids.to_vec(),
         })
     }
+}
+
+/// [`gather_forward_in`] from a table kept in half precision: each row
+/// read widened (exactly), the bits of the gather of the widened table.
+///
+/// **Panics** as [`gather_forward`], and if the table is not 2-D.
+#[track_caller]
+pub fn gather_stored_in<T: Real>(
+    pool: &Pool<T>,
+    table: StoredView<'_, T>,
+    ids: &[usize],
+) -> ArrayD<T> {
+    let shape = table.shape().to_vec();
+    assert_eq!(shape.len(), 2, "gather: a half-precision table must be 2-D");
+    let routed = crate::kernels::routing::SplitRouting::new(&[shape[0]])
+        .route_all(&ids.iter().map(|&i| i as i64).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("gather: {e}"));
+    super::split_gather::split_gather_stored_in(pool, &[table], &routed, &[ids.len()])
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
+use crate::kernels::HalfFloat;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
@@ -191,6 +192,79 @@ pub fn split_gather_stored_in<T: Real>(
         .expect("standard layout reshapes")
 }
 
+/// The gather of tables all kept in the half-precision type `H` into an
+/// output of `H`: each row copied bit for bit, so the output is the f32
+/// gather of the widened tables rounded once to `H` (exactly, since every
+/// value is representable). The output buffer comes from `pool`.
+///
+/// **Panics** as [`split_gather_forward`].
+#[track_caller]
+pub fn split_gather_half_in<T: Real, H: HalfFloat>(
+    pool: &Pool<T>,
+    tables: &[ArrayViewD<'_, H>],
+    routed: &Routed,
+    ids_shape: &[usize],
+) -> ArrayD<H> {
+    let n = routed.n_ids();
+    assert_eq!(
+        ids_shape.iter().product::<usize>(),
+        n,
+        "split_gather: shape {ids_shape:?} does not hold {n} ids"
+    );
+    assert_eq!(
+        tables.len(),
+        routed.positions.len(),
+        "split_gather: {} tables for {} splits",
+        tables.len(),
+        routed.positions.len()
+    );
+    let width = tables
+        .first()
+        .map_or(0, |t| t.shape().get(1).copied().unwrap_or(0));
+    let flat: Vec<Cow<'_, [H]>> = tables
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            assert!(
+                t.ndim() == 2 && t.shape()[1] == width,
+                "split_gather: table {k} has shape {:?}, expected (rows, {width})",
+                t.shape()
+            );
+            if let Some(&bad) = routed.local[k].iter().find(|&&l| l >= t.shape()[0]) {
+                panic!(
+                    "split_gather: row {bad} is out of range 0..{} of table {k}",
+                    t.shape()[0]
+                );
+            }
+            row_major(t)
+        })
+        .collect();
+    let mut shape = ids_shape.to_vec();
+    shape.push(width);
+    let mut out = pool.take_half_vec::<H>(n * width);
+    if width > 0 && n > 0 {
+        let owners = routed.owners();
+        let spare = &mut out.spare_capacity_mut()[..n * width];
+        let rows_per_task = (crate::kernels::PAR_MIN_ELEMS / width).max(1);
+        spare
+            .par_chunks_mut(rows_per_task * width)
+            .enumerate()
+            .for_each(|(b, block)| {
+                for (i, o) in block.chunks_mut(width).enumerate() {
+                    let (k, l) = owners[b * rows_per_task + i];
+                    let src = &flat[k][l * width..(l + 1) * width];
+                    o.iter_mut().zip(src).for_each(|(o, &x)| {
+                        o.write(x);
+                    });
+                }
+            });
+        // SAFETY: the n·width elements were all written just above (every
+        // row of every block; the blocks cover the first n·width slots).
+        unsafe { out.set_len(n * width) };
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).expect("one element per index")
+}
+
 /// A table's elements in row-major order: borrowed, or copied when the
 /// view has other strides.
 enum Rows<'a, T: Clone> {
@@ -272,8 +346,8 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn split_gather(&mut self, tables: &[Var], routed: &Routed, ids_shape: &[usize]) -> Var {
-        let views: Vec<ArrayViewD<'_, T>> = tables.iter().map(|&t| self.value(t)).collect();
-        let out = split_gather_forward_in(self.pool(), &views, routed, ids_shape);
+        let views: Vec<StoredView<'_, T>> = tables.iter().map(|&t| self.stored_value(t)).collect();
+        let out = split_gather_stored_in(self.pool(), &views, routed, ids_shape);
         self.push_op_with(out, tables, || SplitGather {
             tables: tables.to_vec(),
             routed: routed.clone(),

@@ -12,7 +12,9 @@ use rayon::prelude::*;
 use super::{StateValue, check_grad, flat_mut, split_entry, unknown_field, wrong_kind};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::half::SrKey;
-use crate::param::{Dtype, Part, Rounding, Stored, StoredMut, update_widened};
+use crate::param::{
+    Dtype, Part, Rounding, Stored, StoredMut, WIDEN_CHUNK, update_widened, update_widened_in,
+};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// Elements per parallel task of a dense update.
@@ -187,6 +189,9 @@ fn update_half<T: Real, R: Rule<T>>(
     }
 }
 
+/// The widening buffers of one task.
+type Bufs<T> = [[T; WIDEN_CHUNK]; 3];
+
 /// A run of a parameter and of its two moments.
 type Triple<'a, T> = ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>);
 
@@ -248,22 +253,23 @@ fn rows_half<T: Real, R: Rule<T>>(
         ),
         &'a usize,
     );
-    let run = |((((p, m), v), g), &r): Job<'_, T>| {
-        update_widened(
-            parts([p, m, v], keys),
-            (r * width) as u64,
-            |[p, m, v], off| {
-                let n = p.len();
-                rule.apply_run(p, m, v, Some(&g[off..off + n]));
-            },
-        );
+    let run = |bufs: &mut Bufs<T>, ((((p, m), v), g), &r): Job<'_, T>| {
+        let first = (r * width) as u64;
+        update_widened_in(parts([p, m, v], keys), first, bufs, |[p, m, v], off| {
+            let n = p.len();
+            rule.apply_run(p, m, v, Some(&g[off..off + n]));
+        });
     };
+    let bufs = || Box::new([[T::zero(); WIDEN_CHUNK]; 3]);
     if values.len() < PAR_MIN_ELEMS {
-        jobs.for_each(run);
+        let mut b = bufs();
+        jobs.for_each(|job| run(&mut b, job));
     } else {
         let min_rows = (4096 / width).max(1);
         let jobs: Vec<_> = jobs.collect();
-        jobs.into_par_iter().with_min_len(min_rows).for_each(run);
+        jobs.into_par_iter()
+            .with_min_len(min_rows)
+            .for_each_init(bufs, |b, job| run(b, job));
     }
 }
 

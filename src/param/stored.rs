@@ -361,6 +361,12 @@ impl<T: Real> Stored<T> {
     }
 }
 
+impl<'a, T> From<ArrayViewD<'a, T>> for StoredView<'a, T> {
+    fn from(a: ArrayViewD<'a, T>) -> Self {
+        StoredView::Full(a)
+    }
+}
+
 impl<T: Real> StoredView<'_, T> {
     /// How the elements are kept.
     pub fn dtype(&self) -> Dtype {
@@ -486,8 +492,22 @@ pub struct Part<'a, T> {
 /// **Panics** if the lengths differ.
 #[track_caller]
 pub fn update_widened<T: Real, const N: usize>(
+    parts: [Part<'_, T>; N],
+    first: u64,
+    f: impl FnMut([&mut [T]; N], usize),
+) {
+    update_widened_in(parts, first, &mut [[T::zero(); WIDEN_CHUNK]; N], f)
+}
+
+/// [`update_widened`] with its buffers given (a task reuses one set for
+/// all its runs).
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn update_widened_in<T: Real, const N: usize>(
     mut parts: [Part<'_, T>; N],
     first: u64,
+    bufs: &mut [[T; WIDEN_CHUNK]; N],
     mut f: impl FnMut([&mut [T]; N], usize),
 ) {
     let len = parts.first().map_or(0, |p| p.elems.len());
@@ -507,7 +527,6 @@ pub fn update_widened<T: Real, const N: usize>(
     let mut chunked = parts
         .each_mut()
         .map(|p| p.elems.reborrow().chunks(WIDEN_CHUNK).into_iter());
-    let mut bufs = [[T::zero(); WIDEN_CHUNK]; N];
     let mut start = 0;
     while start < len {
         let mut cs = chunked

@@ -22,7 +22,7 @@ use crate::kernels::reduce::add_scaled;
 
 /// What the sweep knows of one node.
 struct Slot<'a, T> {
-    value: ArrayViewD<'a, T>,
+    value: &'a dyn super::NodeValue<T>,
     requires_grad: bool,
     /// A 2-D parameter: rows sent to it are kept row-sparse.
     row_sparse: bool,
@@ -42,7 +42,7 @@ impl<'a, T: Real> NodeGrads<'a, T> {
     /// A store for nodes given as (value, requires gradient, is a 2-D
     /// parameter).
     pub(crate) fn new(
-        nodes: impl Iterator<Item = (ArrayViewD<'a, T>, bool, bool)>,
+        nodes: impl Iterator<Item = (&'a dyn super::NodeValue<T>, bool, bool)>,
         pool: Pool<T>,
     ) -> Self {
         NodeGrads {
@@ -107,7 +107,7 @@ impl<'a, T: Real> NodeGrads<'a, T> {
     /// **Panics** if `v` is not a node of the tape.
     #[track_caller]
     pub fn value(&self, v: Var) -> ArrayViewD<'a, T> {
-        self.slots[v.0].value.clone()
+        self.slots[v.0].value.view()
     }
 
     /// The pool the sweep takes its buffers from.

@@ -43,7 +43,7 @@ pub use grads::NodeGrads;
 pub use crate::kernels::pool::Pool;
 
 use crate::kernels::Real;
-use crate::param::{ParamGrad, ParamId, Parameter};
+use crate::param::{ParamGrad, ParamId, Parameter, StoredView};
 
 /// A node of a [`Tape`]: an index, valid only for the tape that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,16 +63,64 @@ pub enum Value<'p, T> {
     Owned(ArrayD<T>),
     /// A view of an array that outlives the tape.
     Borrowed(ArrayViewD<'p, T>),
+    /// A parameter kept in half precision: the gathers read its rows
+    /// widened one by one ([`Tape::stored_value`]); any other op that reads
+    /// it gets the whole array widened once, the first time.
+    Half {
+        /// The parameter's value as it is kept.
+        stored: StoredView<'p, T>,
+        /// The widened array, made on first use.
+        wide: std::sync::OnceLock<ArrayD<T>>,
+    },
 }
 
-impl<T> Value<'_, T> {
+impl<T: Real> Value<'_, T> {
     /// The value as a view.
     pub fn view(&self) -> ArrayViewD<'_, T> {
         match self {
             Value::Owned(a) => a.view(),
             Value::Borrowed(v) => v.view(),
+            Value::Half { stored, wide } => wide
+                .get_or_init(|| match stored {
+                    StoredView::Full(a) => a.to_owned(),
+                    StoredView::BF16(a) => widen_view(a),
+                    StoredView::F16(a) => widen_view(a),
+                })
+                .view(),
         }
     }
+}
+
+/// What the reverse sweep reads of a node's value: its shape always, the
+/// array only when an op asks for it (a half-precision parameter is not
+/// widened for its shape).
+pub(crate) trait NodeValue<T>: Sync {
+    /// The value as a view.
+    fn view(&self) -> ArrayViewD<'_, T>;
+    /// Its shape.
+    fn shape(&self) -> &[usize];
+}
+
+impl<T: Real> NodeValue<T> for Value<'_, T> {
+    fn view(&self) -> ArrayViewD<'_, T> {
+        Value::view(self)
+    }
+    fn shape(&self) -> &[usize] {
+        match self {
+            Value::Owned(a) => a.shape(),
+            Value::Borrowed(v) => v.shape(),
+            Value::Half { stored, .. } => stored.shape(),
+        }
+    }
+}
+
+/// A half-precision array widened to `T` (exactly).
+fn widen_view<T: Real, H: crate::kernels::HalfFloat>(a: &ArrayViewD<'_, H>) -> ArrayD<T> {
+    let src = a.as_standard_layout();
+    let src = src.as_slice().expect("standard layout is contiguous");
+    let mut out = vec![T::zero(); src.len()];
+    T::widen_half(src, &mut out);
+    ArrayD::from_shape_vec(ndarray::IxDyn(a.shape()), out).expect("one element per index")
 }
 
 /// The backward step of an op: the state an op saved in its forward pass,
@@ -264,8 +312,11 @@ impl<'p, T: Real> Tape<'p, T> {
         let value = match p.stored() {
             crate::param::Stored::Full(a) => Value::Borrowed(a.view()),
             // Kept in half precision: the tape computes on the widened
-            // values (exact), a copy it owns.
-            _ => Value::Owned(p.widened().into_owned()),
+            // values (exact); the gathers widen only the rows they read.
+            stored => Value::Half {
+                stored: stored.view(),
+                wide: std::sync::OnceLock::new(),
+            },
         };
         self.push_leaf(value, kind)
     }
@@ -371,6 +422,20 @@ impl<'p, T: Real> Tape<'p, T> {
         self.nodes[v.0].value.view()
     }
 
+    /// The value of a node as it is kept: a parameter's in half precision
+    /// as [`StoredView::BF16`] or [`StoredView::F16`] (not widened), any
+    /// other as [`StoredView::Full`].
+    pub fn stored_value(&self, v: Var) -> StoredView<'_, T> {
+        match &self.nodes[v.0].value {
+            Value::Half { stored, .. } => match stored {
+                StoredView::Full(a) => StoredView::Full(a.view()),
+                StoredView::BF16(a) => StoredView::BF16(a.view()),
+                StoredView::F16(a) => StoredView::F16(a.view()),
+            },
+            other => StoredView::Full(other.view()),
+        }
+    }
+
     /// The value of a node with a single element (a loss).
     ///
     /// **Panics** if the node has more or fewer than one element.
@@ -393,7 +458,7 @@ impl<'p, T: Real> Tape<'p, T> {
     pub fn backward(&self, loss: Var) -> Gradients<T> {
         let n = self.nodes.len();
         assert!(loss.0 < n, "backward: {loss:?} is not a node of this tape");
-        let shape = self.nodes[loss.0].value.view().shape().to_vec();
+        let shape = NodeValue::shape(&self.nodes[loss.0].value).to_vec();
         assert_eq!(
             shape.iter().product::<usize>(),
             1,
@@ -427,7 +492,7 @@ impl<'p, T: Real> Tape<'p, T> {
             y.0 < self.nodes.len(),
             "backward_from: {y:?} is not a node of this tape"
         );
-        let shape = self.nodes[y.0].value.view().shape().to_vec();
+        let shape = NodeValue::shape(&self.nodes[y.0].value).to_vec();
         assert_eq!(
             seed.shape(),
             &shape[..],
@@ -445,8 +510,9 @@ impl<'p, T: Real> Tape<'p, T> {
         }
         let mut grads = NodeGrads::new(
             self.nodes.iter().map(|node| {
-                let sparse = matches!(node.kind, Kind::Param(_)) && node.value.view().ndim() == 2;
-                (node.value.view(), node.requires_grad, sparse)
+                let value: &dyn NodeValue<T> = &node.value;
+                let sparse = matches!(node.kind, Kind::Param(_)) && value.shape().len() == 2;
+                (value, node.requires_grad, sparse)
             }),
             self.pool.clone(),
         );

@@ -18,8 +18,8 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
     const FOUNDATION: [&str; 6] = ["kernels", "error", "param", "rng", "io", "state"];
     Some(match module {
         "kernels" => &[],
-        "error" | "param" | "rng" => &["kernels"],
-        "io" => &["kernels", "error"],
+        "error" | "rng" => &["kernels"],
+        "param" | "io" => &["kernels", "error"],
         "state" => &["kernels", "error", "param", "io"],
         "tape" => &FOUNDATION,
         "ops" => &["kernels", "error", "param", "rng", "io", "state", "tape"],

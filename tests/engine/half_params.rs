@@ -497,3 +497,56 @@ fn what_half_storage_refuses() {
     assert!(adam.set_state_dtype(Dtype::F64).is_err());
     assert!(sgd.set_state_dtype(Dtype::BF16).is_err());
 }
+
+#[test]
+fn activations_in_the_tables_dtype_are_the_f32_ones_rounded_once() {
+    use splitgrad::kernels::reduce::{dot_half, dot_slices};
+    use splitgrad::param::StoredView;
+    for dtype in HALVES {
+        let mut e = SplitTokenEmbeddings::<f32>::new(
+            &[("orig", 300), ("prompt", 20)],
+            &["orig", "prompt"],
+            300,
+        )
+        .unwrap();
+        e.reset_parameters(&mut Rng::new(31));
+        e.set_trainable("orig", false).unwrap();
+        e.set_dtype(dtype).unwrap();
+        // Enough ids for the parallel gather and coalescing.
+        let z = splitgrad::rng::Zipf::new(320, 1.1);
+        let mut rng = Rng::new(32);
+        let ids: Vec<i64> = (0..700).map(|_| z.sample(&mut rng) as i64).collect();
+        let ws = Workspace::new();
+        let (out, saved) = e.forward_saved_stored(&ws, &ids).unwrap();
+        let (wide, _) = e.forward_saved(&ws, &ids).unwrap();
+        assert_eq!(out.dtype(), dtype);
+        assert_eq!(bits(&out.widened()), bits(&wide), "{dtype}");
+        // A half-precision upstream gradient: the gradient of its widened
+        // values, bit for bit.
+        let up = Stored::from_full(normal(&[700, 300], &mut rng, 1.0), dtype).unwrap();
+        let g_half = e.backward_saved(&ws, &saved, up.view()).unwrap();
+        let up_wide = up.widened().into_owned();
+        let g_wide = e.backward_saved(&ws, &saved, up_wide.view()).unwrap();
+        assert_eq!(g_half.params.len(), 1);
+        same_grads(&g_half.params, &g_wide.params);
+        // The loss summed from half-precision arrays.
+        let (a, b) = match (&out, &up) {
+            (Stored::BF16(a), Stored::BF16(b)) => (
+                dot_half::<f32, _>(a.as_slice().unwrap(), b.as_slice().unwrap()),
+                dot_slices(wide.as_slice().unwrap(), up_wide.as_slice().unwrap()),
+            ),
+            (Stored::F16(a), Stored::F16(b)) => (
+                dot_half::<f32, _>(a.as_slice().unwrap(), b.as_slice().unwrap()),
+                dot_slices(wide.as_slice().unwrap(), up_wide.as_slice().unwrap()),
+            ),
+            _ => panic!("half"),
+        };
+        assert_eq!(a.to_bits(), b.to_bits());
+        // An f32 layer's forward_saved_stored is its forward_saved.
+        let mut f = e.clone();
+        f.set_dtype(Dtype::F32).unwrap();
+        let (o32, _) = f.forward_saved_stored(&ws, &ids).unwrap();
+        assert!(matches!(o32, Stored::Full(_)));
+        let _ = StoredView::<f32>::from(wide.view());
+    }
+}

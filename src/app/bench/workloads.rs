@@ -9,13 +9,14 @@ use ndarray::{ArrayD, IxDyn};
 use super::{F32, Workload};
 use crate::error::Result;
 use crate::io::SplitIndex;
+use crate::kernels::reduce::dot_half;
 use crate::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig,
 };
 use crate::ops::fused_ce::HeadKernel;
 use crate::ops::fused_ce_sum::SumChunks;
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
-use crate::param::Parameter;
+use crate::param::{Dtype, Parameter, Rounding, Stored};
 use crate::rng::{Rng, Zipf};
 use crate::state::Module;
 use crate::tape::{Gradients, Pool, Tape, Var};
@@ -57,6 +58,61 @@ fn normal(rng: &mut Rng, shape: &[usize]) -> ArrayD<f32> {
     ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.normal() as f32)
 }
 
+/// Bytes per element of what a workload keeps: parameters, optimiser
+/// state; activations and gradients are f32 (the tape's).
+#[derive(Clone, Copy, Debug)]
+struct Widths {
+    /// A parameter's element.
+    p: u64,
+    /// An optimiser moment's element.
+    s: u64,
+}
+
+impl Widths {
+    fn new(dtype: Dtype, state: Dtype) -> Self {
+        Widths {
+            p: dtype.size() as u64,
+            s: state.size() as u64,
+        }
+    }
+
+    /// An Adam-family update of one element: read and write the parameter
+    /// and its two moments, read the f32 gradient.
+    fn adam(self) -> u64 {
+        2 * self.p + 4 * self.s + F32
+    }
+
+    /// Whether the parameters are kept in half precision.
+    fn half(self) -> bool {
+        self.p < F32
+    }
+}
+
+/// The optimisers' state dtype and rounding for a workload (stochastic,
+/// seed 0), or the error of an unsupported state dtype.
+fn keep<O: Optimizer<f32>>(mut o: O, state: Dtype) -> Result<O> {
+    o.set_state_dtype(state)?;
+    o.set_rounding(Rounding::Stochastic { seed: 0 });
+    Ok(o)
+}
+
+/// Bytes of an optimiser's state as it is kept.
+fn state_bytes_of(o: &dyn Optimizer<f32>) -> u64 {
+    o.state()
+        .iter()
+        .map(|(_, v)| match v {
+            crate::optim::StateValue::Array(a) => F32 * a.len() as u64,
+            crate::optim::StateValue::Half(h) => h.nbytes(),
+            crate::optim::StateValue::Step(_) => 8,
+        })
+        .sum()
+}
+
+/// The elements of a fresh (standard-layout) array.
+fn flat<E>(a: &ArrayD<E>) -> &[E] {
+    a.as_slice().expect("a standard-layout array")
+}
+
 /// Number of distinct values.
 fn n_unique(xs: impl IntoIterator<Item = usize>) -> u64 {
     let mut v: Vec<usize> = xs.into_iter().collect();
@@ -72,15 +128,43 @@ pub(super) enum Built {
     LmHead(Box<LmHeadBench>),
 }
 
-pub(super) fn build(w: Workload, scale: usize) -> Result<Built> {
+/// Builds workload `w` at `scale`, its parameters kept as `dtype` (drawn
+/// in f32 and rounded to nearest) and its optimisers' moments as `state`.
+pub(super) fn build(w: Workload, scale: usize, dtype: Dtype, state: Dtype) -> Result<Built> {
     let mut rng = Rng::new(0x5eed ^ w as u64);
-    Ok(match w {
+    let mut built = match w {
         Workload::EmbedPrompt | Workload::EmbedFull => {
             Built::Embed(Box::new(EmbedBench::new(w, scale, &mut rng)?))
         }
         Workload::SplitVocab => Built::SplitVocab(Box::new(SplitVocabBench::new(scale, &mut rng)?)),
         Workload::LmHead => Built::LmHead(Box::new(LmHeadBench::new(scale, &mut rng)?)),
-    })
+    };
+    let widths = Widths::new(dtype, state);
+    match &mut built {
+        Built::Embed(b) => {
+            b.emb.set_dtype(dtype)?;
+            b.opt = keep(lazy_adam()?, state)?;
+            b.widths = widths;
+            if dtype.is_half() {
+                // Every array of the step in the tables' dtype, as torch
+                // keeps a bf16 model's activations: the constant too.
+                b.r_half = Some(Stored::from_full(b.r.clone(), dtype)?);
+            }
+        }
+        Built::SplitVocab(b) => {
+            b.table.set_dtype(dtype)?;
+            b.sv.set_dtype(dtype)?;
+            b.tables = keep(lazy_adam()?, state)?;
+            b.dense = keep(adam()?, state)?;
+            b.widths = widths;
+        }
+        Built::LmHead(b) => {
+            b.head.set_dtype(dtype)?;
+            b.opt = keep(adam()?, state)?;
+            b.widths = widths;
+        }
+    }
+    Ok(built)
 }
 
 impl Built {
@@ -107,7 +191,16 @@ impl Built {
             Built::SplitVocab(b) => vec![&b.table, b.sv.rows(), b.sv.gate_logit()],
             Built::LmHead(b) => b.head.parameters(),
         };
-        F32 * params.iter().map(|p| p.value().len() as u64).sum::<u64>()
+        params.iter().map(|p| p.nbytes()).sum()
+    }
+
+    /// Bytes of the optimisers' state now, as it is kept.
+    pub(super) fn state_bytes(&self) -> u64 {
+        match self {
+            Built::Embed(b) => state_bytes_of(&b.opt),
+            Built::SplitVocab(b) => state_bytes_of(&b.tables) + state_bytes_of(&b.dense),
+            Built::LmHead(b) => state_bytes_of(&b.opt),
+        }
     }
 
     pub(super) fn workspace_bytes(&self) -> Option<u64> {
@@ -244,6 +337,10 @@ pub(super) struct EmbedBench {
     r: ArrayD<f32>,
     opt: LazyAdam<f32>,
     pool: Pool<f32>,
+    widths: Widths,
+    /// With half-precision tables: `r` in their dtype, and the step runs
+    /// without a tape on activations of that dtype.
+    r_half: Option<Stored<f32>>,
 }
 
 impl EmbedBench {
@@ -286,16 +383,52 @@ impl EmbedBench {
             r,
             opt,
             pool: Pool::new(),
+            widths: Widths::new(Dtype::F32, Dtype::F32),
+            r_half: None,
         })
     }
 
     fn step(&mut self) -> Result<StepOut> {
+        if self.r_half.is_some() {
+            return self.step_half();
+        }
         let b = forward_backward(&self.pool, |tape| {
             let out = self.emb.forward(tape, &self.ids)?;
             Ok(tape.dot_const_view(out, self.r.view()))
         })?;
         self.opt.step(self.emb.parameters_mut(), &b.grads)?;
         Ok(b.updated())
+    }
+
+    /// The step on half-precision tables: the embeddings gathered into an
+    /// output of their dtype, the loss `Σ out ⊙ r` summed in f32, the
+    /// tables' gradients (f32) coalesced from `r`'s rows widened, and the
+    /// lazy Adam update with stochastic rounding.
+    fn step_half(&mut self) -> Result<StepOut> {
+        let r = self.r_half.as_ref().expect("a half-precision step");
+        let mut laps = Laps::start();
+        let (out, saved) = self.emb.forward_saved_stored(&self.pool, &self.ids)?;
+        let loss: f32 = match (&out, r) {
+            (Stored::BF16(o), Stored::BF16(r)) => dot_half(flat(o), flat(r)),
+            (Stored::F16(o), Stored::F16(r)) => dot_half(flat(o), flat(r)),
+            _ => unreachable!("the output and r share the tables' dtype"),
+        };
+        match out {
+            Stored::BF16(o) => self.pool.give_half_vec(o.into_raw_vec_and_offset().0),
+            Stored::F16(o) => self.pool.give_half_vec(o.into_raw_vec_and_offset().0),
+            Stored::Full(o) => self.pool.give(o),
+        }
+        let forward_s = laps.lap();
+        let grads = self.emb.backward_saved(&self.pool, &saved, r.view())?;
+        let backward_s = laps.lap();
+        self.opt.step(self.emb.parameters_mut(), &grads)?;
+        for g in grads.params {
+            g.give_back(&self.pool);
+        }
+        Ok(StepOut {
+            loss: loss as f64,
+            phase_s: [forward_s, backward_s, laps.lap()],
+        })
     }
 
     /// See `docs/bench.md#embed_prompt-and-embed_full`.
@@ -316,13 +449,19 @@ impl EmbedBench {
         let n_t = mine.len() as u64;
         let u_t = n_unique(mine.into_iter().map(global));
         let row = F32 * h;
+        let w = self.widths;
+        // Activations in the tables' dtype on the half-precision path.
+        let act = if self.r_half.is_some() { w.p * h } else { row };
         vec![
-            ("gather: read the distinct rows", u_all * row),
-            ("gather: write out (N, H)", n * row),
-            ("loss: read out and R", 2 * n * row),
-            ("backward: read ∂out rows of trainable ids", n_t * row),
+            ("gather: read the distinct rows", u_all * w.p * h),
+            ("gather: write out (N, H)", n * act),
+            ("loss: read out and R", 2 * n * act),
+            ("backward: read ∂out rows of trainable ids", n_t * act),
             ("backward: write the coalesced rows", u_t * row),
-            ("lazy Adam: read p, m, v, g; write p, m, v", 7 * u_t * row),
+            (
+                "lazy Adam: read p, m, v, g; write p, m, v",
+                u_t * h * w.adam(),
+            ),
         ]
     }
 }
@@ -338,6 +477,7 @@ pub(super) struct SplitVocabBench {
     tables: LazyAdam<f32>,
     dense: Adam<f32>,
     pool: Pool<f32>,
+    widths: Widths,
 }
 
 impl SplitVocabBench {
@@ -376,6 +516,7 @@ impl SplitVocabBench {
             tables: lazy_adam()?,
             dense: adam()?,
             pool: Pool::new(),
+            widths: Widths::new(Dtype::F32, Dtype::F32),
         })
     }
 
@@ -414,12 +555,13 @@ impl SplitVocabBench {
         let u_s = n_unique(self.token_rows.iter().copied());
         let u_r = n_unique(hit.iter().copied());
         let row = F32 * d;
-        vec![
+        let w = self.widths;
+        let mut terms = vec![
             (
                 "shared gather: read the distinct rows, write (N, D)",
-                (u_s + n) * row,
+                u_s * w.p * d + n * row,
             ),
-            ("gate: read logits, write σ", 2 * F32 * n_rows),
+            ("gate: read logits, write σ", (w.p + F32) * n_rows),
             (
                 "mix: read shared and the rows hit, write out",
                 (2 * n + u_r) * row,
@@ -441,13 +583,23 @@ impl SplitVocabBench {
                 "shared backward: read ∂shared, write the coalesced rows",
                 (n + u_s) * row,
             ),
-            ("lazy Adam, shared table: the touched rows", 7 * u_s * row),
+            (
+                "lazy Adam, shared table: the touched rows",
+                u_s * d * w.adam(),
+            ),
             (
                 "lazy Adam, split rows: every row (dense gradient)",
-                7 * n_rows * row,
+                n_rows * d * w.adam(),
             ),
-            ("Adam, gate logits", 7 * F32 * n_rows),
-        ]
+            ("Adam, gate logits", n_rows * w.adam()),
+        ];
+        if w.half() {
+            terms.push((
+                "the tape: widen the rows and the gate logits once",
+                n_rows * (d + 1) * (w.p + F32),
+            ));
+        }
+        terms
     }
 }
 
@@ -458,6 +610,7 @@ pub(super) struct LmHeadBench {
     labels: ArrayD<i64>,
     opt: Adam<f32>,
     pool: Pool<f32>,
+    widths: Widths,
 }
 
 impl LmHeadBench {
@@ -482,6 +635,7 @@ impl LmHeadBench {
             labels: ArrayD::from_shape_vec(IxDyn(&[n]), labels).expect("n labels"),
             opt: adam()?,
             pool: Pool::new(),
+            widths: Widths::new(Dtype::F32, Dtype::F32),
         })
     }
 
@@ -505,7 +659,8 @@ impl LmHeadBench {
         let h = self.head.hidden_size() as u64;
         let (n, v) = (self.labels.len() as u64, self.head.vocab_size() as u64);
         let row = F32 * h;
-        vec![
+        let w = self.widths;
+        let mut terms = vec![
             (
                 "forward: read hidden and W, write ∂hidden and ∂W",
                 2 * (n + v) * row,
@@ -514,8 +669,12 @@ impl LmHeadBench {
                 "backward: read the held ∂hidden and ∂W, add them into the gradients",
                 3 * (n + v) * row,
             ),
-            ("Adam: read p, m, v, g; write p, m, v", 7 * v * row),
-        ]
+            ("Adam: read p, m, v, g; write p, m, v", v * h * w.adam()),
+        ];
+        if w.half() {
+            terms.push(("the head: widen W once", v * h * (w.p + F32)));
+        }
+        terms
     }
 }
 
@@ -526,7 +685,7 @@ mod tests {
     #[test]
     fn prompt_ids_sit_at_every_eighth_position() {
         let b = EmbedBench::new(Workload::EmbedPrompt, 64, &mut Rng::new(1)).unwrap();
-        let orig = b.emb.split("orig").unwrap().value().shape()[0] as i64;
+        let orig = b.emb.split("orig").unwrap().shape()[0] as i64;
         for (i, &id) in b.ids.iter().enumerate() {
             assert_eq!(id >= orig, i % 8 == 7, "position {i}, id {id}");
         }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use crate::app::bench::{
     BenchConfig, BenchReport, SweepConfig, SweepRow, Workload, run as run_bench, sweep,
 };
+use crate::param::Dtype;
 use clap::Args;
 use serde_json::{Value, json};
 
@@ -34,6 +35,12 @@ pub struct BenchArgs {
     /// tile kernel step by step.
     #[arg(long)]
     pub reference: bool,
+    /// How the parameters are kept: f32, bf16 or f16 (the math is f32).
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
+    /// How the optimisers keep their moments: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub state_dtype: Dtype,
     /// Instead of a workload: the bigram model's training step on the synthetic corpus for every
     /// V of --sweep-v and D of --sweep-d (time per step, tokens per second, fractions of the
     /// sgemm and copy rates measured beside them).
@@ -83,6 +90,8 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         threads: None,
         scale: args.scale,
         reference: args.reference,
+        dtype: args.dtype,
+        state_dtype: args.state_dtype,
     };
     let r = run_bench(&cfg)?;
     print!("{}", table(&r));
@@ -151,8 +160,11 @@ fn table(r: &BenchReport) -> String {
             "peak memory".into(),
             match r.peak_rss_mib {
                 Some(m) => format!(
-                    "{m:.0} MiB (parameters {:.0} MiB)",
-                    r.params_bytes as f64 / (1 << 20) as f64
+                    "{m:.0} MiB (parameters {:.0} MiB in {}, optimiser state {:.0} MiB in {})",
+                    r.params_bytes as f64 / (1 << 20) as f64,
+                    r.dtype,
+                    r.state_bytes as f64 / (1 << 20) as f64,
+                    r.state_dtype
                 ),
                 None => "unknown".into(),
             },
@@ -237,7 +249,10 @@ fn to_json(r: &BenchReport) -> Value {
         "cpu_s_per_step": r.cpu_s_per_step,
         "wait_s_per_step": r.wait_s_per_step,
         "peak_rss_mib": r.peak_rss_mib,
+        "dtype": r.dtype.name(),
+        "state_dtype": r.state_dtype.name(),
         "params_bytes": r.params_bytes,
+        "state_bytes": r.state_bytes,
         "bytes_moved": r.bytes_moved,
         "bytes_terms": terms,
         "memcpy_gbps": r.memcpy_gbps,

@@ -225,7 +225,7 @@ fn check_finite_finds_the_first_non_finite_element() {
     let err = ck.check_finite("ints").unwrap_err();
     assert_eq!(
         err.to_string(),
-        format!("{p}: array `ints`: has dtype U64, expected F32 or F64")
+        format!("{p}: array `ints`: has dtype U64, expected F32, F64, BF16 or F16")
     );
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -294,7 +294,7 @@ fn a_file_written_by_the_safetensors_crate_loads() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{}: array `n`: has dtype I32, expected F32, F64, I64 or U64",
+            "{}: array `n`: has dtype I32, expected F32, F64, BF16, F16, I64 or U64",
             path.display()
         )
     );
