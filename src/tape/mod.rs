@@ -34,6 +34,8 @@ mod flow;
 mod gradients;
 mod grads;
 
+use std::sync::{Arc, OnceLock};
+
 use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
 
 pub use flow::{Flow, RowPart};
@@ -69,8 +71,11 @@ pub enum Value<'p, T> {
     Half {
         /// The parameter's value as it is kept.
         stored: StoredView<'p, T>,
-        /// The widened array, made on first use.
-        wide: std::sync::OnceLock<ArrayD<T>>,
+        /// The widened array, made on first use in a buffer of `pool`
+        /// (shared by every leaf of the same parameter).
+        wide: Arc<OnceLock<ArrayD<T>>>,
+        /// The tape's pool.
+        pool: Pool<T>,
     },
 }
 
@@ -80,11 +85,11 @@ impl<T: Real> Value<'_, T> {
         match self {
             Value::Owned(a) => a.view(),
             Value::Borrowed(v) => v.view(),
-            Value::Half { stored, wide } => wide
+            Value::Half { stored, wide, pool } => wide
                 .get_or_init(|| match stored {
                     StoredView::Full(a) => a.to_owned(),
-                    StoredView::BF16(a) => widen_view(a),
-                    StoredView::F16(a) => widen_view(a),
+                    StoredView::BF16(a) => widen_view(pool, a),
+                    StoredView::F16(a) => widen_view(pool, a),
                 })
                 .view(),
         }
@@ -114,13 +119,22 @@ impl<T: Real> NodeValue<T> for Value<'_, T> {
     }
 }
 
-/// A half-precision array widened to `T` (exactly).
-fn widen_view<T: Real, H: crate::kernels::HalfFloat>(a: &ArrayViewD<'_, H>) -> ArrayD<T> {
+/// A half-precision array widened to `T` (exactly), in parallel blocks,
+/// into a buffer of `pool`.
+fn widen_view<T: Real, H: crate::kernels::HalfFloat>(
+    pool: &Pool<T>,
+    a: &ArrayViewD<'_, H>,
+) -> ArrayD<T> {
+    use rayon::prelude::*;
     let src = a.as_standard_layout();
     let src = src.as_slice().expect("standard layout is contiguous");
-    let mut out = vec![T::zero(); src.len()];
-    T::widen_half(src, &mut out);
-    ArrayD::from_shape_vec(ndarray::IxDyn(a.shape()), out).expect("one element per index")
+    let mut out = pool.zeros(a.shape());
+    let dst = out.as_slice_mut().expect("a fresh array");
+    let block = crate::kernels::PAR_MIN_ELEMS;
+    dst.par_chunks_mut(block)
+        .zip(src.par_chunks(block))
+        .for_each(|(d, s)| T::widen_half(s, d));
+    out
 }
 
 /// The backward step of an op: the state an op saved in its forward pass,
@@ -212,6 +226,9 @@ pub struct Tape<'p, T: Real> {
     nodes: Vec<Node<'p, T>>,
     record: bool,
     pool: Pool<T>,
+    /// The widened value of each half-precision parameter read on this
+    /// tape, shared by all its leaves: made at most once.
+    widened: Vec<(ParamId, Arc<OnceLock<ArrayD<T>>>)>,
 }
 
 impl<T: Real> Default for Tape<'_, T> {
@@ -224,7 +241,14 @@ impl<T: Real> Drop for Tape<'_, T> {
     /// Gives the node values back to the pool.
     fn drop(&mut self) {
         for node in self.nodes.drain(..) {
-            if let Value::Owned(a) = node.value {
+            match node.value {
+                Value::Owned(a) => self.pool.give(a),
+                Value::Half { .. } => {}
+                Value::Borrowed(_) => {}
+            }
+        }
+        for (_, wide) in self.widened.drain(..) {
+            if let Some(a) = Arc::into_inner(wide).and_then(OnceLock::into_inner) {
                 self.pool.give(a);
             }
         }
@@ -262,6 +286,7 @@ impl<'p, T: Real> Tape<'p, T> {
             nodes: Vec::new(),
             record: true,
             pool: pool.clone(),
+            widened: Vec::new(),
         }
     }
 
@@ -313,10 +338,21 @@ impl<'p, T: Real> Tape<'p, T> {
             crate::param::Stored::Full(a) => Value::Borrowed(a.view()),
             // Kept in half precision: the tape computes on the widened
             // values (exact); the gathers widen only the rows they read.
-            stored => Value::Half {
-                stored: stored.view(),
-                wide: std::sync::OnceLock::new(),
-            },
+            stored => {
+                let wide = match self.widened.iter().find(|(id, _)| *id == p.id()) {
+                    Some((_, w)) => Arc::clone(w),
+                    None => {
+                        let w = Arc::new(OnceLock::new());
+                        self.widened.push((p.id(), Arc::clone(&w)));
+                        w
+                    }
+                };
+                Value::Half {
+                    stored: stored.view(),
+                    wide,
+                    pool: self.pool.clone(),
+                }
+            }
         };
         self.push_leaf(value, kind)
     }
