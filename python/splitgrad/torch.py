@@ -29,6 +29,13 @@ vocabulary raises ``ValueError`` (d9d returns a zero vector), a sized split
 missing from ``split_order`` is an error, and a token sends gradient only to
 the split that owns it. Tensors must be on the CPU.
 
+Half precision: ``dtype=torch.bfloat16`` / ``torch.float16`` (or ``.to()``,
+``.half()``, ``.bfloat16()`` afterwards) keeps the parameters in that type in
+the kernels' own buffers, with the math in float32; the layer's activations,
+upstream gradient and torch-facing gradients are in that type, each the
+float32 result on the widened values rounded once; ``fused_adam`` stores by
+stochastic rounding (docs/spec.md §7.2).
+
 Importing this module needs torch; torch is not a dependency of splitgrad.
 """
 
@@ -105,26 +112,54 @@ def _tensor_of(core, name: str) -> torch.Tensor:
     return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
 
 
+def _act(module):
+    """The kernels' ``act`` argument: None when the layer's activations are
+    of the engine's dtype, else their half type. The kernels then take and
+    return them in it: inputs widened exactly, outputs rounded once to
+    nearest, in buffers they keep for the next step."""
+    return _HALF.get(module._dtype)
+
+
 def _out(module, a: np.ndarray) -> torch.Tensor:
-    """An output of the kernels (in the engine's dtype) in the layer's dtype:
-    a half-precision layer returns half-precision activations, as torch's do
-    (rounded once, to nearest)."""
+    """An output of the kernels as a tensor of the layer's dtype (bf16 comes
+    as its bits in a uint16 array; no copy)."""
     t = torch.from_numpy(a)
-    return t if module._dtype == module._engine else t.to(module._dtype)
+    return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
 
 
-def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
-    """An upstream gradient in the layer's dtype, as the kernels take it (widened, exactly)."""
-    _cpu(g, what)
-    if g.dtype != module._dtype:
-        raise ValueError(f"array `{what}`: has dtype {g.dtype}, expected {module._dtype} (the layer's dtype)")
-    if module._dtype != module._engine:
-        g = g.to(module._engine)
-    return g.detach().contiguous().numpy()
+def _half_np(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy without a copy (bf16 as its bits in a uint16 array)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
 
 
 def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
-    """An activation input in the layer's dtype, as the kernels take it."""
+    """An activation (or upstream gradient) in the layer's dtype, as the
+    kernels take it with ``act=_act(module)``."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    _cpu(t, what)
+    if module._dtype != module._engine:
+        if t.dtype != module._dtype:
+            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        return _half_np(t)
+    return _real(t, what)
+
+
+def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
+    """An upstream gradient, of the layer's dtype (torch's autograd casts one
+    to its output's dtype), as the kernels take it with ``act=_act(module)``."""
+    _cpu(g, what)
+    if g.dtype != module._dtype:
+        raise ValueError(f"array `{what}`: has dtype {g.dtype}, expected {module._dtype} (the layer's dtype)")
+    return _act_in(module, g, what)
+
+
+def _widened(module, t: torch.Tensor, what: str) -> np.ndarray:
+    """An activation of the layer's dtype widened by torch to the engine's
+    (the head: its results are scaled before they are rounded)."""
     if isinstance(t, torch.Tensor) and module._dtype != module._engine:
         _cpu(t, what)
         if t.dtype != module._dtype:
@@ -585,7 +620,7 @@ class _EmbeddingFunction(torch.autograd.Function):
     @_serialised_forward
     def forward(ctx, module, input_ids, *weights):
         ids = _ids(input_ids, "input_ids")
-        out = module._core.forward(ids)
+        out = module._core.forward(ids, act=_act(module))
         ctx.module = module
         _save_inputs(ctx, input_ids)
         return _out(module, out)
@@ -599,12 +634,12 @@ class _EmbeddingFunction(torch.autograd.Function):
         ids = _ids(input_ids, "input_ids")
         g = _grad_in(m, grad_output, "grad_output")
         if m._fused is not None:
-            grads = m._core.backward(ids, g)
+            grads = m._core.backward(ids, g, act=_act(m))
             if _group_size(m) > 1:  # every process takes the same step, from all gradients
                 grads = _averaged(m, grads)
             m._fused.step(m._core, grads)
             return (None, None) + (None,) * len(m._names)
-        grads = m._core.backward(ids, g)
+        grads = m._core.backward(ids, g, act=_act(m))
         out = []
         for need, name, shape, w in zip(ctx.needs_input_grad[2:], m._names, m._shapes, m._weights()):
             if not need:
@@ -713,12 +748,12 @@ class _HeadFunction(torch.autograd.Function):
     @staticmethod
     @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
-        h = _act_in(module, hidden, "hidden_states")
+        h = _widened(module, hidden, "hidden_states")
         lab = _ids(labels, "labels")
         loss, saved = module._core.forward_saved(h, lab)
         ctx.module, ctx.saved = module, saved
         _save_inputs(ctx, hidden, labels)
-        return _out(module, loss)
+        return torch.from_numpy(loss).to(module._dtype)
 
     @staticmethod
     @_serialised_backward
@@ -726,8 +761,9 @@ class _HeadFunction(torch.autograd.Function):
         _first_order(ctx, "SplitLanguageModellingHead")
         m = ctx.module
         hidden, labels = _saved_inputs(ctx)
-        h, lab = _act_in(m, hidden, "hidden_states"), _ids(labels, "labels")
-        g = _grad_in(m, grad_loss, "grad_loss")
+        h, lab = _widened(m, hidden, "hidden_states"), _ids(labels, "labels")
+        _grad_in(m, grad_loss, "grad_loss")
+        g = _widened(m, grad_loss, "grad_loss")
         want_h = ctx.needs_input_grad[1]
         active = g[lab != LM_IGNORE_INDEX]
         scale = float(active.flat[0]) if active.size else 0.0
@@ -757,7 +793,7 @@ class _HeadSumFunction(torch.autograd.Function):
     @staticmethod
     @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
-        h = _act_in(module, hidden, "hidden_states")
+        h = _widened(module, hidden, "hidden_states")
         lab = _ids(labels, "labels")
         loss, gh, grads = module._core.forward_sum_backward(h, lab, hidden_grad=ctx.needs_input_grad[1])
         ctx.module, ctx.gh, ctx.grads = module, gh, grads
@@ -848,7 +884,7 @@ class _VocabularyFunction(torch.autograd.Function):
         t = _ids(token_ids, "token_ids")
         l_ = _ids(lang, "lang_per_token")
         s = _act_in(module, shared, "shared")
-        out = module._core.forward(t, l_, s, use_gate)
+        out = module._core.forward(t, l_, s, use_gate, act=_act(module))
         ctx.module, ctx.use_gate = module, use_gate
         _save_inputs(ctx, token_ids, lang, shared)
         return _out(module, out)
@@ -861,7 +897,7 @@ class _VocabularyFunction(torch.autograd.Function):
         token_ids, lang, shared = _saved_inputs(ctx)
         t, l_, s = _ids(token_ids, "token_ids"), _ids(lang, "lang_per_token"), _act_in(m, shared, "shared")
         g = _grad_in(m, grad, "grad_output")
-        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
+        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4], act=_act(m))
         out_s = _out(m, gs) if ctx.needs_input_grad[4] else None
         if m._fused is not None:
             # ∂shared stays this process's own; the fused step takes the

@@ -217,6 +217,8 @@ pub trait PyReal: Real + Element {
     fn pooled_view(b: &PooledBuffer) -> (*const Self, Vec<usize>);
     /// The workspace of this type.
     fn workspace(w: &Workspaces) -> &Workspace<Self>;
+    /// The kept buffers of half-precision inputs widened to this type.
+    fn kept(w: &Workspaces) -> &crate::halfio::Kept<Self>;
     /// The module if it is of this type.
     fn module(m: Modules<'_>) -> Option<&mut dyn Module<Self>>;
     /// The gradients if they are of this type.
@@ -226,7 +228,7 @@ pub trait PyReal: Real + Element {
 }
 
 macro_rules! py_real {
-    ($t:ty, $v:ident, $field:ident) => {
+    ($t:ty, $v:ident, $field:ident, $wide:ident) => {
         impl PyReal for $t {
             fn pooled(a: ArrayD<$t>, ws: Workspace<$t>) -> PooledBuffer {
                 PooledBuffer {
@@ -241,6 +243,9 @@ macro_rules! py_real {
             }
             fn workspace(w: &Workspaces) -> &Workspace<$t> {
                 &w.$field
+            }
+            fn kept(w: &Workspaces) -> &crate::halfio::Kept<$t> {
+                &w.$wide
             }
             fn module(m: Modules<'_>) -> Option<&mut dyn Module<$t>> {
                 match m {
@@ -260,8 +265,8 @@ macro_rules! py_real {
         }
     };
 }
-py_real!(f32, F32, f32);
-py_real!(f64, F64, f64);
+py_real!(f32, F32, f32, wide32);
+py_real!(f64, F64, f64, wide64);
 
 /// Hands an array to numpy without a copy; its buffer goes back to `pool`
 /// when the numpy array (and every view of it) is gone.

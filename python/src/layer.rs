@@ -110,6 +110,11 @@ macro_rules! by_dtype {
 pub struct Workspaces {
     pub(crate) f32: Workspace<f32>,
     pub(crate) f64: Workspace<f64>,
+    /// Half-precision outputs (`crate::halfio`).
+    pub(crate) bits: crate::halfio::Kept<u16>,
+    /// Half-precision inputs widened.
+    pub(crate) wide32: crate::halfio::Kept<f32>,
+    pub(crate) wide64: crate::halfio::Kept<f64>,
 }
 
 impl Workspaces {

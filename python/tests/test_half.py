@@ -442,3 +442,47 @@ def test_converted_layer_equals_the_f32_layer_on_widened_values(sizes, hidden, n
             assert p.grad is None
         else:
             assert p.grad.dtype == half and torch.equal(p.grad.to_dense(), q.grad.to_dense().to(half))
+
+
+# --- the numpy classes' half-precision activations (act=) ---------------------
+
+
+def to_half_np(a, dtype):
+    t = torch.from_numpy(a).to(dtype)
+    return t.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_numpy_layers_take_and_return_half_activations(dtype, index_file):
+    act = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    core = sg.SplitTokenEmbeddings(SIZES, ORDER, H)
+    core.reset_parameters(5)
+    core.set_dtype(act)
+    ids = ids_batch(3, (64, 300)).numpy()  # outputs past the kept buffers' 1 MiB floor
+    full = core.forward(ids)
+    half = core.forward(ids, act=act)
+    assert half.dtype == (np.uint16 if dtype == torch.bfloat16 else np.float16)
+    assert np.array_equal(half, to_half_np(full, dtype))  # rounded once, to nearest
+    again = core.forward(ids, act=act)  # the same kept buffer, once the first is gone
+    assert np.array_equal(again, half)
+    up = np.random.default_rng(0).standard_normal(full.shape).astype(np.float32)
+    up_half = to_half_np(up, dtype)
+    widened = torch.from_numpy(up).to(dtype).float().numpy()
+    a, b = core.backward(ids, up_half, act=act), core.backward(ids, widened)
+    for name in a.names():
+        assert np.array_equal(a.rows(name), b.rows(name)) and np.array_equal(a.values(name), b.values(name))
+    with pytest.raises(ValueError, match="expected"):
+        core.backward(ids, up, act=act)  # float32 where the half type is declared
+    with pytest.raises(ValueError, match="activations"):
+        core.forward(ids, act="float64")
+    path, lang, tok = index_file
+    sv = sg.SplitVocabulary.from_npz(str(path), 12, 5, 4, 0.2)
+    shared = np.random.default_rng(1).standard_normal((6, 5)).astype(np.float32)
+    sh = to_half_np(shared, dtype)
+    sh_wide = torch.from_numpy(shared).to(dtype).float().numpy()
+    out = sv.forward(tok[:6].numpy(), lang[:6].numpy(), sh, act=act)
+    assert np.array_equal(out, to_half_np(sv.forward(tok[:6].numpy(), lang[:6].numpy(), sh_wide), dtype))
+    head = sg.SplitLanguageModellingHead(SIZES, ORDER, H)
+    hid = to_half_np(np.ones((3, H), np.float32), dtype)
+    loss = head.forward(hid, np.array([0, 1, 2]), act=act)
+    assert np.array_equal(loss, to_half_np(head.forward(np.ones((3, H), np.float32), np.array([0, 1, 2])), dtype))
