@@ -95,7 +95,8 @@ def _engine_dtype(dtype: torch.dtype) -> torch.dtype:
     float64 for float64, float32 for float32, bfloat16 and float16."""
     if dtype in _HALF:
         return torch.float32
-    _np_dtype(dtype)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"splitgrad.torch layers are float32, float64, bfloat16 or float16, not {dtype}")
     return dtype
 
 

@@ -91,7 +91,7 @@ def test_refused_conversions_leave_the_layer_as_it_was():
     before = {k: v.clone() for k, v in ours.state_dict().items()}
     with pytest.raises(TypeError, match="build it with dtype=torch.float64"):
         ours.double()
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float32, float64, bfloat16 or float16, not torch.int32"):
         SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.int32)
     with pytest.raises(ValueError, match="dtype"):
         ours._core.set_dtype("int8")
