@@ -486,3 +486,30 @@ def test_numpy_layers_take_and_return_half_activations(dtype, index_file):
     hid = to_half_np(np.ones((3, H), np.float32), dtype)
     loss = head.forward(hid, np.array([0, 1, 2]), act=act)
     assert np.array_equal(loss, to_half_np(head.forward(np.ones((3, H), np.float32), np.array([0, 1, 2])), dtype))
+
+
+def test_head_and_vocabulary_convert_in_place(index_file):
+    path, lang, tok = index_file
+    sv = SplitVocabulary(path, 12, 5, 4, gate_init=0.1)
+    sv.seed_from(torch.randn(12, 5))
+    rows = sv.rows
+    want = {k: v.to(torch.bfloat16) for k, v in sv.state_dict().items()}
+    sv.bfloat16()
+    assert sv.rows is rows and rows.dtype == torch.bfloat16
+    assert rows.data_ptr() == sv._core.parameter("split_vocabulary.rows").ctypes.data
+    for k, v in sv.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    out = sv(tok[:4], lang[:4], torch.zeros(4, 5, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert sv.rows.grad.dtype == torch.bfloat16 and sv.rows.grad.is_sparse
+    head = SplitLanguageModellingHead(SIZES, ORDER, H).half()
+    assert head.parameter_bytes == 2 * H * sum(SIZES.values())
+    hidden = torch.randn(5, H, dtype=torch.float16, requires_grad=True)
+    loss = head(hidden, torch.tensor([0, 1, 2, 3, -100])).cross_entropy
+    assert loss.dtype == torch.float16
+    loss.sum().backward()
+    assert hidden.grad.dtype == torch.float16 and head.lm_head["orig"].weight.grad.dtype == torch.float16
+    dense = SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.bfloat16, sparse=False)
+    dense(ids_batch()).float().sum().backward()
+    assert all(not p.grad.is_sparse and p.grad.dtype == torch.bfloat16 for p in dense._weights())
