@@ -301,6 +301,11 @@ class _Bound:
     def __setstate__(self, state):
         fused = state.pop("_fused", None)
         nn.Module.__setstate__(self, state)
+        # copies made before layers kept half precision: their dtype was the engine's
+        if "_dtype" not in self.__dict__:
+            self._dtype = self._param(*self._pairs[0][:2]).dtype if self._pairs else torch.float32
+        self.__dict__.setdefault("_engine", self._dtype)
+        self.__dict__.setdefault("_fused_opts", None)
         self._coalesced = _Coalesced()
         self._lock = threading.RLock()
         if "_local" in self.__dict__:
