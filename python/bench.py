@@ -10,6 +10,17 @@ the median step of each side and their ratio.
 
     python python/bench.py [--threads 2] [--rounds 3] [--steps 5] [--workloads embed_prompt,...]
                            [--scale 1] [--upstream given|dot] [--heap-kept] [--omp-passive] [--json]
+                           [--dtype float32|bfloat16]
+
+--dtype bfloat16 runs the embedding workloads (embed_prompt, embed_full) with
+every table, output and upstream gradient in bf16: d9d's module after
+``.to(torch.bfloat16)`` with torch.optim.SparseAdam (which keeps its moments
+in bf16 and rounds every store to nearest), against the drop-in built with
+``dtype=torch.bfloat16`` under SparseAdam, and with ``fused_adam`` (stochastic
+rounding; moments in f32, and in bf16). After the timing, when every side has
+taken the same steps from the same weights, it reports each side's loss
+Σ out ⊙ R (evaluated in f32) beside an untimed f32 run of d9d + SparseAdam
+for as many steps, and the bytes of the parameters and of the optimiser state.
 
 The embedding workloads' loss is Σ out ⊙ R (plus the penalties for
 splitvocab), the same on both sides, in one of two forms (--upstream):
@@ -56,6 +67,12 @@ def parse():
         help="how the embedding workloads' loss Σ out ⊙ R starts its backward (see above)",
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the embedding workloads' tables, outputs and gradients (see above)",
+    )
     p.add_argument(
         "--heap-kept",
         action="store_true",
@@ -154,7 +171,16 @@ def maxdiff(a, b):
 # {what: max |difference|}.
 
 
+def state_bytes(m, opt):
+    """The bytes of a side's optimiser state: torch's, or the fused Adam's."""
+    if opt is not None:
+        return sum(t.nbytes for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
+    return sum(v.nbytes for v in m.fused_optimizer_state().values())
+
+
 def embeddings_workload(sizes, order, trainable, ids, h):
+    if ARGS.dtype == "bfloat16":
+        return embeddings_workload_bf16(sizes, order, trainable, ids, h)
     rng = np.random.default_rng(1)
     r = torch.from_numpy(rng.standard_normal((len(ids), h), dtype=np.float32))
     ids = torch.from_numpy(ids)
@@ -197,6 +223,83 @@ def embeddings_workload(sizes, order, trainable, ids, h):
         ("splitgrad.torch + SparseAdam", make(ours)),
         ("splitgrad.torch, fused_adam", make(fused)),
     ], check
+
+
+def embeddings_workload_bf16(sizes, order, trainable, ids, h):
+    bf16 = torch.bfloat16
+    rng = np.random.default_rng(1)
+    r = torch.from_numpy(rng.standard_normal((len(ids), h), dtype=np.float32)).to(bf16)
+    ids = torch.from_numpy(ids)
+    torch.manual_seed(0)
+    theirs = d9d_sparse(sizes, order, h).to(bf16)
+    start = theirs.state_dict()
+    ours = sgt.SplitTokenEmbeddings(sizes, order, h, dtype=bf16)
+    fused = sgt.SplitTokenEmbeddings(sizes, order, h, dtype=bf16, fused_adam={"lr": LR})
+    fused_bf16 = sgt.SplitTokenEmbeddings(sizes, order, h, dtype=bf16, fused_adam={"lr": LR, "state_dtype": "bf16"})
+    ref = d9d_sparse(sizes, order, h)  # f32, from the same (bf16) weights: untimed
+    for m in (ours, fused, fused_bf16, ref):
+        m.load_state_dict(start)
+    for m in (theirs, ours, fused, fused_bf16, ref):
+        for s in order:
+            m.token_embedding[s].weight.requires_grad_(s in trainable)
+    taken, opts = {}, {}
+
+    def make(m, r):
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.SparseAdam(params, lr=LR) if getattr(m, "_fused", None) is None else None
+        opts[id(m)] = opt
+
+        def step():
+            if opt:
+                opt.zero_grad(set_to_none=True)
+            backward_of(m(ids), r)
+            if opt:
+                opt.step()
+            taken[id(m)] = taken.get(id(m), 0) + 1
+
+        return step
+
+    with torch.no_grad():
+        start_loss = float(inner(theirs(ids).float(), r.float()))
+    ref_step = make(ref, r.float())
+    sides = [
+        ("d9d SplitTokenEmbeddings bf16, sparse=True + SparseAdam (bf16 state, nearest)", theirs),
+        ("splitgrad.torch bf16 + SparseAdam", ours),
+        ("splitgrad.torch bf16, fused_adam (stochastic rounding, f32 state)", fused),
+        ("splitgrad.torch bf16, fused_adam (stochastic rounding, bf16 state)", fused_bf16),
+    ]
+    sides = [(name, make(m, r), m) for name, m in sides]
+
+    def check():
+        a, b = ours(ids), theirs(ids)
+        backward_of(a, r)
+        backward_of(b, r)
+        out = {"output": maxdiff(a, b)}
+        for s in trainable:
+            out[f"grad {s}"] = maxdiff(ours.token_embedding[s].weight.grad, theirs.token_embedding[s].weight.grad)
+        ours.zero_grad(set_to_none=True)
+        theirs.zero_grad(set_to_none=True)
+        return out
+
+    def after():
+        """Each side's loss after its steps (all took as many), and the f32 reference's."""
+        n = taken[id(theirs)]
+        assert all(taken[id(m)] == n for _, _, m in sides), "the sides took different numbers of steps"
+        for _ in range(n):
+            ref_step()
+        with torch.no_grad():
+            losses = {name: float(inner(m(ids).float(), r.float())) for name, _, m in sides}
+            losses[f"f32 reference: d9d f32 + SparseAdam, {n} steps (untimed)"] = float(inner(ref(ids), r.float()))
+        nbytes = {
+            name: {
+                "params": sum(p.untyped_storage().nbytes() for p in m.parameters()),
+                "state": state_bytes(m, opts[id(m)]),
+            }
+            for name, _, m in sides
+        }
+        return {"steps": n, "loss_before": start_loss, "loss_after": losses, "bytes": nbytes}
+
+    return [(name, step) for name, step, _ in sides], check, after
 
 
 def embed_prompt():
@@ -395,6 +498,7 @@ def main():
         "heap_kept": ARGS.heap_kept,
         "omp_passive": ARGS.omp_passive,
         "upstream": ARGS.upstream,
+        "dtype": ARGS.dtype,
         "torch": torch.__version__,
         "workloads": {},
     }
@@ -405,7 +509,7 @@ def main():
             + (", OMP_WAIT_POLICY=PASSIVE" if ARGS.omp_passive else "")
         )
     for name in ARGS.workloads.split(","):
-        sides, check = WORKLOADS[name]()
+        sides, check, *after = WORKLOADS[name]()
         diffs = check()
         steps = ARGS.steps if name != "lmhead" else max(1, min(ARGS.steps, 3))
         times = {s: [] for s, _ in sides}
@@ -423,11 +527,20 @@ def main():
             "speedup_vs_first": {s: med[base] / m for s, m in med.items()},
             "steps_per_side": len(times[base]),
         }
+        extra = after[0]() if after else None
+        if extra is not None:
+            report["workloads"][name]["after"] = extra
         if not ARGS.json:
             print(f"\n== {name} ({len(times[base])} steps per side, {ARGS.rounds} alternating rounds)")
             print("   differences: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
             for s in med:
                 print(f"   {med[s] * 1e3:9.2f} ms  (min {min(times[s]) * 1e3:8.2f})  {med[base] / med[s]:6.1f}x  {s}")
+            if extra is not None:
+                print(f"   loss Σ out ⊙ R after {extra['steps']} steps from {extra['loss_before']:.4f}:")
+                for s, v in extra["loss_after"].items():
+                    print(f"   {v:14.4f}  {s}")
+                for s, b in extra["bytes"].items():
+                    print(f"   params {b['params'] / 2**20:8.1f} MiB, optimiser state {b['state'] / 2**20:8.1f} MiB  {s}")
             sys.stdout.flush()
         del sides, check
     if ARGS.json:

@@ -1,7 +1,8 @@
 """``copy.deepcopy`` and ``pickle`` of the numpy layers.
 
-Each layer is rebuilt from its configuration and its state dict (a copy of
-every parameter and buffer) with the trainable flag of each parameter, so
+Each layer is rebuilt from its configuration, the dtype its parameters are
+kept in, and its state dict (a copy of every parameter and buffer) with the
+trainable flag of each parameter, so
 the copy is independent of the original: a step on one never moves the
 other. The reducers are registered with :mod:`copyreg`, which both
 ``pickle`` and ``copy`` consult for extension types.
@@ -18,7 +19,9 @@ def _trainable(layer) -> dict:
     return {name: layer.is_trainable(name) for name in layer.parameter_names()}
 
 
-def _restore(layer, state, trainable):
+def _restore(layer, state, trainable, param_dtype=None):
+    if param_dtype is not None and param_dtype != layer.param_dtype:
+        layer.set_dtype(param_dtype)  # parameters kept in bf16 / f16
     layer.load_state_dict(state)
     for name, flag in trainable.items():
         layer.set_parameter_trainable(name, flag)
@@ -29,8 +32,8 @@ def _split_sizes(layer, prefix: str, state) -> dict:
     return {s: int(state[f"{prefix}.{s}.weight"].shape[0]) for s in layer.split_order}
 
 
-def _rebuild_split(cls, sizes, order, hidden, dtype, state, trainable):
-    return _restore(cls(sizes, order, hidden, dtype=dtype), state, trainable)
+def _rebuild_split(cls, sizes, order, hidden, dtype, state, trainable, param_dtype=None):
+    return _restore(cls(sizes, order, hidden, dtype=dtype), state, trainable, param_dtype)
 
 
 def _reduce_split(prefix: str):
@@ -44,15 +47,16 @@ def _reduce_split(prefix: str):
             layer.dtype,
             state,
             _trainable(layer),
+            layer.param_dtype,
         )
         return _rebuild_split, args
 
     return reduce
 
 
-def _rebuild_vocabulary(lang, tok, vocab_size, dim, n_languages, dtype, score, state, trainable):
+def _rebuild_vocabulary(lang, tok, vocab_size, dim, n_languages, dtype, score, state, trainable, param_dtype=None):
     layer = SplitVocabulary(lang, tok, vocab_size, dim, n_languages, 0.0, dtype, score)
-    return _restore(layer, state, trainable)
+    return _restore(layer, state, trainable, param_dtype)
 
 
 def _reduce_vocabulary(layer):
@@ -60,7 +64,10 @@ def _reduce_vocabulary(layer):
     lang, tok = layer.index()
     score = state.get("split_vocabulary.score")
     score = None if score is None else [float(x) for x in score]
-    args = (lang, tok, layer.vocab_size, layer.dim, layer.n_languages, layer.dtype, score, state, _trainable(layer))
+    args = (
+        lang, tok, layer.vocab_size, layer.dim, layer.n_languages, layer.dtype, score, state, _trainable(layer),
+        layer.param_dtype,
+    )
     return _rebuild_vocabulary, args
 
 

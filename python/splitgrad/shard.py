@@ -772,6 +772,24 @@ _KINDS = {
 }
 
 
+def _refuse_half(module: nn.Module) -> None:
+    """Sharded layers keep their rows in float32 or float64, with the fused
+    optimiser's defaults: a layer in bf16 / f16 (or with ``fused_adam``'s
+    ``state_dtype`` / ``rounding``) is refused before anything is made."""
+    mods = [module] if type(module) in _KINDS else [m for m in module.modules() if type(m) in _KINDS]
+    for m in mods:
+        if m._dtype not in (torch.float32, torch.float64):
+            raise TypeError(
+                f"shard: {type(m).__name__} keeps its parameters as {m._dtype}; the sharded layers "
+                "support float32 and float64 only (convert it with .float() before sharding)"
+            )
+        if getattr(m, "_fused_opts", None) is not None:
+            raise TypeError(
+                f"shard: {type(m).__name__}'s fused_adam sets state_dtype / rounding / seed, which the "
+                "sharded layers do not support (they keep the optimiser state in the layer's dtype)"
+            )
+
+
 def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Module:
     """The sharded form of ``module``; call it on every process after
     ``init_process_group`` and before ``DistributedDataParallel``.
@@ -792,6 +810,7 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     (a checkpoint write, an evaluation on one rank) and the longest single
     transfer (``gather_state_dict`` moves whole tables). After that error the
     group is unusable."""
+    _refuse_half(module)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
     timeout = _check_timeout(timeout)

@@ -29,6 +29,13 @@ vocabulary raises ``ValueError`` (d9d returns a zero vector), a sized split
 missing from ``split_order`` is an error, and a token sends gradient only to
 the split that owns it. Tensors must be on the CPU.
 
+Half precision: ``dtype=torch.bfloat16`` / ``torch.float16`` (or ``.to()``,
+``.half()``, ``.bfloat16()`` afterwards) keeps the parameters in that type in
+the kernels' own buffers, with the math in float32; the layer's activations,
+upstream gradient and torch-facing gradients are in that type, each the
+float32 result on the widened values rounded once; ``fused_adam`` stores by
+stochastic rounding (docs/spec.md §7.2, §7.3).
+
 Importing this module needs torch; torch is not a dependency of splitgrad.
 """
 
@@ -78,6 +85,88 @@ def _np_dtype(dtype: torch.dtype) -> str:
     if dtype == torch.float64:
         return "float64"
     raise TypeError(f"splitgrad.torch layers are float32 or float64, not {dtype}")
+
+
+_HALF = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _engine_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute in for parameters kept as ``dtype``:
+    float64 for float64, float32 for float32, bfloat16 and float16."""
+    if dtype in _HALF:
+        return torch.float32
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"splitgrad.torch layers are float32, float64, bfloat16 or float16, not {dtype}")
+    return dtype
+
+
+def _keep_as(core, dtype: torch.dtype) -> None:
+    """Keeps the kernels' parameters as ``dtype`` (a half type, or the layer's own)."""
+    core.set_dtype(_HALF.get(dtype) or _np_dtype(dtype))
+
+
+def _tensor_of(core, name: str) -> torch.Tensor:
+    """The kernels' parameter ``name`` as a torch tensor over its buffer (no
+    copy); bf16 comes from the kernels as its bits in a uint16 array."""
+    a = core.parameter(name)
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
+
+
+def _act(module):
+    """The kernels' ``act`` argument: None when the layer's activations are
+    of the engine's dtype, else their half type. The kernels then take and
+    return them in it: inputs widened exactly, outputs rounded once to
+    nearest, in buffers they keep for the next step."""
+    return _HALF.get(module._dtype)
+
+
+def _out(module, a: np.ndarray) -> torch.Tensor:
+    """An output of the kernels as a tensor of the layer's dtype (bf16 comes
+    as its bits in a uint16 array; no copy)."""
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
+
+
+def _half_np(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy without a copy (bf16 as its bits in a uint16 array)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
+    """An activation (or upstream gradient) in the layer's dtype, as the
+    kernels take it with ``act=_act(module)``."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    _cpu(t, what)
+    if module._dtype != module._engine:
+        if t.dtype != module._dtype:
+            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        return _half_np(t)
+    return _real(t, what)
+
+
+def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
+    """An upstream gradient, of the layer's dtype (torch's autograd casts one
+    to its output's dtype), as the kernels take it with ``act=_act(module)``."""
+    _cpu(g, what)
+    if g.dtype != module._dtype:
+        raise ValueError(f"array `{what}`: has dtype {g.dtype}, expected {module._dtype} (the layer's dtype)")
+    return _act_in(module, g, what)
+
+
+def _widened(module, t: torch.Tensor, what: str) -> np.ndarray:
+    """An activation of the layer's dtype widened by torch to the engine's
+    (the head: its results are scaled before they are rounded)."""
+    if isinstance(t, torch.Tensor) and module._dtype != module._engine:
+        _cpu(t, what)
+        if t.dtype != module._dtype:
+            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        t = t.to(module._engine)
+    return _real(t, what)
 
 
 def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -152,7 +241,7 @@ def _saved_inputs(ctx):
 
 
 def _shared(core, name: str) -> nn.Parameter:
-    return nn.Parameter(torch.from_numpy(core.parameter(name)))
+    return nn.Parameter(_tensor_of(core, name))
 
 
 class _Bound:
@@ -212,6 +301,11 @@ class _Bound:
     def __setstate__(self, state):
         fused = state.pop("_fused", None)
         nn.Module.__setstate__(self, state)
+        # copies made before layers kept half precision: their dtype was the engine's
+        if "_dtype" not in self.__dict__:
+            self._dtype = self._param(*self._pairs[0][:2]).dtype if self._pairs else torch.float32
+        self.__dict__.setdefault("_engine", self._dtype)
+        self.__dict__.setdefault("_fused_opts", None)
         self._coalesced = _Coalesced()
         self._lock = threading.RLock()
         if "_local" in self.__dict__:
@@ -225,6 +319,58 @@ class _Bound:
             self._load_fused_states(fused)
         self._sync()
 
+    # Conversions: .to(dtype), .half(), .bfloat16(), .float(), .double().
+
+    def _apply(self, fn, recurse=True):
+        target = self._conversion_target(fn)
+        if target is not None:
+            self._convert(target)
+        return super()._apply(fn, recurse)
+
+    def _conversion_target(self, fn):
+        """The dtype ``fn`` (what ``nn.Module._apply`` applies to each
+        tensor) turns this layer's parameters into, if it changes it; an
+        error for a move off the CPU."""
+        probe = torch.zeros(1, dtype=self._dtype)
+        try:
+            out = fn(probe)
+        except Exception:  # noqa: BLE001 - torch's own _apply then raises what fn raises
+            return None
+        if not isinstance(out, torch.Tensor):
+            return None
+        if out.device.type != "cpu":
+            raise ValueError(f"{type(self).__name__} cannot move to {out.device}; splitgrad's kernels run on the CPU")
+        return None if out.dtype == self._dtype else out.dtype
+
+    def _convert(self, dtype: torch.dtype) -> None:
+        """Keeps the parameters as ``dtype`` from now on, in new buffers of
+        the kernels (rounded to nearest, as torch's conversion rounds); the
+        torch parameters stay the same objects, over the new buffers."""
+        if dtype not in _HALF and dtype != self._engine:
+            raise TypeError(
+                f"{type(self).__name__} computes in {_np_dtype(self._engine)} and keeps its parameters as {_np_dtype(self._engine)}, "
+                f"bfloat16 or float16, not {dtype} (build it with dtype={dtype} instead)"
+            )
+        with self._lock:
+            self._sync_locked()
+            params = [(self._param(o, a), n) for o, a, n in self._pairs]
+            with torch.no_grad():
+                for p, _ in params:  # let go of the old buffers, so that they are freed
+                    p.data = torch.empty(0, dtype=p.dtype)
+                try:
+                    _keep_as(self._core, dtype)
+                finally:
+                    for p, n in params:
+                        buf = _tensor_of(self._core, n)
+                        p.data = buf
+                        self._ptrs[n] = buf.data_ptr()
+            self._dtype = dtype
+
+    @property
+    def parameter_bytes(self) -> int:
+        """The bytes the kernels' parameters take, as they are kept."""
+        return self._core.parameter_bytes
+
     # A layer with a fused optimiser overrides these three; the head has none.
     def _new_fused(self):
         return None
@@ -236,12 +382,12 @@ class _Bound:
         raise AssertionError("no fused optimiser to load")
 
     def _rebind(self, p: torch.Tensor, name: str):
-        buf = torch.from_numpy(self._core.parameter(name))
+        buf = _tensor_of(self._core, name)
         if p.dtype != buf.dtype or p.shape != buf.shape or p.device.type != "cpu":
             raise TypeError(
                 f"parameter `{name}` is now {p.dtype} {tuple(p.shape)} on {p.device}; "
-                f"this layer computes in {buf.dtype} {tuple(buf.shape)} on the CPU "
-                "(build it with dtype=... instead of converting it)"
+                f"this layer keeps it as {buf.dtype} {tuple(buf.shape)} on the CPU "
+                "(convert the whole layer, .to(torch.bfloat16) or .float(), or build it with dtype=...)"
             )
         with torch.no_grad():
             buf.copy_(p)
@@ -253,13 +399,49 @@ class _Bound:
 
 def _fused_config(fused_adam):
     """``(lr, betas, eps)`` of a ``fused_adam`` dict, or ``None``."""
+    return None if fused_adam is None else _fused_options(fused_adam)[0]
+
+
+_STATE_DTYPES = {
+    torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16",
+}
+
+
+def _fused_options(fused_adam):
+    """``((lr, betas, eps), options)`` of a ``fused_adam`` dict: options are
+    ``state_dtype`` (None: the engine's; ``torch.bfloat16`` or ``"bf16"``)
+    and ``rounding`` (``"stochastic"``, the default, or ``"nearest"``) with
+    its ``seed``; ``None`` when every option is its default."""
     if fused_adam is None:
-        return None
+        return None, None
     cfg = dict(fused_adam)
     lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
+    state_dtype, rounding, seed = cfg.pop("state_dtype", None), cfg.pop("rounding", "stochastic"), cfg.pop("seed", 0)
     if cfg:
-        raise TypeError(f"fused_adam takes lr, betas, eps; got {sorted(cfg)}")
-    return float(lr), tuple(float(b) for b in betas), float(eps)
+        raise TypeError(f"fused_adam takes lr, betas, eps, state_dtype, rounding, seed; got {sorted(cfg)}")
+    if rounding not in ("stochastic", "nearest"):
+        raise ValueError(f"fused_adam: rounding must be 'stochastic' or 'nearest', got {rounding!r}")
+    if isinstance(state_dtype, torch.dtype):
+        if state_dtype not in _STATE_DTYPES:
+            raise ValueError(f"fused_adam: state_dtype {state_dtype} is not a floating dtype")
+        state_dtype = _STATE_DTYPES[state_dtype]
+    elif state_dtype is not None and not isinstance(state_dtype, str):
+        raise TypeError(f"fused_adam: state_dtype must be a torch dtype or a name such as 'bf16', got {state_dtype!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
+        raise ValueError(f"fused_adam: seed must be an integer in [0, 2**64), got {seed!r}")
+    options = None
+    if state_dtype is not None or rounding != "stochastic" or int(seed) != 0:
+        options = {"state_dtype": state_dtype, "rounding": rounding, "seed": int(seed)}
+    return (float(lr), tuple(float(b) for b in betas), float(eps)), options
+
+
+def _configured(opt, options):
+    """``opt`` (a kernels' Optimizer) with the ``fused_adam`` options applied."""
+    if options is not None:
+        if options["state_dtype"] is not None:
+            opt.set_state_dtype(options["state_dtype"])
+        opt.set_rounding(options["rounding"], options["seed"])
+    return opt
 
 
 def _refuse_distributed(layer) -> None:
@@ -312,7 +494,7 @@ def _averaged(layer, grads):
     summed row by row in rank order, dense ones summed by an all-reduce. A
     parameter has a gradient where any process's has one."""
     d = torch.distributed
-    group, world, dtype = layer._group, _group_size(layer), layer._dtype
+    group, world, dtype = layer._group, _group_size(layer), layer._engine
     layout = layer._grad_layout
     present = torch.tensor([float(name in grads) for name, _, _ in layout], dtype=torch.float64)
     d.all_reduce(present, group=group)
@@ -368,11 +550,16 @@ def prepare_distributed(model: nn.Module, process_group=None) -> nn.Module:
     return model
 
 
-def _sparse(grads, name: str, shape) -> torch.Tensor:
-    """A row-sparse gradient as a coalesced sparse COO tensor (no copy of the values)."""
+def _sparse(grads, name: str, shape, dtype=None) -> torch.Tensor:
+    """A row-sparse gradient as a coalesced sparse COO tensor (no copy of the
+    values, unless ``dtype``, the parameter's, is another: then rounded to
+    nearest)."""
+    values = torch.from_numpy(grads.values(name))
+    if dtype is not None and values.dtype != dtype:
+        values = values.to(dtype)
     return torch.sparse_coo_tensor(
         torch.from_numpy(grads.rows(name)).unsqueeze(0),
-        torch.from_numpy(grads.values(name)),
+        values,
         tuple(shape),
         is_coalesced=True,
         check_invariants=False,
@@ -424,10 +611,10 @@ class _Coalesced:
 
 
 def _dense(grads, name: str, shape, dtype) -> torch.Tensor:
+    """A gradient as a dense tensor of ``dtype`` (the parameter's)."""
     if name in grads:
-        if grads.is_sparse(name):
-            return torch.from_numpy(grads.dense(name))
-        return torch.from_numpy(grads.values(name))
+        t = torch.from_numpy(grads.dense(name) if grads.is_sparse(name) else grads.values(name))
+        return t if t.dtype == dtype else t.to(dtype)
     return torch.zeros(tuple(shape), dtype=dtype)
 
 
@@ -439,10 +626,10 @@ class _EmbeddingFunction(torch.autograd.Function):
     @_serialised_forward
     def forward(ctx, module, input_ids, *weights):
         ids = _ids(input_ids, "input_ids")
-        out = module._core.forward(ids)
+        out = module._core.forward(ids, act=_act(module))
         ctx.module = module
         _save_inputs(ctx, input_ids)
-        return torch.from_numpy(out)
+        return _out(module, out)
 
     @staticmethod
     @_serialised_backward
@@ -451,24 +638,25 @@ class _EmbeddingFunction(torch.autograd.Function):
         m = ctx.module
         (input_ids,) = _saved_inputs(ctx)
         ids = _ids(input_ids, "input_ids")
+        g = _grad_in(m, grad_output, "grad_output")
         if m._fused is not None:
-            grads = m._core.backward(ids, _real(grad_output, "grad_output"))
+            grads = m._core.backward(ids, g, act=_act(m))
             if _group_size(m) > 1:  # every process takes the same step, from all gradients
                 grads = _averaged(m, grads)
             m._fused.step(m._core, grads)
             return (None, None) + (None,) * len(m._names)
-        grads = m._core.backward(ids, _real(grad_output, "grad_output"))
+        grads = m._core.backward(ids, g, act=_act(m))
         out = []
         for need, name, shape, w in zip(ctx.needs_input_grad[2:], m._names, m._shapes, m._weights()):
             if not need:
                 out.append(None)
             elif not m._sparse:
-                out.append(_dense(grads, name, shape, grad_output.dtype))
+                out.append(_dense(grads, name, shape, m._dtype))
             elif name in grads:
-                out.append(m._coalesced.made(w, _sparse(grads, name, shape)))
+                out.append(m._coalesced.made(w, _sparse(grads, name, shape, m._dtype)))
             else:  # a trainable split the batch did not reach: an empty gradient
                 rows = torch.zeros((1, 0), dtype=torch.int64)
-                values = torch.zeros((0, shape[1]), dtype=grad_output.dtype)
+                values = torch.zeros((0, shape[1]), dtype=m._dtype)
                 out.append(
                     torch.sparse_coo_tensor(rows, values, tuple(shape), is_coalesced=True, check_invariants=False)
                 )
@@ -480,7 +668,16 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
 
     ``fused_adam``: ``None`` (gradients go to torch, sparse), or a dict of
     ``lr``, ``betas``, ``eps`` for a row-sparse Adam applied inside the
-    backward (SparseAdam's update; its state is ``fused_optimizer_state()``).
+    backward (SparseAdam's update; its state is ``fused_optimizer_state()``),
+    and optionally ``state_dtype`` (``torch.bfloat16`` / ``"bf16"``: the
+    moments kept in bf16), ``rounding`` (``"stochastic"``, the default, or
+    ``"nearest"``: how stores into bf16/f16 round) and its ``seed``.
+
+    ``dtype``: float32 (the default dtype), float64, or ``torch.bfloat16`` /
+    ``torch.float16``: the tables are then kept in half precision (half the
+    bytes), the math runs in float32, and the outputs and the upstream
+    gradient are in that dtype; ``.to(torch.bfloat16)``, ``.half()``,
+    ``.float()`` convert it afterwards.
 
     ``sparse``: the tables' gradients reach torch as sparse COO tensors (the
     default, for ``SparseAdam``) or, with ``sparse=False``, dense, as d9d's
@@ -492,11 +689,15 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
     ):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
+        self._engine = _engine_dtype(dtype)
         sizes = dict(split_vocab_size)
-        self._core = _sg.SplitTokenEmbeddings(sizes, list(split_order), int(hidden_size), dtype=_np_dtype(dtype))
+        self._core = _sg.SplitTokenEmbeddings(
+            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine)
+        )
+        _keep_as(self._core, dtype)
         self.token_embedding = nn.ModuleDict()
         for name, size in sizes.items():
-            w = torch.from_numpy(self._core.parameter(f"token_embedding.{name}.weight"))
+            w = _tensor_of(self._core, f"token_embedding.{name}.weight")
             # sparse=True tells DistributedDataParallel that the gradient is sparse
             self.token_embedding[name] = nn.Embedding(size, hidden_size, _weight=w, sparse=bool(sparse))
         self._split_order = list(split_order)
@@ -510,14 +711,15 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
         self._dtype = dtype
         self._grad_layout = [(n, shape, True) for n, shape in zip(self._names, self._shapes)]
         self._group = None  # set by prepare_distributed
-        self._fused_cfg = _fused_config(fused_adam)
+        self._fused_cfg, self._fused_opts = _fused_options(fused_adam)
         self._fused = self._new_fused()
         self.reset_parameters()  # as d9d's nn.Embedding tables are at construction
 
     def _new_fused(self):
         if self._fused_cfg is None:
             return None
-        return _sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._dtype))
+        opt = _sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._engine))
+        return _configured(opt, getattr(self, "_fused_opts", None))
 
     def reset_parameters(self):
         for e in self.token_embedding.values():
@@ -552,12 +754,12 @@ class _HeadFunction(torch.autograd.Function):
     @staticmethod
     @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
-        h = _real(hidden, "hidden_states")
+        h = _widened(module, hidden, "hidden_states")
         lab = _ids(labels, "labels")
         loss, saved = module._core.forward_saved(h, lab)
         ctx.module, ctx.saved = module, saved
         _save_inputs(ctx, hidden, labels)
-        return torch.from_numpy(loss)
+        return torch.from_numpy(loss).to(module._dtype)
 
     @staticmethod
     @_serialised_backward
@@ -565,8 +767,9 @@ class _HeadFunction(torch.autograd.Function):
         _first_order(ctx, "SplitLanguageModellingHead")
         m = ctx.module
         hidden, labels = _saved_inputs(ctx)
-        h, lab = _real(hidden, "hidden_states"), _ids(labels, "labels")
-        g = _real(grad_loss, "grad_loss")
+        h, lab = _widened(m, hidden, "hidden_states"), _ids(labels, "labels")
+        _grad_in(m, grad_loss, "grad_loss")
+        g = _widened(m, grad_loss, "grad_loss")
         want_h = ctx.needs_input_grad[1]
         active = g[lab != LM_IGNORE_INDEX]
         scale = float(active.flat[0]) if active.size else 0.0
@@ -581,13 +784,14 @@ class _HeadFunction(torch.autograd.Function):
             out_h = torch.from_numpy(gh)
             if scale != 1.0:
                 out_h = out_h.mul(scale)
+            out_h = out_h.to(m._dtype)
         out = []
         for need, name, shape in zip(ctx.needs_input_grad[3:], m._names, m._shapes):
             if not need:
                 out.append(None)
                 continue
-            w = _dense(grads, name, shape, grad_loss.dtype)
-            out.append(w.mul(scale) if scale != 1.0 else w)
+            w = _dense(grads, name, shape, m._engine)
+            out.append((w.mul(scale) if scale != 1.0 else w).to(m._dtype))
         return (None, out_h, None, *out)
 
 
@@ -595,7 +799,7 @@ class _HeadSumFunction(torch.autograd.Function):
     @staticmethod
     @_serialised_forward
     def forward(ctx, module, hidden, labels, *weights):
-        h = _real(hidden, "hidden_states")
+        h = _widened(module, hidden, "hidden_states")
         lab = _ids(labels, "labels")
         loss, gh, grads = module._core.forward_sum_backward(h, lab, hidden_grad=ctx.needs_input_grad[1])
         ctx.module, ctx.gh, ctx.grads = module, gh, grads
@@ -609,14 +813,14 @@ class _HeadSumFunction(torch.autograd.Function):
         out_h = None
         if ctx.needs_input_grad[1]:
             out_h = torch.from_numpy(ctx.gh)
-            out_h = out_h.mul(c) if c != 1.0 else out_h
+            out_h = (out_h.mul(c) if c != 1.0 else out_h).to(m._dtype)
         out = []
         for need, name, shape in zip(ctx.needs_input_grad[3:], m._names, m._shapes):
             if not need:
                 out.append(None)
                 continue
-            w = _dense(ctx.grads, name, shape, grad.dtype)
-            out.append(w.mul(c) if c != 1.0 else w)
+            w = _dense(ctx.grads, name, shape, m._engine)
+            out.append((w.mul(c) if c != 1.0 else w).to(m._dtype))
         return (None, out_h, None, *out)
 
 
@@ -635,13 +839,20 @@ class SplitLanguageModellingHead(_Bound, nn.Module):
     The N × V logits are never formed. When the upstream gradient is the same
     for every token (the loss is their sum or mean) the backward is the summed
     kernel's; ``forward_sum`` computes that loss and its gradients in one pass.
+
+    ``dtype``: as ``SplitTokenEmbeddings``'s (bfloat16 / float16 weights, the
+    math in float32, the hidden states, losses and gradients in that dtype).
     """
 
     def __init__(self, split_vocab_size, split_order, hidden_size: int, *, dtype=None):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
+        self._dtype, self._engine = dtype, _engine_dtype(dtype)
         sizes = dict(split_vocab_size)
-        self._core = _sg.SplitLanguageModellingHead(sizes, list(split_order), int(hidden_size), dtype=_np_dtype(dtype))
+        self._core = _sg.SplitLanguageModellingHead(
+            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine)
+        )
+        _keep_as(self._core, dtype)
         self.lm_head = nn.ModuleDict(
             {name: _linear(self._core, f"lm_head.{name}.weight", hidden_size, size) for name, size in sizes.items()}
         )
@@ -678,11 +889,11 @@ class _VocabularyFunction(torch.autograd.Function):
     def forward(ctx, module, use_gate, token_ids, lang, shared, rows, gate_logit):
         t = _ids(token_ids, "token_ids")
         l_ = _ids(lang, "lang_per_token")
-        s = _real(shared, "shared")
-        out = module._core.forward(t, l_, s, use_gate)
+        s = _act_in(module, shared, "shared")
+        out = module._core.forward(t, l_, s, use_gate, act=_act(module))
         ctx.module, ctx.use_gate = module, use_gate
         _save_inputs(ctx, token_ids, lang, shared)
-        return torch.from_numpy(out)
+        return _out(module, out)
 
     @staticmethod
     @_serialised_backward
@@ -690,10 +901,10 @@ class _VocabularyFunction(torch.autograd.Function):
         _first_order(ctx, "SplitVocabulary")
         m = ctx.module
         token_ids, lang, shared = _saved_inputs(ctx)
-        t, l_, s = _ids(token_ids, "token_ids"), _ids(lang, "lang_per_token"), _real(shared, "shared")
-        g = _real(grad, "grad_output")
-        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4])
-        out_s = torch.from_numpy(gs) if ctx.needs_input_grad[4] else None
+        t, l_, s = _ids(token_ids, "token_ids"), _ids(lang, "lang_per_token"), _act_in(m, shared, "shared")
+        g = _grad_in(m, grad, "grad_output")
+        gs, grads = m._core.backward(t, l_, s, g, ctx.use_gate, ctx.needs_input_grad[4], act=_act(m))
+        out_s = _out(m, gs) if ctx.needs_input_grad[4] else None
         if m._fused is not None:
             # ∂shared stays this process's own; the fused step takes the
             # average of every process's gradients.
@@ -705,12 +916,12 @@ class _VocabularyFunction(torch.autograd.Function):
         if ctx.needs_input_grad[5]:
             name = "split_vocabulary.rows"
             if m._sparse and name in grads and grads.is_sparse(name):
-                rows = m._coalesced.made(m.rows, _sparse(grads, name, (m.n_rows, m.dim)))
+                rows = m._coalesced.made(m.rows, _sparse(grads, name, (m.n_rows, m.dim), m._dtype))
             else:
-                rows = _dense(grads, name, (m.n_rows, m.dim), grad.dtype)
+                rows = _dense(grads, name, (m.n_rows, m.dim), m._dtype)
         gate = None
         if ctx.needs_input_grad[6]:
-            gate = _dense(grads, "split_vocabulary.gate_logit", (m.n_rows,), grad.dtype)
+            gate = _dense(grads, "split_vocabulary.gate_logit", (m.n_rows,), m._dtype)
         return (None, None, None, None, out_s, rows, gate)
 
 
@@ -760,8 +971,8 @@ class _FusionPenaltyFunction(torch.autograd.Function):
             return None, None
         grads = m._core.penalty_backward(0.0, c, norms) if c != 0.0 else None
         if grads is None or "split_vocabulary.rows" not in grads:
-            return None, torch.zeros((m.n_rows, m.dim), dtype=grad.dtype)
-        return None, torch.from_numpy(grads.values("split_vocabulary.rows"))
+            return None, torch.zeros((m.n_rows, m.dim), dtype=m._dtype)
+        return None, _dense(grads, "split_vocabulary.rows", (m.n_rows, m.dim), m._dtype)
 
 
 class SplitVocabulary(_Bound, nn.Module):
@@ -783,6 +994,8 @@ class SplitVocabulary(_Bound, nn.Module):
 
     ``sparse``: the rows' gradient is a sparse COO tensor of the rows the batch
     used (the default) or, with ``sparse=False``, dense.
+
+    ``dtype`` and the ``fused_adam`` options: as ``SplitTokenEmbeddings``'s.
     """
 
     def __init__(
@@ -791,9 +1004,11 @@ class SplitVocabulary(_Bound, nn.Module):
     ):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
+        self._engine = _engine_dtype(dtype)
         self._core = _sg.SplitVocabulary.from_npz(
-            str(index_path), int(vocab_size), int(dim), int(n_languages), float(gate_init), _np_dtype(dtype)
+            str(index_path), int(vocab_size), int(dim), int(n_languages), float(gate_init), _np_dtype(self._engine)
         )
+        _keep_as(self._core, dtype)
         self.n_rows = self._core.n_rows
         self.dim = int(dim)
         lang, tok = self._core.index()
@@ -813,7 +1028,7 @@ class SplitVocabulary(_Bound, nn.Module):
             ("split_vocabulary.gate_logit", (self.n_rows,), False),
         ]
         self._group = None  # set by prepare_distributed
-        self._fused_cfg = _fused_config(fused_adam)
+        self._fused_cfg, self._fused_opts = _fused_options(fused_adam)
         self._fused = self._new_fused()
         # The fused step pending in this thread's backward pass: each thread's
         # backward collects its own gradients and takes its own step.
@@ -826,8 +1041,11 @@ class SplitVocabulary(_Bound, nn.Module):
         if self._fused_cfg is None:
             return None
         lr, betas, eps = self._fused_cfg
-        name = _np_dtype(self._dtype)
-        return (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+        name, opts = _np_dtype(self._engine), getattr(self, "_fused_opts", None)
+        return (
+            _configured(_sg.Optimizer.lazy_adam(lr, betas, eps, name), opts),
+            _configured(_sg.Optimizer.adam(lr, betas, eps, 0.0, False, name), opts),
+        )
 
     @property
     def _pending(self):
@@ -887,7 +1105,8 @@ class SplitVocabulary(_Bound, nn.Module):
         """Copy each split row from the shared row it specialises."""
         with self._lock:
             self._sync()
-            self._core.seed_from(_real(table, "table"))
+            t = table.to(self._engine) if isinstance(table, torch.Tensor) and table.dtype in _HALF else table
+            self._core.seed_from(_real(t, "table"))
         self._generation += 1
         self._initialised = True
 

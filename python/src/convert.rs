@@ -217,6 +217,8 @@ pub trait PyReal: Real + Element {
     fn pooled_view(b: &PooledBuffer) -> (*const Self, Vec<usize>);
     /// The workspace of this type.
     fn workspace(w: &Workspaces) -> &Workspace<Self>;
+    /// The kept buffers of half-precision inputs widened to this type.
+    fn kept(w: &Workspaces) -> &crate::halfio::Kept<Self>;
     /// The module if it is of this type.
     fn module(m: Modules<'_>) -> Option<&mut dyn Module<Self>>;
     /// The gradients if they are of this type.
@@ -226,7 +228,7 @@ pub trait PyReal: Real + Element {
 }
 
 macro_rules! py_real {
-    ($t:ty, $v:ident, $field:ident) => {
+    ($t:ty, $v:ident, $field:ident, $wide:ident) => {
         impl PyReal for $t {
             fn pooled(a: ArrayD<$t>, ws: Workspace<$t>) -> PooledBuffer {
                 PooledBuffer {
@@ -241,6 +243,9 @@ macro_rules! py_real {
             }
             fn workspace(w: &Workspaces) -> &Workspace<$t> {
                 &w.$field
+            }
+            fn kept(w: &Workspaces) -> &crate::halfio::Kept<$t> {
+                &w.$wide
             }
             fn module(m: Modules<'_>) -> Option<&mut dyn Module<$t>> {
                 match m {
@@ -260,8 +265,8 @@ macro_rules! py_real {
         }
     };
 }
-py_real!(f32, F32, f32);
-py_real!(f64, F64, f64);
+py_real!(f32, F32, f32, wide32);
+py_real!(f64, F64, f64, wide64);
 
 /// Hands an array to numpy without a copy; its buffer goes back to `pool`
 /// when the numpy array (and every view of it) is gone.
@@ -306,7 +311,9 @@ pub fn check_shape(found: &[usize], expected: &[usize], what: &str) -> PyResult<
     Ok(())
 }
 
-/// A [`StateDict`] as a Python dict of name → numpy array.
+/// A [`StateDict`] as a Python dict of name → numpy array: a bf16 tensor
+/// as a uint16 array of its bits (numpy has no bfloat16), an f16 one as
+/// float16.
 pub fn state_to_py<'py>(py: Python<'py>, sd: StateDict) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let names: Vec<String> = sd.names().map(str::to_string).collect();
@@ -318,15 +325,21 @@ pub fn state_to_py<'py>(py: Python<'py>, sd: StateDict) -> PyResult<Bound<'py, P
             TensorData::F64(a) => to_numpy(py, a).into_any(),
             TensorData::I64(a) => to_numpy(py, a).into_any(),
             TensorData::U64(a) => to_numpy(py, a).into_any(),
+            TensorData::BF16(a) => to_numpy(py, a.mapv(half::bf16::to_bits)).into_any(),
+            TensorData::F16(a) => to_numpy(py, a.mapv(half::f16::to_bits))
+                .into_any()
+                .call_method1("view", ("float16",))?,
         };
         d.set_item(name, a)?;
     }
     Ok(d)
 }
 
-/// A Python mapping of name → array as a [`StateDict`]: reals as float32
-/// or float64 as they are, integers as int64 (uint64 for a 0-d optimiser
-/// step, which may also be a Python int).
+/// A Python mapping of name → array as a [`StateDict`]: reals as float32,
+/// float64 or float16 as they are, bf16 as its bits in a uint16 array (as
+/// [`state_to_py`] gives it; a torch bfloat16 tensor is read so too),
+/// integers as int64 (uint64 for a 0-d optimiser step, which may also be a
+/// Python int).
 pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
     let py = obj.py();
     let np = py.import("numpy")?;
@@ -334,18 +347,36 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
     let items = obj.call_method0("items")?;
     for item in items.try_iter()? {
         let (name, value): (String, Bound<'_, PyAny>) = item?.extract()?;
-        // torch tensors: numpy arrays of the same memory.
+        // torch tensors: numpy arrays of the same memory (a bf16 tensor as
+        // its bits, which numpy holds as uint16).
         let value = if value.hasattr("detach")? && value.hasattr("numpy")? {
-            value
-                .call_method0("detach")?
-                .call_method0("cpu")?
-                .call_method0("numpy")?
+            let t = value.call_method0("detach")?.call_method0("cpu")?;
+            if t.getattr("dtype")?.str()? == "torch.bfloat16" {
+                let int16 = py.import("torch")?.getattr("int16")?;
+                t.call_method0("contiguous")?
+                    .call_method1("view", (int16,))?
+                    .call_method0("numpy")?
+                    .call_method1("view", ("uint16",))?
+            } else {
+                t.call_method0("numpy")?
+            }
         } else {
             value
         };
         let arr = np.call_method1("asarray", (&value,))?;
         let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+        let bits = |arr: &Bound<'_, PyAny>| -> PyResult<ArrayD<u16>> {
+            let a = arr.call_method1("view", ("uint16",))?;
+            Ok(owned(
+                a.extract::<PyReadonlyArrayDyn<'_, u16>>()?.as_array(),
+            ))
+        };
         let data = match dtype.as_str() {
+            // bf16 travels as its bits (numpy has no bfloat16; ml_dtypes' is taken too)
+            "uint16" | "bfloat16" if !name.ends_with(".step") => {
+                TensorData::BF16(bits(&arr)?.mapv(half::bf16::from_bits))
+            }
+            "float16" => TensorData::F16(bits(&arr)?.mapv(half::f16::from_bits)),
             "float32" => TensorData::F32(owned(
                 arr.extract::<PyReadonlyArrayDyn<'_, f32>>()?.as_array(),
             )),
@@ -369,7 +400,9 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
                 return Err(py_err(
                     Error::new(ErrorKind::Dtype {
                         found: other.to_string(),
-                        expected: "float32, float64, an integer dtype".into(),
+                        expected:
+                            "float32, float64, bfloat16 (as uint16 bits), float16, an integer dtype"
+                                .into(),
                     })
                     .in_array(name.clone()),
                 ));

@@ -1,16 +1,16 @@
 //! `SplitTokenEmbeddings` for numpy arrays: the crate's layer through its
 //! tape-free pair (`forward_saved`; `route`, then `backward_saved`).
 
-use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use splitgrad::Tape;
 use splitgrad::layers::{NamedGrad, SplitTokenEmbeddings, Workspace};
 use splitgrad::state::Module;
 
-use crate::convert::{OrRaise, PyReal, check_shape, ids_arg, real_arg, to_numpy_pooled};
+use crate::convert::{OrRaise, PyReal, check_shape, ids_arg};
 use crate::gradients::{PyGradients, gradients_of};
-use crate::layer::{check_output, layer_class, split_layer_methods};
+use crate::halfio::{act_arg, input_arg, output};
+use crate::layer::{Workspaces, check_output, layer_class, split_layer_methods};
 
 layer_class!(
     /// `SplitTokenEmbeddings(split_vocab_size, split_order, hidden_size, dtype="float32")`.
@@ -27,38 +27,45 @@ split_layer_methods!(
 fn forward<'py, T: PyReal>(
     py: Python<'py>,
     layer: &SplitTokenEmbeddings<T>,
-    ws: &Workspace<T>,
+    ws: &Workspaces,
     ids: &Bound<'py, PyAny>,
+    act: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
     check_output::<T>("the output of forward", &[ids.len(), layer.hidden_size()])?;
-    let (out, _) = py.detach(|| layer.forward_saved(ws, &ids)).or_raise()?;
-    Ok(to_numpy_pooled(py, out, ws)?.into_any())
+    let (out, _) = py
+        .detach(|| layer.forward_saved(ws.of(), &ids))
+        .or_raise()?;
+    output(py, out, act, ws)
 }
 
 /// The tables' gradients of `Σ out ⊙ grad`: from the routed ids
 /// straight, or (`through_tape`) by a forward and a backward on the tape.
-fn backward<T: PyReal>(
-    py: Python<'_>,
+fn backward<'py, T: PyReal>(
+    py: Python<'py>,
     layer: &SplitTokenEmbeddings<T>,
-    ws: &Workspace<T>,
-    [ids, grad]: [&Bound<'_, PyAny>; 2],
+    wss: &Workspaces,
+    [ids, grad]: [&Bound<'py, PyAny>; 2],
     through_tape: bool,
+    act: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<NamedGrad<T>>> {
+    let ws: &Workspace<T> = wss.of();
+    let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
     check_output::<T>("the tables' gradients", &[ids.len(), layer.hidden_size()])?;
     if !through_tape {
         let saved = layer.route(&ids).or_raise()?;
-        let g = real_arg::<T>(grad, "grad_output")?;
-        let gv = g.as_array();
+        let g = input_arg::<T>(grad, "grad_output", act, wss)?;
+        let gv = g.view();
         let grads = py.detach(|| layer.backward_saved(ws, &saved, gv.view()));
         return Ok(grads.or_raise()?.params);
     }
-    let g = real_arg::<T>(grad, "grad_output")?;
+    let g = input_arg::<T>(grad, "grad_output", act, wss)?;
     let mut want = ids.shape().to_vec();
     want.push(layer.hidden_size());
-    check_shape(g.shape(), &want, "grad_output")?;
-    let gv = g.as_array();
+    check_shape(g.view().shape(), &want, "grad_output")?;
+    let gv = g.view();
     let grads = {
         let mut tape = Tape::with_pool(ws);
         let out = layer.forward(&mut tape, ids.view()).or_raise()?;
@@ -69,35 +76,45 @@ fn backward<T: PyReal>(
 
 #[pymethods]
 impl PyEmbeddings {
-    /// ids of any shape → `(*ids.shape, H)`.
+    /// ids of any shape → `(*ids.shape, H)`, of the layer's `dtype`, or
+    /// with `act="bfloat16"` / `"float16"` rounded once to that type (bf16
+    /// as a uint16 array of its bits).
+    #[pyo3(signature = (input_ids, act = None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
         input_ids: &Bound<'py, PyAny>,
+        act: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::each!(&*self.read(py)?, l => forward(py, l, self.ws.of(), input_ids))
+        crate::each!(&*self.read(py)?, l => forward(py, l, &self.ws, input_ids, act))
     }
 
     /// The tables' gradients of `Σ out ⊙ grad_output`: row-sparse, only the
-    /// trainable splits that the ids reach.
-    fn backward(
+    /// trainable splits that the ids reach. `act`: the dtype of
+    /// `grad_output` when it is bfloat16 (a uint16 array of its bits) or
+    /// float16 (widened exactly).
+    #[pyo3(signature = (input_ids, grad_output, act = None))]
+    fn backward<'py>(
         &self,
-        py: Python<'_>,
-        input_ids: &Bound<'_, PyAny>,
-        grad_output: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        input_ids: &Bound<'py, PyAny>,
+        grad_output: &Bound<'py, PyAny>,
+        act: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyGradients> {
         let args = [input_ids, grad_output];
-        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, false)?, &self.ws)))
+        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, &self.ws, args, false, act)?, &self.ws)))
     }
 
     /// [`backward`] through the crate's tape (forward, `Σ out ⊙ g`,
     /// backward): the reference the direct path is tested against.
-    fn backward_tape(
+    #[pyo3(signature = (input_ids, grad_output, act = None))]
+    fn backward_tape<'py>(
         &self,
-        input_ids: &Bound<'_, PyAny>,
-        grad_output: &Bound<'_, PyAny>,
+        input_ids: &Bound<'py, PyAny>,
+        grad_output: &Bound<'py, PyAny>,
+        act: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyGradients> {
         let (py, args) = (input_ids.py(), [input_ids, grad_output]);
-        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, self.ws.of(), args, true)?, &self.ws)))
+        crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, &self.ws, args, true, act)?, &self.ws)))
     }
 }

@@ -92,7 +92,7 @@ fn from_parts_typed<T: PyReal>(
         let (rows, values): (Bound<'_, PyAny>, Bound<'_, PyAny>) = value.extract()?;
         let what = format!("values of {name}");
         let vals = real_arg::<T>(&values, &what)?;
-        let shape = p.value().shape().to_vec();
+        let shape = p.shape().to_vec();
         if rows.is_none() {
             check_shape(vals.as_array().shape(), &shape, &what)?;
             grads.push(NamedGrad::new(

@@ -6,8 +6,12 @@
 //! A layer owns its parameters (the crate's `Parameter`s); `parameter()`
 //! hands numpy a writable view of one, without a copy, whose base is the
 //! layer (so the layer lives as long as any view of it). No method ever
-//! reallocates a parameter's buffer, so a view stays valid: loads and
-//! `seed_from` write into the buffer that is there.
+//! reallocates a parameter's buffer but `set_dtype`, so a view stays valid:
+//! loads and `seed_from` write into the buffer that is there. A parameter
+//! kept in bf16 is viewed as `uint16` (its bits: numpy has no bfloat16),
+//! one kept in f16 as `float16`. `set_dtype` gives the changed parameters
+//! new buffers; the old ones stay allocated while a view of them lives (so
+//! an old view is stale, never dangling: take the views again).
 
 use std::any::Any;
 
@@ -19,9 +23,10 @@ use pyo3::types::PyAny;
 use splitgrad::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, Workspace,
 };
+use splitgrad::param::{Dtype as StorageDtype, Stored};
 use splitgrad::state::Module;
 
-use crate::convert::{Dtype, PyReal};
+use crate::convert::{Dtype, OrRaise, PyReal};
 use crate::embeddings::PyEmbeddings;
 use crate::head::PyHead;
 use crate::vocabulary::PyVocabulary;
@@ -105,6 +110,11 @@ macro_rules! by_dtype {
 pub struct Workspaces {
     pub(crate) f32: Workspace<f32>,
     pub(crate) f64: Workspace<f64>,
+    /// Half-precision outputs (`crate::halfio`).
+    pub(crate) bits: crate::halfio::Kept<u16>,
+    /// Half-precision inputs widened.
+    pub(crate) wide32: crate::halfio::Kept<f32>,
+    pub(crate) wide64: crate::halfio::Kept<f64>,
 }
 
 impl Workspaces {
@@ -151,6 +161,7 @@ pub fn positive(x: i64, what: &str) -> PyResult<usize> {
 pub fn parameter_view<'py, T: PyReal>(
     slf: &Bound<'py, PyAny>,
     module: &dyn Module<T>,
+    keep: &Keep,
     name: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let p = module
@@ -164,9 +175,131 @@ pub fn parameter_view<'py, T: PyReal>(
                 names.join(", ")
             ))
         })?;
-    // SAFETY: the layer (`slf`, the array's base) owns the parameter and
-    // never reallocates its buffer (module docs).
-    Ok(unsafe { PyArrayDyn::borrow_from_array(p.value(), slf.clone()) }.into_any())
+    let base = Bound::new(
+        slf.py(),
+        ParamView {
+            _layer: slf.clone().unbind(),
+            _keep: keep.clone(),
+        },
+    )?
+    .into_any();
+    // SAFETY: the buffer is the parameter's, owned by the layer; `base` (the
+    // array's base object) keeps the layer alive, and `keep` the buffer: a
+    // change of dtype (the only call that gives a parameter a new buffer)
+    // hands the old buffer to `keep` while a view of it lives (module docs).
+    match p.stored() {
+        Stored::Full(a) => Ok(unsafe { PyArrayDyn::borrow_from_array(a, base) }.into_any()),
+        Stored::BF16(a) => Ok(unsafe { borrow_bits(a, base) }?.into_any()),
+        Stored::F16(a) => {
+            let bits = unsafe { borrow_bits(a, base) }?;
+            bits.call_method1("view", ("float16",))
+        }
+    }
+}
+
+/// The half-precision elements of `a` as a writable numpy `uint16` array
+/// of their bits, over `a`'s own buffer, with base object `base`.
+///
+/// # Safety
+/// `base` must keep `a`'s buffer alive and unmoved while the array lives.
+unsafe fn borrow_bits<'py, H: HalfBits>(
+    a: &ndarray::ArrayD<H>,
+    base: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArrayDyn<u16>>> {
+    if !a.is_standard_layout() {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "a half-precision parameter is not in standard layout",
+        ));
+    }
+    // SAFETY: bf16 and f16 are `repr(transparent)` over u16; the array is
+    // in standard layout, so its shape describes the buffer.
+    let view = unsafe { ArrayViewD::from_shape_ptr(a.raw_dim(), a.as_ptr().cast::<u16>()) };
+    Ok(unsafe { PyArrayDyn::borrow_from_array(&view, base) })
+}
+
+/// bf16 and f16: 16 bits each, `repr(transparent)` over `u16`.
+pub trait HalfBits: Copy {}
+impl HalfBits for half::bf16 {}
+impl HalfBits for half::f16 {}
+
+/// The buffers a layer's parameters had before a change of dtype, kept
+/// while a numpy view of them lives (each view holds one `Keep`).
+pub type Keep = std::sync::Arc<std::sync::Mutex<Vec<Box<dyn Any + Send>>>>;
+
+/// The base object of a parameter's numpy view: the layer, and the
+/// buffers retired by a change of dtype since the view was made.
+#[pyclass(module = "splitgrad._splitgrad", name = "_ParamView", frozen)]
+pub struct ParamView {
+    _layer: Py<PyAny>,
+    _keep: Keep,
+}
+
+/// A storage dtype from Python: `"bf16"`, `"bfloat16"`, `"float16"`,
+/// `"f32"`, `numpy.float16`, `torch.bfloat16`, …
+pub fn storage_dtype(obj: &Bound<'_, PyAny>) -> PyResult<StorageDtype> {
+    let np = obj.py().import("numpy")?;
+    let name: String = match np.call_method1("dtype", (obj,)) {
+        Ok(d) => d.getattr("name")?.extract()?,
+        Err(_) => obj.str()?.to_string(),
+    };
+    name.parse::<StorageDtype>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "unknown dtype {name} (expected float32, float64, bfloat16 or float16)"
+        ))
+    })
+}
+
+/// Keeps every parameter of `module` as `dtype` (rounded to nearest when
+/// narrowed), each changed one in a new buffer; the old buffers go to
+/// `keep` when given (a view of them lives), else are freed. Nothing
+/// changes on an error.
+pub fn set_module_dtype<T: PyReal>(
+    module: &mut dyn Module<T>,
+    dtype: StorageDtype,
+    keep: Option<&Keep>,
+) -> PyResult<()> {
+    if !dtype.is_half() && dtype != StorageDtype::of::<T>() {
+        return Err(PyValueError::new_err(format!(
+            "a {} layer keeps its parameters as {} or in bf16 or f16, not {dtype} \
+             (build it with dtype={dtype} instead)",
+            T::NAME,
+            T::NAME
+        )));
+    }
+    let mut bytes = 0u64;
+    for p in module
+        .parameters()
+        .into_iter()
+        .filter(|p| p.dtype() != dtype)
+    {
+        // the widened copy, then the new buffer
+        let n = crate::convert::bytes_for(p.shape(), std::mem::size_of::<T>() + dtype.size());
+        bytes = bytes.saturating_add(n);
+    }
+    crate::convert::check_alloc(|| format!("the parameters kept as {dtype}"), bytes)?;
+    for p in module.parameters_mut() {
+        if p.dtype() == dtype {
+            continue;
+        }
+        let new = Stored::from_full(p.widened().into_owned(), dtype).or_raise()?;
+        let old = std::mem::replace(p.stored_mut(), new);
+        if let Some(k) = keep {
+            k.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Box::new(old));
+        }
+    }
+    Ok(())
+}
+
+/// numpy's name of a storage dtype (`"bfloat16"`, which numpy lacks, for bf16).
+pub fn numpy_name(d: StorageDtype) -> &'static str {
+    match d {
+        StorageDtype::F32 => "float32",
+        StorageDtype::F64 => "float64",
+        StorageDtype::BF16 => "bfloat16",
+        StorageDtype::F16 => "float16",
+    }
 }
 
 /// Freezes or unfreezes the parameter `name`.
@@ -226,6 +359,9 @@ macro_rules! layer_class {
             pub(crate) ws: $crate::layer::Workspaces,
             /// The layer's real type (never changes).
             pub(crate) dt: $crate::convert::Dtype,
+            /// Held by every numpy view of a parameter: the buffers a
+            /// change of dtype retired while such a view lived.
+            pub(crate) keep: std::sync::Mutex<$crate::layer::Keep>,
         }
 
         impl $py {
@@ -234,6 +370,7 @@ macro_rules! layer_class {
                     dt: inner.dtype(),
                     inner: std::sync::RwLock::new(inner),
                     ws: $crate::layer::Workspaces::default(),
+                    keep: std::sync::Mutex::new($crate::layer::Keep::default()),
                 }
             }
 
@@ -273,7 +410,43 @@ macro_rules! layer_class {
                 let any = slf.clone().into_any();
                 let this = slf.get();
                 let inner = this.read(slf.py())?;
-                $crate::each!(&*inner, l => $crate::layer::parameter_view(&any, l, name))
+                let keep = this.keep.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                $crate::each!(&*inner, l => $crate::layer::parameter_view(&any, l, &keep, name))
+            }
+
+            /// How the parameters are kept: `"float32"`, `"float64"`,
+            /// `"bfloat16"` or `"float16"` (the math runs in `dtype`).
+            #[getter]
+            fn param_dtype(&self, py: Python<'_>) -> PyResult<String> {
+                let d = $crate::each!(&*self.read(py)?, l => l.parameters().first().map(|p| p.dtype()));
+                Ok($crate::layer::numpy_name(d.unwrap_or(match self.dt {
+                    $crate::convert::Dtype::F32 => splitgrad::param::Dtype::F32,
+                    $crate::convert::Dtype::F64 => splitgrad::param::Dtype::F64,
+                })).to_string())
+            }
+
+            /// The bytes the parameters' values take, as they are kept.
+            #[getter]
+            fn parameter_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+                Ok($crate::each!(&*self.read(py)?, l => l.parameter_bytes()))
+            }
+
+            /// Keeps every parameter as `dtype` from now on: bfloat16 or
+            /// float16 (rounded to nearest; the math stays in the layer's
+            /// `dtype`), or the layer's own `dtype` to widen back. The
+            /// changed parameters get new buffers: views taken before are
+            /// stale (take them again).
+            fn set_dtype(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
+                let d = $crate::layer::storage_dtype(dtype)?;
+                let mut inner = self.write(py)?;
+                let mut keep = self.keep.lock().unwrap_or_else(|e| e.into_inner());
+                let viewed = std::sync::Arc::strong_count(&keep) > 1;
+                let k = viewed.then_some(&*keep);
+                $crate::each!(&mut *inner, l => $crate::layer::set_module_dtype(l, d, k))?;
+                if viewed {
+                    *keep = $crate::layer::Keep::default();
+                }
+                Ok(())
             }
 
             /// `[(name, view)]` for every parameter, in order.

@@ -10,6 +10,7 @@ mod checkpoint;
 mod convert;
 mod embeddings;
 mod gradients;
+mod halfio;
 mod head;
 mod layer;
 mod optim;

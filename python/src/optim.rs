@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, Sgd, SgdConfig};
+use splitgrad::param::Rounding;
 
 use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
 use crate::gradients::{PyGradients, Source};
@@ -222,6 +223,49 @@ impl PyOptimizer {
     #[setter]
     fn set_lr(&self, py: Python<'_>, lr: f64) -> PyResult<()> {
         crate::each!(&mut *self.write(py)?, o => o.set_learning_rate(lr).or_raise())
+    }
+
+    /// How the optimiser narrows what it stores in half precision (the
+    /// parameters kept in bf16 or f16, its state when kept in bf16):
+    /// `"stochastic"` (the default, unbiased; its random bits a pure
+    /// function of (seed, step, parameter, element)) or `"nearest"`.
+    #[pyo3(signature = (rounding, seed = 0))]
+    fn set_rounding(&self, py: Python<'_>, rounding: &str, seed: u64) -> PyResult<()> {
+        let r = match rounding {
+            "stochastic" => Rounding::Stochastic { seed },
+            "nearest" => Rounding::Nearest,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "rounding must be \"stochastic\" or \"nearest\", got {other:?}"
+                )));
+            }
+        };
+        crate::each!(&mut *self.write(py)?, o => o.set_rounding(r));
+        Ok(())
+    }
+
+    /// `("stochastic", seed)` or `("nearest", None)`.
+    #[getter]
+    fn rounding(&self, py: Python<'_>) -> PyResult<(&'static str, Option<u64>)> {
+        Ok(match crate::each!(&*self.read(py)?, o => o.rounding()) {
+            Rounding::Stochastic { seed } => ("stochastic", Some(seed)),
+            Rounding::Nearest => ("nearest", None),
+        })
+    }
+
+    /// Keeps the optimiser's state (Adam's moments) in `dtype`: the
+    /// optimiser's own `dtype_name` (the default) or bfloat16 (Adam and
+    /// LazyAdam; f16 is refused). Moments kept already are converted.
+    fn set_state_dtype(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
+        let d = crate::layer::storage_dtype(dtype)?;
+        crate::each!(&mut *self.write(py)?, o => o.set_state_dtype(d).or_raise())
+    }
+
+    /// numpy's name of the state's dtype (`"bfloat16"` for bf16).
+    #[getter]
+    fn state_dtype(&self, py: Python<'_>) -> PyResult<&'static str> {
+        let d = crate::each!(&*self.read(py)?, o => o.state_dtype());
+        Ok(crate::layer::numpy_name(d))
     }
 
     /// One update of every parameter of `modules` (a layer or a list) that

@@ -14,12 +14,11 @@ use splitgrad::param::ParamGrad;
 use splitgrad::state::Module;
 use splitgrad::{Error, ErrorKind, RowSparse, Tape};
 
-use crate::convert::{
-    Dtype, OrRaise, PyReal, dtype_of, ids_arg, py_err, real_arg, to_numpy, to_numpy_pooled,
-};
+use crate::convert::{Dtype, OrRaise, PyReal, dtype_of, ids_arg, py_err, real_arg, to_numpy};
 use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
+use crate::halfio::{Act, act_arg, input_arg, output};
 use crate::layer::{
-    ByDtype, check_output, dtype_arg, layer_class, positive, size_getters, std_layout,
+    ByDtype, Workspaces, check_output, dtype_arg, layer_class, positive, size_getters, std_layout,
 };
 use crate::optim::PyOptimizer;
 
@@ -102,17 +101,19 @@ fn seed_rows<T: PyReal>(
 fn forward<'py, T: PyReal>(
     py: Python<'py>,
     sv: &SplitVocabulary<T>,
-    ws: &Workspace<T>,
+    wss: &Workspaces,
     args: [&Bound<'py, PyAny>; 3],
     use_gate: bool,
+    act: Option<Act>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let ws: &Workspace<T> = wss.of();
     let tokens = ids_arg(args[0], "token_ids")?;
     let langs = ids_arg(args[1], "language_ids")?;
-    let shared = real_arg::<T>(args[2], "shared")?;
-    let sv_ = std_layout(shared.as_array(), "shared")?;
+    let shared = input_arg::<T>(args[2], "shared", act, wss)?;
+    let sv_ = std_layout(shared.view(), "shared")?;
     check_output::<T>("the output of forward", sv_.shape())?;
     let out = py.detach(|| sv.forward_saved(ws, &tokens, &langs, sv_.view(), use_gate));
-    Ok(to_numpy_pooled(py, out.or_raise()?.0, ws)?.into_any())
+    output(py, out.or_raise()?.0, act, wss)
 }
 
 /// `(∂shared, the gradients of rows and gate_logit)`.
@@ -121,18 +122,20 @@ type Grads<T> = (Option<ndarray::ArrayD<T>>, Vec<NamedGrad<T>>);
 fn backward<T: PyReal>(
     py: Python<'_>,
     sv: &SplitVocabulary<T>,
-    ws: &Workspace<T>,
+    wss: &Workspaces,
     args: [&Bound<'_, PyAny>; 4],
     use_gate: bool,
     want_shared: bool,
+    act: Option<Act>,
 ) -> PyResult<Grads<T>> {
+    let ws: &Workspace<T> = wss.of();
     let tokens = ids_arg(args[0], "token_ids")?;
     let langs = ids_arg(args[1], "language_ids")?;
-    let shared = real_arg::<T>(args[2], "shared")?;
-    let g = real_arg::<T>(args[3], "grad_output")?;
-    let s_ = std_layout(shared.as_array(), "shared")?;
+    let shared = input_arg::<T>(args[2], "shared", act, wss)?;
+    let g = input_arg::<T>(args[3], "grad_output", act, wss)?;
+    let s_ = std_layout(shared.view(), "shared")?;
     check_output::<T>("the gradient of shared", s_.shape())?;
-    let gv = g.as_array();
+    let gv = g.view();
     let res = py.detach(|| {
         let saved = sv.route(&tokens, &langs, s_.shape())?;
         sv.backward_saved(ws, &saved, s_.view(), gv.view(), use_gate, want_shared)
@@ -326,8 +329,10 @@ impl PyVocabulary {
         }))
     }
 
-    /// token_ids (…), language_ids (…), shared (…, D) → (…, D).
-    #[pyo3(signature = (token_ids, language_ids, shared, use_gate = true))]
+    /// token_ids (…), language_ids (…), shared (…, D) → (…, D). `act`
+    /// (here and in `backward`): `shared`, the upstream gradient and the
+    /// results in bfloat16 (as uint16 bits) or float16 instead of `dtype`.
+    #[pyo3(signature = (token_ids, language_ids, shared, use_gate = true, act = None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
@@ -335,14 +340,16 @@ impl PyVocabulary {
         language_ids: &Bound<'py, PyAny>,
         shared: &Bound<'py, PyAny>,
         use_gate: bool,
+        act: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let args = [token_ids, language_ids, shared];
-        crate::each!(&*self.read(py)?, s => forward(py, s, self.ws.of(), args, use_gate))
+        let act = act_arg(act, self.dt)?;
+        crate::each!(&*self.read(py)?, s => forward(py, s, &self.ws, args, use_gate, act))
     }
 
     /// The gradients of `Σ out ⊙ grad_output`: `(grad_shared, Gradients)`
     /// of rows (row-sparse) and gate_logit.
-    #[pyo3(signature = (token_ids, language_ids, shared, grad_output, use_gate = true, shared_grad = true))]
+    #[pyo3(signature = (token_ids, language_ids, shared, grad_output, use_gate = true, shared_grad = true, act = None))]
     #[allow(clippy::too_many_arguments)]
     fn backward<'py>(
         &self,
@@ -353,11 +360,13 @@ impl PyVocabulary {
         grad_output: &Bound<'py, PyAny>,
         use_gate: bool,
         shared_grad: bool,
+        act: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Option<Bound<'py, PyAny>>, PyGradients)> {
         let args = [token_ids, language_ids, shared, grad_output];
+        let act = act_arg(act, self.dt)?;
         crate::each!(&*self.read(py)?, s => {
-            let (g, e) = backward(py, s, self.ws.of(), args, use_gate, shared_grad)?;
-            let g = g.map(|a| to_numpy_pooled(py, a, self.ws.of()).map(|x| x.into_any()));
+            let (g, e) = backward(py, s, &self.ws, args, use_gate, shared_grad, act)?;
+            let g = g.map(|a| output(py, a, act, &self.ws));
             Ok((g.transpose()?, gradients_of(e, &self.ws)))
         })
     }

@@ -188,3 +188,42 @@ def test_fused_adam_under_two_gloo_processes_trains_like_one(tmp_path, cut):
     for k, v in m.state_dict().items():
         assert not torch.equal(v, start[k]), f"{k} did not train"
         torch.testing.assert_close(ranks[0][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def bf16_worker(rank, world, store, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from splitgrad.torch import SplitTokenEmbeddings, prepare_distributed
+
+    torch.manual_seed(0)
+    emb = SplitTokenEmbeddings({"orig": V}, ["orig"], D, dtype=torch.bfloat16, fused_adam=FUSED)
+    if rank == 1:  # prepare_distributed starts every process from rank 0's weights
+        with torch.no_grad():
+            emb.token_embedding["orig"].weight.mul_(2.0)
+    prepare_distributed(emb)
+    for tokens, _, _ in batches():
+        part = tokens[rank * N : (rank + 1) * N]
+        emb(part).float().square().sum().backward()
+    torch.save({k: v.clone() for k, v in emb.state_dict().items()}, f"{out}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_bf16_fused_adam_under_two_gloo_processes(tmp_path):
+    out = str(tmp_path / "bf16")
+    mp.start_processes(bf16_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, start_method="spawn")
+    ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+    from splitgrad.torch import SplitTokenEmbeddings
+
+    torch.manual_seed(0)
+    one = SplitTokenEmbeddings({"orig": V}, ["orig"], D, dtype=torch.bfloat16, fused_adam=FUSED)
+    start = {k: v.clone() for k, v in one.state_dict().items()}
+    for tokens, _, _ in batches():  # the mean of the two halves' losses, one forward on one process
+        (0.5 * one(tokens).float().square().sum()).backward()
+    for k, v in one.state_dict().items():
+        assert ranks[0][k].dtype == torch.bfloat16
+        assert torch.equal(ranks[0][k].view(torch.int16), ranks[1][k].view(torch.int16)), k  # the same step on both
+        assert not torch.equal(v, start[k])
+        # the averaged gradient is summed in another order than one process sums it, so a
+        # stochastic store may land one bf16 step away
+        torch.testing.assert_close(ranks[0][k].float(), v.float(), rtol=2**-7, atol=2**-7, msg=k)

@@ -86,7 +86,7 @@ TORCH_CASES = [
      'e(torch.zeros(1, dtype=torch.long).expand(10**10))'),
     ("drop-in ids on a float tensor", "ValueError", "dtype",
      'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)(torch.zeros(3))'),
-    ("drop-in of an unsupported dtype", "TypeError", "float32 or float64",
+    ("drop-in of an unsupported dtype", "TypeError", "float32, float64, bfloat16 or float16",
      'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2, dtype=torch.int32)'),
 ]
 

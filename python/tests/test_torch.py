@@ -174,7 +174,11 @@ def test_converted_or_replaced_parameters():
     new = torch.randn(10, H)
     ours.token_embedding["orig"].weight.data = new.clone()  # replaced storage, same dtype: copied in
     assert torch.equal(ours(torch.tensor([3]))[0], new[3])
-    ours.double()
+    with pytest.raises(TypeError, match="build it with dtype"):
+        ours.double()  # refused: the layer computes in float32, and stays as it was
+    assert ours.token_embedding["orig"].weight.dtype == torch.float32
+    assert torch.equal(ours(torch.tensor([3]))[0], new[3])
+    ours.token_embedding["orig"].weight.data = new.double()  # a replaced storage of another dtype
     with pytest.raises(TypeError, match="build it with dtype"):
         ours(torch.tensor([3]))
 
