@@ -178,7 +178,7 @@ impl<T: Real> SplitTokenEmbeddings<T> {
     ///
     /// ```
     /// use ndarray::array;
-    /// use splitgrad::{layers::{SplitTokenEmbeddings, Workspace}, param::{Dtype, Stored}, state::Module, Rng};
+    /// use splitgrad::{layers::{SplitTokenEmbeddings, Workspace}, param::Dtype, state::Module, Rng};
     /// let mut e = SplitTokenEmbeddings::<f32>::new(&[("a", 3), ("b", 2)], &["a", "b"], 2)?;
     /// e.reset_parameters(&mut Rng::new(0));
     /// e.set_dtype(Dtype::BF16)?;
