@@ -9,8 +9,10 @@ use splitgrad::state::Module;
 
 use crate::convert::{OrRaise, PyReal, check_shape, ids_arg};
 use crate::gradients::{PyGradients, gradients_of};
-use crate::halfio::{act_arg, input_arg, output};
+use crate::halfio::{Act, act_arg, half_bits_arg, input_arg, output, output_bits, with_half_view};
 use crate::layer::{Workspaces, check_output, layer_class, split_layer_methods};
+use splitgrad::kernels::HalfFloat;
+use splitgrad::param::{Dtype as StorageDtype, Stored};
 
 layer_class!(
     /// `SplitTokenEmbeddings(split_vocab_size, split_order, hidden_size, dtype="float32")`.
@@ -34,6 +36,29 @@ fn forward<'py, T: PyReal>(
     let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
     check_output::<T>("the output of forward", &[ids.len(), layer.hidden_size()])?;
+    let tables_in = |d: StorageDtype| layer.parameters().iter().all(|p| p.dtype() == d);
+    let same = match act {
+        Some(Act::BF16) => tables_in(StorageDtype::BF16),
+        Some(Act::F16) => tables_in(StorageDtype::F16),
+        None => false,
+    };
+    if let (true, Some(act)) = (same, act) {
+        // Tables and activations of one half type: the rows copied bit
+        // for bit into the output, in a buffer numpy gave back before.
+        let n = ids.len() * layer.hidden_size();
+        let spare = ws.bits.take(n);
+        ws.of::<T>().give_half_vec(half::bf16::vec_from_bits(spare));
+        let (out, _) = py
+            .detach(|| layer.forward_saved_stored(ws.of(), &ids))
+            .or_raise()?;
+        let shape = out.shape().to_vec();
+        let bits = match out {
+            Stored::BF16(a) => half::bf16::vec_into_bits(a.into_raw_vec_and_offset().0),
+            Stored::F16(a) => half::f16::vec_into_bits(a.into_raw_vec_and_offset().0),
+            Stored::Full(a) => return output(py, a, Some(act), ws),
+        };
+        return output_bits(py, bits, &shape, act, ws);
+    }
     let (out, _) = py
         .detach(|| layer.forward_saved(ws.of(), &ids))
         .or_raise()?;
@@ -54,6 +79,16 @@ fn backward<'py, T: PyReal>(
     let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
     check_output::<T>("the tables' gradients", &[ids.len(), layer.hidden_size()])?;
+    if !through_tape && let Some(act) = act {
+        // A half-precision upstream gradient is read as it is: its rows
+        // widened as they are summed.
+        let saved = layer.route(&ids).or_raise()?;
+        let bits = half_bits_arg(grad, "grad_output", act)?;
+        let grads = with_half_view::<T, _>(&bits, act, |g| {
+            py.detach(|| layer.backward_saved(ws, &saved, g))
+        });
+        return Ok(grads.or_raise()?.params);
+    }
     if !through_tape {
         let saved = layer.route(&ids).or_raise()?;
         let g = input_arg::<T>(grad, "grad_output", act, wss)?;

@@ -137,6 +137,59 @@ impl<T: PyReal> Drop for Input<'_, T> {
     }
 }
 
+/// A half-precision activation argument's bits: a numpy array of `act`'s
+/// type (bf16 as a uint16 array of its bits), any other dtype a
+/// `ValueError` naming `what`.
+pub fn half_bits_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    act: Act,
+) -> PyResult<PyReadonlyArrayDyn<'py, u16>> {
+    let np = obj.py().import("numpy")?;
+    let found: String = match obj.getattr("dtype") {
+        Ok(d) => d.getattr("name")?.extract()?,
+        Err(_) => obj.get_type().name()?.to_string(),
+    };
+    let want = match act {
+        Act::BF16 => "uint16",
+        Act::F16 => "float16",
+    };
+    if !obj.is_instance(&np.getattr("ndarray")?)? || found != want {
+        return Err(PyValueError::new_err(format!(
+            "array `{what}`: has dtype {found}, expected {}",
+            act.name()
+        )));
+    }
+    let bits = obj.call_method1("view", ("uint16",))?;
+    bits.extract::<PyReadonlyArrayDyn<'py, u16>>()
+}
+
+/// Runs `f` on the bits of a half-precision activation as a
+/// [`StoredView`](splitgrad::param::StoredView) of `act`'s type (copied
+/// first only when numpy's array is not contiguous).
+pub fn with_half_view<T: PyReal, R>(
+    bits: &PyReadonlyArrayDyn<'_, u16>,
+    act: Act,
+    f: impl FnOnce(splitgrad::param::StoredView<'_, T>) -> R,
+) -> R {
+    let a = bits.as_array();
+    let a = a.as_standard_layout();
+    let shape = a.shape().to_vec();
+    let src = a.as_slice().expect("standard layout is contiguous");
+    match act {
+        Act::BF16 => {
+            let v = ArrayViewD::from_shape(IxDyn(&shape), src.reinterpret_cast::<bf16>())
+                .expect("one element per index");
+            f(splitgrad::param::StoredView::BF16(v))
+        }
+        Act::F16 => {
+            let v = ArrayViewD::from_shape(IxDyn(&shape), src.reinterpret_cast::<f16>())
+                .expect("one element per index");
+            f(splitgrad::param::StoredView::F16(v))
+        }
+    }
+}
+
 /// An activation argument: of `T` when `act` is `None` (as
 /// [`crate::convert::real_arg`] takes it), else a numpy array of that half
 /// type (bf16 as a uint16 array of its bits), widened. Any other dtype is a
@@ -242,6 +295,24 @@ pub fn output<'py, T: PyReal>(
         });
     }
     ws.of::<T>().give(a);
+    output_bits(py, bits, &shape, act, ws)
+}
+
+/// A half-precision output of the kernels (the bits of `act`'s type, in
+/// standard layout of `shape`) as numpy, its buffer going back to the
+/// layer's kept buffers when numpy is done with it.
+pub fn output_bits<'py>(
+    py: Python<'py>,
+    bits: Vec<u16>,
+    shape: &[usize],
+    act: Act,
+    ws: &Workspaces,
+) -> PyResult<Bound<'py, PyAny>> {
+    assert_eq!(
+        bits.len(),
+        shape.iter().product::<usize>(),
+        "one element per index"
+    );
     let ptr = bits.as_ptr();
     let holder = Bound::new(
         py,
@@ -253,7 +324,7 @@ pub fn output<'py, T: PyReal>(
     // SAFETY: the buffer is owned by `holder`, the array's base object,
     // which never reallocates or frees it before it is dropped; `shape`
     // describes it in standard layout.
-    let view = unsafe { ArrayViewD::from_shape_ptr(IxDyn(&shape), ptr) };
+    let view = unsafe { ArrayViewD::from_shape_ptr(IxDyn(shape), ptr) };
     let arr = unsafe { PyArrayDyn::borrow_from_array(&view, holder.into_any()) }.into_any();
     match act {
         Act::BF16 => Ok(arr),
