@@ -527,24 +527,29 @@ impl StateDict {
             }
         };
         self.check_shape(name, view.shape(), shape)?;
+        // Non-finite: every exponent bit set (bf16 0x7f80, f16 0x7c00).
         let first_bad = match &view {
-            StoredView::BF16(a) => a
-                .indexed_iter()
-                .find(|(_, x)| !x.is_finite())
-                .map(|(i, _)| i),
-            StoredView::F16(a) => a
-                .indexed_iter()
-                .find(|(_, x)| !x.is_finite())
-                .map(|(i, _)| i),
+            StoredView::BF16(a) => {
+                first_all_set(a.iter().map(|x| x.to_bits()), a.as_slice(), 0x7f80)
+            }
+            StoredView::F16(a) => {
+                first_all_set(a.iter().map(|x| x.to_bits()), a.as_slice(), 0x7c00)
+            }
             StoredView::Full(_) => None,
         };
-        if let Some(i) = first_bad {
-            let position = i.slice().to_vec();
-            let value = match &view {
-                StoredView::BF16(a) => a[i.clone()].to_f64(),
-                StoredView::F16(a) => a[i.clone()].to_f64(),
-                StoredView::Full(_) => 0.0,
+        if let Some(flat) = first_bad {
+            let (position, value) = match &view {
+                StoredView::BF16(a) => (
+                    unravel(flat, a.shape()),
+                    a.iter().nth(flat).map(|x| x.to_f64()),
+                ),
+                StoredView::F16(a) => (
+                    unravel(flat, a.shape()),
+                    a.iter().nth(flat).map(|x| x.to_f64()),
+                ),
+                StoredView::Full(_) => (Vec::new(), None),
             };
+            let value = value.unwrap_or(f64::NAN);
             let e = Error::new(ErrorKind::NonFinite { position, value }).in_array(name);
             return Err(match &self.source {
                 Some(p) => e.in_file(p),
@@ -733,4 +738,46 @@ pub trait Module<T: Real> {
         }
         Ok(())
     }
+}
+
+/// The index (in logical order) of the first half-precision element whose
+/// bits have every bit of `mask` set, scanned in blocks that the compiler
+/// vectorises when the array is contiguous (`slice`), element by element
+/// otherwise (`bits`).
+fn first_all_set<H: crate::kernels::HalfFloat>(
+    bits: impl Iterator<Item = u16>,
+    slice: Option<&[H]>,
+    mask: u16,
+) -> Option<usize> {
+    let Some(slice) = slice else {
+        return bits
+            .enumerate()
+            .find(|&(_, b)| b & mask == mask)
+            .map(|(i, _)| i);
+    };
+    const BLOCK: usize = 4096;
+    slice.chunks(BLOCK).enumerate().find_map(|(c, chunk)| {
+        let any = chunk
+            .iter()
+            .fold(false, |acc, x| acc | (x.to_bits() & mask == mask));
+        any.then(|| {
+            c * BLOCK
+                + chunk
+                    .iter()
+                    .position(|x| x.to_bits() & mask == mask)
+                    .expect("found")
+        })
+    })
+}
+
+/// Row-major multi-index of flat index `flat` in `shape`.
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (i, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            index[i] = flat % n;
+            flat /= n;
+        }
+    }
+    index
 }

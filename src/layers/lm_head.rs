@@ -33,7 +33,7 @@ use crate::ops::fused_ce::{
     ChunkSizes, HeadKernel, RowStats, Targets, fused_ce_backward_on, fused_ce_forward_on,
 };
 use crate::ops::fused_ce_sum::{SumChunks, fused_ce_sum_forward_on};
-use crate::param::{ParamGrad, Parameter, Stored};
+use crate::param::{Dtype, ParamGrad, Parameter, Stored};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
@@ -102,6 +102,35 @@ impl<T: Real> SplitLanguageModellingHead<T> {
     ) -> Result<Self> {
         Ok(SplitLanguageModellingHead {
             splits: SplitTables::new("lm_head", split_vocab_size, split_order, hidden_size)?,
+            chunks: ChunkSizes::default(),
+            sum_chunks: SumChunks::default(),
+            kernel: HeadKernel::Auto,
+        })
+    }
+
+    /// [`Self::new`] with the weights kept as `dtype` from the start (see
+    /// [`SplitTokenEmbeddings::with_dtype`](super::SplitTokenEmbeddings::with_dtype)).
+    ///
+    /// ```
+    /// use splitgrad::{layers::SplitLanguageModellingHead, param::Dtype, state::Module};
+    /// let h = SplitLanguageModellingHead::<f32>::with_dtype(&[("a", 50)], &["a"], 4, Dtype::F16)?;
+    /// assert_eq!(h.parameter_bytes(), 50 * 4 * 2);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn with_dtype<S: AsRef<str>, O: AsRef<str>>(
+        split_vocab_size: &[(S, usize)],
+        split_order: &[O],
+        hidden_size: usize,
+        dtype: Dtype,
+    ) -> Result<Self> {
+        Ok(SplitLanguageModellingHead {
+            splits: SplitTables::with_dtype(
+                "lm_head",
+                split_vocab_size,
+                split_order,
+                hidden_size,
+                dtype,
+            )?,
             chunks: ChunkSizes::default(),
             sum_chunks: SumChunks::default(),
             kernel: HeadKernel::Auto,

@@ -88,6 +88,33 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         })
     }
 
+    /// [`Self::new`] with the tables kept as `dtype` from the start (bf16
+    /// or f16 tables never pass through f32: the layer costs their bytes
+    /// only). Errors: those of [`Self::new`]; f64 tables in an f32 layer.
+    ///
+    /// ```
+    /// use splitgrad::{layers::SplitTokenEmbeddings, param::Dtype, state::Module};
+    /// let e = SplitTokenEmbeddings::<f32>::with_dtype(&[("orig", 100), ("prompt", 4)], &["orig", "prompt"], 8, Dtype::BF16)?;
+    /// assert_eq!(e.parameter_bytes(), 104 * 8 * 2);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn with_dtype<S: AsRef<str>, O: AsRef<str>>(
+        split_vocab_size: &[(S, usize)],
+        split_order: &[O],
+        hidden_size: usize,
+        dtype: Dtype,
+    ) -> Result<Self> {
+        Ok(SplitTokenEmbeddings {
+            splits: SplitTables::with_dtype(
+                "token_embedding",
+                split_vocab_size,
+                split_order,
+                hidden_size,
+                dtype,
+            )?,
+        })
+    }
+
     /// Every element N(0, 1), as `nn.Embedding.reset_parameters`.
     ///
     /// ```

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::io::{bytes_of, check_memory};
 use crate::kernels::Real;
 use crate::kernels::routing::{Routed, SplitRouting};
-use crate::param::{Parameter, StoredMut};
+use crate::param::{Dtype, Parameter, Stored, StoredMut};
 use crate::rng::Rng;
 
 /// Named tables that own contiguous ranges of one vocabulary, in order.
@@ -45,6 +45,40 @@ impl<T: Real> SplitTables<T> {
         split_order: &[O],
         hidden_size: usize,
     ) -> Result<Self> {
+        Self::with_dtype(
+            prefix,
+            split_vocab_size,
+            split_order,
+            hidden_size,
+            Dtype::of::<T>(),
+        )
+    }
+
+    /// [`Self::new`] with the zero tables kept as `dtype` from the start
+    /// (no f32 table is ever made), the memory check counting its bytes.
+    ///
+    /// Errors: those of [`Self::new`]; a dtype `T` cannot hold (f64
+    /// tables in an f32 layer).
+    ///
+    /// ```
+    /// use splitgrad::{layers::SplitTables, param::Dtype};
+    /// let t = SplitTables::<f32>::with_dtype("e", &[("a", 10)], &["a"], 4, Dtype::BF16)?;
+    /// assert_eq!((t.tables()[0].dtype(), t.tables()[0].nbytes()), (Dtype::BF16, 80));
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn with_dtype<S: AsRef<str>, O: AsRef<str>>(
+        prefix: &str,
+        split_vocab_size: &[(S, usize)],
+        split_order: &[O],
+        hidden_size: usize,
+        dtype: Dtype,
+    ) -> Result<Self> {
+        if dtype != Dtype::of::<T>() && !dtype.is_half() {
+            return Err(Error::config(format!(
+                "a {} layer cannot keep its tables as {dtype}",
+                T::NAME
+            )));
+        }
         if split_order.is_empty() {
             return Err(Error::config("split_order is empty"));
         }
@@ -100,13 +134,12 @@ impl<T: Real> SplitTables<T> {
         }
         let mut total = 0u64;
         for (name, &size) in order.iter().zip(&sizes) {
-            let bytes = table_bytes::<T>(size, hidden_size);
+            let bytes = bytes_of(&[size as u64, hidden_size as u64, dtype.size() as u64]);
             total = total.saturating_add(bytes);
             check_memory(
                 || {
                     format!(
-                        "`{prefix}.{name}.weight` ({size} × {hidden_size} {}{})",
-                        T::NAME,
+                        "`{prefix}.{name}.weight` ({size} × {hidden_size} {dtype}{})",
                         if total > bytes {
                             ", with the tables before it"
                         } else {
@@ -122,12 +155,20 @@ impl<T: Real> SplitTables<T> {
             .iter()
             .zip(&sizes)
             .map(|(name, &size)| {
-                Parameter::new(
-                    format!("{prefix}.{name}.weight"),
-                    Array2::<T>::zeros((size, hidden_size)).into_dyn(),
-                )
+                let name = format!("{prefix}.{name}.weight");
+                if dtype.is_half() {
+                    Ok(Parameter::new_stored(
+                        name,
+                        Stored::zeros(&[size, hidden_size], dtype)?,
+                    ))
+                } else {
+                    Ok(Parameter::new(
+                        name,
+                        Array2::<T>::zeros((size, hidden_size)).into_dyn(),
+                    ))
+                }
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(SplitTables {
             order,
             routing: SplitRouting::new(&sizes),

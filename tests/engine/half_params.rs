@@ -550,3 +550,54 @@ fn activations_in_the_tables_dtype_are_the_f32_ones_rounded_once() {
         let _ = StoredView::<f32>::from(wide.view());
     }
 }
+
+#[test]
+fn layers_built_in_half_precision_never_hold_f32_tables() {
+    let e = SplitTokenEmbeddings::<f32>::with_dtype(
+        &[("orig", 300), ("prompt", 4)],
+        &["orig", "prompt"],
+        8,
+        Dtype::F16,
+    )
+    .unwrap();
+    assert!(e.parameters().iter().all(|p| p.dtype() == Dtype::F16));
+    assert_eq!(e.parameter_bytes(), 304 * 8 * 2);
+    // The same draws as an f32 layer narrowed afterwards.
+    let mut a = e.clone();
+    a.reset_parameters(&mut Rng::new(3));
+    let mut b =
+        SplitTokenEmbeddings::<f32>::new(&[("orig", 300), ("prompt", 4)], &["orig", "prompt"], 8)
+            .unwrap();
+    b.reset_parameters(&mut Rng::new(3));
+    b.set_dtype(Dtype::F16).unwrap();
+    assert_eq!(a.state_dict(), b.state_dict());
+    let err = SplitTokenEmbeddings::<f32>::with_dtype(&[("a", 3)], &["a"], 2, Dtype::F64)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("f32") && err.contains("f64"), "{err}");
+    let h =
+        SplitLanguageModellingHead::<f32>::with_dtype(&[("a", 5)], &["a"], 4, Dtype::BF16).unwrap();
+    assert_eq!(h.parameter_bytes(), 40);
+}
+
+#[test]
+fn a_non_finite_half_value_far_into_a_table_is_found_at_its_position() {
+    let mut e =
+        SplitTokenEmbeddings::<f32>::with_dtype(&[("a", 3000)], &["a"], 7, Dtype::F16).unwrap();
+    e.reset_parameters(&mut Rng::new(1));
+    let mut state = e.state_dict();
+    if let Some(splitgrad::state::TensorData::F16(a)) =
+        state.remove("token_embedding.a.weight").as_mut()
+    {
+        a[[2999, 5]] = half::f16::NAN;
+        a[[2999, 6]] = half::f16::INFINITY;
+        state.insert(
+            "token_embedding.a.weight",
+            splitgrad::state::TensorData::F16(a.clone()),
+        );
+    } else {
+        panic!("an f16 layer's state dict holds F16 tensors");
+    }
+    let err = e.load_state_dict(&state).unwrap_err().to_string();
+    assert!(err.contains("[2999, 5]") && err.contains("NaN"), "{err}");
+}
