@@ -237,7 +237,7 @@ fn main() -> Result<()> {
         }
     }
     let (target, mask) = (target.into_dyn(), mask.into_dyn());
-    let report = |every: u64, step: u64| step % every == 0 || step + 1 == o.steps;
+    let report = |every: u64, step: u64| step.is_multiple_of(every) || step + 1 == o.steps;
     let every = (o.steps / 5).max(1);
     let dir = std::env::temp_dir().join(format!("splitgrad-prompt-bf16-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
