@@ -324,8 +324,8 @@ impl<T: Real> Trainer<T> {
         self.fingerprint = (self.fingerprint ^ h.rotate_left(29)).wrapping_mul(0x0100_0000_01b3);
     }
 
-    /// A trainer at step 0, the model's parameters narrowed (to nearest)
-    /// to the configuration's dtype. The corpus must fit the model (ids
+    /// A trainer at step 0, the model's parameters kept in the
+    /// configuration's dtype (narrowed to nearest, or widened back). The corpus must fit the model (ids
     /// below V and L) and hold at least one bigram.
     pub fn new(
         mut model: BigramModel<T>,
@@ -346,10 +346,8 @@ impl<T: Real> Trainer<T> {
         }
         let fingerprint = corpus_fingerprint(&corpus);
         let optimizer = optimizer(config.lr, config.precision, config.seed)?;
-        let dtype = config.precision.dtype_of::<T>();
-        if dtype != Dtype::of::<T>() {
-            model.set_dtype(dtype)?;
-        }
+        // A no-op for a model kept as the engine's own type and run so.
+        model.set_dtype(config.precision.dtype_of::<T>())?;
         Ok(Trainer {
             model,
             fingerprint,
@@ -787,6 +785,91 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!path.exists());
+    }
+
+    /// A trainer keeping its parameters and moments in bf16 saves them as
+    /// BF16 and, loaded into a fresh trainer, continues bit for bit; one
+    /// of another precision refuses the checkpoint, naming both values.
+    #[test]
+    fn a_half_precision_trainer_resumes_exactly() {
+        let make = |precision: Precision| {
+            let config = ModelConfig::new(6, 2, 4);
+            let index = SplitIndex::new(vec![0, 1], vec![1, 2]);
+            let mut model = BigramModel::<f32>::new(config, index).unwrap();
+            model.reset_parameters(&mut Rng::new(0)).unwrap();
+            let corpus = Corpus::new(
+                vec![0, 1, 2, 3, 4, 5, 1, 2, 0],
+                vec![0, 0, 1, 1, 0, 1, 1, 0, 0],
+            );
+            let train = TrainConfig {
+                steps: 6,
+                batch: 16,
+                precision,
+                ..TrainConfig::default()
+            };
+            Trainer::new(model, corpus, train).unwrap()
+        };
+        let half = Precision {
+            dtype: Dtype::BF16,
+            state_dtype: Dtype::BF16,
+            rounding: RoundingMode::Stochastic,
+        };
+        let mut whole = make(half);
+        assert!(
+            whole
+                .model()
+                .parameters()
+                .iter()
+                .all(|p| p.dtype() == Dtype::BF16)
+        );
+        assert_eq!(
+            2 * whole.params_bytes(),
+            make(Precision::default()).params_bytes()
+        );
+        for _ in 0..3 {
+            whole.step().unwrap();
+        }
+        let path = std::env::temp_dir().join(format!(
+            "splitgrad-train-half-{}.safetensors",
+            std::process::id()
+        ));
+        whole.save(&path).unwrap();
+        let mut resumed = make(half);
+        resumed.load(&path).unwrap();
+        let other = Precision {
+            rounding: RoundingMode::Nearest,
+            ..half
+        };
+        let e = make(other).load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("written with rounding = stochastic, this run has rounding = nearest"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+        for _ in 3..6 {
+            whole.step().unwrap();
+            resumed.step().unwrap();
+        }
+        for (a, b) in whole
+            .model()
+            .parameters()
+            .iter()
+            .zip(resumed.model().parameters())
+        {
+            assert_eq!(a.stored(), b.stored(), "{}", a.name());
+        }
+        assert_eq!(
+            whole.optimizer.state_dict().iter().count(),
+            resumed.optimizer.state_dict().iter().count()
+        );
+        for ((na, ta), (nb, tb)) in whole
+            .optimizer
+            .state_dict()
+            .iter()
+            .zip(resumed.optimizer.state_dict().iter())
+        {
+            assert_eq!((na, ta), (nb, tb));
+        }
     }
 
     /// The batches drawn by bigram number equal those drawn from the list
