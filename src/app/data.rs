@@ -169,6 +169,7 @@ impl Data {
             corpus: self.corpus_size(),
             real_bytes: 4,
             action: "training",
+            ..Plan::default()
         }
     }
 }

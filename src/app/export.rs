@@ -47,7 +47,7 @@ pub fn language_table<T: Real>(
     let mut table = model.table().to_owned();
     let split = &model.split;
     let rows = model.rows();
-    let logits = split.gate_logit().value();
+    let logits = model.gate_logits();
     for (r, (&l, &t)) in split
         .index()
         .language_index

@@ -16,7 +16,9 @@
 //! own loss, with the head's gradients formed in the same pass: the same
 //! numbers as the token-by-token computation, at a fraction of the cost.
 
-use ndarray::{ArrayView2, Ix2};
+use std::borrow::Cow;
+
+use ndarray::{CowArray, Ix1, Ix2};
 
 use crate::error::Result;
 use crate::io::SplitIndex;
@@ -178,23 +180,30 @@ impl<T: Real> BigramModel<T> {
         self.embeddings.split("vocab").expect("the one split")
     }
 
-    /// The shared table as a (V, D) view.
-    pub fn table(&self) -> ArrayView2<'_, T> {
-        self.shared_table()
-            .value()
-            .view()
-            .into_dimensionality::<Ix2>()
-            .expect("a 2-D table")
+    /// The shared table as (V, D): borrowed when kept at the engine's
+    /// precision, widened (exactly) when kept in half precision.
+    pub fn table(&self) -> CowArray<'_, T, Ix2> {
+        two_d(self.shared_table())
     }
 
-    /// The split rows as an (n_rows, D) view.
-    pub fn rows(&self) -> ArrayView2<'_, T> {
-        self.split
-            .rows()
-            .value()
-            .view()
-            .into_dimensionality::<Ix2>()
-            .expect("2-D rows")
+    /// The split rows as (n_rows, D), borrowed or widened as
+    /// [`Self::table`].
+    pub fn rows(&self) -> CowArray<'_, T, Ix2> {
+        two_d(self.split.rows())
+    }
+
+    /// The head's weight `lm_head.vocab.weight` as (V, D), borrowed or
+    /// widened as [`Self::table`].
+    pub fn head_weight(&self) -> CowArray<'_, T, Ix2> {
+        two_d(self.head.parameters()[0])
+    }
+
+    /// The gate logits (n_rows), borrowed or widened as [`Self::table`].
+    pub fn gate_logits(&self) -> CowArray<'_, T, Ix1> {
+        match self.split.gate_logit().widened() {
+            Cow::Borrowed(a) => a.view().into_dimensionality().expect("1-D gates").into(),
+            Cow::Owned(a) => a.into_dimensionality().expect("1-D gates").into(),
+        }
     }
 
     /// Each split row's gate σ(gate_logit), in f64.
@@ -289,6 +298,15 @@ impl<T: Real> Module<T> for BigramModel<T> {
     /// The split vocabulary's index.
     fn buffers(&self) -> Vec<(String, TensorRef<'_>)> {
         self.split.buffers()
+    }
+}
+
+/// A 2-D parameter as (rows, width), borrowed when kept at the engine's
+/// precision, widened otherwise.
+fn two_d<T: Real>(p: &Parameter<T>) -> CowArray<'_, T, Ix2> {
+    match p.widened() {
+        Cow::Borrowed(a) => a.view().into_dimensionality().expect("a 2-D table").into(),
+        Cow::Owned(a) => a.into_dimensionality().expect("a 2-D table").into(),
     }
 }
 

@@ -11,6 +11,7 @@
 use crate::error::human_bytes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::{bytes_of, memory_available};
+use crate::param::Dtype;
 
 /// The sizes of a run and where they came from.
 #[derive(Clone, Debug, Default)]
@@ -33,8 +34,13 @@ pub struct Plan {
     /// The corpus in memory (training and held-out parts), or zero when
     /// there is none (a model alone, as `report` loads it).
     pub corpus: CorpusSize,
-    /// Bytes of one real (4 for `f32`).
+    /// Bytes of one real (4 for `f32`): the math, the gradients, the
+    /// activations.
     pub real_bytes: usize,
+    /// How the parameters are kept (`None`: as reals).
+    pub param_dtype: Option<Dtype>,
+    /// How the optimiser's moments are kept (`None`: as reals).
+    pub state_dtype: Option<Dtype>,
     /// What is done with the model, for the error: "training" (the
     /// default, when empty) or "loading".
     pub action: &'static str,
@@ -73,7 +79,7 @@ const FIXED: u64 = 96 << 20;
 impl Plan {
     /// The bytes the run needs, by its largest parts (an upper estimate:
     /// the corpus with its held-out split, every table with its two Adam
-    /// moments, the head's dense gradient, a step's activations and
+    /// moments at the bytes of their dtypes, the head's dense gradient, a step's activations and
     /// gradients, the evaluation's hidden rows and per-language sums).
     /// `u64::MAX` if that overflows.
     pub fn bytes(&self) -> u64 {
@@ -92,6 +98,11 @@ impl Plan {
             self.n_rows as u64,
         );
         let t = self.real_bytes as u64;
+        let size = |d: Option<Dtype>| d.map_or(t, |d| d.size() as u64);
+        let (p, m) = (size(self.param_dtype), size(self.state_dtype));
+        // A parameter kept narrower than a real is widened for each step
+        // (the tape's copy) and for each evaluation.
+        let widened = if p < t { 2 * t } else { 0 };
         let sum = |parts: &[u64]| {
             parts
                 .iter()
@@ -101,10 +112,11 @@ impl Plan {
         let model = sum(&[
             // Shared table and head, each with two moments; the head's
             // dense gradient; the evaluation's copy of the head and its
-            // hidden rows (at most V + n of them).
-            bytes_of(&[9, v, d, t]),
-            // Split rows with two moments and their gradient, gates.
-            bytes_of(&[4, n, d, t]),
+            // hidden rows (at most V + n of them); the widened copies.
+            bytes_of(&[v, d, 2 * p + 4 * m + 3 * t + 2 * widened]),
+            // Split rows with two moments and their gradient (and their
+            // widened copies), gates.
+            bytes_of(&[n, d, p + 2 * m + t + widened]),
             bytes_of(&[8, n, 8]),
             // The index, its lookup and the evaluation's per-row figures.
             bytes_of(&[n, 96]),
@@ -297,6 +309,37 @@ mod tests {
         let whole = (3u64 << 42) + (8 << 30);
         let held = p.corpus.bytes() - whole;
         assert!(held.abs_diff(whole / 10) <= 1, "{held}");
+    }
+
+    #[test]
+    fn half_precision_takes_less_and_f32_is_the_default() {
+        let f32_named = Plan {
+            param_dtype: Some(Dtype::F32),
+            state_dtype: Some(Dtype::F32),
+            ..default_run()
+        };
+        assert_eq!(f32_named.parts(), default_run().parts());
+        let model = |p: &Plan| p.parts()[1].1;
+        let bf16 = Plan {
+            param_dtype: Some(Dtype::BF16),
+            ..default_run()
+        };
+        let both = Plan {
+            state_dtype: Some(Dtype::BF16),
+            ..bf16.clone()
+        };
+        let state_only = Plan {
+            state_dtype: Some(Dtype::BF16),
+            ..default_run()
+        };
+        // Per element of a table and the head: 36 bytes in f32; bf16
+        // parameters 4 + 16 + 12 + the widened copies 16 = 48; with bf16
+        // moments 40; bf16 moments alone 28.
+        let (v, d, n) = (500u64, 64u64, 80u64);
+        let rest = model(&default_run()) - 36 * v * d - 16 * n * d;
+        assert_eq!(model(&bf16), rest + 48 * v * d + 22 * n * d);
+        assert_eq!(model(&both), rest + 40 * v * d + 18 * n * d);
+        assert_eq!(model(&state_only), rest + 28 * v * d + 12 * n * d);
     }
 
     #[test]

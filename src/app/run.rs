@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::app::data::{Data, DataSource};
 use crate::app::eval::{evaluate, heldout_ce};
-use crate::app::report::{HeadRate, ROWS_LISTED, Report, ReportInput, Throughput};
+use crate::app::report::{HeadRate, Memory, ROWS_LISTED, Report, ReportInput, Throughput};
 use crate::app::train::{StepStats, TrainConfig, Trainer};
 use crate::error::Result;
 
@@ -193,6 +193,7 @@ impl<'a> Run<'a> {
             kept_limit: ROWS_LISTED,
         });
         report.heldout_source = Some(self.data.heldout_source.clone());
+        report.memory = Some(Memory::of_trainer(t));
         report.throughput = Some(Throughput {
             tokens_per_second,
             threads,

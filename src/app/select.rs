@@ -37,7 +37,6 @@ use crate::app::model::{BigramModel, ModelConfig};
 use crate::app::report::{Agreement, agreement};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::io::SplitIndex;
-use crate::state::Module;
 use crate::{Error, Real, Result};
 
 /// One (language, token) pair with its interference score.
@@ -143,11 +142,8 @@ pub fn interference<T: Real>(
         )));
     }
     let table = model.table();
-    let w = model.head.parameters()[0]
-        .value()
-        .view()
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D head");
+    let head = model.head_weight();
+    let w = head.view();
     let mut tokens: Vec<usize> = contexts.iter().map(|&((_, t), _)| t).collect();
     tokens.sort_unstable();
     tokens.dedup();
@@ -309,6 +305,7 @@ mod tests {
     use super::*;
     use crate::app::model::ModelConfig;
     use crate::app::synthetic::{SyntheticConfig, generate};
+    use crate::state::Module;
 
     /// The score is the norm of the mean gradient of the pair's
     /// occurrences with respect to the shared row, as the tape computes it.

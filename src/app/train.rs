@@ -19,7 +19,10 @@ use crate::app::model::{Batch, BigramModel};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::Real;
-use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups};
+use crate::optim::{
+    Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, ParamGroups, StateValue,
+};
+use crate::param::{Dtype, Rounding};
 use crate::rng::Rng;
 use crate::state::{Module, TensorData, TensorRef};
 use crate::tape::{Pool, Tape};
@@ -47,13 +50,15 @@ pub struct TrainConfig {
     pub fusion_penalty: f64,
     /// `false` for fusion mode (no gate).
     pub use_gate: bool,
-    /// Seed of the batches.
+    /// Seed of the batches (and of the stochastic rounding).
     pub seed: u64,
+    /// How the parameters and the optimiser state are kept.
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
     /// 1000 steps of 4096 bigrams at lr 0.01, gated, gate penalty 0.005,
-    /// no fusion penalty, seed 0.
+    /// no fusion penalty, seed 0, at the engine's own precision.
     fn default() -> Self {
         TrainConfig {
             steps: 1000,
@@ -63,6 +68,118 @@ impl Default for TrainConfig {
             fusion_penalty: 0.0,
             use_gate: true,
             seed: 0,
+            precision: Precision::default(),
+        }
+    }
+}
+
+/// How a run keeps its numbers: the model's parameters (every one: the
+/// shared table, the split rows, the gate logits, the head), the Adam
+/// moments, and how the optimiser narrows what it stores in half
+/// precision. The math is in the engine's type whatever they are.
+///
+/// A dtype that is not half (`f32`) means the engine's own precision.
+///
+/// ```
+/// use splitgrad::app::train::{Precision, RoundingMode};
+/// use splitgrad::param::Dtype;
+/// let p = Precision::default();
+/// assert_eq!((p.dtype, p.state_dtype, p.rounding), (Dtype::F32, Dtype::F32, RoundingMode::Stochastic));
+/// assert!(!p.is_half());
+/// assert!(Precision { dtype: Dtype::BF16, ..p }.is_half());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Precision {
+    /// The parameters' dtype: f32, bf16 or f16.
+    pub dtype: Dtype,
+    /// The optimiser state's dtype: f32 or bf16 (f16 is refused).
+    pub state_dtype: Dtype,
+    /// Stochastic (keyed by the run's seed) or to nearest.
+    pub rounding: RoundingMode,
+}
+
+impl Default for Precision {
+    /// f32 parameters and state, stochastic rounding.
+    fn default() -> Self {
+        Precision {
+            dtype: Dtype::F32,
+            state_dtype: Dtype::F32,
+            rounding: RoundingMode::Stochastic,
+        }
+    }
+}
+
+impl Precision {
+    /// Whether anything is kept in half precision (only then does the
+    /// rounding matter).
+    pub fn is_half(&self) -> bool {
+        self.dtype.is_half() || self.state_dtype.is_half()
+    }
+
+    /// The parameters' dtype on engine `T`: a half dtype, or `T`'s own.
+    pub fn dtype_of<T: Real>(&self) -> Dtype {
+        if self.dtype.is_half() {
+            self.dtype
+        } else {
+            Dtype::of::<T>()
+        }
+    }
+
+    /// The optimiser state's dtype on engine `T`: a half dtype, or `T`'s
+    /// own.
+    pub fn state_dtype_of<T: Real>(&self) -> Dtype {
+        if self.state_dtype.is_half() {
+            self.state_dtype
+        } else {
+            Dtype::of::<T>()
+        }
+    }
+}
+
+/// How a run's optimiser narrows a value it stores in half precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RoundingMode {
+    /// Stochastic rounding, its bits a function of the run's seed, the
+    /// step, the parameter and the element ([`Rounding::Stochastic`]).
+    #[default]
+    Stochastic,
+    /// To nearest, ties to even.
+    Nearest,
+}
+
+impl RoundingMode {
+    /// `"stochastic"` or `"nearest"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RoundingMode::Stochastic => "stochastic",
+            RoundingMode::Nearest => "nearest",
+        }
+    }
+
+    /// The optimiser's rounding for a run of seed `seed`.
+    pub fn rounding(self, seed: u64) -> Rounding {
+        match self {
+            RoundingMode::Stochastic => Rounding::Stochastic { seed },
+            RoundingMode::Nearest => Rounding::Nearest,
+        }
+    }
+}
+
+impl std::fmt::Display for RoundingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for RoundingMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "stochastic" => Ok(RoundingMode::Stochastic),
+            "nearest" => Ok(RoundingMode::Nearest),
+            _ => Err(Error::config(format!(
+                "unknown rounding `{s}` (expected stochastic or nearest)"
+            ))),
         }
     }
 }
@@ -169,17 +286,25 @@ pub const HISTORY: &str = "train.history";
 
 /// The optimiser of a run: lazy (row-sparse) Adam for the tables — the
 /// shared embedding and the split rows — and Adam for the gate logits and
-/// the head, chosen by parameter name. Its state is saved as
-/// `optimizer.tables.<param>.<field>` and `optimizer.dense.<param>.<field>`.
-pub fn optimizer<T: Real>(lr: f64) -> Result<ParamGroups<T>> {
-    let tables = LazyAdam::new(LazyAdamConfig {
+/// the head, chosen by parameter name, both keeping their moments and
+/// rounding as `precision` says (stochastic rounding keyed by `seed`).
+/// Its state is saved as `optimizer.tables.<param>.<field>` and
+/// `optimizer.dense.<param>.<field>`.
+pub fn optimizer<T: Real>(lr: f64, precision: Precision, seed: u64) -> Result<ParamGroups<T>> {
+    let state = precision.state_dtype_of::<T>();
+    let rounding = precision.rounding.rounding(seed);
+    let mut tables = LazyAdam::new(LazyAdamConfig {
         lr,
         ..LazyAdamConfig::default()
     })?;
-    let dense = Adam::new(AdamConfig {
+    tables.set_state_dtype(state)?;
+    tables.set_rounding(rounding);
+    let mut dense = Adam::new(AdamConfig {
         lr,
         ..AdamConfig::default()
     })?;
+    dense.set_state_dtype(state)?;
+    dense.set_rounding(rounding);
     Ok(ParamGroups::new()
         .group("tables", is_table, tables)
         .group("dense", |_| true, dense))
@@ -199,10 +324,11 @@ impl<T: Real> Trainer<T> {
         self.fingerprint = (self.fingerprint ^ h.rotate_left(29)).wrapping_mul(0x0100_0000_01b3);
     }
 
-    /// A trainer at step 0. The corpus must fit the model (ids below V and
-    /// L) and hold at least one bigram.
+    /// A trainer at step 0, the model's parameters kept in the
+    /// configuration's dtype (narrowed to nearest, or widened back). The corpus must fit the model (ids
+    /// below V and L) and hold at least one bigram.
     pub fn new(
-        model: BigramModel<T>,
+        mut model: BigramModel<T>,
         corpus: impl Into<Arc<Corpus>>,
         config: TrainConfig,
     ) -> Result<Self> {
@@ -219,13 +345,16 @@ impl<T: Real> Trainer<T> {
             return Err(Error::config("batch must be positive"));
         }
         let fingerprint = corpus_fingerprint(&corpus);
+        let optimizer = optimizer(config.lr, config.precision, config.seed)?;
+        // A no-op for a model kept as the engine's own type and run so.
+        model.set_dtype(config.precision.dtype_of::<T>())?;
         Ok(Trainer {
             model,
             fingerprint,
             corpus,
             n_bigrams,
             config,
-            optimizer: optimizer(config.lr)?,
+            optimizer,
             pool: Pool::new(),
             step: 0,
             history: Vec::new(),
@@ -249,6 +378,26 @@ impl<T: Real> Trainer<T> {
     /// The configuration.
     pub fn config(&self) -> &TrainConfig {
         &self.config
+    }
+
+    /// Bytes of the model's parameters, as they are kept.
+    pub fn params_bytes(&self) -> u64 {
+        self.model.parameter_bytes()
+    }
+
+    /// Bytes of the optimiser's state now, as it is kept (its moments, and
+    /// 8 bytes a step count).
+    pub fn state_bytes(&self) -> u64 {
+        let real = std::mem::size_of::<T>() as u64;
+        self.optimizer
+            .state()
+            .iter()
+            .map(|(_, v)| match v {
+                StateValue::Array(a) => real * a.len() as u64,
+                StateValue::Half(h) => h.nbytes(),
+                StateValue::Step(_) => 8,
+            })
+            .sum()
     }
 
     /// Loss terms of every step run so far (also across a resume).
@@ -368,18 +517,35 @@ impl<T: Real> Trainer<T> {
             }))
         };
         for p in self.model.parameters() {
-            if let Some((i, v)) = p.value().iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            let value = p.widened();
+            if let Some((i, v)) = value.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return diverged(format!("parameter `{}`", p.name()), i, Real::to_f64(*v));
             }
         }
         for (name, t) in self.optimizer.state_dict().iter() {
-            if let Some(a) = t.as_real::<T>()
-                && let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite())
-            {
+            let first_bad = match t {
+                TensorData::BF16(a) => a
+                    .iter()
+                    .map(|x| x.to_f64())
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite()),
+                TensorData::F16(a) => a
+                    .iter()
+                    .map(|x| x.to_f64())
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite()),
+                _ => t.as_real::<T>().and_then(|a| {
+                    a.iter()
+                        .map(|&x| Real::to_f64(x))
+                        .enumerate()
+                        .find(|(_, v)| !v.is_finite())
+                }),
+            };
+            if let Some((i, v)) = first_bad {
                 return diverged(
                     format!("optimiser state `{}{name}`", crate::checkpoint::OPTIMIZER),
                     i,
-                    Real::to_f64(*v),
+                    v,
                 );
             }
         }
@@ -393,7 +559,12 @@ impl<T: Real> Trainer<T> {
         let c = self.config;
         [
             ("format", "splitgrad-bigram-1".to_string()),
-            ("dtype", T::NAME.to_string()),
+            ("dtype", c.precision.dtype_of::<T>().name().to_string()),
+            (
+                "state_dtype",
+                c.precision.state_dtype_of::<T>().name().to_string(),
+            ),
+            ("rounding", c.precision.rounding.name().to_string()),
             ("step", self.step.to_string()),
             ("vocab_size", mc.vocab_size.to_string()),
             ("n_languages", mc.n_languages.to_string()),
@@ -485,8 +656,29 @@ impl<T: Real> Trainer<T> {
         }
         // Resuming is exact only with the same settings; `steps` may grow.
         let ours = self.metadata();
+        // Kept as the flags say; a checkpoint from before `state_dtype`
+        // and `rounding` were recorded kept its state as its parameters
+        // and rounded nothing.
+        for (key, flag) in [
+            ("dtype", "--dtype"),
+            ("state_dtype", "--state-dtype"),
+            ("rounding", "--rounding"),
+        ] {
+            let theirs = match snap.metadata.get(key) {
+                Some(v) => v.as_str(),
+                None if key == "state_dtype" => T::NAME,
+                None if key == "rounding" => RoundingMode::Stochastic.name(),
+                None => snap.meta(key)?,
+            };
+            if theirs != ours[key] {
+                return Err(Error::config(format!(
+                    "the checkpoint was written with {key} = {theirs}, this run has {key} = {} ({flag} {}); resume with {flag} {theirs}",
+                    ours[key], ours[key]
+                ))
+                .in_file(path));
+            }
+        }
         for key in [
-            "dtype",
             "vocab_size",
             "n_languages",
             "dim",
@@ -524,7 +716,7 @@ impl<T: Real> Trainer<T> {
             self.model.split.n_rows(),
             cfg.n_languages,
         )?;
-        let mut optimizer = optimizer(self.config.lr)?;
+        let mut optimizer = optimizer(self.config.lr, self.config.precision, self.config.seed)?;
         // `restore` checks every tensor before it changes the model.
         snap.restore(&mut [&mut self.model], Some(&mut optimizer))?;
         self.optimizer = optimizer;
@@ -572,6 +764,7 @@ mod tests {
             fusion_penalty: 0.0,
             use_gate: true,
             seed: 0,
+            precision: Precision::default(),
         };
         let mut trainer = Trainer::new(model, corpus, train).unwrap();
         trainer.step().unwrap();
@@ -592,6 +785,91 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!path.exists());
+    }
+
+    /// A trainer keeping its parameters and moments in bf16 saves them as
+    /// BF16 and, loaded into a fresh trainer, continues bit for bit; one
+    /// of another precision refuses the checkpoint, naming both values.
+    #[test]
+    fn a_half_precision_trainer_resumes_exactly() {
+        let make = |precision: Precision| {
+            let config = ModelConfig::new(6, 2, 4);
+            let index = SplitIndex::new(vec![0, 1], vec![1, 2]);
+            let mut model = BigramModel::<f32>::new(config, index).unwrap();
+            model.reset_parameters(&mut Rng::new(0)).unwrap();
+            let corpus = Corpus::new(
+                vec![0, 1, 2, 3, 4, 5, 1, 2, 0],
+                vec![0, 0, 1, 1, 0, 1, 1, 0, 0],
+            );
+            let train = TrainConfig {
+                steps: 6,
+                batch: 16,
+                precision,
+                ..TrainConfig::default()
+            };
+            Trainer::new(model, corpus, train).unwrap()
+        };
+        let half = Precision {
+            dtype: Dtype::BF16,
+            state_dtype: Dtype::BF16,
+            rounding: RoundingMode::Stochastic,
+        };
+        let mut whole = make(half);
+        assert!(
+            whole
+                .model()
+                .parameters()
+                .iter()
+                .all(|p| p.dtype() == Dtype::BF16)
+        );
+        assert_eq!(
+            2 * whole.params_bytes(),
+            make(Precision::default()).params_bytes()
+        );
+        for _ in 0..3 {
+            whole.step().unwrap();
+        }
+        let path = std::env::temp_dir().join(format!(
+            "splitgrad-train-half-{}.safetensors",
+            std::process::id()
+        ));
+        whole.save(&path).unwrap();
+        let mut resumed = make(half);
+        resumed.load(&path).unwrap();
+        let other = Precision {
+            rounding: RoundingMode::Nearest,
+            ..half
+        };
+        let e = make(other).load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("written with rounding = stochastic, this run has rounding = nearest"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+        for _ in 3..6 {
+            whole.step().unwrap();
+            resumed.step().unwrap();
+        }
+        for (a, b) in whole
+            .model()
+            .parameters()
+            .iter()
+            .zip(resumed.model().parameters())
+        {
+            assert_eq!(a.stored(), b.stored(), "{}", a.name());
+        }
+        assert_eq!(
+            whole.optimizer.state_dict().iter().count(),
+            resumed.optimizer.state_dict().iter().count()
+        );
+        for ((na, ta), (nb, tb)) in whole
+            .optimizer
+            .state_dict()
+            .iter()
+            .zip(resumed.optimizer.state_dict().iter())
+        {
+            assert_eq!((na, ta), (nb, tb));
+        }
     }
 
     /// The batches drawn by bigram number equal those drawn from the list
@@ -626,6 +904,7 @@ mod tests {
                 fusion_penalty: 0.0,
                 use_gate: true,
                 seed: case,
+                precision: Precision::default(),
             };
             let trainer = Trainer::new(model, corpus, train).unwrap();
             for step in 0..3 {

@@ -11,6 +11,8 @@ mod bad_inputs;
 #[cfg(feature = "cli")]
 mod cli_crash;
 #[cfg(feature = "cli")]
+mod cli_half;
+#[cfg(feature = "cli")]
 mod cli_train;
 #[cfg(feature = "cli")]
 mod golden;

@@ -196,6 +196,7 @@ fn train_config(steps: u64) -> TrainConfig {
         fusion_penalty: 0.01,
         use_gate: true,
         seed: 0,
+        ..TrainConfig::default()
     }
 }
 

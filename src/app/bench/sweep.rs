@@ -166,6 +166,7 @@ fn one(cfg: &SweepConfig, vocab_size: usize, dim: usize) -> Result<SweepRow> {
             fusion_penalty: 0.0,
             use_gate: true,
             seed: cfg.seed,
+            ..TrainConfig::default()
         },
     )?;
     trainer.step()?;

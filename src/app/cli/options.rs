@@ -56,6 +56,7 @@ impl ModelArgs {
             fusion_penalty: 0.0,
             use_gate: true,
             seed,
+            ..TrainConfig::default()
         }
     }
 }

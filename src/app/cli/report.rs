@@ -9,9 +9,10 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::app::report::{
-    GatedOutcome, Outcome, PlantedReport, ROWS_LISTED, Report, ReportInput, RowReport,
+    GatedOutcome, Memory, Outcome, PlantedReport, ROWS_LISTED, Report, ReportInput, RowReport,
 };
 use crate::app::train::load_model;
+use crate::error::human_bytes;
 use crate::io::write_atomic;
 
 use super::CliResult;
@@ -160,7 +161,30 @@ pub fn to_json(r: &Report) -> Value {
         v["contexts_per_step"] = json!(h.contexts_per_step);
         v["head_gflops"] = json!(h.gflops);
     }
+    if let Some(m) = &r.memory {
+        v["dtype"] = json!(m.dtype.name());
+        v["state_dtype"] = json!(m.state_dtype.name());
+        v["rounding"] = json!(m.rounding.name());
+        v["params_bytes"] = json!(m.params_bytes);
+        v["state_bytes"] = json!(m.state_bytes);
+    }
     v
+}
+
+/// The memory line: what the parameters and the optimiser state take.
+fn print_memory(m: &Memory) {
+    let rounding = if m.dtype.is_half() || m.state_dtype.is_half() {
+        format!("; {} rounding", m.rounding)
+    } else {
+        String::new()
+    };
+    println!(
+        "  memory: parameters {} in {}, optimiser state {} in {}{rounding}",
+        human_bytes(m.params_bytes),
+        m.dtype,
+        human_bytes(m.state_bytes),
+        m.state_dtype
+    );
 }
 
 fn planted_json(p: &PlantedReport) -> Value {
@@ -346,6 +370,9 @@ pub fn print(r: &Report) {
             None => println!("  {tps:.0} tokens/s on {} threads", t.threads),
         }
     }
+    if let Some(m) = &r.memory {
+        print_memory(m);
+    }
 }
 
 /// Options of `splitgrad report`.
@@ -361,11 +388,12 @@ pub struct ReportArgs {
 /// `splitgrad report CHECKPOINT`.
 pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
     let saved = load_model::<f32>(&args.checkpoint)?;
-    let report = Report::build(&ReportInput::of_saved(
+    let mut report = Report::build(&ReportInput::of_saved(
         &saved,
         &args.checkpoint,
         ROWS_LISTED,
     ));
+    report.memory = Some(Memory::of_saved(&saved));
     print(&report);
     if args.json {
         println!("{}", serde_json::to_string(&to_json(&report))?);

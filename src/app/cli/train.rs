@@ -11,7 +11,8 @@ use crate::app::data::{self, Data, DataSource};
 use crate::app::plan::Plan;
 use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
-use crate::app::train::{TrainConfig, Trainer};
+use crate::app::train::{Precision, RoundingMode, TrainConfig, Trainer};
+use crate::param::Dtype;
 
 use super::options::{ModelArgs, RunArgs, defaults};
 use super::outdir::{
@@ -80,6 +81,18 @@ pub struct TrainArgs {
     /// Print the report as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
+    /// How the model's parameters are kept: f32, bf16 or f16 (the math is
+    /// f32).
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
+    /// How the optimisers keep their moments: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub state_dtype: Dtype,
+    /// How values stored in bf16 or f16 are rounded: stochastic or nearest
+    /// [default: stochastic]; only with --dtype or --state-dtype in half
+    /// precision.
+    #[arg(long)]
+    pub rounding: Option<RoundingMode>,
 }
 
 impl TrainArgs {
@@ -100,7 +113,48 @@ impl TrainArgs {
         if self.steps == 0 {
             return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
         }
+        self.precision()?;
         Ok(())
+    }
+
+    /// `--dtype`, `--state-dtype` and `--rounding`, checked.
+    fn precision(&self) -> CliResult<Precision> {
+        if !matches!(self.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(format!(
+                "--dtype {}: train keeps its parameters as f32, bf16 or f16",
+                self.dtype
+            )
+            .into());
+        }
+        match self.state_dtype {
+            Dtype::F32 | Dtype::BF16 => {}
+            Dtype::F16 => {
+                return Err(
+                    "--state-dtype f16: f16 cannot keep Adam's second moment (a squared gradient below 6e-8 is lost); keep the optimiser state in bf16 or f32"
+                        .into(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "--state-dtype {other}: the optimiser state is kept as f32 or bf16"
+                )
+                .into());
+            }
+        }
+        let precision = Precision {
+            dtype: self.dtype,
+            state_dtype: self.state_dtype,
+            rounding: self.rounding.unwrap_or_default(),
+        };
+        if let Some(r) = self.rounding
+            && !precision.is_half()
+        {
+            return Err(format!(
+                "--rounding {r} rounds values kept in half precision, and this run keeps none: give --dtype bf16 or f16, or --state-dtype bf16, or leave --rounding out"
+            )
+            .into());
+        }
+        Ok(precision)
     }
 
     /// The output folder for a run on `data`, made ready and locked for
@@ -130,9 +184,9 @@ impl TrainArgs {
         Ok((out, lock))
     }
 
-    /// The run these options describe.
-    fn config(&self) -> RunConfig {
-        RunConfig {
+    /// The run these options describe (after [`Self::validate`]).
+    fn config(&self) -> CliResult<RunConfig> {
+        Ok(RunConfig {
             data: DataSource {
                 index: self.index.clone(),
                 heldout_fraction: self.heldout_fraction,
@@ -143,11 +197,12 @@ impl TrainArgs {
                 gate_penalty: self.gate_penalty,
                 fusion_penalty: self.fusion_penalty,
                 use_gate: !self.no_gate,
+                precision: self.precision()?,
                 ..self.model.train(self.steps, self.run.seed)
             },
             dim: self.model.dim,
             checkpoint_every: self.checkpoint_every,
-        }
+        })
     }
 }
 
@@ -202,7 +257,9 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     args.validate()?;
     let stop = Stop::install()?;
     let threads = set_threads(args.run.threads)?;
-    let config = args.config();
+    let config = args.config()?;
+    let precision = config.train.precision;
+    let (param_dtype, state_dtype) = (Some(precision.dtype), Some(precision.state_dtype));
     // The corpus's size and the model's, before the corpus is read; then
     // the whole run, with the split rows chosen.
     let started = std::time::Instant::now();
@@ -210,12 +267,18 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
         Plan {
             dim: config.dim,
             batch: config.train.batch,
+            param_dtype,
+            state_dtype,
             ..plan
         }
         .check("--dim or --batch")
     })?;
-    data.plan(config.dim, data.index.token_index.len(), config.train.batch)
-        .check("--dim or --batch")?;
+    Plan {
+        param_dtype,
+        state_dtype,
+        ..data.plan(config.dim, data.index.token_index.len(), config.train.batch)
+    }
+    .check("--dim or --batch")?;
     // A corpus that took a while to load says so (a small one is quiet).
     let size = data.corpus_size();
     let took = started.elapsed().as_secs_f64();

@@ -2,7 +2,7 @@
 //! gate closed, summed per language and per row, and each row's null
 //! distribution (see the module docs of [`super`]).
 
-use ndarray::{Array2, ArrayView2, Axis, Ix2};
+use ndarray::{Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 
 use super::{HeldOut, LanguageEval, RowEval};
@@ -13,7 +13,6 @@ use crate::kernels::Real;
 use crate::kernels::exp::scaled_exp;
 use crate::ops::fused_ce::{ChunkSizes, Targets, fused_ce_forward};
 use crate::ops::sigmoid::sigmoid;
-use crate::state::Module;
 
 /// Tokens per parallel task of the per-token pass.
 const TOKENS_PER_TASK: usize = 1 << 14;
@@ -109,7 +108,7 @@ fn evaluate_on<T: Real>(
     for (k, &t) in shared_ids.iter().enumerate() {
         hidden.row_mut(k).assign(&table.row(t));
     }
-    let gate_logit = split.gate_logit().value();
+    let gate_logit = model.gate_logits();
     for (k, &r) in row_ids.iter().enumerate() {
         let t = split.index().token_index[r];
         let mut h = hidden.row_mut(shared_ids.len() + k);
@@ -123,12 +122,8 @@ fn evaluate_on<T: Real>(
             h.assign(&x);
         }
     }
-    let head: Vec<ArrayView2<'_, T>> = model
-        .head
-        .parameters()
-        .into_iter()
-        .map(|p| p.value().view().into_dimensionality::<Ix2>().expect("2-D"))
-        .collect();
+    let head_weight = model.head_weight();
+    let head: Vec<ArrayView2<'_, T>> = vec![head_weight.view()];
     let w = ndarray::concatenate(Axis(0), &head).expect("one width");
 
     // Each hidden row's log-sum-exp, once: one "token" per row.

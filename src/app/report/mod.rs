@@ -31,7 +31,9 @@ pub use vocabularies::{
 use crate::Real;
 use crate::app::eval::{HeldOut, Rule};
 use crate::app::model::BigramModel;
-use crate::app::train::{RunLabels, SavedModel, StepStats};
+use crate::app::train::{RoundingMode, RunLabels, SavedModel, StepStats, Trainer};
+use crate::param::Dtype;
+use crate::state::Module;
 
 /// The most rows a report lists (in `rows` and in `kept`): every row when
 /// there are no more, else the most useful by held-out gain. An index of
@@ -114,6 +116,56 @@ pub struct Report {
     pub heldout_source: Option<String>,
     /// How fast the run trained (a training run's report only).
     pub throughput: Option<Throughput>,
+    /// What the parameters and the optimiser state take, and how they are
+    /// kept.
+    pub memory: Option<Memory>,
+}
+
+/// The bytes a run's parameters and optimiser state take, as kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Memory {
+    /// How the parameters are kept.
+    pub dtype: Dtype,
+    /// Bytes of every parameter.
+    pub params_bytes: u64,
+    /// How the optimiser's moments are kept.
+    pub state_dtype: Dtype,
+    /// Bytes of the optimiser's state (moments and step counts).
+    pub state_bytes: u64,
+    /// How values stored in half precision are rounded.
+    pub rounding: RoundingMode,
+}
+
+impl Memory {
+    /// The memory of a trainer's model and optimiser now.
+    pub fn of_trainer<T: Real>(t: &Trainer<T>) -> Memory {
+        let p = t.config().precision;
+        Memory {
+            dtype: p.dtype_of::<T>(),
+            params_bytes: t.params_bytes(),
+            state_dtype: p.state_dtype_of::<T>(),
+            state_bytes: t.state_bytes(),
+            rounding: p.rounding,
+        }
+    }
+
+    /// The memory of a checkpoint read back: its parameters as loaded, its
+    /// optimiser state as saved, the dtypes and the rounding of its
+    /// metadata.
+    pub fn of_saved<T: Real>(s: &SavedModel<T>) -> Memory {
+        let own = Dtype::of::<T>();
+        let dtype = |key: &str| s.meta_or(key, own.name()).parse().unwrap_or(own);
+        Memory {
+            dtype: s.model.parameters().first().map_or(own, |p| p.dtype()),
+            params_bytes: s.model.parameter_bytes(),
+            state_dtype: dtype("state_dtype"),
+            state_bytes: s.state_bytes,
+            rounding: s
+                .meta_or("rounding", "stochastic")
+                .parse()
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// One split row of a report.
@@ -319,6 +371,7 @@ impl Report {
             outcome,
             heldout_source: None,
             throughput: None,
+            memory: None,
         }
     }
 

@@ -153,7 +153,7 @@ pub fn effective_vocabularies<T: Real>(
 /// `‖rows_i − c(token_i)‖₂` (the terms of the fusion penalty), in f64.
 pub fn centroid_distances<T: Real>(model: &BigramModel<T>) -> Vec<f64> {
     let index = model.split.index();
-    let rows = model.split.rows().value();
+    let rows = model.rows();
     let d = model.config().dim;
     let mut sum: std::collections::BTreeMap<usize, (Vec<f64>, usize)> = Default::default();
     for (i, &t) in index.token_index.iter().enumerate() {

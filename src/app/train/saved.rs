@@ -11,6 +11,8 @@ use crate::checkpoint::Snapshot;
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::SplitIndex;
 use crate::kernels::Real;
+use crate::param::Dtype;
+use crate::state::{Module, TensorData};
 
 /// A model read back from a checkpoint of [`Trainer::save`](super::Trainer::save), for reports.
 #[derive(Clone, Debug)]
@@ -27,6 +29,8 @@ pub struct SavedModel<T> {
     pub heldout_curve: Vec<(u64, f64, f64)>,
     /// The held-out evaluation of the trained model, if the run ended.
     pub evaluation: Option<HeldOut>,
+    /// Bytes of the optimiser state saved with it (not loaded), as kept.
+    pub state_bytes: u64,
 }
 
 impl<T> SavedModel<T> {
@@ -35,6 +39,21 @@ impl<T> SavedModel<T> {
     pub fn use_gate(&self) -> bool {
         self.metadata.get("use_gate").map(String::as_str) != Some("false")
     }
+
+    /// A metadata value, or `default` where the checkpoint has none.
+    pub fn meta_or<'a>(&'a self, key: &str, default: &'a str) -> &'a str {
+        self.metadata.get(key).map_or(default, String::as_str)
+    }
+}
+
+/// The bytes of a tensor as a checkpoint keeps it.
+fn tensor_bytes(t: &TensorData) -> u64 {
+    let size: u64 = match t.dtype() {
+        "BF16" | "F16" => 2,
+        "F32" => 4,
+        _ => 8,
+    };
+    size.saturating_mul(t.shape().iter().product::<usize>() as u64)
 }
 
 /// A run's labels, held-out curve and evaluation.
@@ -108,6 +127,12 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         gate_init: snap.meta_parse("gate_init")?,
     };
     let index = index_of(&snap.state)?;
+    // The parameters are kept as the checkpoint keeps them (bf16 or f16
+    // tensors for a run of `--dtype bf16` or `f16`).
+    let dtype = match snap.metadata.get("dtype").map(String::as_str) {
+        Some(d @ ("bf16" | "f16")) => d.parse::<Dtype>().ok(),
+        _ => None,
+    };
     crate::app::plan::Plan {
         vocab_size: config.vocab_size,
         vocab_source: "the checkpoint's metadata".into(),
@@ -116,13 +141,28 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         dim: config.dim,
         n_rows: index.token_index.len(),
         real_bytes: std::mem::size_of::<T>(),
+        param_dtype: dtype,
         action: "loading",
         ..Default::default()
     }
     .check("")
     .map_err(|e| e.in_file(path))?;
     let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
+    for p in model.parameters_mut() {
+        let kept = match snap.state.get(p.name()) {
+            Some(TensorData::BF16(_)) => Dtype::BF16,
+            Some(TensorData::F16(_)) => Dtype::F16,
+            _ => continue,
+        };
+        p.set_dtype(kept).map_err(|e| e.in_file(path))?;
+    }
     let rest = snap.restore(&mut [&mut model], None)?;
+    let state_bytes = snap
+        .state
+        .iter()
+        .filter(|(name, _)| name.starts_with(crate::checkpoint::OPTIMIZER))
+        .map(|(_, t)| tensor_bytes(t))
+        .sum();
     let step: u64 = snap.meta_parse("step")?;
     let history = history_from(&rest, step)?;
     let (labels, heldout_curve, evaluation) =
@@ -134,6 +174,7 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         labels,
         heldout_curve,
         evaluation,
+        state_bytes,
     })
 }
 

@@ -1,0 +1,269 @@
+//! `train --dtype/--state-dtype/--rounding` end to end through the binary:
+//! a bf16 run still finds the planted pairs and its parameters take half
+//! the bytes; the precision is part of the checkpoint, so a resume with
+//! other flags is refused naming both; a resumed half-precision run
+//! continues bit for bit, on any number of threads; the flags the
+//! optimiser cannot honour are refused.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use splitgrad::checkpoint::Checkpoint;
+
+use crate::common::cli::{self, last_json, run_ok, s};
+
+fn scratch(name: &str) -> PathBuf {
+    cli::scratch("cli_half", name)
+}
+
+/// A small, quick training run on the built-in corpus.
+const SMALL: &[&str] = &[
+    "--batch",
+    "256",
+    "--dim",
+    "8",
+    "--checkpoint-every",
+    "5",
+    "--quiet",
+];
+
+/// `train --steps STEPS --out OUT`, [`SMALL`] and `extra`, in `dir`.
+fn train_args(out: &Path, steps: u64, extra: &[&str]) -> Vec<String> {
+    let head = ["train", "--steps", &steps.to_string(), "--out", s(out)].map(String::from);
+    head.into_iter()
+        .chain(SMALL.iter().map(|a| a.to_string()))
+        .chain(extra.iter().map(|a| a.to_string()))
+        .collect()
+}
+
+fn train(out: &Path, steps: u64, extra: &[&str]) -> Output {
+    let args = train_args(out, steps, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_ok(out.parent().unwrap(), &args)
+}
+
+/// Every tensor of two checkpoints but those named in `except`, byte for
+/// byte, and the same names.
+fn assert_same_tensors(a: &Path, b: &Path, except: &[&str]) {
+    let (ca, cb) = (Checkpoint::open(a).unwrap(), Checkpoint::open(b).unwrap());
+    let mut na = ca.names();
+    let mut nb = cb.names();
+    na.sort_unstable();
+    nb.sort_unstable();
+    assert_eq!(na, nb);
+    for name in na.into_iter().filter(|n| !except.contains(n)) {
+        assert_eq!(
+            ca.get(name).unwrap(),
+            cb.get(name).unwrap(),
+            "tensor {name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+fn metadata(ckpt: &Path, key: &str) -> String {
+    Checkpoint::open(ckpt).unwrap().metadata()[key].clone()
+}
+
+#[test]
+fn a_bf16_run_finds_the_planted_pairs_in_half_the_bytes() {
+    let dir = scratch("bf16");
+    // The default batch and width: 300 steps find every planted pair.
+    let full = |out: &str, extra: &[&str]| {
+        let out = dir.join(out);
+        let steps = [
+            "train",
+            "--steps",
+            "300",
+            "--out",
+            s(&out),
+            "--quiet",
+            "--json",
+        ];
+        run_ok(&dir, &[&steps[..], extra].concat())
+    };
+    let f32_run = full("f32", &[]);
+    let bf16_run = full("bf16", &["--dtype", "bf16"]);
+    let both_run = full("both", &["--dtype", "bf16", "--state-dtype", "bf16"]);
+    let (a, b, c) = (
+        last_json(&f32_run),
+        last_json(&bf16_run),
+        last_json(&both_run),
+    );
+    for (j, dtype, state) in [
+        (&a, "f32", "f32"),
+        (&b, "bf16", "f32"),
+        (&c, "bf16", "bf16"),
+    ] {
+        assert_eq!(j["f1"], 1.0, "{dtype}/{state}: {j}");
+        assert_eq!(j["dtype"], dtype);
+        assert_eq!(j["state_dtype"], state);
+        assert_eq!(j["rounding"], "stochastic");
+    }
+    let bytes = |j: &serde_json::Value, k: &str| j[k].as_u64().unwrap();
+    assert_eq!(2 * bytes(&b, "params_bytes"), bytes(&a, "params_bytes"));
+    assert_eq!(bytes(&b, "state_bytes"), bytes(&a, "state_bytes"));
+    assert_eq!(bytes(&c, "params_bytes"), bytes(&b, "params_bytes"));
+    // The moments halve; the step counts (8 bytes each) do not.
+    let (s32, s16) = (bytes(&a, "state_bytes"), bytes(&c, "state_bytes"));
+    let steps = 2 * s16 - s32;
+    assert!(steps % 8 == 0 && steps < s16 / 100, "{s32} {s16}");
+    // The report says it in words too.
+    let text = String::from_utf8_lossy(&bf16_run.stdout);
+    assert!(
+        text.contains("  memory: parameters 135.2 KiB in bf16, optimiser state 540.7 KiB in f32; stochastic rounding"),
+        "{text}"
+    );
+    let text = String::from_utf8_lossy(&f32_run.stdout);
+    assert!(
+        text.contains("  memory: parameters 270.3 KiB in f32, optimiser state 540.7 KiB in f32\n"),
+        "{text}"
+    );
+    // And so does `report` of the checkpoint.
+    let ckpt = dir.join("both/model.safetensors");
+    assert_eq!(metadata(&ckpt, "dtype"), "bf16");
+    assert_eq!(metadata(&ckpt, "state_dtype"), "bf16");
+    assert_eq!(metadata(&ckpt, "rounding"), "stochastic");
+    let report = run_ok(&dir, &["report", s(&ckpt), "--json"]);
+    let r = last_json(&report);
+    for k in [
+        "dtype",
+        "state_dtype",
+        "rounding",
+        "params_bytes",
+        "state_bytes",
+        "f1",
+    ] {
+        assert_eq!(r[k], c[k], "{k}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resume_with_another_precision_is_refused_naming_both() {
+    let dir = scratch("refuse");
+    let out = dir.join("run");
+    train(&out, 5, &["--dtype", "bf16"]);
+    let fails = |extra: &[&str]| {
+        let args = train_args(&out, 10, &[&["--resume"], extra].concat());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cli::fails(&dir, &args, None)
+    };
+    let ckpt = format!("{}: ", out.join("model.safetensors").display());
+    assert_eq!(
+        fails(&[]),
+        format!(
+            "{ckpt}the checkpoint was written with dtype = bf16, this run has dtype = f32 (--dtype f32); resume with --dtype bf16"
+        )
+    );
+    assert_eq!(
+        fails(&["--dtype", "f16"]),
+        format!(
+            "{ckpt}the checkpoint was written with dtype = bf16, this run has dtype = f16 (--dtype f16); resume with --dtype bf16"
+        )
+    );
+    assert_eq!(
+        fails(&["--dtype", "bf16", "--state-dtype", "bf16"]),
+        format!(
+            "{ckpt}the checkpoint was written with state_dtype = f32, this run has state_dtype = bf16 (--state-dtype bf16); resume with --state-dtype f32"
+        )
+    );
+    assert_eq!(
+        fails(&["--dtype", "bf16", "--rounding", "nearest"]),
+        format!(
+            "{ckpt}the checkpoint was written with rounding = stochastic, this run has rounding = nearest (--rounding nearest); resume with --rounding stochastic"
+        )
+    );
+    // The same flags resume it.
+    train(
+        &out,
+        10,
+        &["--resume", "--dtype", "bf16", "--rounding", "stochastic"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resumed_half_run_continues_bit_for_bit_on_any_threads() {
+    let dir = scratch("resume");
+    for (name, flags) in [
+        ("bf16", &["--dtype", "bf16"][..]),
+        ("bf16-state", &["--dtype", "bf16", "--state-dtype", "bf16"]),
+        ("f16-nearest", &["--dtype", "f16", "--rounding", "nearest"]),
+    ] {
+        let whole = dir.join(format!("{name}-whole"));
+        train(&whole, 40, &[flags, &["--threads", "2"]].concat());
+        let cut = dir.join(format!("{name}-cut"));
+        train(&cut, 20, &[flags, &["--threads", "1"]].concat());
+        train(&cut, 40, &[flags, &["--threads", "2", "--resume"]].concat());
+        // The held-out curve of the cut run has one more point, at the
+        // end of its first part; every weight and moment is the same.
+        assert_same_tensors(
+            &whole.join("model.safetensors"),
+            &cut.join("model.safetensors"),
+            &["train.heldout"],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn thread_counts_give_the_same_half_weights() {
+    let dir = scratch("threads");
+    let runs: Vec<PathBuf> = [1, 2]
+        .iter()
+        .map(|t| {
+            let out = dir.join(format!("t{t}"));
+            let threads = t.to_string();
+            train(
+                &out,
+                20,
+                &[
+                    "--dtype",
+                    "bf16",
+                    "--state-dtype",
+                    "bf16",
+                    "--threads",
+                    &threads,
+                ],
+            );
+            out.join("model.safetensors")
+        })
+        .collect();
+    assert_same_tensors(&runs[0], &runs[1], &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn precisions_the_run_cannot_keep_are_refused() {
+    let dir = scratch("flags");
+    let fails = |extra: &[&str]| {
+        let args = train_args(&dir.join("run"), 5, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cli::fails(&dir, &args, None)
+    };
+    assert_eq!(
+        fails(&["--state-dtype", "f16"]),
+        "--state-dtype f16: f16 cannot keep Adam's second moment (a squared gradient below 6e-8 is lost); keep the optimiser state in bf16 or f32"
+    );
+    assert_eq!(
+        fails(&["--dtype", "bf16", "--state-dtype", "f64"]),
+        "--state-dtype f64: the optimiser state is kept as f32 or bf16"
+    );
+    assert_eq!(
+        fails(&["--dtype", "f64"]),
+        "--dtype f64: train keeps its parameters as f32, bf16 or f16"
+    );
+    assert_eq!(
+        fails(&["--rounding", "nearest"]),
+        "--rounding nearest rounds values kept in half precision, and this run keeps none: give --dtype bf16 or f16, or --state-dtype bf16, or leave --rounding out"
+    );
+    let args = train_args(&dir.join("run"), 5, &["--dtype", "int8"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(
+        cli::clap_fails(&dir, &args),
+        "error: invalid value 'int8' for '--dtype <DTYPE>': unknown dtype `int8` (expected f32, f64, bf16 or f16)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
