@@ -8,7 +8,8 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use splitgrad::kernels::reduce::{add_scaled, dot_naive, dot_slices};
+use half::bf16;
+use splitgrad::kernels::reduce::{add_scaled, dot_half, dot_naive, dot_slices};
 
 const N: usize = 8192;
 const H: usize = 1024;
@@ -25,6 +26,15 @@ fn dot(c: &mut Criterion) {
     g.bench_function("naive", |b| {
         b.iter(|| black_box(dot_naive(black_box(xs), rs)))
     });
+    g.finish();
+
+    // The same product on bf16 copies of the arrays, widened as it goes:
+    // half the bytes.
+    let xh: Vec<bf16> = xs.iter().map(|&v| bf16::from_f32(v)).collect();
+    let rh: Vec<bf16> = rs.iter().map(|&v| bf16::from_f32(v)).collect();
+    let mut g = c.benchmark_group("dot_const/forward_bf16");
+    g.throughput(Throughput::Bytes((2 * N * H * 2) as u64));
+    pools.bench(&mut g, || dot_half::<f32, bf16>(black_box(&xh), &rh));
     g.finish();
 
     let mut g = c.benchmark_group("dot_const/backward");

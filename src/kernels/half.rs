@@ -539,6 +539,51 @@ pub fn widen_on<H: HalfFloat>(path: HalfPath, src: &[H], dst: &mut [f32]) {
     }
 }
 
+/// Adds `x[i]·r[i]` into `lanes[i mod 16]` for every i in order, both
+/// factors widened exactly, the product and the sum each rounded in f32
+/// (never fused): the lanes of an inner product of half-precision arrays
+/// (`kernels::reduce::dot_half`), widened in registers, on `path`.
+///
+/// **Panics** if the lengths differ or the CPU cannot run `path`.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::{HalfPath, dot_lanes_on};
+/// let x: Vec<bf16> = (0..40).map(|i| bf16::from_f32(i as f32)).collect();
+/// let mut lanes = [0.0f32; 16];
+/// dot_lanes_on(HalfPath::Scalar, &x, &x, &mut lanes);
+/// assert_eq!(lanes[1], 1.0 + 17.0 * 17.0 + 33.0 * 33.0);
+/// ```
+#[track_caller]
+pub fn dot_lanes_on<H: HalfFloat>(path: HalfPath, x: &[H], r: &[H], lanes: &mut [f32; 16]) {
+    check_lengths("dot_lanes", x.len(), r.len());
+    path.check();
+    let body = x.len() - x.len() % 16;
+    let (xb, rb) = (H::bits(&x[..body]), H::bits(&r[..body]));
+    match path {
+        HalfPath::Scalar => dot_lanes_scalar::<H>(xb, rb, lanes),
+        // SAFETY: `check` found AVX2 and F16C; equal lengths, multiples of 16.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::dot_lanes_avx2::<H>(xb, rb, lanes) },
+        // SAFETY: `check` found AVX-512F; equal lengths, multiples of 16.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::dot_lanes_avx512::<H>(xb, rb, lanes) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    }
+    dot_lanes_scalar::<H>(H::bits(&x[body..]), H::bits(&r[body..]), lanes);
+}
+
+fn dot_lanes_scalar<H: HalfFloat>(x: &[u16], r: &[u16], lanes: &mut [f32; 16]) {
+    let w = |h: u16| match H::FORMAT {
+        Format::Bf16 => f32::from_bits(bf16_widen(h)),
+        Format::F16 => f32::from_bits(f16_widen(h)),
+    };
+    for (i, (&a, &b)) in x.iter().zip(r).enumerate() {
+        lanes[i % 16] += w(a) * w(b);
+    }
+}
+
 /// [`widen`]'s naive twin: the `half` crate's software `to_f32_const`.
 ///
 /// **Panics** if the lengths differ.

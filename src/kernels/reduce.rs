@@ -91,7 +91,16 @@ pub fn dot_slices<T: Real>(x: &[T], r: &[T]) -> T {
 #[track_caller]
 pub fn dot_half<T: Real, H: super::HalfFloat>(x: &[H], r: &[H]) -> T {
     same_length(x, r);
+    let path = super::half::HalfPath::chosen();
     let block = |(x, r): (&[H], &[H])| {
+        if T::NAME == "f32" {
+            // Widened in registers: the same lanes, the same bits.
+            let mut lanes = [0.0f32; DOT_LANES];
+            super::half::dot_lanes_on(path, x, r, &mut lanes);
+            return lanes
+                .into_iter()
+                .fold(T::zero(), |acc, s| acc + T::from_f64(f64::from(s)));
+        }
         const STEP: usize = 256;
         let (mut bx, mut br) = ([T::zero(); STEP], [T::zero(); STEP]);
         let mut lanes = [T::zero(); DOT_LANES];

@@ -19,9 +19,9 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use splitgrad::Rng;
 use splitgrad::kernels::half::{
-    HalfFloat, HalfPath, SrKey, narrow_nearest, narrow_nearest_naive, narrow_nearest_on,
-    narrow_stochastic, narrow_stochastic_naive, narrow_stochastic_on, sr_bits, widen, widen_naive,
-    widen_on,
+    HalfFloat, HalfPath, SrKey, dot_lanes_on, narrow_nearest, narrow_nearest_naive,
+    narrow_nearest_on, narrow_stochastic, narrow_stochastic_naive, narrow_stochastic_on, sr_bits,
+    widen, widen_naive, widen_on,
 };
 
 fn paths() -> Vec<HalfPath> {
@@ -626,4 +626,40 @@ fn lengths_that_differ_panic() {
 #[should_panic(expected = "widen: the source has 1 elements and the destination 2")]
 fn widening_lengths_that_differ_panic() {
     widen(&[f16::ONE], &mut [0.0f32; 2]);
+}
+
+/// The lanes of an inner product widened in registers, on every path of
+/// this CPU, equal the scalar twin's bits, and the scalar twin equals the
+/// definition (widen with the `half` crate, multiply, add, in f32), for
+/// lengths around the 16-element vectors and for finite values of every
+/// binade.
+#[test]
+fn dot_lanes_are_the_same_bits_on_every_path() {
+    fn check<H: HalfFloat + std::fmt::Debug>(from: impl Fn(f32) -> H) {
+        let mut rng = Rng::new(41);
+        for n in [0usize, 1, 15, 16, 17, 31, 33, 1000, 4099] {
+            let draw = |rng: &mut Rng| -> Vec<H> {
+                (0..n)
+                    .map(|_| from((rng.normal() * 2f64.powi(rng.below(20) as i32 - 10)) as f32))
+                    .collect()
+            };
+            let (x, r) = (draw(&mut rng), draw(&mut rng));
+            let mut want = [0.5f32; 16];
+            for (i, (a, b)) in x.iter().zip(&r).enumerate() {
+                want[i % 16] += a.naive_to_f32() * b.naive_to_f32();
+            }
+            for path in paths() {
+                let mut lanes = [0.5f32; 16];
+                dot_lanes_on(path, &x, &r, &mut lanes);
+                assert_eq!(
+                    lanes.map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "{} {path:?} n = {n}",
+                    H::NAME
+                );
+            }
+        }
+    }
+    check(bf16::from_f32);
+    check(f16::from_f32);
 }

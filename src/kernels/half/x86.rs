@@ -388,3 +388,76 @@ pub(super) unsafe fn stochastic_avx512<H: HalfFloat>(
     let tail = first_index.wrapping_add(body as u64);
     super::stochastic_scalar::<H>(&src[body..], &mut dst[body..], key, tail);
 }
+
+/// # Safety
+///
+/// The CPU must have AVX2 and F16C; `x` and `r` have one length, a
+/// multiple of 16.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_lanes_avx2<H: HalfFloat>(x: &[u16], r: &[u16], lanes: &mut [f32; 16]) {
+    let bf16 = H::FORMAT == super::Format::Bf16;
+    let widen = |h: __m128i| {
+        if bf16 {
+            _mm256_castsi256_ps(bf16_widen_avx2(h))
+        } else {
+            _mm256_cvtph_ps(h)
+        }
+    };
+    // SAFETY: `lanes` holds 16 floats; the loads are unaligned ones.
+    let (mut lo, mut hi) = unsafe {
+        (
+            _mm256_loadu_ps(lanes.as_ptr()),
+            _mm256_loadu_ps(lanes.as_ptr().add(8)),
+        )
+    };
+    for i in (0..x.len()).step_by(16) {
+        // SAFETY: i + 16 ≤ x.len() = r.len(); unaligned loads.
+        unsafe {
+            let (px, pr) = (x.as_ptr().add(i), r.as_ptr().add(i));
+            let (x0, x1) = (
+                _mm_loadu_si128(px.cast()),
+                _mm_loadu_si128(px.add(8).cast()),
+            );
+            let (r0, r1) = (
+                _mm_loadu_si128(pr.cast()),
+                _mm_loadu_si128(pr.add(8).cast()),
+            );
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(widen(x0), widen(r0)));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(widen(x1), widen(r1)));
+        }
+    }
+    // SAFETY: as the loads.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+}
+
+/// # Safety
+///
+/// The CPU must have AVX-512F; `x` and `r` have one length, a multiple of
+/// 16.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn dot_lanes_avx512<H: HalfFloat>(x: &[u16], r: &[u16], lanes: &mut [f32; 16]) {
+    let bf16 = H::FORMAT == super::Format::Bf16;
+    let widen = |h: __m256i| {
+        if bf16 {
+            _mm512_castsi512_ps(bf16_widen_avx512(h))
+        } else {
+            _mm512_cvtph_ps(h)
+        }
+    };
+    // SAFETY: `lanes` holds 16 floats.
+    let mut acc = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+    for i in (0..x.len()).step_by(16) {
+        // SAFETY: i + 16 ≤ x.len() = r.len(); unaligned loads.
+        unsafe {
+            let hx = _mm256_loadu_si256(x.as_ptr().add(i).cast());
+            let hr = _mm256_loadu_si256(r.as_ptr().add(i).cast());
+            // A product then a sum, never fused: the scalar twin's bits.
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(widen(hx), widen(hr)));
+        }
+    }
+    // SAFETY: as the load.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+}
