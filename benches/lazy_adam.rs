@@ -8,6 +8,7 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput};
 use splitgrad::kernels::scatter::coalesce_rows;
 use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+use splitgrad::param::{Dtype, Rounding};
 use splitgrad::{ParamGrad, Parameter, RowSparse};
 
 use common::table::{H, N, V};
@@ -42,6 +43,26 @@ fn lazy_adam(c: &mut Criterion) {
         b.iter(|| opt.update_naive(&mut p, black_box(&grad)).unwrap())
     });
     g.finish();
+
+    // The same rows of a bf16 table, the moments in f32 and in bf16, each
+    // store rounded stochastically; the bytes of the same elements at
+    // their widths.
+    for (state, moment_bytes) in [(Dtype::F32, 4), (Dtype::BF16, 2)] {
+        let mut g = c.benchmark_group(format!("lazy_adam/update_bf16_{state}_state"));
+        g.throughput(Throughput::Bytes(
+            ((4 + 2 * 2 + 4 * moment_bytes) * touched * H) as u64,
+        ));
+        for (name, pool) in pools.both() {
+            let (mut p, mut opt) = fresh();
+            p.set_dtype(Dtype::BF16).unwrap();
+            opt.set_state_dtype(state).unwrap();
+            opt.set_rounding(Rounding::Stochastic { seed: 0 });
+            g.bench_function(name, |b| {
+                b.iter(|| pool.install(|| opt.update(&mut p, black_box(&grad)).unwrap()))
+            });
+        }
+        g.finish();
+    }
 }
 
 common::bench_main!(lazy_adam);

@@ -189,6 +189,54 @@ fn update_half<T: Real, R: Rule<T>>(
     }
 }
 
+/// [`Rule::apply_run`] compiled for the widest vector unit
+/// [`HalfPath::chosen`](crate::kernels::half::HalfPath::chosen) finds (the
+/// crate itself is built for baseline x86-64: four f32 lanes). The same
+/// bits on every path: each element's additions, products, quotient and
+/// square root are IEEE operations, correctly rounded at any vector width,
+/// and never fused.
+#[inline]
+fn apply_run_wide<T: Real, R: Rule<T>>(
+    rule: &R,
+    p: &mut [T],
+    m: &mut [T],
+    v: &mut [T],
+    g: Option<&[T]>,
+) {
+    use crate::kernels::half::HalfPath;
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn avx512<T: Real, R: Rule<T>>(
+            r: &R,
+            p: &mut [T],
+            m: &mut [T],
+            v: &mut [T],
+            g: Option<&[T]>,
+        ) {
+            r.apply_run(p, m, v, g)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<T: Real, R: Rule<T>>(
+            r: &R,
+            p: &mut [T],
+            m: &mut [T],
+            v: &mut [T],
+            g: Option<&[T]>,
+        ) {
+            r.apply_run(p, m, v, g)
+        }
+        match HalfPath::chosen() {
+            // SAFETY: the chosen path is one this CPU runs.
+            HalfPath::Avx512 => return unsafe { avx512(rule, p, m, v, g) },
+            // SAFETY: as above (the AVX2 path needs AVX2 and F16C).
+            HalfPath::Avx2 => return unsafe { avx2(rule, p, m, v, g) },
+            HalfPath::Scalar => {}
+        }
+    }
+    rule.apply_run(p, m, v, g)
+}
+
 /// The widening buffers of one task.
 type Bufs<T> = [[T; WIDEN_CHUNK]; 3];
 
@@ -209,7 +257,7 @@ fn dense_half<T: Real, R: Rule<T>>(
         let g = &g[first..first + p.len()];
         update_widened(parts([p, m, v], keys), first as u64, |[p, m, v], off| {
             let n = p.len();
-            rule.apply_run(p, m, v, Some(&g[off..off + n]));
+            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
         });
     };
     let jobs = p
@@ -257,7 +305,7 @@ fn rows_half<T: Real, R: Rule<T>>(
         let first = (r * width) as u64;
         update_widened_in(parts([p, m, v], keys), first, bufs, |[p, m, v], off| {
             let n = p.len();
-            rule.apply_run(p, m, v, Some(&g[off..off + n]));
+            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
         });
     };
     let bufs = || Box::new([[T::zero(); WIDEN_CHUNK]; 3]);
