@@ -11,7 +11,7 @@ use crate::convert::{OrRaise, PyReal, check_shape, ids_arg};
 use crate::gradients::{PyGradients, gradients_of};
 use crate::halfio::{Act, act_arg, half_bits_arg, input_arg, output, output_bits, with_half_view};
 use crate::layer::{Workspaces, check_output, layer_class, split_layer_methods};
-use splitgrad::kernels::HalfFloat;
+use half::vec::{HalfBitsVecExt, HalfFloatVecExt};
 use splitgrad::param::{Dtype as StorageDtype, Stored};
 
 layer_class!(
@@ -47,14 +47,15 @@ fn forward<'py, T: PyReal>(
         // for bit into the output, in a buffer numpy gave back before.
         let n = ids.len() * layer.hidden_size();
         let spare = ws.bits.take(n);
-        ws.of::<T>().give_half_vec(half::bf16::vec_from_bits(spare));
+        ws.of::<T>()
+            .give_half_vec::<half::bf16>(spare.reinterpret_into());
         let (out, _) = py
             .detach(|| layer.forward_saved_stored(ws.of(), &ids))
             .or_raise()?;
         let shape = out.shape().to_vec();
         let bits = match out {
-            Stored::BF16(a) => half::bf16::vec_into_bits(a.into_raw_vec_and_offset().0),
-            Stored::F16(a) => half::f16::vec_into_bits(a.into_raw_vec_and_offset().0),
+            Stored::BF16(a) => a.into_raw_vec_and_offset().0.reinterpret_into(),
+            Stored::F16(a) => a.into_raw_vec_and_offset().0.reinterpret_into(),
             Stored::Full(a) => return output(py, a, Some(act), ws),
         };
         return output_bits(py, bits, &shape, act, ws);
