@@ -203,23 +203,7 @@ pub fn input_arg<'py, T: PyReal>(
     let Some(act) = act else {
         return crate::convert::real_arg::<T>(obj, what).map(Input::Borrowed);
     };
-    let np = obj.py().import("numpy")?;
-    let found: String = match obj.getattr("dtype") {
-        Ok(d) => d.getattr("name")?.extract()?,
-        Err(_) => obj.get_type().name()?.to_string(),
-    };
-    let want = match act {
-        Act::BF16 => "uint16",
-        Act::F16 => "float16",
-    };
-    if !obj.is_instance(&np.getattr("ndarray")?)? || found != want {
-        return Err(PyValueError::new_err(format!(
-            "array `{what}`: has dtype {found}, expected {}",
-            act.name()
-        )));
-    }
-    let bits = obj.call_method1("view", ("uint16",))?;
-    let bits = bits.extract::<PyReadonlyArrayDyn<'py, u16>>()?;
+    let bits = half_bits_arg(obj, what, act)?;
     let bits = bits.as_array();
     check_alloc(
         || {
