@@ -10,7 +10,7 @@ use std::process::Output;
 
 use splitgrad::checkpoint::Checkpoint;
 
-use crate::common::cli::{self, last_json, run_ok, s};
+use crate::common::cli::{self, assert_same_tensors, last_json, run_ok, s};
 
 fn scratch(name: &str) -> PathBuf {
     cli::scratch("cli_half", name)
@@ -40,26 +40,6 @@ fn train(out: &Path, steps: u64, extra: &[&str]) -> Output {
     let args = train_args(out, steps, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run_ok(out.parent().unwrap(), &args)
-}
-
-/// Every tensor of two checkpoints but those named in `except`, byte for
-/// byte, and the same names.
-fn assert_same_tensors(a: &Path, b: &Path, except: &[&str]) {
-    let (ca, cb) = (Checkpoint::open(a).unwrap(), Checkpoint::open(b).unwrap());
-    let mut na = ca.names();
-    let mut nb = cb.names();
-    na.sort_unstable();
-    nb.sort_unstable();
-    assert_eq!(na, nb);
-    for name in na.into_iter().filter(|n| !except.contains(n)) {
-        assert_eq!(
-            ca.get(name).unwrap(),
-            cb.get(name).unwrap(),
-            "tensor {name} differs between {} and {}",
-            a.display(),
-            b.display()
-        );
-    }
 }
 
 fn metadata(ckpt: &Path, key: &str) -> String {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ndarray::arr1;
+use splitgrad::checkpoint::Checkpoint;
 use splitgrad::io::NpzWriter;
 
 /// The binary under test.
@@ -202,4 +203,24 @@ pub fn one_line_error(out: &Output) -> String {
     assert!(err.starts_with("splitgrad: error: "), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     err
+}
+
+/// Every tensor of two checkpoints but those named in `except`, byte for
+/// byte, and the same names.
+pub fn assert_same_tensors(a: &Path, b: &Path, except: &[&str]) {
+    let (ca, cb) = (Checkpoint::open(a).unwrap(), Checkpoint::open(b).unwrap());
+    let mut na = ca.names();
+    let mut nb = cb.names();
+    na.sort_unstable();
+    nb.sort_unstable();
+    assert_eq!(na, nb);
+    for name in na.into_iter().filter(|n| !except.contains(n)) {
+        assert_eq!(
+            ca.get(name).unwrap(),
+            cb.get(name).unwrap(),
+            "tensor {name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
 }
