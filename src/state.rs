@@ -19,6 +19,7 @@ use ndarray::ArrayViewD;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::real::{Real, RealArray, RealView};
+use crate::kernels::unravel;
 use crate::param::{Dtype as StoredDtype, Parameter, Stored, StoredView};
 
 use ndarray::{Array, ArrayD, ArrayView, Dimension};
@@ -527,29 +528,20 @@ impl StateDict {
             }
         };
         self.check_shape(name, view.shape(), shape)?;
-        // Non-finite: every exponent bit set (bf16 0x7f80, f16 0x7c00).
-        let first_bad = match &view {
-            StoredView::BF16(a) => {
-                first_all_set(a.iter().map(|x| x.to_bits()), a.as_slice(), 0x7f80)
-            }
-            StoredView::F16(a) => {
-                first_all_set(a.iter().map(|x| x.to_bits()), a.as_slice(), 0x7c00)
-            }
+        fn first_bad<H: crate::kernels::HalfFloat + Into<f64>>(
+            a: &ArrayViewD<'_, H>,
+        ) -> Option<(Vec<usize>, f64)> {
+            let a = a.as_standard_layout();
+            let flat = a.as_slice().expect("standard layout is contiguous");
+            let i = crate::kernels::half::first_non_finite(flat)?;
+            Some((unravel(i, a.shape()), flat[i].into()))
+        }
+        let bad = match &view {
+            StoredView::BF16(a) => first_bad(a),
+            StoredView::F16(a) => first_bad(a),
             StoredView::Full(_) => None,
         };
-        if let Some(flat) = first_bad {
-            let (position, value) = match &view {
-                StoredView::BF16(a) => (
-                    unravel(flat, a.shape()),
-                    a.iter().nth(flat).map(|x| x.to_f64()),
-                ),
-                StoredView::F16(a) => (
-                    unravel(flat, a.shape()),
-                    a.iter().nth(flat).map(|x| x.to_f64()),
-                ),
-                StoredView::Full(_) => (Vec::new(), None),
-            };
-            let value = value.unwrap_or(f64::NAN);
+        if let Some((position, value)) = bad {
             let e = Error::new(ErrorKind::NonFinite { position, value }).in_array(name);
             return Err(match &self.source {
                 Some(p) => e.in_file(p),
@@ -738,46 +730,4 @@ pub trait Module<T: Real> {
         }
         Ok(())
     }
-}
-
-/// The index (in logical order) of the first half-precision element whose
-/// bits have every bit of `mask` set, scanned in blocks that the compiler
-/// vectorises when the array is contiguous (`slice`), element by element
-/// otherwise (`bits`).
-fn first_all_set<H: crate::kernels::HalfFloat>(
-    bits: impl Iterator<Item = u16>,
-    slice: Option<&[H]>,
-    mask: u16,
-) -> Option<usize> {
-    let Some(slice) = slice else {
-        return bits
-            .enumerate()
-            .find(|&(_, b)| b & mask == mask)
-            .map(|(i, _)| i);
-    };
-    const BLOCK: usize = 4096;
-    slice.chunks(BLOCK).enumerate().find_map(|(c, chunk)| {
-        let any = chunk
-            .iter()
-            .fold(false, |acc, x| acc | (x.to_bits() & mask == mask));
-        any.then(|| {
-            c * BLOCK
-                + chunk
-                    .iter()
-                    .position(|x| x.to_bits() & mask == mask)
-                    .expect("found")
-        })
-    })
-}
-
-/// Row-major multi-index of flat index `flat` in `shape`.
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-    let mut index = vec![0; shape.len()];
-    for (i, &n) in shape.iter().enumerate().rev() {
-        if n > 0 {
-            index[i] = flat % n;
-            flat /= n;
-        }
-    }
-    index
 }

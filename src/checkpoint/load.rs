@@ -9,7 +9,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::{Element, TensorData};
 use crate::error::{Error, ErrorKind, Result};
-use crate::kernels::Real;
+use crate::kernels::{Real, unravel};
 
 /// The bytes of the length prefix that opens a safetensors file.
 const N_LEN: usize = 8;
@@ -489,16 +489,6 @@ impl Checkpoint {
             }
         }
     }
-}
-
-/// The row-major multi-index of flat index `flat` in `shape`.
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-    let mut position = vec![0; shape.len()];
-    for (p, &d) in position.iter_mut().zip(shape).rev() {
-        *p = flat % d;
-        flat /= d;
-    }
-    position
 }
 
 #[cfg(test)]

@@ -502,6 +502,25 @@ fn check_lengths(kernel: &str, src: usize, dst: usize) {
     );
 }
 
+/// The index of the first element of `x` that is not finite (±∞ or NaN:
+/// every exponent bit set), scanned in blocks the compiler vectorises.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::first_non_finite;
+/// assert_eq!(first_non_finite(&[bf16::ONE, bf16::NAN, bf16::INFINITY]), Some(1));
+/// assert_eq!(first_non_finite(&[bf16::MAX, bf16::MIN]), None);
+/// ```
+pub fn first_non_finite<H: HalfFloat>(x: &[H]) -> Option<usize> {
+    const BLOCK: usize = 4096;
+    let bad = |b: &u16| b & H::INF_BITS == H::INF_BITS;
+    H::bits(x)
+        .chunks(BLOCK)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |any, b| any | bad(b)))
+        .and_then(|(k, c)| c.iter().position(bad).map(|i| k * BLOCK + i))
+}
+
 /// `dst[i] = src[i]` as f32, exactly, on [`HalfPath::chosen`].
 ///
 /// **Panics** if the lengths differ.

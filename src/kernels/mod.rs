@@ -33,6 +33,23 @@ pub(crate) mod stream;
 pub use self::half::{HalfFloat, SrKey};
 pub use real::Real;
 
+/// The row-major multi-index of flat index `flat` in an array of `shape`
+/// (what error messages name a position by).
+///
+/// ```
+/// assert_eq!(splitgrad::kernels::unravel(23, &[2, 3, 4]), [1, 2, 3]);
+/// ```
+pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (i, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            index[i] = flat % n;
+            flat /= n;
+        }
+    }
+    index
+}
+
 /// Below this many elements a kernel runs serially: rayon's fork costs more
 /// than it saves.
 pub const PAR_MIN_ELEMS: usize = 1 << 15;

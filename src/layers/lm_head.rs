@@ -100,12 +100,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         split_order: &[O],
         hidden_size: usize,
     ) -> Result<Self> {
-        Ok(SplitLanguageModellingHead {
-            splits: SplitTables::new("lm_head", split_vocab_size, split_order, hidden_size)?,
-            chunks: ChunkSizes::default(),
-            sum_chunks: SumChunks::default(),
-            kernel: HeadKernel::Auto,
-        })
+        Self::with_dtype(split_vocab_size, split_order, hidden_size, Dtype::of::<T>())
     }
 
     /// [`Self::new`] with the weights kept as `dtype` from the start (see
@@ -206,7 +201,7 @@ impl<T: Real> SplitLanguageModellingHead<T> {
         }
         let flat: Vec<i64> = labels.iter().copied().collect();
         if let Some((p, l)) = first_bad_label(&flat, self.vocab_size()) {
-            let pos = super::splits::unflatten(p, labels.shape());
+            let pos = crate::kernels::unravel(p, labels.shape());
             return Err(Error::out_of_range(
                 "label",
                 pos,

@@ -78,14 +78,7 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         split_order: &[O],
         hidden_size: usize,
     ) -> Result<Self> {
-        Ok(SplitTokenEmbeddings {
-            splits: SplitTables::new(
-                "token_embedding",
-                split_vocab_size,
-                split_order,
-                hidden_size,
-            )?,
-        })
+        Self::with_dtype(split_vocab_size, split_order, hidden_size, Dtype::of::<T>())
     }
 
     /// [`Self::new`] with the tables kept as `dtype` from the start (bf16

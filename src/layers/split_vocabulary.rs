@@ -525,7 +525,7 @@ impl<T: Real> SplitVocabulary<T> {
                 high,
             } if tokens.ndim() != 1 => Error::out_of_range(
                 what,
-                super::splits::unflatten(position[0], tokens.shape()),
+                crate::kernels::unravel(position[0], tokens.shape()),
                 *value,
                 *low,
                 *high,

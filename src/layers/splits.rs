@@ -239,7 +239,7 @@ impl<T: Real> SplitTables<T> {
     pub fn route(&self, ids: ArrayViewD<'_, i64>, what: &'static str) -> Result<Routed> {
         let flat: Vec<i64> = ids.iter().copied().collect();
         self.routing.route_all_as(&flat, what).map_err(|u| {
-            let multi = unflatten(u.position, ids.shape());
+            let multi = crate::kernels::unravel(u.position, ids.shape());
             Error::out_of_range(what, multi, u.id, 0, u.vocab_size)
         })
     }
@@ -340,18 +340,6 @@ macro_rules! split_layer_api {
 }
 pub(crate) use split_layer_api;
 
-/// The multi-index of flat position `p` in an array of this shape.
-pub(crate) fn unflatten(mut p: usize, shape: &[usize]) -> Vec<usize> {
-    let mut idx = vec![0; shape.len()];
-    for (i, &s) in shape.iter().enumerate().rev() {
-        if s > 0 {
-            idx[i] = p % s;
-            p /= s;
-        }
-    }
-    idx
-}
-
 /// The bytes of a `(rows, width)` table of `T` (`u64::MAX` when that
 /// overflows): what is checked against the memory available
 /// ([`check_memory`]) before a layer allocates one.
@@ -395,9 +383,9 @@ mod tests {
     }
 
     #[test]
-    fn unflatten_row_major() {
-        assert_eq!(unflatten(5, &[2, 3]), vec![1, 2]);
-        assert_eq!(unflatten(0, &[]), Vec::<usize>::new());
+    fn unravel_row_major() {
+        assert_eq!(crate::kernels::unravel(5, &[2, 3]), vec![1, 2]);
+        assert_eq!(crate::kernels::unravel(0, &[]), Vec::<usize>::new());
     }
 
     #[test]

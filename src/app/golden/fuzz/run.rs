@@ -153,16 +153,7 @@ pub(super) fn worst(
     })
 }
 
-pub(super) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
-    let mut index = vec![0; shape.len()];
-    for (k, &d) in shape.iter().enumerate().rev() {
-        if d > 0 {
-            index[k] = i % d;
-            i /= d;
-        }
-    }
-    index
-}
+pub(super) use crate::kernels::unravel;
 
 // ---------------------------------------------------------------------------
 // Running the program.
