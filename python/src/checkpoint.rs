@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBytes, PyDict};
 use splitgrad::Rng;
-use splitgrad::app::golden::{self, Layer};
+use splitgrad::app::golden::{self, CaseDtype, Layer};
 use splitgrad::checkpoint::{load_state, save_state};
-use splitgrad::io::RealDtype;
+use splitgrad::param::Dtype as StorageDtype;
 use splitgrad::optim::Optimizer;
 use splitgrad::state::{Module, StateDict, TensorRef};
 
 use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
-use crate::layer::{ByDtype, LayerRef, dtype_arg, layers_of, lock_layers, typed};
+use crate::layer::{ByDtype, LayerRef, layers_of, lock_layers, typed};
 use crate::optim::{Boxed, PyOptimizer};
 
 fn metadata_of(obj: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
@@ -146,10 +146,14 @@ pub fn golden_generate<'py>(
     dtype: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let layer = layer_of(layer)?;
-    let dt = dtype_arg(dtype, Dtype::F64)?;
-    let dt = match dt {
-        Dtype::F32 => RealDtype::F32,
-        Dtype::F64 => RealDtype::F64,
+    let dt = match dtype {
+        None => CaseDtype::F64,
+        Some(d) => match crate::layer::storage_dtype(d)? {
+            StorageDtype::F32 => CaseDtype::F32,
+            StorageDtype::F64 => CaseDtype::F64,
+            StorageDtype::BF16 => CaseDtype::BF16,
+            StorageDtype::F16 => CaseDtype::F16,
+        },
     };
     let out = golden::generate_case(layer, &mut Rng::new(seed), dt);
     Ok(PyBytes::new(py, &out))

@@ -237,6 +237,12 @@ pub struct ParamView {
 /// A storage dtype from Python: `"bf16"`, `"bfloat16"`, `"float16"`,
 /// `"f32"`, `numpy.float16`, `torch.bfloat16`, …
 pub fn storage_dtype(obj: &Bound<'_, PyAny>) -> PyResult<StorageDtype> {
+    // A name first: numpy reads "f16" as float128 (16 bytes).
+    if let Ok(name) = obj.extract::<String>()
+        && let Ok(d) = name.parse::<StorageDtype>()
+    {
+        return Ok(d);
+    }
     let np = obj.py().import("numpy")?;
     let name: String = match np.call_method1("dtype", (obj,)) {
         Ok(d) => d.getattr("name")?.extract()?,

@@ -517,6 +517,18 @@ pub(crate) fn read_reals<T: Real>(r: &mut dyn Read, header: &Header) -> Result<V
     }
 }
 
+/// The 16-bit elements of a 2-byte array (`float16`, `uint16`, `int16`,
+/// either byte order) as their bits, in storage order.
+pub(crate) fn read_bits16(r: &mut dyn Read, header: &Header) -> Result<Vec<u16>> {
+    let be = header.dtype.big_endian;
+    assert_eq!(
+        header.dtype.size, 2,
+        "read_bits16 called for dtype {}",
+        header.dtype
+    );
+    read_items::<2, _>(r, header.len, |_, b| Ok(u16::from_le_bytes(le(b, be))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -544,6 +544,44 @@ impl NpzReader {
         })
     }
 
+    /// Array `name`, of a 2-byte dtype (`float16`, or `uint16` / `int16`
+    /// holding bf16's bits, numpy having no bfloat16; either byte order),
+    /// as the bits of its elements.
+    ///
+    /// Errors: [`ErrorKind::Dtype`] for any other element type;
+    /// [`ErrorKind::Format`] for a truncated or corrupt member.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let mut w = NpzWriter::new("unused.npz");
+    /// w.add("h", &ndarray::arr1(&[half::f16::from_f32(1.5)]));
+    /// w.add("b", &ndarray::arr1(&[0x3FC0u16]));
+    /// let mut bytes = std::io::Cursor::new(Vec::new());
+    /// w.write_to(&mut bytes)?;
+    /// let mut r = NpzReader::from_bytes("memory", bytes.into_inner())?;
+    /// assert_eq!(r.bits16("h")?[[0]], 0x3E00);
+    /// assert_eq!(r.bits16("b")?[[0]], 0x3FC0);
+    /// # Ok(()) }
+    /// ```
+    pub fn bits16(&mut self, name: &str) -> Result<ArrayD<u16>> {
+        self.with_member_decoded(
+            name,
+            |_| 2,
+            |r, h| {
+                let kind = h.dtype.kind();
+                let two_bytes = matches!(kind, DtypeKind::Float | DtypeKind::Int | DtypeKind::UInt);
+                if !two_bytes || h.dtype.size() != 2 {
+                    return Err(Error::new(ErrorKind::Dtype {
+                        expected: "a 2-byte dtype (float16, or uint16 holding bf16's bits)".into(),
+                        found: h.dtype.to_string(),
+                    }));
+                }
+                npy::into_array(h, npy::read_bits16(r, h)?)
+            },
+        )
+    }
+
     /// Array `name`, of dtype `float32` or `float64`, converted to `T`.
     ///
     /// Errors: [`ErrorKind::Dtype`] for any other element type;

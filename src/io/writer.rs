@@ -18,11 +18,13 @@ mod sealed {
     impl Sealed for u16 {}
     impl Sealed for u32 {}
     impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
     impl Sealed for f64 {}
 }
 
-/// An element type [`NpzWriter`] stores: `i64`, `u8`, `u16`, `u32`, `f32`
-/// or `f64`.
+/// An element type [`NpzWriter`] stores: `i64`, `u8`, `u16`, `u32`,
+/// `half::f16`, `f32` or `f64`. (numpy has no bfloat16: bf16 values are
+/// stored as the `u16` of their bits.)
 ///
 /// ```
 /// use splitgrad::io::NpyElement;
@@ -31,7 +33,7 @@ mod sealed {
 /// ```
 pub trait NpyElement: Copy + sealed::Sealed {
     /// numpy's `descr` for the type, little-endian: `<i8`, `|u1`, `<u2`,
-    /// `<u4`, `<f4`, `<f8`.
+    /// `<u4`, `<f2`, `<f4`, `<f8`.
     const DESCR: &'static str;
     /// Appends the little-endian bytes of `self`.
     fn put(self, out: &mut Vec<u8>);
@@ -53,6 +55,7 @@ impl_element!(i64, "<i8");
 impl_element!(u8, "|u1");
 impl_element!(u16, "<u2");
 impl_element!(u32, "<u4");
+impl_element!(half::f16, "<f2");
 impl_element!(f32, "<f4");
 impl_element!(f64, "<f8");
 

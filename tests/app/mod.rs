@@ -19,6 +19,8 @@ mod golden;
 #[cfg(feature = "cli")]
 mod golden_fuzz;
 #[cfg(feature = "cli")]
+mod golden_half;
+#[cfg(feature = "cli")]
 mod heldout;
 #[cfg(feature = "cli")]
 mod resources;

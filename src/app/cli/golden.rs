@@ -20,11 +20,7 @@ pub fn generate(
     dtype: &str,
 ) -> CliResult<ExitCode> {
     let layer: Layer = layer.parse()?;
-    let dtype = match dtype {
-        "f64" => RealDtype::F64,
-        "f32" => RealDtype::F32,
-        other => return Err(format!("unknown dtype `{other}`: expected f64 or f32").into()),
-    };
+    let dtype: golden::CaseDtype = dtype.parse()?;
     let paths = golden::generate(layer, cases, seed, out, dtype)?;
     println!(
         "wrote {} {} case(s) ({}) to {}",

@@ -77,7 +77,8 @@ enum GoldenCommand {
         /// Output folder (cases go to OUT/<layer>/NAME.npz).
         #[arg(long)]
         out: PathBuf,
-        /// Real dtype of the cases: f64 or f32.
+        /// Real dtype of the cases: f64, f32, or bf16 / f16 (the layer kept
+        /// in half precision, activations in it, computed in f32).
         #[arg(long, default_value = "f64")]
         dtype: String,
     },

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, Dimension};
 
-use super::MAX_CASE_ELEMENTS;
-use crate::io::{NpzReader, RealDtype};
+use super::{CaseDtype, MAX_CASE_ELEMENTS};
+use crate::io::NpzReader;
+use crate::kernels::half::HalfFloat;
+use crate::param::Dtype;
+use crate::state::Module;
 use crate::{Error, ErrorKind, Real, Result};
 
 /// The shape an array must have.
@@ -69,7 +72,7 @@ impl Want<'_> {
 pub(super) struct Case {
     npz: NpzReader,
     label: PathBuf,
-    dtype: RealDtype,
+    dtype: CaseDtype,
     anchor: &'static str,
     elements: usize,
 }
@@ -78,7 +81,9 @@ impl Case {
     /// Opens the case in `bytes`; its real dtype is that of array `anchor`.
     pub(super) fn open(label: &Path, bytes: Vec<u8>, anchor: &'static str) -> Result<Case> {
         let mut npz = NpzReader::from_bytes(label, bytes)?;
-        let dtype = npz.real_dtype(anchor)?;
+        let dtype = npz
+            .dtype(anchor)
+            .and_then(|d| CaseDtype::of(&d).map_err(|e| e.in_file(label).in_array(anchor)))?;
         Ok(Case {
             npz,
             label: label.to_path_buf(),
@@ -89,8 +94,17 @@ impl Case {
     }
 
     /// The real dtype every real array of the case must have.
-    pub(super) fn dtype(&self) -> RealDtype {
+    pub(super) fn dtype(&self) -> CaseDtype {
         self.dtype
+    }
+
+    /// Keeps `layer`'s parameters in the case's half type, for a bf16 or
+    /// f16 case (their values came from it, so nothing is rounded).
+    pub(super) fn keep_in_storage<T: Real, M: Module<T>>(&self, layer: &mut M) -> Result<()> {
+        match self.dtype.half() {
+            Some(dtype) => layer.set_dtype(dtype).map_err(|e| e.in_file(&self.label)),
+            None => Ok(()),
+        }
     }
 
     /// `e`, naming this case's file and array `name` (unless it names one).
@@ -177,21 +191,31 @@ impl Case {
 
     /// Real array `name` of shape `want`, of the case's real dtype, every
     /// element finite.
+    /// A bf16 or f16 case's arrays are widened exactly (to `T`, f32).
     pub(super) fn reals<T: Real>(&mut self, name: &str, want: Want<'_>) -> Result<ArrayD<T>> {
-        let dtype = self.npz.real_dtype(name)?;
+        let stored = self.npz.dtype(name)?;
+        let dtype = CaseDtype::of(&stored).map_err(|e| self.fail(e, name))?;
         if dtype != self.dtype {
             // Neither array is the wrong one: they disagree. Name both.
             return Err(Error::format(format!(
                 "real arrays differ in dtype: `{}` is {}, `{name}` is {}; \
-                 every real array of a case must be float32, or every one float64",
+                 every real array of a case must have one dtype (float64, float32, \
+                 float16, or uint16 holding bf16's bits)",
                 self.anchor,
-                numpy_name(self.dtype),
-                numpy_name(dtype)
+                self.dtype.numpy_name(),
+                dtype.numpy_name()
             ))
             .in_file(&self.label));
         }
         self.check_shape(name, &want)?;
-        self.npz.finite_reals(name)
+        let widen = match dtype.half() {
+            None => return self.npz.finite_reals(name),
+            Some(Dtype::BF16) => widen_bits::<half::bf16, T>,
+            Some(_) => widen_bits::<half::f16, T>,
+        };
+        let values = widen(self.npz.bits16(name)?);
+        crate::io::check_finite(values.view(), name).map_err(|e| e.in_file(&self.label))?;
+        Ok(values)
     }
 
     /// The 0-d real array `name`.
@@ -201,11 +225,18 @@ impl Case {
     }
 }
 
-fn numpy_name(dtype: RealDtype) -> &'static str {
-    match dtype {
-        RealDtype::F32 => "float32",
-        RealDtype::F64 => "float64",
-    }
+/// Half-precision bits as the values they hold, widened exactly.
+fn widen_bits<H: HalfFloat, T: Real>(bits: ArrayD<u16>) -> ArrayD<T> {
+    let shape = bits.raw_dim();
+    // In logical (row-major) order, whatever the file's storage order.
+    let halves: Vec<H> = bits.iter().map(|&b| H::from_bits(b)).collect();
+    let mut wide = vec![0f32; halves.len()];
+    crate::kernels::half::widen(&halves, &mut wide);
+    let values = wide
+        .into_iter()
+        .map(|x| T::from_f64(f64::from(x)))
+        .collect();
+    ArrayD::from_shape_vec(shape, values).expect("one value per element")
 }
 
 /// The splits of an embedding or head case: `split_sizes`, optionally

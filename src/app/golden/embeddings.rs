@@ -4,8 +4,7 @@
 use ndarray::Array1;
 
 use super::case::{Case, Splits, Want};
-use super::{Named, random_ids, random_reals, random_sizes};
-use crate::io::{NpyElement, NpzWriter};
+use super::{Inputs, Named, random_ids, random_reals, random_sizes};
 use crate::layers::SplitTokenEmbeddings;
 use crate::state::Module;
 use crate::{Real, Result, Rng, Tape};
@@ -27,6 +26,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
         *p.value_mut() = weight;
         p.set_trainable(trainable);
     }
+    case.keep_in_storage(&mut layer)?;
     let mut tape = Tape::new();
     let out = layer
         .forward(&mut tape, ids.view())
@@ -45,7 +45,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
 
 /// Adds random inputs: 1 to 4 splits (sometimes one of size 0), some
 /// frozen, H in 1..=8, ids of rank 1 to 3 with a repeated id.
-pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWriter) {
+pub(super) fn random_inputs(rng: &mut Rng, w: &mut Inputs<'_>) {
     let sizes = random_sizes(rng);
     let hidden = 1 + rng.below(8) as usize;
     let trainable: Array1<u8> = sizes.iter().map(|_| u8::from(rng.below(4) != 0)).collect();
@@ -62,13 +62,13 @@ pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWrit
     w.add("split_sizes", &sizes_i64);
     w.add("split_trainable", &trainable);
     for (k, &size) in sizes.iter().enumerate() {
-        w.add(
+        w.reals(
             &format!("weight_{k}"),
-            &random_reals::<T>(rng, &[size, hidden], 1.0),
+            &random_reals(rng, &[size, hidden], 1.0),
         );
     }
     w.add("input_ids", &ids);
     let mut up_shape = shape;
     up_shape.push(hidden);
-    w.add("upstream", &random_reals::<T>(rng, &up_shape, 1.0));
+    w.reals("upstream", &random_reals(rng, &up_shape, 1.0));
 }

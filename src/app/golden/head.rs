@@ -4,8 +4,7 @@
 use ndarray::{ArrayD, Dimension, IxDyn};
 
 use super::case::{Case, Splits, Want};
-use super::{MAX_HEAD_WORK, Named, random_reals, random_sizes};
-use crate::io::{NpyElement, NpzWriter};
+use super::{Inputs, MAX_HEAD_WORK, Named, random_reals, random_sizes};
 use crate::layers::SplitLanguageModellingHead;
 use crate::ops::cross_entropy::IGNORE_INDEX;
 use crate::state::Module;
@@ -52,6 +51,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
     for (p, weight) in layer.parameters_mut().iter_mut().zip(splits.weights) {
         *p.value_mut() = weight;
     }
+    case.keep_in_storage(&mut layer)?;
     let mut tape = Tape::new();
     let h = tape.input(hidden);
     let loss = layer
@@ -78,7 +78,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
 /// 1..=8, weights as `nn.Linear` initialises them, labels of rank 1 or 2
 /// with about one in five −100, and in one case out of four hidden states
 /// scaled by 3000 so that the logits reach the thousands.
-pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWriter) {
+pub(super) fn random_inputs(rng: &mut Rng, w: &mut Inputs<'_>) {
     let sizes = random_sizes(rng);
     let hidden = 1 + rng.below(8) as usize;
     let vocab: usize = sizes.iter().sum();
@@ -97,15 +97,14 @@ pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWrit
     let sizes_i64: ndarray::Array1<i64> = sizes.iter().map(|&s| s as i64).collect();
     w.add("split_sizes", &sizes_i64);
     for (k, &size) in sizes.iter().enumerate() {
-        let weight = ArrayD::from_shape_simple_fn(IxDyn(&[size, hidden]), || {
-            T::from_f64(rng.uniform_in(-bound, bound))
-        });
-        w.add(&format!("weight_{k}"), &weight);
+        let weight =
+            ArrayD::from_shape_simple_fn(IxDyn(&[size, hidden]), || rng.uniform_in(-bound, bound));
+        w.reals(&format!("weight_{k}"), &weight);
     }
     let mut h_shape = lead.clone();
     h_shape.push(hidden);
-    w.add("hidden", &random_reals::<T>(rng, &h_shape, scale));
+    w.reals("hidden", &random_reals(rng, &h_shape, scale));
     let labels = ArrayD::from_shape_vec(IxDyn(&lead), labels).expect("one label per token");
     w.add("labels", &labels);
-    w.add("upstream", &random_reals::<T>(rng, &lead, 1.0));
+    w.reals("upstream", &random_reals(rng, &lead, 1.0));
 }

@@ -19,6 +19,14 @@
 //! results are computed and written in it. Arrays a layer does not read
 //! (such as the results in a generated case) are ignored.
 //!
+//! A half-precision case ([`CaseDtype::BF16`], [`CaseDtype::F16`]) holds
+//! its layer's parameters, activations and real scalars in bf16 (a
+//! `uint16` array of the bits: numpy has no bfloat16) or f16 (`float16`).
+//! It is computed in f32 on the widened values: the layer's output (`out`,
+//! or the head's `loss`) is written in the half type, rounded once to
+//! nearest; every other result in `float32`, exactly those of the f32 case
+//! holding the widened values.
+//!
 //! The scalar loss of a case is the sum of the layer's output times
 //! `upstream`, plus the weighted penalties where listed; the gradients are
 //! those of that loss.
@@ -92,6 +100,8 @@ use std::str::FromStr;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::io::{NpyElement, NpzWriter, RealDtype, write_atomic};
+use crate::kernels::half::{HalfFloat, narrow_nearest};
+use crate::param::Dtype;
 use crate::{Error, ErrorKind, Real, Result, Rng};
 use case::Case;
 pub use fuzz::{Difference, Event, Finding, FuzzConfig, FuzzOutcome, fuzz};
@@ -147,6 +157,15 @@ impl Layer {
         }
     }
 
+    /// The layer's output: the result a half-precision case holds in its
+    /// half type (the others are gradients and penalties, in f32).
+    fn output(self) -> &'static str {
+        match self {
+            Layer::SplitEmbeddings | Layer::SplitVocabulary => "out",
+            Layer::LmHead => "loss",
+        }
+    }
+
     /// The real array whose dtype is the case's real dtype.
     fn anchor(self) -> &'static str {
         match self {
@@ -180,6 +199,166 @@ impl FromStr for Layer {
     }
 }
 
+/// The dtype of a case's real arrays: float64 and float32 cases are
+/// computed in their dtype; a bf16 or f16 case holds a layer kept in that
+/// dtype with activations in it, and is computed in f32 on the widened
+/// values (`docs/spec.md#4-golden-vectors`).
+///
+/// numpy has no bfloat16: a bf16 array of a case is a `uint16` array of
+/// the values' bits; f16 is numpy's `float16`.
+///
+/// ```
+/// use splitgrad::app::golden::CaseDtype;
+/// use splitgrad::io::RealDtype;
+/// let d: CaseDtype = "bf16".parse()?;
+/// assert_eq!(d.numpy_name(), "uint16 (bf16 bits)");
+/// assert_eq!(CaseDtype::from(RealDtype::F32), CaseDtype::F32);
+/// assert!("f8".parse::<CaseDtype>().unwrap_err().to_string().contains("f64, f32, bf16 or f16"));
+/// # Ok::<(), splitgrad::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaseDtype {
+    /// float64 reals, computed in f64.
+    F64,
+    /// float32 reals, computed in f32.
+    F32,
+    /// bf16 reals (`uint16` bits), the layer kept in bf16, computed in f32.
+    BF16,
+    /// f16 reals (`float16`), the layer kept in f16, computed in f32.
+    F16,
+}
+
+impl CaseDtype {
+    /// `"f64"`, `"f32"`, `"bf16"` or `"f16"`, as `golden gen --dtype` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CaseDtype::F64 => "f64",
+            CaseDtype::F32 => "f32",
+            CaseDtype::BF16 => "bf16",
+            CaseDtype::F16 => "f16",
+        }
+    }
+
+    /// How the case's real arrays are stored, in numpy's words.
+    pub fn numpy_name(self) -> &'static str {
+        match self {
+            CaseDtype::F64 => "float64",
+            CaseDtype::F32 => "float32",
+            CaseDtype::BF16 => "uint16 (bf16 bits)",
+            CaseDtype::F16 => "float16",
+        }
+    }
+
+    /// The half-precision storage dtype of the case's layer, if any.
+    pub fn half(self) -> Option<Dtype> {
+        match self {
+            CaseDtype::BF16 => Some(Dtype::BF16),
+            CaseDtype::F16 => Some(Dtype::F16),
+            CaseDtype::F32 | CaseDtype::F64 => None,
+        }
+    }
+
+    /// The case dtype of an array stored as `dtype`: float64, float32,
+    /// float16, or uint16 / int16 for bf16's bits.
+    fn of(dtype: &crate::io::Dtype) -> Result<CaseDtype> {
+        use crate::io::DtypeKind;
+        match (dtype.kind(), dtype.size()) {
+            (DtypeKind::Float, 8) => Ok(CaseDtype::F64),
+            (DtypeKind::Float, 4) => Ok(CaseDtype::F32),
+            (DtypeKind::Float, 2) => Ok(CaseDtype::F16),
+            (DtypeKind::UInt | DtypeKind::Int, 2) => Ok(CaseDtype::BF16),
+            _ => Err(Error::new(ErrorKind::Dtype {
+                expected: "float64, float32, float16, or uint16 (bf16 bits)".into(),
+                found: dtype.to_string(),
+            })),
+        }
+    }
+}
+
+impl From<RealDtype> for CaseDtype {
+    fn from(d: RealDtype) -> CaseDtype {
+        match d {
+            RealDtype::F32 => CaseDtype::F32,
+            RealDtype::F64 => CaseDtype::F64,
+        }
+    }
+}
+
+impl fmt::Display for CaseDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CaseDtype {
+    type Err = Error;
+
+    /// `f64`, `f32`, `bf16` or `f16`; anything else is an
+    /// [`ErrorKind::Config`] error naming them.
+    fn from_str(s: &str) -> Result<CaseDtype> {
+        [
+            CaseDtype::F64,
+            CaseDtype::F32,
+            CaseDtype::BF16,
+            CaseDtype::F16,
+        ]
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| {
+            Error::config(format!(
+                "unknown dtype `{s}`: expected f64, f32, bf16 or f16"
+            ))
+        })
+    }
+}
+
+/// Where a generated case's inputs go: the real arrays are drawn in f64
+/// and stored in the case's dtype (rounded to nearest), ids as they are.
+pub(super) struct Inputs<'w> {
+    w: &'w mut NpzWriter,
+    dtype: CaseDtype,
+}
+
+impl Inputs<'_> {
+    /// Adds integer (or any non-real) array `name` as it is.
+    pub(super) fn add<A, S, D>(&mut self, name: &str, array: &ndarray::ArrayBase<S, D>)
+    where
+        A: NpyElement,
+        S: ndarray::Data<Elem = A>,
+        D: ndarray::Dimension,
+    {
+        self.w.add(name, array);
+    }
+
+    /// Adds the 0-d integer array `name`.
+    pub(super) fn add_scalar<A: NpyElement>(&mut self, name: &str, value: A) {
+        self.w.add_scalar(name, value);
+    }
+
+    /// Adds real array `name`, stored in the case's dtype.
+    pub(super) fn reals(&mut self, name: &str, values: &ArrayD<f64>) {
+        fn narrowed<H: HalfFloat>(values: &ArrayD<f64>) -> ArrayD<H> {
+            let wide: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+            let mut out = vec![H::from_bits(0); wide.len()];
+            narrow_nearest(&wide, &mut out);
+            ArrayD::from_shape_vec(values.raw_dim(), out).expect("one value per element")
+        }
+        match self.dtype {
+            CaseDtype::F64 => self.w.add(name, values),
+            CaseDtype::F32 => self.w.add(name, &values.mapv(|x| x as f32)),
+            CaseDtype::BF16 => self
+                .w
+                .add(name, &narrowed::<half::bf16>(values).mapv(|h| h.to_bits())),
+            CaseDtype::F16 => self.w.add(name, &narrowed::<half::f16>(values)),
+        };
+    }
+
+    /// Adds the 0-d real array `name`.
+    pub(super) fn real_scalar(&mut self, name: &str, value: f64) {
+        self.reals(name, &ndarray::arr0(value).into_dyn());
+    }
+}
+
 /// Named result arrays, in the order they are written.
 type Named<T> = Vec<(String, ArrayD<T>)>;
 
@@ -187,6 +366,14 @@ type Named<T> = Vec<(String, ArrayD<T>)>;
 enum Results {
     F32(Named<f32>),
     F64(Named<f64>),
+    /// A bf16 or f16 case's results, computed in f32: the layer's output
+    /// (`output`) already rounded to the half type, and written in it; the
+    /// others written as f32.
+    Half {
+        dtype: Dtype,
+        output: &'static str,
+        named: Named<f32>,
+    },
 }
 
 impl Results {
@@ -199,7 +386,41 @@ impl Results {
         match self {
             Results::F32(named) => add(w, named),
             Results::F64(named) => add(w, named),
+            Results::Half {
+                dtype,
+                output,
+                named,
+            } => {
+                for (name, array) in named {
+                    if name != output {
+                        w.add(name, array);
+                    } else if *dtype == Dtype::BF16 {
+                        // Exact: the values are bf16's already.
+                        w.add(name, &array.mapv(|x| (x.to_bits() >> 16) as u16));
+                    } else {
+                        w.add(name, &array.mapv(half::f16::from_f32));
+                    }
+                }
+            }
         }
+    }
+}
+
+/// `values`, each rounded to nearest in `dtype` (bf16 or f16) and widened
+/// back: exactly the values that type holds.
+fn round_through(dtype: Dtype, values: &ArrayD<f32>) -> ArrayD<f32> {
+    fn through<H: HalfFloat>(values: &ArrayD<f32>) -> ArrayD<f32> {
+        let wide = values.as_standard_layout();
+        let wide = wide.as_slice().expect("standard layout");
+        let mut bits = vec![H::from_bits(0); wide.len()];
+        narrow_nearest(wide, &mut bits);
+        let mut back = vec![0f32; wide.len()];
+        crate::kernels::half::widen(&bits, &mut back);
+        ArrayD::from_shape_vec(values.raw_dim(), back).expect("one value per element")
+    }
+    match dtype {
+        Dtype::BF16 => through::<half::bf16>(values),
+        _ => through::<half::f16>(values),
     }
 }
 
@@ -207,8 +428,23 @@ impl Results {
 fn compute(layer: Layer, label: &Path, bytes: Vec<u8>) -> Result<Results> {
     let mut case = Case::open(label, bytes, layer.anchor())?;
     Ok(match case.dtype() {
-        RealDtype::F32 => Results::F32(compute_in::<f32>(layer, &mut case)?),
-        RealDtype::F64 => Results::F64(compute_in::<f64>(layer, &mut case)?),
+        CaseDtype::F32 => Results::F32(compute_in::<f32>(layer, &mut case)?),
+        CaseDtype::F64 => Results::F64(compute_in::<f64>(layer, &mut case)?),
+        d @ (CaseDtype::BF16 | CaseDtype::F16) => {
+            let dtype = d.half().expect("a half dtype");
+            let output = layer.output();
+            let mut named = compute_in::<f32>(layer, &mut case)?;
+            for (name, array) in &mut named {
+                if name == output {
+                    *array = round_through(dtype, array);
+                }
+            }
+            Results::Half {
+                dtype,
+                output,
+                named,
+            }
+        }
     })
 }
 
@@ -257,8 +493,8 @@ pub fn evaluate_bytes(layer: Layer, label: &str, bytes: Vec<u8>) -> Result<Vec<u
 }
 
 /// `n` reals of this shape, each `scale`·N(0, 1).
-fn random_reals<T: Real>(rng: &mut Rng, shape: &[usize], scale: f64) -> ArrayD<T> {
-    ArrayD::from_shape_simple_fn(IxDyn(shape), || T::from_f64(scale * rng.normal()))
+fn random_reals(rng: &mut Rng, shape: &[usize], scale: f64) -> ArrayD<f64> {
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || scale * rng.normal())
 }
 
 /// Ids of this shape, uniform in `0..high` (`high` ≥ 1).
@@ -309,19 +545,16 @@ fn random_sizes(rng: &mut Rng) -> Vec<usize> {
 /// assert_eq!(r.shape("loss")?, r.shape("labels")?);
 /// # Ok::<(), splitgrad::Error>(())
 /// ```
-pub fn generate_case(layer: Layer, rng: &mut Rng, dtype: RealDtype) -> Vec<u8> {
-    match dtype {
-        RealDtype::F32 => generate_in::<f32>(layer, rng),
-        RealDtype::F64 => generate_in::<f64>(layer, rng),
-    }
-}
-
-fn generate_in<T: Real + NpyElement>(layer: Layer, rng: &mut Rng) -> Vec<u8> {
+pub fn generate_case(layer: Layer, rng: &mut Rng, dtype: impl Into<CaseDtype>) -> Vec<u8> {
     let mut w = NpzWriter::new("generated.npz");
+    let mut inputs = Inputs {
+        w: &mut w,
+        dtype: dtype.into(),
+    };
     match layer {
-        Layer::SplitEmbeddings => embeddings::random_inputs::<T>(rng, &mut w),
-        Layer::SplitVocabulary => vocabulary::random_inputs::<T>(rng, &mut w),
-        Layer::LmHead => head::random_inputs::<T>(rng, &mut w),
+        Layer::SplitEmbeddings => embeddings::random_inputs(rng, &mut inputs),
+        Layer::SplitVocabulary => vocabulary::random_inputs(rng, &mut inputs),
+        Layer::LmHead => head::random_inputs(rng, &mut inputs),
     }
     let label = Path::new("generated case");
     let results = to_bytes(&w)
@@ -360,8 +593,9 @@ pub fn generate(
     cases: usize,
     seed: u64,
     out_dir: &Path,
-    dtype: RealDtype,
+    dtype: impl Into<CaseDtype>,
 ) -> Result<Vec<PathBuf>> {
+    let dtype = dtype.into();
     if cases == 0 {
         return Err(Error::config("the number of cases must be at least 1"));
     }

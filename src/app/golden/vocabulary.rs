@@ -4,8 +4,8 @@
 use ndarray::{Array1, ArrayD, IxDyn, arr0};
 
 use super::case::{Case, Want};
-use super::{MAX_PAIR_CELLS, Named, random_reals};
-use crate::io::{NpyElement, NpzWriter, SplitIndex};
+use super::{Inputs, MAX_PAIR_CELLS, Named, random_reals};
+use crate::io::SplitIndex;
 use crate::layers::{SplitVocabulary, SplitVocabularyConfig};
 use crate::{Error, ErrorKind, Real, Result, Rng, Tape};
 
@@ -79,6 +79,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
         SplitVocabulary::<T>::new(index, &config).map_err(|e| case.fail(e, "language_index"))?;
     *layer.rows_mut().value_mut() = rows;
     *layer.gate_logit_mut().value_mut() = gate_logit;
+    case.keep_in_storage(&mut layer)?;
     let token_ids: Vec<i64> = token_ids.iter().copied().collect();
     let language_ids: Vec<i64> = language_ids.iter().copied().collect();
 
@@ -115,7 +116,7 @@ pub(super) fn evaluate<T: Real>(case: &mut Case) -> Result<Named<T>> {
 /// Adds random inputs: V in 1..=10, L in 1..=4, D in 1..=8, up to 12
 /// distinct (language, token) pairs, up to 16 tokens (about half of them
 /// aimed at a pair with a row), the gate on or off, random weights.
-pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWriter) {
+pub(super) fn random_inputs(rng: &mut Rng, w: &mut Inputs<'_>) {
     let vocab = 1 + rng.below(10) as usize;
     let n_languages = 1 + rng.below(4) as usize;
     let dim = 1 + rng.below(8) as usize;
@@ -151,13 +152,13 @@ pub(super) fn random_inputs<T: Real + NpyElement>(rng: &mut Rng, w: &mut NpzWrit
         "token_index",
         &ids(pairs.iter().map(|p| p.1 as i64).collect()),
     );
-    w.add("rows", &random_reals::<T>(rng, &[n_rows, dim], 1.0));
-    w.add("gate_logit", &random_reals::<T>(rng, &[n_rows], 2.0));
+    w.reals("rows", &random_reals(rng, &[n_rows, dim], 1.0));
+    w.reals("gate_logit", &random_reals(rng, &[n_rows], 2.0));
     w.add("token_ids", &ids(token_ids));
     w.add("language_ids", &ids(language_ids));
-    w.add("shared", &random_reals::<T>(rng, &[n, dim], 1.0));
-    w.add("upstream", &random_reals::<T>(rng, &[n, dim], 1.0));
+    w.reals("shared", &random_reals(rng, &[n, dim], 1.0));
+    w.reals("upstream", &random_reals(rng, &[n, dim], 1.0));
     w.add_scalar("use_gate", rng.below(2) as i64);
-    w.add_scalar("penalty_weight", T::from_f64(rng.uniform()));
-    w.add_scalar("fusion_weight", T::from_f64(rng.uniform()));
+    w.real_scalar("penalty_weight", rng.uniform());
+    w.real_scalar("fusion_weight", rng.uniform());
 }

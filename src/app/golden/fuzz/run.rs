@@ -18,7 +18,7 @@ pub(super) struct Prepared {
 
 pub(super) fn results_f64(results: &Results) -> Vec<(String, ArrayD<f64>)> {
     match results {
-        Results::F32(named) => named
+        Results::F32(named) | Results::Half { named, .. } => named
             .iter()
             .map(|(n, a)| (n.clone(), a.mapv(f64::from)))
             .collect(),
