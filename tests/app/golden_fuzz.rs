@@ -141,11 +141,11 @@ fn replays(out: &Path) {
 }
 
 #[test]
-fn the_numpy_candidate_agrees_on_every_layer_in_both_dtypes() {
+fn the_numpy_candidate_agrees_on_every_layer_in_every_dtype() {
     let Some(py) = python() else { return };
     let exec = candidate(py, "");
     for layer in ["split-embeddings", "split-vocabulary", "lm-head"] {
-        for dtype in ["f64", "f32"] {
+        for dtype in ["f64", "f32", "bf16", "f16"] {
             let out = scratch(&format!("agree-{layer}-{dtype}"));
             let o = fuzz(&[
                 "--layer",
@@ -248,6 +248,35 @@ fn a_gate_mixed_the_wrong_way_shrinks_to_one_token_and_one_row() {
     assert_eq!(case.shape("rows").unwrap(), [1, 1], "{summary}");
     assert_eq!(case.ints("vocab_size").unwrap().sum(), 1, "{summary}");
     assert_eq!(case.ints("use_gate").unwrap().sum(), 1, "{summary}");
+    replays(&out);
+}
+
+#[test]
+fn in_bf16_a_gate_mixed_the_wrong_way_shrinks_to_one_token_and_one_row_of_bf16_values() {
+    let Some(py) = python() else { return };
+    let out = scratch("gate-bf16");
+    let (summary, mut case) = find(
+        "split-vocabulary",
+        &candidate(py, "gate"),
+        &out,
+        &["--cases", "32", "--seed", "1", "--dtype", "bf16"],
+    );
+    assert!(
+        summary.contains("split-vocabulary uint16 (bf16 bits)"),
+        "{summary}"
+    );
+    assert!(summary.contains("`out`"), "{summary}");
+    assert_eq!(case.ints_1d("token_ids").unwrap().len(), 1, "{summary}");
+    assert_eq!(case.shape("rows").unwrap(), [1, 1], "{summary}");
+    let rows = case.dtype("rows").unwrap();
+    assert_eq!(
+        (rows.to_string().as_str(), rows.size()),
+        ("uint16", 2),
+        "{summary}"
+    );
+    // the minimal case holds splitgrad's results in their dtypes
+    assert_eq!(case.dtype("out").unwrap().to_string(), "uint16");
+    assert_eq!(case.dtype("grad_rows").unwrap().to_string(), "float32");
     replays(&out);
 }
 
@@ -464,7 +493,7 @@ fn a_non_empty_output_folder_and_bad_arguments_are_refused_with_status_2() {
             "0",
         ],
         vec![
-            "--layer", "lm-head", "--exec", &exec, "--out", fresh, "--dtype", "f16",
+            "--layer", "lm-head", "--exec", &exec, "--out", fresh, "--dtype", "f8",
         ],
         vec!["--layer", "lm-head", "--out", fresh],
     ] {

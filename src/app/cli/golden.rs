@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::app::golden::{self, Layer};
-use crate::io::RealDtype;
 
 use super::CliResult;
 
@@ -96,8 +95,9 @@ pub struct FuzzArgs {
     /// Seed (case i is the same as `golden gen`'s case i).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Real dtype of the cases: f64 or f32.
-    #[arg(long, default_value = "f64", value_parser = ["f64", "f32"])]
+    /// Real dtype of the cases: f64, f32, or bf16 / f16 (the layer kept in
+    /// half precision, activations in it).
+    #[arg(long, default_value = "f64", value_parser = ["f64", "f32", "bf16", "f16"])]
     dtype: String,
     /// The longest one run of the program may take, in seconds; then it is
     /// stopped and the run is a difference.
@@ -159,11 +159,7 @@ pub fn fuzz(args: FuzzArgs) -> CliResult<ExitCode> {
         layer: args.layer.parse()?,
         cases: args.cases,
         seed: args.seed,
-        dtype: if args.dtype == "f32" {
-            RealDtype::F32
-        } else {
-            RealDtype::F64
-        },
+        dtype: args.dtype.parse()?,
         timeout: std::time::Duration::from_secs_f64(args.timeout),
         command: args.exec,
         out: args.out,

@@ -337,25 +337,77 @@ impl Inputs<'_> {
 
     /// Adds real array `name`, stored in the case's dtype.
     pub(super) fn reals(&mut self, name: &str, values: &ArrayD<f64>) {
-        fn narrowed<H: HalfFloat>(values: &ArrayD<f64>) -> ArrayD<H> {
-            let wide: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-            let mut out = vec![H::from_bits(0); wide.len()];
-            narrow_nearest(&wide, &mut out);
-            ArrayD::from_shape_vec(values.raw_dim(), out).expect("one value per element")
-        }
-        match self.dtype {
-            CaseDtype::F64 => self.w.add(name, values),
-            CaseDtype::F32 => self.w.add(name, &values.mapv(|x| x as f32)),
-            CaseDtype::BF16 => self
-                .w
-                .add(name, &narrowed::<half::bf16>(values).mapv(|h| h.to_bits())),
-            CaseDtype::F16 => self.w.add(name, &narrowed::<half::f16>(values)),
-        };
+        self.dtype.add_reals(self.w, name, values);
     }
 
     /// Adds the 0-d real array `name`.
     pub(super) fn real_scalar(&mut self, name: &str, value: f64) {
         self.reals(name, &ndarray::arr0(value).into_dyn());
+    }
+}
+
+impl CaseDtype {
+    /// Adds `values` to `w` as array `name`, stored in this dtype (rounded
+    /// to nearest; into a half type through f32).
+    pub(super) fn add_reals<D: ndarray::Dimension>(
+        self,
+        w: &mut NpzWriter,
+        name: &str,
+        values: &ndarray::Array<f64, D>,
+    ) {
+        fn narrowed<H: HalfFloat, D: ndarray::Dimension>(
+            values: &ndarray::Array<f64, D>,
+        ) -> ndarray::Array<H, D> {
+            let wide: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+            let mut out = vec![H::from_bits(0); wide.len()];
+            narrow_nearest(&wide, &mut out);
+            ndarray::Array::from_shape_vec(values.raw_dim(), out).expect("one value per element")
+        }
+        match self {
+            CaseDtype::F64 => w.add(name, values),
+            CaseDtype::F32 => w.add(name, &values.mapv(|x| x as f32)),
+            CaseDtype::BF16 => w.add(
+                name,
+                &narrowed::<half::bf16, D>(values).mapv(|h| h.to_bits()),
+            ),
+            CaseDtype::F16 => w.add(name, &narrowed::<half::f16, D>(values)),
+        };
+    }
+
+    /// `x` as this dtype holds it.
+    pub(super) fn round(self, x: f64) -> f64 {
+        match self {
+            CaseDtype::F64 => x,
+            CaseDtype::F32 => f64::from(x as f32),
+            CaseDtype::BF16 => f64::from(half::bf16::from_f32(x as f32).to_f32()),
+            CaseDtype::F16 => f64::from(half::f16::from_f32(x as f32).to_f32()),
+        }
+    }
+
+    /// The dtype result `name` of a case of this dtype and `layer` is
+    /// written in: the case's, but for a half case float32 except for the
+    /// layer's output.
+    pub(super) fn of_result(self, layer: Layer, name: &str) -> CaseDtype {
+        match self.half() {
+            Some(_) if name != layer.output() => CaseDtype::F32,
+            _ => self,
+        }
+    }
+
+    /// Real array `name` of `r` as f64, whatever real dtype it is stored
+    /// in (a `uint16` array is read as bf16's bits). Errors for a dtype
+    /// that is none of them.
+    pub(super) fn read_any(r: &mut crate::io::NpzReader, name: &str) -> Result<ArrayD<f64>> {
+        let dtype = r.dtype(name)?;
+        match CaseDtype::of(&dtype).map_err(|e| e.in_array(name))? {
+            CaseDtype::F64 | CaseDtype::F32 => r.reals::<f64>(name),
+            CaseDtype::BF16 => Ok(r
+                .bits16(name)?
+                .mapv(|b| f64::from(half::bf16::from_bits(b).to_f32()))),
+            CaseDtype::F16 => Ok(r
+                .bits16(name)?
+                .mapv(|b| f64::from(half::f16::from_bits(b).to_f32()))),
+        }
     }
 }
 

@@ -6,7 +6,10 @@ docs/spec.md and the golden format of docs/golden.md, for the tests of
     candidate.py INPUTS OUTPUTS
 
 reads every case INPUTS/<layer>/NAME.npz and writes its results to
-OUTPUTS/<layer>/NAME.npz, computed in the case's dtype.
+OUTPUTS/<layer>/NAME.npz, computed in the case's dtype. A bf16 case (its
+reals are uint16 arrays of bf16 bits) or f16 case is computed in float64 on
+the widened values: the layer's output is written in the half type, rounded
+once, the other results in float32.
 
 SPLITGRAD_CANDIDATE_BUG plants one bug:
   boundary      split-embeddings: an id at the first row of a split is
@@ -179,6 +182,36 @@ LAYERS = {
 }
 
 
+ANCHOR = {"split-embeddings": "upstream", "lm-head": "hidden", "split-vocabulary": "shared"}
+OUTPUT = {"split-embeddings": "out", "lm-head": "loss", "split-vocabulary": "out"}
+
+
+def bf16_to_float(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def float_to_bf16(x):
+    """Rounded to nearest, ties to even (finite values)."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def evaluate_half(layer, evaluate, case):
+    """A half-precision case: widened to float64, computed, the output rounded once."""
+    half = case[ANCHOR[layer]].dtype
+    if half not in (np.uint16, np.float16):
+        return evaluate(case)
+    widen = bf16_to_float if half == np.uint16 else (lambda a: a.astype(np.float64))
+    wide = {k: widen(case[k]) if case[k].dtype == half else case[k] for k in case.files}
+    result = evaluate(wide)
+    for name, value in result.items():
+        if name == OUTPUT[layer]:
+            result[name] = float_to_bf16(value) if half == np.uint16 else np.asarray(value, np.float16)
+        else:
+            result[name] = np.asarray(value, np.float32)
+    return result
+
+
 def main(inputs, outputs):
     for layer, evaluate in LAYERS.items():
         folder = os.path.join(inputs, layer)
@@ -189,7 +222,7 @@ def main(inputs, outputs):
             if not name.endswith(".npz"):
                 continue
             with np.load(os.path.join(folder, name)) as case:
-                result = evaluate(case)
+                result = evaluate_half(layer, evaluate, case)
             np.savez(os.path.join(outputs, layer, name), **result)
 
 

@@ -65,8 +65,8 @@ use std::time::{Duration, Instant};
 
 use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn, s};
 
-use super::{Layer, Results, case_file_name, compute, generate_case, to_bytes};
-use crate::io::{NpzReader, NpzWriter, RealDtype, write_atomic};
+use super::{CaseDtype, Layer, Results, case_file_name, compute, generate_case, to_bytes};
+use crate::io::{NpzReader, NpzWriter, write_atomic};
 use crate::{Error, Result, Rng};
 
 /// At most this many cases in one run of the program while shrinking.
@@ -89,7 +89,7 @@ pub struct FuzzConfig {
     /// Case i is generated from `Rng::new(seed).fork(i)`, as by `golden gen`.
     pub seed: u64,
     /// The cases' real dtype.
-    pub dtype: RealDtype,
+    pub dtype: CaseDtype,
     /// The longest one run of the program may take.
     pub timeout: Duration,
     /// The program: a shell command line, given the inputs and outputs
@@ -130,7 +130,8 @@ pub enum Difference {
         array: String,
         /// Its dtype in the answer.
         found: String,
-        /// The case's: `float64` or `float32`.
+        /// The case's (`float64`, `float32`), or for a half-precision case
+        /// the output's half type and `float32` for the other results.
         expected: &'static str,
     },
     /// A result array's elements are not close: the worst element.
@@ -183,12 +184,9 @@ fn short(x: f64) -> String {
     }
 }
 
-/// numpy's name of a real dtype.
-fn numpy_name(dtype: RealDtype) -> &'static str {
-    match dtype {
-        RealDtype::F32 => "float32",
-        RealDtype::F64 => "float64",
-    }
+/// numpy's name of a case's real dtype.
+fn numpy_name(dtype: CaseDtype) -> &'static str {
+    dtype.numpy_name()
 }
 
 fn fmt_list<T: fmt::Display>(v: &[T]) -> String {
@@ -255,7 +253,7 @@ pub struct Finding {
     /// The layer.
     pub layer: Layer,
     /// The cases' dtype.
-    pub dtype: RealDtype,
+    pub dtype: CaseDtype,
     /// The generated case the search started from (`case-0003`).
     pub original: String,
     /// The minimal case in words: sizes, ids or labels.
@@ -410,7 +408,7 @@ impl Splits {
         };
         let mut weights = Vec::with_capacity(sizes.len());
         for (k, &size) in sizes.iter().enumerate() {
-            let w = r.reals::<f64>(&format!("weight_{k}"))?;
+            let w = reals(r, &format!("weight_{k}"))?;
             let width = w.shape().get(1).copied().unwrap_or(0);
             weights.push(to_rows(w, size, width)?);
         }
@@ -423,7 +421,7 @@ impl Splits {
         })
     }
 
-    fn write(&self, w: &mut NpzWriter, dtype: RealDtype, with_trainable: bool) {
+    fn write(&self, w: &mut NpzWriter, dtype: CaseDtype, with_trainable: bool) {
         let sizes: Array1<i64> = self.sizes.iter().map(|&s| s as i64).collect();
         w.add("split_sizes", &sizes);
         if with_trainable {
@@ -609,7 +607,7 @@ enum Inputs {
 /// A case's inputs, as values.
 #[derive(Clone, Debug)]
 struct FuzzCase {
-    dtype: RealDtype,
+    dtype: CaseDtype,
     inputs: Inputs,
 }
 
@@ -621,29 +619,25 @@ fn to_rows(a: ArrayD<f64>, rows: usize, cols: usize) -> Result<Array2<f64>> {
 
 fn add_reals<D: ndarray::Dimension>(
     w: &mut NpzWriter,
-    dtype: RealDtype,
+    dtype: CaseDtype,
     name: &str,
     a: &ndarray::Array<f64, D>,
 ) {
-    match dtype {
-        RealDtype::F64 => w.add(name, a),
-        RealDtype::F32 => w.add(name, &a.mapv(|x| x as f32)),
-    };
+    dtype.add_reals(w, name, a);
 }
 
-fn add_real_scalar(w: &mut NpzWriter, dtype: RealDtype, name: &str, x: f64) {
-    match dtype {
-        RealDtype::F64 => w.add_scalar(name, x),
-        RealDtype::F32 => w.add_scalar(name, x as f32),
-    };
+fn add_real_scalar(w: &mut NpzWriter, dtype: CaseDtype, name: &str, x: f64) {
+    dtype.add_reals(w, name, &ndarray::arr0(x));
 }
 
 /// `x` as the dtype holds it.
-fn round_to(dtype: RealDtype, x: f64) -> f64 {
-    match dtype {
-        RealDtype::F64 => x,
-        RealDtype::F32 => f64::from(x as f32),
-    }
+fn round_to(dtype: CaseDtype, x: f64) -> f64 {
+    dtype.round(x)
+}
+
+/// Real array `name` as f64, from any real dtype of a case.
+fn reals(r: &mut NpzReader, name: &str) -> Result<ArrayD<f64>> {
+    CaseDtype::read_any(r, name)
 }
 
 fn shaped<T: Clone>(shape: &[usize], values: Vec<T>) -> Result<ArrayD<T>> {

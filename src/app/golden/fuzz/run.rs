@@ -61,7 +61,7 @@ impl Prepared {
             Ok(r) => r,
             Err(e) => return vec![unreadable(e)],
         };
-        let expected_dtype = numpy_name(self.case.dtype);
+        let layer = self.case.layer();
         let rtol = self.case.rtol();
         let mut out = Vec::new();
         for (name, b) in &self.reference {
@@ -84,8 +84,9 @@ impl Prepared {
                 });
                 continue;
             }
-            match r.real_dtype(name) {
-                Ok(d) if d == self.case.dtype => {}
+            let expected = self.case.dtype.of_result(layer, name);
+            match r.dtype(name).and_then(|d| CaseDtype::of(&d)) {
+                Ok(d) if d == expected => {}
                 _ => {
                     let found = r
                         .dtype(name)
@@ -94,12 +95,12 @@ impl Prepared {
                     out.push(Difference::Dtype {
                         array: name.clone(),
                         found,
-                        expected: expected_dtype,
+                        expected: numpy_name(expected),
                     });
                     continue;
                 }
             }
-            let a = match r.reals::<f64>(name) {
+            let a = match reals(&mut r, name) {
                 Ok(a) => a,
                 Err(e) => {
                     out.push(unreadable(e));
@@ -483,13 +484,12 @@ pub(super) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use splitgrad::app::golden::{FuzzConfig, FuzzOutcome, Layer, fuzz};
-/// use splitgrad::io::RealDtype;
+/// use splitgrad::app::golden::{CaseDtype, FuzzConfig, FuzzOutcome, Layer, fuzz};
 /// let config = FuzzConfig {
 ///     layer: Layer::LmHead,
 ///     cases: 64,
 ///     seed: 0,
-///     dtype: RealDtype::F64,
+///     dtype: CaseDtype::F64,
 ///     timeout: Duration::from_secs(60),
 ///     command: "python3 my_head.py".into(),
 ///     out: "fuzz-head".into(),

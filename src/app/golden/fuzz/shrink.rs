@@ -9,7 +9,7 @@ impl Embeddings {
         let ids = r.ints("input_ids")?;
         let shape = ids.shape().to_vec();
         let n = ids.len();
-        let upstream = to_rows(r.reals::<f64>("upstream")?, n, splits.width)?;
+        let upstream = to_rows(reals(r, "upstream")?, n, splits.width)?;
         Ok(Embeddings {
             splits,
             shape,
@@ -18,7 +18,7 @@ impl Embeddings {
         })
     }
 
-    pub(super) fn write(&self, w: &mut NpzWriter, dtype: RealDtype) -> Result<()> {
+    pub(super) fn write(&self, w: &mut NpzWriter, dtype: CaseDtype) -> Result<()> {
         self.splits.write(w, dtype, true);
         w.add("input_ids", &shaped(&self.shape, self.ids.clone())?);
         let up = shaped(
@@ -155,8 +155,8 @@ impl Head {
         let labels = r.ints("labels")?;
         let shape = labels.shape().to_vec();
         let n = labels.len();
-        let hidden = to_rows(r.reals::<f64>("hidden")?, n, splits.width)?;
-        let upstream = r.reals::<f64>("upstream")?.iter().copied().collect();
+        let hidden = to_rows(reals(r, "hidden")?, n, splits.width)?;
+        let upstream = reals(r, "upstream")?.iter().copied().collect();
         Ok(Head {
             splits,
             shape,
@@ -166,7 +166,7 @@ impl Head {
         })
     }
 
-    pub(super) fn write(&self, w: &mut NpzWriter, dtype: RealDtype) -> Result<()> {
+    pub(super) fn write(&self, w: &mut NpzWriter, dtype: CaseDtype) -> Result<()> {
         self.splits.write(w, dtype, false);
         let hidden = shaped(
             &with_width(&self.shape, self.splits.width),
@@ -210,7 +210,7 @@ impl Head {
         )
     }
 
-    pub(super) fn candidates(&self, dtype: RealDtype) -> Vec<(String, Inputs)> {
+    pub(super) fn candidates(&self, dtype: CaseDtype) -> Vec<(String, Inputs)> {
         let mut out = Vec::new();
         let wrap = |what: String, c: Head| (what, Inputs::Head(c));
         for (what, keep) in subsets(self.labels.len(), "token") {
@@ -310,22 +310,22 @@ impl Vocabulary {
             Ok(r.ints(name)?.iter().copied().next().unwrap_or(0))
         };
         let scalar_real = |r: &mut NpzReader, name: &str| -> Result<f64> {
-            Ok(r.reals::<f64>(name)?.iter().copied().next().unwrap_or(0.0))
+            Ok(reals(r, name)?.iter().copied().next().unwrap_or(0.0))
         };
         let vocab = scalar_int(r, "vocab_size")?.max(0) as usize;
         let languages = scalar_int(r, "n_languages")?.max(0) as usize;
         let language_index = r.ints_1d("language_index")?;
         let token_index = r.ints_1d("token_index")?;
         let n_rows = language_index.len();
-        let rows = r.reals::<f64>("rows")?;
+        let rows = reals(r, "rows")?;
         let dim = rows.shape().get(1).copied().unwrap_or(0);
         let rows = to_rows(rows, n_rows, dim)?;
-        let gate_logit = r.reals::<f64>("gate_logit")?.iter().copied().collect();
+        let gate_logit = reals(r, "gate_logit")?.iter().copied().collect();
         let token_ids = r.ints_1d("token_ids")?;
         let language_ids = r.ints_1d("language_ids")?;
         let n = token_ids.len();
-        let shared = to_rows(r.reals::<f64>("shared")?, n, dim)?;
-        let upstream = to_rows(r.reals::<f64>("upstream")?, n, dim)?;
+        let shared = to_rows(reals(r, "shared")?, n, dim)?;
+        let upstream = to_rows(reals(r, "upstream")?, n, dim)?;
         Ok(Vocabulary {
             vocab,
             languages,
@@ -343,7 +343,7 @@ impl Vocabulary {
         })
     }
 
-    pub(super) fn write(&self, w: &mut NpzWriter, dtype: RealDtype) {
+    pub(super) fn write(&self, w: &mut NpzWriter, dtype: CaseDtype) {
         let ids = |v: &[i64]| Array1::from(v.to_vec());
         w.add_scalar("vocab_size", self.vocab as i64);
         w.add_scalar("n_languages", self.languages as i64);
@@ -572,7 +572,7 @@ impl Exact {
 }
 
 impl FuzzCase {
-    pub(super) fn read(layer: Layer, dtype: RealDtype, bytes: Vec<u8>) -> Result<Self> {
+    pub(super) fn read(layer: Layer, dtype: CaseDtype, bytes: Vec<u8>) -> Result<Self> {
         let mut r = NpzReader::from_bytes("generated case", bytes)?;
         let inputs = match layer {
             Layer::SplitEmbeddings => Inputs::Embeddings(Embeddings::read(&mut r)?),
@@ -650,11 +650,15 @@ impl FuzzCase {
         }
     }
 
+    /// The relative tolerance of docs/golden.md: for the half types, that
+    /// of an implementation computing in them.
     pub(super) fn rtol(&self) -> f64 {
         match (&self.inputs, self.dtype) {
-            (Inputs::Head(h), RealDtype::F32) if h.large_logits() => 1e-3,
-            (_, RealDtype::F32) => 1e-5,
-            (_, RealDtype::F64) => 1e-9,
+            (_, CaseDtype::BF16) => 5e-2,
+            (_, CaseDtype::F16) => 2e-2,
+            (Inputs::Head(h), CaseDtype::F32) if h.large_logits() => 1e-3,
+            (_, CaseDtype::F32) => 1e-5,
+            (_, CaseDtype::F64) => 1e-9,
         }
     }
 }
