@@ -14,7 +14,12 @@ raises ``Difference`` (an ``AssertionError``) describing it.
 
 The factory is called with the constructor arguments of the layer it
 stands for, positionally, while torch's default dtype is the case's dtype
-(float64 or float32): the whole case runs under it.
+(float64 or float32, or with ``dtypes=`` bfloat16 or float16): the whole
+case runs under it. In bfloat16 and float16 the layer's parameters,
+activations and upstream gradients are values of that type, the reference
+is the drop-in built in it (math in float32, each result rounded once,
+docs/spec.md §7.3), and a case file holds bf16 arrays as their bits
+(``uint16``), as golden case files do.
 
 - ``SplitTokenEmbeddings``: ``factory(split_vocab_size, split_order,
   hidden_size)`` (d9d's); parameters ``token_embedding.<split>.weight``.
@@ -52,8 +57,10 @@ epsilon; ``|a − b| ≤ tol`` element by element, NaN equal only to NaN):
   rounding of any summation order).
 - Everything else (the head's loss and gradients, the split vocabulary's
   mixed outputs, penalties, loss and gradients): ``tol = rtol·(1 +
-  max|b|)`` over the array, with ``rtol`` 1e-12 for float64 and 1e-5 for
-  float32 (``RTOL``; docs/golden.md gives the errors measured).
+  max|b|)`` over the array, with ``rtol`` 1e-12 for float64, 1e-5 for
+  float32, and 5e-2 and 2e-2 for bfloat16 and float16, whose torch modules
+  round at every operation (``RTOL``; docs/golden.md gives the errors
+  measured). In the half types no head case has logits in the thousands.
 - float32 head cases with logits in the thousands (hidden elements above
   100): the loss and the gradients to ``1e-3·(1 + max|b|)``, because each
   float32 logit near 3000 is itself rounded to 2.4·10⁻⁴ in any
@@ -121,7 +128,10 @@ EMBEDDINGS, VOCABULARY, HEAD = "split-embeddings", "split-vocabulary", "lm-head"
 
 #: Relative tolerance per dtype for the results that are not lookups:
 #: ``|a − b| ≤ rtol·(1 + max|b|)`` over each array.
-RTOL = {"float64": 1e-12, "float32": 1e-5}
+#: In bfloat16 and float16 the reference computes in float32 and rounds each
+#: result once, while a torch module in the half type rounds at every
+#: operation: the tolerances are docs/golden.md's for such an implementation.
+RTOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 5e-2, "float16": 2e-2}
 #: float32 head cases whose hidden states reach this are "logits in the thousands".
 LARGE_HIDDEN = 100.0
 #: Their loss and gradients compare to ``LARGE_LOGIT_RTOL·(1 + max|b|)``.
@@ -134,7 +144,34 @@ FEATURES = {
     VOCABULARY: ("out_of_range", "duplicate_pair", "fusion_mode"),
 }
 
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: numpy has no bfloat16: a bf16 array of a case holds its bits as uint16, as in golden case files.
+_HALF = ("bfloat16", "float16")
+
+
+def _widen(a):
+    """A case's real array as float64 (a uint16 array is bf16's bits)."""
+    a = np.asarray(a)
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def _store(x, dtype):
+    """float64 values as a case of ``dtype`` holds them (bf16: rounded to nearest, as bits)."""
+    x = np.asarray(x, np.float64)
+    if dtype == "bfloat16":
+        t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+        return t.view(torch.int16).numpy().view(np.uint16).copy()
+    return x.astype(dtype)
+
+
+def _tensor(a):
+    """A case's array as a torch tensor (a uint16 array of bf16 bits as bfloat16)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
 
 
 # --- cases ----------------------------------------------------------------------
@@ -162,7 +199,12 @@ class Case:
     @property
     def dtype(self) -> str:
         anchor = {EMBEDDINGS: "upstream", HEAD: "hidden", VOCABULARY: "shared"}[self.layer]
-        return str(self.arrays[anchor].dtype)
+        name = str(self.arrays[anchor].dtype)
+        return "bfloat16" if name == "uint16" else name
+
+    def real(self, name) -> np.ndarray:
+        """Real array ``name`` as float64 values (bf16's bits widened)."""
+        return _widen(self.arrays[name])
 
     @property
     def split_sizes(self) -> list:
@@ -206,7 +248,7 @@ class Case:
             if self.layer == HEAD:
                 if (ids == -100).any():
                     f.add("ignore_index")
-                if np.abs(a["hidden"]).max(initial=0) > LARGE_HIDDEN:
+                if np.abs(self.real("hidden")).max(initial=0) > LARGE_HIDDEN:
                     f.add("large_logits")
                 valid |= ids == -100
             elif len(np.unique(ids)) < len(ids):
@@ -247,20 +289,20 @@ class Case:
                 lab = a["labels"]
                 lines.append(f"labels {list(lab.shape)}: {lab.tolist()}")
                 lines.append(
-                    f"hidden {list(a['hidden'].shape)}, max |hidden| {np.abs(a['hidden']).max(initial=0):.4g}; "
-                    f"upstream {_brief(a['upstream'])}"
+                    f"hidden {list(a['hidden'].shape)}, max |hidden| {np.abs(self.real('hidden')).max(initial=0):.4g}; "
+                    f"upstream {_brief(self.real('upstream'))}"
                 )
         else:
             lines.append(
                 f"{self.dtype}; vocab_size {int(a['vocab_size'])}, n_languages {int(a['n_languages'])}, "
                 f"dim {a['rows'].shape[1]}, {'gated' if int(a['use_gate']) else 'fusion mode (use_gate false)'}, "
-                f"gate_init {float(a.get('gate_init', 0.0)):g}, penalty_weight {float(a['penalty_weight']):g}, "
-                f"fusion_weight {float(a['fusion_weight']):g}"
+                f"gate_init {float(a.get('gate_init', 0.0)):g}, penalty_weight {float(self.real('penalty_weight')):g}, "
+                f"fusion_weight {float(self.real('fusion_weight')):g}"
             )
             pairs = list(zip(a["language_index"].tolist(), a["token_index"].tolist()))
-            lines.append(f"index (language, token): {pairs}; gate_logit {_brief(a['gate_logit'])}; rows {_brief(a['rows'])}")
+            lines.append(f"index (language, token): {pairs}; gate_logit {_brief(self.real('gate_logit'))}; rows {_brief(self.real('rows'))}")
             tok, lang = a["token_ids"].tolist(), a["language_ids"].tolist()
-            lines.append(f"tokens (language, token): {list(zip(lang, tok))}; shared {_brief(a['shared'])}")
+            lines.append(f"tokens (language, token): {list(zip(lang, tok))}; shared {_brief(self.real('shared'))}")
             same = _rows_equal_shared(a)
             if same.any():
                 lines.append(f"tokens whose row equals their shared row: {np.flatnonzero(same).tolist()}")
@@ -304,9 +346,9 @@ def _check_without(layer, without):
 def _dtype_names(dtypes):
     names = []
     for d in dtypes:
-        name = {torch.float64: "float64", torch.float32: "float32"}.get(d, d)
+        name = {t: n for n, t in _DTYPES.items()}.get(d, d)
         if name not in _DTYPES:
-            raise ValueError(f"dtypes: {d!r} is not float64 or float32")
+            raise ValueError(f"dtypes: {d!r} is not float64, float32, bfloat16 or float16")
         names.append(name)
     if not names:
         raise ValueError("dtypes is empty")
@@ -375,9 +417,9 @@ def split_token_embeddings_cases(draw, dtypes=("float64", "float32"), without=()
         "split_trainable": np.array(trainable, dtype=np.uint8),
     }
     for k, size in enumerate(sizes):
-        arrays[f"weight_{k}"] = rng.standard_normal((size, H)).astype(dtype)
+        arrays[f"weight_{k}"] = _store(rng.standard_normal((size, H)), dtype)
     arrays["input_ids"] = np.array(ids, dtype=np.int64).reshape(shape)
-    arrays["upstream"] = rng.standard_normal(shape + (H,)).astype(dtype)
+    arrays["upstream"] = _store(rng.standard_normal(shape + (H,)), dtype)
     arrays["split_dict_order"] = np.array(order, dtype=np.int64)
     return Case(EMBEDDINGS, arrays)
 
@@ -405,17 +447,18 @@ def lm_head_cases(draw, dtypes=("float64", "float32"), without=()):
         labels.append(-100 if ignore else draw(element))
     if "out_of_range" not in without and _rare(draw, 8):
         labels[draw(st.integers(0, n - 1))] = draw(st.sampled_from([V, -1, -101]))
-    large = "large_logits" not in without and _rare(draw, 4)
+    # In a half type a logit near 3000 is off by units: no case in the thousands.
+    large = "large_logits" not in without and dtype not in _HALF and _rare(draw, 4)
     ones = draw(st.booleans())
     rng = _rng(draw)
     bound = 1.0 / math.sqrt(H)
     arrays = {"split_sizes": np.array(sizes, dtype=np.int64)}
     for k, size in enumerate(sizes):
-        arrays[f"weight_{k}"] = rng.uniform(-bound, bound, (size, H)).astype(dtype)
+        arrays[f"weight_{k}"] = _store(rng.uniform(-bound, bound, (size, H)), dtype)
     hidden = rng.standard_normal(shape + (H,)) * (3000.0 if large else 1.0)
-    arrays["hidden"] = hidden.astype(dtype)
+    arrays["hidden"] = _store(hidden, dtype)
     arrays["labels"] = np.array(labels, dtype=np.int64).reshape(shape)
-    arrays["upstream"] = (np.ones(shape) if ones else rng.standard_normal(shape)).astype(dtype)
+    arrays["upstream"] = _store(np.ones(shape) if ones else rng.standard_normal(shape), dtype)
     arrays["split_trainable"] = np.array(trainable, dtype=np.uint8)
     arrays["split_dict_order"] = np.array(order, dtype=np.int64)
     return Case(HEAD, arrays)
@@ -467,6 +510,7 @@ def split_vocabulary_cases(draw, dtypes=("float64", "float32"), without=()):
     pw = draw(st.sampled_from([0.5, 0.0, 2.0]))
     fw = draw(st.sampled_from([0.5, 0.0, 2.0]))
     rng = _rng(draw)
+    stored, dtype = dtype, ("float32" if dtype in _HALF else dtype)  # the draws in float32, then stored
     table = rng.standard_normal((V, D)).astype(dtype)
     rows = table[tok_index].copy()
     noise = (0.5 * rng.standard_normal((n_rows, D))).astype(dtype)
@@ -490,8 +534,11 @@ def split_vocabulary_cases(draw, dtypes=("float64", "float32"), without=()):
         "use_gate": np.array(int(use_gate), dtype=np.int64),
         "penalty_weight": np.array(pw, dtype=dtype),
         "fusion_weight": np.array(fw, dtype=dtype),
-        "gate_init": np.array(gate_init, dtype=dtype),
+        "gate_init": np.array(gate_init, dtype=np.float64 if stored in _HALF else dtype),
     }
+    if stored in _HALF:
+        for name in ("rows", "gate_logit", "shared", "upstream", "penalty_weight", "fusion_weight"):
+            arrays[name] = _store(arrays[name], stored)
     return Case(VOCABULARY, arrays)
 
 
@@ -532,6 +579,8 @@ def _np(t, what):
     t = t.detach()
     if t.is_sparse:
         t = t.coalesce().to_dense()
+    if t.dtype == torch.bfloat16:  # numpy has none: its bits, as in the case
+        return t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16).copy()
     return t.cpu().numpy().copy()
 
 
@@ -553,7 +602,7 @@ def _to_dtype(module, name):
 
 def _backward(out, upstream):
     if isinstance(out, torch.Tensor) and out.requires_grad:
-        torch.autograd.backward(out, torch.from_numpy(upstream).to(out.dtype))
+        torch.autograd.backward(out, _tensor(upstream).to(out.dtype))
 
 
 def _run_splits(factory, case, prefix, body):
@@ -567,7 +616,7 @@ def _run_splits(factory, case, prefix, body):
             m = factory({names[k]: sizes[k] for k in case.dict_order}, list(names), case.hidden_size)
             stage[0] = "load_state_dict"
             _to_dtype(m, case.dtype)
-            _load(m, {f"{prefix}.{n}.weight": torch.from_numpy(a[f"weight_{k}"].copy()) for k, n in enumerate(names)})
+            _load(m, {f"{prefix}.{n}.weight": _tensor(a[f"weight_{k}"]) for k, n in enumerate(names)})
             stage[0] = "freezing"
             params = _params(m)
             for k, n in enumerate(names):
@@ -598,7 +647,7 @@ def _run_head(factory, case, tmp):
     a = case.arrays
 
     def body(m, params, values, stage):
-        hidden = torch.from_numpy(a["hidden"].copy()).requires_grad_(True)
+        hidden = _tensor(a["hidden"]).requires_grad_(True)
         res = m(hidden, LMHeadShared(torch.from_numpy(a["labels"].copy())))
         loss = getattr(res, "cross_entropy", res)
         values["loss"] = _np(loss, "the loss")
@@ -621,10 +670,10 @@ def _run_vocabulary(factory, case, tmp):
             m = factory(path, int(a["vocab_size"]), int(a["rows"].shape[1]), int(a["n_languages"]), gate_init)
             stage = "load_state_dict"
             _to_dtype(m, case.dtype)
-            _load(m, {"rows": torch.from_numpy(a["rows"].copy()), "gate_logit": torch.from_numpy(a["gate_logit"].copy())})
+            _load(m, {"rows": _tensor(a["rows"]), "gate_logit": _tensor(a["gate_logit"])})
             params = _params(m)
             stage = "forward"
-            shared = torch.from_numpy(a["shared"].copy()).requires_grad_(True)
+            shared = _tensor(a["shared"]).requires_grad_(True)
             out = m(
                 torch.from_numpy(a["token_ids"].copy()),
                 torch.from_numpy(a["language_ids"].copy()),
@@ -639,8 +688,9 @@ def _run_vocabulary(factory, case, tmp):
             fusion = m.fusion_penalty()
             values["fusion_penalty"] = _np(fusion, "the fusion penalty")
             stage = "loss"
-            up = torch.from_numpy(a["upstream"].copy()).to(out.dtype)
-            loss = ((out * up).sum() + float(a["penalty_weight"]) * penalty) + float(a["fusion_weight"]) * fusion
+            up = _tensor(a["upstream"]).to(out.dtype)
+            pw, fw = float(case.real("penalty_weight")), float(case.real("fusion_weight"))
+            loss = ((out * up).sum() + pw * penalty) + fw * fusion
             values["loss"] = _np(loss, "the loss")
             stage = "backward"
             if loss.requires_grad:
@@ -670,7 +720,7 @@ def _run(layer, factory, case, tmp):
 
 
 def _eps(dtype):
-    return float(np.finfo(dtype).eps)
+    return float(torch.finfo(_DTYPES[dtype]).eps)
 
 
 def _compare_array(name, a, b, tol, why=None):
@@ -683,7 +733,7 @@ def _compare_array(name, a, b, tol, why=None):
     if a.size == 0:
         return None
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), b.shape)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    a64, b64 = _widen(a), _widen(b)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a64 - b64)
         ok = (a64 == b64) | (err <= tol) | (np.isnan(a64) & np.isnan(b64))
@@ -702,7 +752,7 @@ def _compare_array(name, a, b, tol, why=None):
 
 
 def _rel(b, rtol):
-    return rtol * (1.0 + float(np.abs(b.astype(np.float64)).max(initial=0.0)))
+    return rtol * (1.0 + float(np.abs(_widen(b)).max(initial=0.0)))
 
 
 def _embedding_tolerances(case, k):
@@ -712,7 +762,7 @@ def _embedding_tolerances(case, k):
     starts, _ = case._starts()
     start, size = starts[k], case.split_sizes[k]
     ids = a["input_ids"].reshape(-1)
-    up = np.abs(a["upstream"].reshape(-1, case.hidden_size).astype(np.float64))
+    up = np.abs(case.real("upstream").reshape(-1, case.hidden_size))
     count = np.zeros(size)
     mass = np.zeros((size, case.hidden_size))
     for p, i in enumerate(ids):
@@ -745,7 +795,7 @@ def _compare_embeddings(case, ref, cand):
                 d.append(f"{name}: split s{k} is frozen, but the candidate gave it a gradient{_nonzero_rows(a)}")
             continue
         if b is None:
-            b = np.zeros((case.split_sizes[k], case.hidden_size), dtype=case.dtype)
+            b = _store(np.zeros((case.split_sizes[k], case.hidden_size)), case.dtype)
         if a is None:
             a = np.zeros_like(b)
         tol, count = _embedding_tolerances(case, k)
@@ -778,7 +828,7 @@ def _compare_head(case, ref, cand):
                 d.append(f"{name}: split s{k} is frozen, but the candidate gave it a gradient{_nonzero_rows(c)}")
             continue
         if b is None:
-            b = np.zeros((case.split_sizes[k], case.hidden_size), dtype=case.dtype)
+            b = _store(np.zeros((case.split_sizes[k], case.hidden_size)), case.dtype)
         if c is None:
             c = np.zeros_like(b)
         d.append(_compare_array(name, c, b, _rel(b, LARGE_LOGIT_RTOL if large else rtol)))

@@ -257,6 +257,49 @@ def test_finds_a_planted_bug_with_a_shrunk_case(name, tmp_path):
     testing.replay(correct, e.path)  # the correct implementation agrees on it
 
 
+HALF_PLANTED = ["off-by-one at a split boundary", "head that ignores -100", "gate mixing the wrong way"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", torch.float16])
+@pytest.mark.parametrize("name", HALF_PLANTED)
+def test_finds_a_planted_bug_in_half_precision(name, dtype, tmp_path):
+    check, factory, correct, phrase = PLANTED[name]
+    with pytest.raises(testing.Difference) as info:
+        check(factory, dtypes=(dtype,), max_examples=300, out_dir=tmp_path)
+    e = info.value
+    assert phrase in str(e), str(e)
+    assert e.case.dtype == ("bfloat16" if dtype == "bfloat16" else "float16")
+    assert ids_of(e.case).size <= 3, str(e)
+    with np.load(e.path) as z:
+        stored = {k: z[k] for k in z.files}
+    # a golden case of the half type (bf16 as its bits): splitgrad's results in it
+    anchor = {"split-embeddings": "upstream", "lm-head": "hidden", "split-vocabulary": "shared"}[e.layer]
+    assert stored[anchor].dtype == (np.uint16 if dtype == "bfloat16" else np.float16)
+    for k, v in golden.evaluate(e.layer, e.path).items():
+        np.testing.assert_array_equal(stored[k], v)
+    testing.replay(correct, e.path)
+
+
+@pytest.mark.parametrize("check, factory", [
+    (testing.check_split_token_embeddings, PlainEmbeddings),
+    (testing.check_lm_head, PlainHead),
+    (testing.check_split_vocabulary, PlainVocabulary),
+])
+def test_plain_layers_in_half_precision_pass(check, factory, tmp_path):
+    # torch computing in bf16 / f16 against the drop-in computing in f32 and rounding once
+    assert check(factory, dtypes=("bfloat16", "float16"), max_examples=80, seed=2, out_dir=tmp_path) == 80
+
+
+def test_d9d_in_bf16_passes_but_for_its_two_known_differences(tmp_path):
+    cls = d9d_embeddings()
+    n = testing.check_split_token_embeddings(
+        cls, dtypes=(torch.bfloat16,), max_examples=100, without=("out_of_range", "empty_split"), out_dir=tmp_path
+    )
+    assert n == 100
+    with pytest.raises(testing.Difference, match="index_select"):  # a split of size 0
+        testing.check_split_token_embeddings(cls, dtypes=("bfloat16",), max_examples=300, out_dir=tmp_path)
+
+
 def test_d9d_differs_on_an_out_of_range_id_and_on_a_split_of_size_0(tmp_path):
     D9d = d9d_embeddings()
     with pytest.raises(testing.Difference) as info:
@@ -316,8 +359,8 @@ def test_float32_only_and_bad_arguments(tmp_path):
     ) == 20
     with pytest.raises(ValueError, match="no kind of split-embeddings case named"):
         testing.check_split_token_embeddings(SplitTokenEmbeddings, without=["ignore_index"])
-    with pytest.raises(ValueError, match="is not float64 or float32"):
-        testing.check_lm_head(SplitLanguageModellingHead, dtypes=["float16"])
+    with pytest.raises(ValueError, match="is not float64, float32, bfloat16 or float16"):
+        testing.check_lm_head(SplitLanguageModellingHead, dtypes=["int8"])
 
 
 def test_a_candidate_without_the_parameter_names_differs(tmp_path):
