@@ -394,10 +394,10 @@ impl CaseDtype {
         }
     }
 
-    /// Real array `name` of `r` as f64, whatever real dtype it is stored
-    /// in (a `uint16` array is read as bf16's bits). Errors for a dtype
-    /// that is none of them.
-    pub(super) fn read_any(r: &mut crate::io::NpzReader, name: &str) -> Result<ArrayD<f64>> {
+    /// Real array `name` of `r` as f64, whatever real dtype of a case it
+    /// is stored in (a `uint16` array is read as bf16's bits). Errors for a
+    /// dtype that is none of them.
+    pub fn read_any(r: &mut crate::io::NpzReader, name: &str) -> Result<ArrayD<f64>> {
         let dtype = r.dtype(name)?;
         match CaseDtype::of(&dtype).map_err(|e| e.in_array(name))? {
             CaseDtype::F64 | CaseDtype::F32 => r.reals::<f64>(name),

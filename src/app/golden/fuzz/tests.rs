@@ -30,7 +30,12 @@ fn subsets_keep_one_then_remove_chunks() {
 #[test]
 fn every_candidate_of_generated_cases_is_valid_and_smaller() {
     for layer in Layer::ALL {
-        for dtype in [CaseDtype::F64, CaseDtype::F32, CaseDtype::BF16, CaseDtype::F16] {
+        for dtype in [
+            CaseDtype::F64,
+            CaseDtype::F32,
+            CaseDtype::BF16,
+            CaseDtype::F16,
+        ] {
             for i in 0..20 {
                 let bytes = generate_case(layer, &mut Rng::new(5).fork(i), dtype);
                 let case = FuzzCase::read(layer, dtype, bytes).unwrap();
@@ -49,7 +54,12 @@ fn every_candidate_of_generated_cases_is_valid_and_smaller() {
 #[test]
 fn a_generated_case_reads_back_to_the_same_bytes() {
     for layer in Layer::ALL {
-        for dtype in [CaseDtype::F64, CaseDtype::F32, CaseDtype::BF16, CaseDtype::F16] {
+        for dtype in [
+            CaseDtype::F64,
+            CaseDtype::F32,
+            CaseDtype::BF16,
+            CaseDtype::F16,
+        ] {
             let bytes = generate_case(layer, &mut Rng::new(2).fork(3), dtype);
             let case = FuzzCase::read(layer, dtype, bytes.clone()).unwrap();
             let p = Prepared::new(case, String::new()).unwrap();
