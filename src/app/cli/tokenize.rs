@@ -95,6 +95,9 @@ pub struct TokenizeArgs {
     /// number.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// No progress on standard error (the summary on standard output stays).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// Progress over a number of bytes: a bar on a terminal (for inputs over
@@ -110,9 +113,9 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(what: &'static str, total: u64) -> Progress {
+    fn new(what: &'static str, total: u64, quiet: bool) -> Progress {
         let terminal = std::io::stderr().is_terminal();
-        let bar = (terminal && total > PROGRESS_BYTES).then(|| {
+        let bar = (!quiet && terminal && total > PROGRESS_BYTES).then(|| {
             let bar = ProgressBar::new(total);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -131,7 +134,7 @@ impl Progress {
             bar,
             started: now,
             last_line: Mutex::new(now),
-            lines: !terminal,
+            lines: !quiet && !terminal,
         }
     }
 
@@ -210,7 +213,7 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
         (Some(t), _) => (t, None),
         (None, Some(v)) => {
             let text = plan.vocab_text(args.heldout_fraction, args.seed, args.train_vocab_bytes)?;
-            let progress = Progress::new("training the tokenizer on", text.total_bytes());
+            let progress = Progress::new("training the tokenizer on", text.total_bytes(), args.quiet);
             let json = train_byte_level_bpe(&plan, &text, v, &|b| progress.add(b));
             progress.finish();
             let json = json?;
@@ -218,7 +221,7 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
         }
         (None, None) => unreachable!("clap requires --tokenizer or --train-vocab"),
     };
-    let progress = Progress::new("tokenizing", plan.total_bytes());
+    let progress = Progress::new("tokenizing", plan.total_bytes(), args.quiet);
     let result = plan.tokenize(&tokenizer, &|bytes| progress.add(bytes));
     progress.finish();
     let tokenized = result?;
