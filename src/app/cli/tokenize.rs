@@ -336,12 +336,14 @@ fn print_trained(
 
 fn print_summary(args: &TokenizeArgs, plan: &Plan, out: &Tokenized, tokenizer: &HfTokenizer) {
     let files: usize = out.stats.iter().map(|s| s.files).sum();
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     println!(
-        "splitgrad tokenize: {files} files, {} sequences, {} tokens, V {}, {} languages -> {}",
-        out.corpus.n_sequences(),
-        out.corpus.len(),
+        "splitgrad tokenize: {}, {}, {}, V {}, {} -> {}",
+        count(files, "file"),
+        count(out.corpus.n_sequences(), "sequence"),
+        count(out.corpus.len(), "token"),
         tokenizer.vocab_size(),
-        plan.languages.len(),
+        count(plan.languages.len(), "language"),
         args.out.display()
     );
     let width = plan
