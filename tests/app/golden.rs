@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use ndarray::{Array, Array2, ArrayD, Dimension, IxDyn, arr0, arr1, arr2};
 use npyz::zip::ZipArchive;
-use splitgrad::app::golden::{self, Layer, evaluate_bytes, evaluate_dir, generate, generate_case};
+use splitgrad::app::golden::{
+    self, CaseDtype, Layer, evaluate_bytes, evaluate_dir, generate, generate_case,
+};
 use splitgrad::io::{NpyElement, NpzReader, NpzWriter, RealDtype};
 use splitgrad::{ErrorKind, Rng};
 
@@ -742,8 +744,11 @@ fn hostile_sizes_are_errors_not_allocations() {
 #[test]
 fn mutated_cases_never_panic() {
     let mut rng = Rng::new(17);
-    for layer in Layer::ALL {
-        let base = generate_case(layer, &mut Rng::new(8), RealDtype::F64);
+    let layers = Layer::ALL
+        .into_iter()
+        .flat_map(|l| [CaseDtype::F64, CaseDtype::BF16, CaseDtype::F16].map(|d| (l, d)));
+    for (layer, dtype) in layers {
+        let base = generate_case(layer, &mut Rng::new(8), dtype);
         for _ in 0..300 {
             let mut bytes = base.clone();
             match rng.below(3) {

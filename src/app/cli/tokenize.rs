@@ -213,7 +213,8 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
         (Some(t), _) => (t, None),
         (None, Some(v)) => {
             let text = plan.vocab_text(args.heldout_fraction, args.seed, args.train_vocab_bytes)?;
-            let progress = Progress::new("training the tokenizer on", text.total_bytes(), args.quiet);
+            let progress =
+                Progress::new("training the tokenizer on", text.total_bytes(), args.quiet);
             let json = train_byte_level_bpe(&plan, &text, v, &|b| progress.add(b));
             progress.finish();
             let json = json?;
