@@ -19,7 +19,9 @@
 //! - [`save`] is atomic: it writes a temporary file beside the target,
 //!   syncs it to disk and renames it over the target. If anything fails, the
 //!   previous file is untouched and the temporary file is removed. Equal
-//!   inputs give byte-identical files.
+//!   inputs give byte-identical files. The tensors' bytes are streamed to
+//!   the file from the arrays themselves (a copy only of an array that is
+//!   not contiguous): saving holds no image of the file in memory.
 //! - [`Checkpoint::open`] reads the whole file and validates its header; a
 //!   file that is unreadable, truncated, not safetensors or inconsistent is
 //!   an error naming the file, never a panic.

@@ -62,6 +62,26 @@ impl View for &Encoded<'_> {
     }
 }
 
+/// A tensor's dtype, shape and length without its bytes: given these,
+/// `safetensors::serialize` writes the length prefix and the header alone,
+/// and [`save`] streams the bytes after it.
+struct HeaderOnly<'a>(&'a Encoded<'a>);
+
+impl View for &HeaderOnly<'_> {
+    fn dtype(&self) -> Dtype {
+        self.0.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.0.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&[])
+    }
+    fn data_len(&self) -> usize {
+        self.0.bytes.len()
+    }
+}
+
 /// The array's elements as little-endian bytes in row-major order.
 fn le_bytes<'a, A: Element>(a: &'a ArrayViewD<'_, A>) -> Cow<'a, [u8]> {
     #[cfg(target_endian = "little")]
@@ -149,11 +169,30 @@ pub fn save<S: AsRef<str>>(
                 .collect::<HashMap<_, _>>(),
         )
     };
-    let mut image = safetensors::serialize(encoded.iter().map(|(n, e)| (*n, e)), info)
+    // The prefix and header from the crate, the tensors' bytes streamed
+    // after them from where they are: no image of the whole file in memory.
+    let heads: Vec<(&str, HeaderOnly<'_>)> =
+        encoded.iter().map(|(n, e)| (*n, HeaderOnly(e))).collect();
+    let mut header = safetensors::serialize(heads.iter().map(|(n, h)| (*n, h)), info)
         .map_err(|e| Error::format(format!("cannot serialise: {e}")).in_file(path))?;
-    drop(encoded);
-    sort_metadata(&mut image);
-    write_atomic(path, |f| Ok(f.write_all(&image)?))
+    sort_metadata(&mut header);
+    write_atomic(path, |f| {
+        f.write_all(&header)?;
+        for (_, e) in in_file_order(&encoded) {
+            f.write_all(&e.bytes)?;
+        }
+        Ok(())
+    })
+}
+
+/// The tensors in the order the header lays out their bytes: by dtype,
+/// the widest alignment first, then by name (`safetensors`' own order;
+/// the unit test `streamed_files_equal_the_crates_image` holds the two
+/// equal).
+fn in_file_order<'e, 'a>(encoded: &'e [(&'a str, Encoded<'a>)]) -> Vec<&'e (&'a str, Encoded<'a>)> {
+    let mut order: Vec<_> = encoded.iter().collect();
+    order.sort_by(|(ln, l), (rn, r)| r.dtype.cmp(&l.dtype).then(ln.cmp(rn)));
+    order
 }
 
 /// Puts the `__metadata__` entries of a serialised file in sorted order, so
@@ -219,6 +258,45 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn streamed_files_equal_the_crates_image() {
+        let dir = temp_dir("stream");
+        let path = dir.join("model.safetensors");
+        let f32s = array![[1.0f32, -2.0], [0.5, 8.0]];
+        let f64s = array![3.0f64, 4.0, 5.0];
+        let bf16s = array![half::bf16::from_f32(1.5), half::bf16::from_f32(-0.25)];
+        let f16s = array![[half::f16::from_f32(2.0)]];
+        let i64s = array![7i64, -1];
+        let u64s = array![9u64];
+        let strided = array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]];
+        let strided = strided.t().to_owned();
+        let row = f32s.row(0).to_owned();
+        let tensors: Vec<(&str, TensorRef<'_>)> = vec![
+            ("b.weight", (&f32s).into()),
+            ("a.weight", (&bf16s).into()),
+            ("z.half", (&f16s).into()),
+            ("m.double", (&f64s).into()),
+            ("index", (&i64s).into()),
+            ("step", (&u64s).into()),
+            ("a.transposed", (&strided).into()),
+            ("c.weight", (&row).into()),
+        ];
+        let meta = BTreeMap::from([
+            ("zeta".to_string(), "1".to_string()),
+            ("alpha".to_string(), "2".to_string()),
+            ("mid".to_string(), "x".to_string()),
+        ]);
+        save(&path, &tensors, &meta).unwrap();
+        let encoded: Vec<(&str, Encoded<'_>)> =
+            tensors.iter().map(|(n, t)| (*n, t.encode())).collect();
+        let info: HashMap<String, String> = meta.clone().into_iter().collect();
+        let mut image =
+            safetensors::serialize(encoded.iter().map(|(n, e)| (*n, e)), Some(info)).unwrap();
+        sort_metadata(&mut image);
+        assert_eq!(fs::read(&path).unwrap(), image);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
