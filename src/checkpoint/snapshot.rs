@@ -14,7 +14,7 @@ use std::path::Path;
 use super::{Checkpoint, save};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::Real;
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, StateRef};
 use crate::param::Parameter;
 use crate::state::{Module, StateDict, TensorRef};
 
@@ -57,7 +57,27 @@ pub fn save_state<T: Real>(
     extra: &[(String, TensorRef<'_>)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let opt_state = optimizer.map(|o| o.state_dict());
+    // The optimiser's arrays borrowed where it lends them, else a copy.
+    let lent = optimizer.and_then(|o| o.state_refs());
+    let opt_state = optimizer.filter(|_| lent.is_none()).map(|o| o.state_dict());
+    let steps: Vec<(String, ndarray::ArrayD<u64>)> = lent
+        .iter()
+        .flatten()
+        .filter_map(|(n, v)| match v {
+            StateRef::Step(s) => Some((format!("{OPTIMIZER}{n}"), ndarray::arr0(*s).into_dyn())),
+            StateRef::Array(_) => None,
+        })
+        .collect();
+    let lent_arrays: Vec<(String, TensorRef<'_>)> = lent
+        .iter()
+        .flatten()
+        .filter_map(|(n, v)| match v {
+            StateRef::Array(a) => {
+                Some((format!("{OPTIMIZER}{n}"), TensorRef::from_stored(a.clone())))
+            }
+            StateRef::Step(_) => None,
+        })
+        .collect();
     let held: Vec<Vec<(String, TensorRef<'_>)>> = modules.iter().map(|m| m.state_refs()).collect();
     // Views are invariant in their lifetime: reborrow every one for this call.
     let mut entries: Vec<(&str, TensorRef<'_>)> = Vec::new();
@@ -72,6 +92,8 @@ pub fn save_state<T: Real>(
         })
         .collect();
     entries.extend(opt_names.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    entries.extend(lent_arrays.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    entries.extend(steps.iter().map(|(n, t)| (n.as_str(), t.into())));
     entries.extend(extra.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
     save(path, &entries, metadata)
 }
@@ -174,4 +196,74 @@ pub fn load_state<T: Real>(
     let snap = Snapshot::read(path)?;
     let rest = snap.restore(modules, optimizer)?;
     Ok((snap.metadata, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+    use crate::layers::SplitTokenEmbeddings;
+    use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, ParamGroups, Sgd, SgdConfig};
+    use crate::param::{Dtype, ParamGrad};
+
+    /// The file of `save_state` written from the optimiser's state as
+    /// copied (`state_dict`), the way it is written when it is not lent.
+    fn copied_file(
+        path: &Path,
+        module: &dyn Module<f32>,
+        optimizer: &dyn Optimizer<f32>,
+    ) -> Vec<u8> {
+        let sd = optimizer.state_dict();
+        let names: Vec<(String, TensorRef<'_>)> = sd
+            .iter()
+            .map(|(n, t)| (format!("{OPTIMIZER}{n}"), t.view()))
+            .collect();
+        let held = module.state_refs();
+        let mut entries: Vec<(&str, TensorRef<'_>)> = held
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.reborrow()))
+            .collect();
+        entries.extend(names.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+        save(path, &entries, &BTreeMap::new()).unwrap();
+        std::fs::read(path).unwrap()
+    }
+
+    #[test]
+    fn a_lent_optimizer_state_writes_the_same_file_as_its_copy() {
+        let dir = std::env::temp_dir().join(format!("splitgrad-snapshot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut emb =
+            SplitTokenEmbeddings::<f32>::new(&[("a", 5), ("b", 3)], &["a", "b"], 4).unwrap();
+        emb.reset_parameters(&mut Rng::new(3));
+        let g =
+            ndarray::Array2::from_shape_fn((5, 4), |(i, j)| (i + 2 * j) as f32 * 0.1).into_dyn();
+        let mut bf16_state = Adam::<f32>::new(AdamConfig::default()).unwrap();
+        bf16_state.set_state_dtype(Dtype::BF16).unwrap();
+        let groups = ParamGroups::new().group(
+            "all",
+            |_: &str| true,
+            LazyAdam::<f32>::new(LazyAdamConfig::default()).unwrap(),
+        );
+        let opts: Vec<Box<dyn Optimizer<f32>>> = vec![
+            Box::new(Adam::<f32>::new(AdamConfig::default()).unwrap()),
+            Box::new(bf16_state),
+            Box::new(LazyAdam::<f32>::new(LazyAdamConfig::default()).unwrap()),
+            Box::new(Sgd::<f32>::new(SgdConfig::default()).unwrap()),
+            Box::new(groups),
+        ];
+        for (i, mut opt) in opts.into_iter().enumerate() {
+            let p = &mut emb.parameters_mut()[0];
+            opt.update(p, &ParamGrad::Dense(g.clone())).unwrap();
+            opt.update(p, &ParamGrad::Dense(g.clone())).unwrap();
+            let lent = dir.join(format!("lent-{i}.safetensors"));
+            save_state(&lent, &[&emb], Some(opt.as_ref()), &[], &BTreeMap::new()).unwrap();
+            let copied = copied_file(
+                &dir.join(format!("copied-{i}.safetensors")),
+                &emb,
+                opt.as_ref(),
+            );
+            assert_eq!(std::fs::read(&lent).unwrap(), copied, "optimiser {i}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

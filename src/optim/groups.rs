@@ -121,6 +121,20 @@ impl<T: Real> Optimizer<T> for ParamGroups<T> {
         out
     }
 
+    /// Every group's lent state, prefixed as [`Optimizer::state`]; `None`
+    /// if a group cannot lend its own.
+    fn state_refs(&self) -> Option<Vec<(String, super::StateRef<'_, T>)>> {
+        let mut out = Vec::new();
+        for (name, _, opt) in &self.groups {
+            out.extend(
+                opt.state_refs()?
+                    .into_iter()
+                    .map(|(k, v)| (format!("{name}.{k}"), v)),
+            );
+        }
+        Some(out)
+    }
+
     /// Gives each group the entries under `<group>.`; an entry of no group,
     /// or of a parameter the group's rule does not claim, is an error.
     fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {

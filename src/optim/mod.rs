@@ -124,6 +124,10 @@ macro_rules! adam_family_methods {
             self.moments.state()
         }
 
+        fn state_refs(&self) -> Option<Vec<(String, super::StateRef<'_, T>)>> {
+            Some(self.moments.state_refs())
+        }
+
         fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
             self.moments.load(entries)
         }
@@ -280,6 +284,30 @@ pub trait Optimizer<T: Real> {
     /// # Ok(()) }
     /// ```
     fn state(&self) -> Vec<(String, StateValue<T>)>;
+
+    /// The entries of [`Optimizer::state`], borrowed, where the optimiser
+    /// can lend them (Adam's and lazy Adam's moments are arrays it holds);
+    /// `None` where it cannot. A checkpoint
+    /// ([`save_state`](crate::checkpoint::save_state)) writes lent arrays
+    /// without a copy.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer, StateRef};
+    /// use splitgrad::param::{ParamGrad, Parameter};
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let mut p = Parameter::new("w", array![[1.0f32, 2.0]].into_dyn());
+    /// let mut opt = LazyAdam::new(LazyAdamConfig::default())?;
+    /// opt.update(&mut p, &ParamGrad::Dense(array![[0.5f32, 0.5]].into_dyn()))?;
+    /// let lent = opt.state_refs().expect("lazy Adam lends its moments");
+    /// let names: Vec<&str> = lent.iter().map(|(n, _)| n.as_str()).collect();
+    /// assert_eq!(names, ["w.exp_avg", "w.exp_avg_sq", "w.step"]);
+    /// assert!(matches!(lent[2].1, StateRef::Step(1)));
+    /// # Ok(()) }
+    /// ```
+    fn state_refs(&self) -> Option<Vec<(String, StateRef<'_, T>)>> {
+        None
+    }
 
     /// How the optimiser narrows the values it stores in half precision
     /// (parameters kept in bf16 or f16, and its own state when kept so):
@@ -453,6 +481,16 @@ pub trait Optimizer<T: Real> {
         }
         Ok(())
     }
+}
+
+/// One entry of an optimiser's state, borrowed ([`Optimizer::state_refs`]).
+#[derive(Debug)]
+pub enum StateRef<'a, T> {
+    /// An array as the optimiser keeps it (a moment in `T` or in half
+    /// precision).
+    Array(StoredView<'a, T>),
+    /// A step count.
+    Step(u64),
 }
 
 /// One entry of an optimiser's state.

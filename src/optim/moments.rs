@@ -505,6 +505,21 @@ impl<T: Real> MomentTable<T> {
         self.slots.get(name)
     }
 
+    /// The entries of [`MomentTable::state`], borrowed.
+    pub fn state_refs(&self) -> Vec<(String, super::StateRef<'_, T>)> {
+        use super::StateRef;
+        let mut out = Vec::with_capacity(3 * self.slots.len());
+        for (name, m) in &self.slots {
+            out.push((format!("{name}.exp_avg"), StateRef::Array(m.exp_avg.view())));
+            out.push((
+                format!("{name}.exp_avg_sq"),
+                StateRef::Array(m.exp_avg_sq.view()),
+            ));
+            out.push((format!("{name}.step"), StateRef::Step(m.step)));
+        }
+        out
+    }
+
     /// `(name.exp_avg, m)`, `(name.exp_avg_sq, v)`, `(name.step, t)` per
     /// parameter, sorted by name.
     pub fn state(&self) -> Vec<(String, StateValue<T>)> {
