@@ -15,7 +15,7 @@ use crate::kernels::HalfFloat;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
-use crate::kernels::rows::rows_from_in;
+use crate::kernels::rows::{row_major, rows_from_in};
 use crate::param::StoredView;
 use crate::tape::{Flow, RowPart, Tape, Var};
 use rayon::prelude::*;
@@ -271,13 +271,6 @@ enum Rows<'a, T: Clone> {
     Full(Cow<'a, [T]>),
     BF16(Cow<'a, [half::bf16]>),
     F16(Cow<'a, [half::f16]>),
-}
-
-fn row_major<'a, E: Clone>(a: &ArrayViewD<'a, E>) -> Cow<'a, [E]> {
-    match a.to_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(a.iter().cloned().collect()),
-    }
 }
 
 impl<'a, T: Real> Rows<'a, T> {

@@ -104,6 +104,8 @@ pub(crate) trait NodeValue<T>: Sync {
     fn view(&self) -> ArrayViewD<'_, T>;
     /// Its shape.
     fn shape(&self) -> &[usize];
+    /// The value as it is kept ([`Tape::stored_value`]).
+    fn stored(&self) -> StoredView<'_, T>;
 }
 
 impl<T: Real> NodeValue<T> for Value<'_, T> {
@@ -115,6 +117,16 @@ impl<T: Real> NodeValue<T> for Value<'_, T> {
             Value::Owned(a) => a.shape(),
             Value::Borrowed(v) => v.shape(),
             Value::Half { stored, .. } => stored.shape(),
+        }
+    }
+    fn stored(&self) -> StoredView<'_, T> {
+        match self {
+            Value::Half { stored, .. } => match stored {
+                StoredView::Full(a) => StoredView::Full(a.view()),
+                StoredView::BF16(a) => StoredView::BF16(a.view()),
+                StoredView::F16(a) => StoredView::F16(a.view()),
+            },
+            other => StoredView::Full(other.view()),
         }
     }
 }
@@ -462,14 +474,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// as [`StoredView::BF16`] or [`StoredView::F16`] (not widened), any
     /// other as [`StoredView::Full`].
     pub fn stored_value(&self, v: Var) -> StoredView<'_, T> {
-        match &self.nodes[v.0].value {
-            Value::Half { stored, .. } => match stored {
-                StoredView::Full(a) => StoredView::Full(a.view()),
-                StoredView::BF16(a) => StoredView::BF16(a.view()),
-                StoredView::F16(a) => StoredView::F16(a.view()),
-            },
-            other => StoredView::Full(other.view()),
-        }
+        NodeValue::stored(&self.nodes[v.0].value)
     }
 
     /// The value of a node with a single element (a loss).
