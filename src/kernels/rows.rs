@@ -93,6 +93,26 @@ impl<'a, T: Real> TableRows<'a, T> {
         }
     }
 
+    /// A hint to load rows `ids` into the cache (every line of each), for
+    /// a caller that reads them next.
+    #[inline]
+    pub fn prefetch_rows(&self, ids: &[usize]) {
+        fn lines<E>(a: &[E], w: usize, ids: &[usize]) {
+            let step = (64 / std::mem::size_of::<E>()).max(1);
+            for &i in ids {
+                let row = a.as_ptr().wrapping_add(i * w);
+                for k in (0..w).step_by(step) {
+                    super::scatter::prefetch(row.wrapping_add(k));
+                }
+            }
+        }
+        match self {
+            TableRows::Full(a, w) => lines(a, *w, ids),
+            TableRows::BF16(a, w) => lines(a, *w, ids),
+            TableRows::F16(a, w) => lines(a, *w, ids),
+        }
+    }
+
     /// Rows `ids`, widened (or copied), one after the other into `out`,
     /// which is resized to `ids.len()` rows.
     ///

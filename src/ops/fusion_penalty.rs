@@ -139,13 +139,26 @@ impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
         })
     }
 
+    /// The members of the group after g (none after the last), whose rows
+    /// are fetched while g's are summed: a group's rows are scattered
+    /// over the table.
+    fn next<'g>(groups: &'g RowGroups, g: usize) -> &'g [usize] {
+        if g + 1 < groups.n_groups() {
+            groups.members(g + 1)
+        } else {
+            &[]
+        }
+    }
+
     /// The members' rows widened into `block`, as an (m, D) view, and the
-    /// members renumbered.
+    /// members renumbered; the rows of `next` are prefetched.
     fn block<'b>(
         &'b self,
         members: &[usize],
+        next: &[usize],
         block: &'b mut Vec<T>,
     ) -> (ArrayView2<'b, T>, &'b [usize]) {
+        self.rows.prefetch_rows(next);
         self.rows.rows_into(members, block);
         let view = ArrayView2::from_shape((members.len(), self.rows.width()), &block[..])
             .expect("m rows of D");
@@ -294,7 +307,8 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_norms(x.view(), members, c, norms),
                         (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
+                            let next = HalfGroups::<T>::next(groups, g);
+                            let (x, local) = h.block(members, next, block);
                             group_norms(x, local, c, norms)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),
@@ -413,7 +427,8 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
                         (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
+                            let next = HalfGroups::<T>::next(groups, grp);
+                            let (x, local) = h.block(members, next, block);
                             group_grads(x, local, |l| k(members[l]), buf, grads)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),
@@ -517,15 +532,16 @@ impl<T: Real> FusionRowGrads<T> {
         if width > 0 {
             terms
                 .par_chunks_mut(2 * width)
-                .zip(multi.par_iter())
+                .zip(multi.par_iter().enumerate())
                 .with_min_len(MIN_GROUPS_PER_TASK)
-                .for_each_init(Vec::new, |block, (t, &g)| {
+                .for_each_init(Vec::new, |block, (t, (at, &g))| {
                     let (c, s) = t.split_at_mut(width);
                     let members = groups.members(g);
                     match (&full, &half) {
                         (Some(x), _) => group_terms(x.view(), members, |j| k[j], c, s),
                         (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
+                            let next = multi.get(at + 1).map_or(&[][..], |&n| groups.members(n));
+                            let (x, local) = h.block(members, next, block);
                             group_terms(x, local, |l| k[members[l]], c, s)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),

@@ -65,9 +65,10 @@ pub enum Value<'p, T> {
     Owned(ArrayD<T>),
     /// A view of an array that outlives the tape.
     Borrowed(ArrayViewD<'p, T>),
-    /// A parameter kept in half precision: the gathers read its rows
-    /// widened one by one ([`Tape::stored_value`]); any other op that reads
-    /// it gets the whole array widened once, the first time.
+    /// A parameter kept in half precision: the gathers, the gated mix and
+    /// the fusion penalty read its rows widened one by one
+    /// ([`Tape::stored_value`], [`NodeGrads::stored_value`]); any other op
+    /// that reads it gets the whole array widened once, the first time.
     Half {
         /// The parameter's value as it is kept.
         stored: StoredView<'p, T>,
