@@ -114,6 +114,17 @@ impl RowGroups {
 /// Groups per rayon task, at least: a group is a few rows of D elements.
 const MIN_GROUPS_PER_TASK: usize = 64;
 
+/// The members of the group after g (none after the last), whose rows
+/// are fetched while g's are summed: a group's rows are scattered over
+/// the table.
+fn next_members(groups: &RowGroups, g: usize) -> &[usize] {
+    if g + 1 < groups.n_groups() {
+        groups.members(g + 1)
+    } else {
+        &[]
+    }
+}
+
 /// Rows in half precision, read a group at a time: the group's rows
 /// widened (exactly) into a buffer of the task, then the f32 code on that
 /// block with the members renumbered 0..m, so every sum runs on the same
@@ -137,17 +148,6 @@ impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
                 local: (0..largest).collect(),
             }
         })
-    }
-
-    /// The members of the group after g (none after the last), whose rows
-    /// are fetched while g's are summed: a group's rows are scattered
-    /// over the table.
-    fn next<'g>(groups: &'g RowGroups, g: usize) -> &'g [usize] {
-        if g + 1 < groups.n_groups() {
-            groups.members(g + 1)
-        } else {
-            &[]
-        }
     }
 
     /// The members' rows widened into `block`, as an (m, D) view, and the
@@ -307,7 +307,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_norms(x.view(), members, c, norms),
                         (None, Some(h)) => {
-                            let next = HalfGroups::<T>::next(groups, g);
+                            let next = next_members(groups, g);
                             let (x, local) = h.block(members, next, block);
                             group_norms(x, local, c, norms)
                         }
@@ -427,7 +427,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
                         (None, Some(h)) => {
-                            let next = HalfGroups::<T>::next(groups, grp);
+                            let next = next_members(groups, grp);
                             let (x, local) = h.block(members, next, block);
                             group_grads(x, local, |l| k(members[l]), buf, grads)
                         }
