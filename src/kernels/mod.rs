@@ -13,7 +13,7 @@
 //! | [`half`] | bf16 and f16 storage: widening to f32, narrowing by rounding to nearest or stochastically ([`HalfFloat`], [`SrKey`]) |
 //! | [`exp`] | the vectorised softmax arithmetic (row max, `Σ exp`, scaled `exp`) |
 //! | [`reduce`] | the blocked inner product, scaled copies and adds |
-//! | [`rows`] | row copies (gathers) and dense row scatter-adds |
+//! | [`rows`] | row copies (gathers), dense row scatter-adds, and a table's rows read as kept ([`TableRows`](rows::TableRows): half-precision rows widened one at a time) |
 //! | [`scatter`] | coalescing a row scatter-add: the sorted unique rows and their sums ([`Coalesced`](scatter::Coalesced)) |
 //! | [`pool`] | a pool of large buffers, reused across training steps |
 //! | [`routing`] | global id → (split, local row) for split vocabularies |

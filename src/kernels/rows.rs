@@ -3,13 +3,133 @@
 //!
 //! [`rows_from`] writes each element of its output once, with no zero-fill
 //! first, rows in parallel when the array is large and with streaming
-//! stores from 4 MiB (`kernels::stream`).
+//! stores from 4 MiB (`kernels::stream`). [`TableRows`] reads the rows of
+//! a table kept in half precision one at a time, widened, for the kernels
+//! that would otherwise need the whole table widened first.
 
+use std::borrow::Cow;
+
+use half::{bf16, f16};
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
 use rayon::prelude::*;
 
 use super::Real;
 use super::pool::Pool;
+
+/// The rows of a 2-D table as it is kept, in row-major order: at the
+/// engine's precision (read in place), or in bf16/f16, each row widened
+/// exactly into a caller's buffer as it is read. A kernel on `TableRows`
+/// computes on the same values, bit for bit, as on the widened table.
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::array;
+/// use splitgrad::kernels::rows::{TableRows, row_major};
+/// let t = array![[bf16::from_f32(1.5), bf16::ONE], [bf16::ZERO, bf16::from_f32(-2.0)]].into_dyn();
+/// let rows = TableRows::<f32>::BF16(row_major(&t.view()), 2);
+/// let mut buf = rows.scratch();
+/// assert_eq!(rows.row(1, &mut buf), &[0.0, -2.0]);
+/// ```
+#[derive(Clone, Debug)]
+pub enum TableRows<'a, T: Clone> {
+    /// At the engine's precision.
+    Full(Cow<'a, [T]>, usize),
+    /// bfloat16, and the width.
+    BF16(Cow<'a, [bf16]>, usize),
+    /// IEEE half, and the width.
+    F16(Cow<'a, [f16]>, usize),
+}
+
+/// A view's elements in row-major order: borrowed, or copied when the
+/// view has other strides.
+pub fn row_major<'a, E: Clone>(a: &ArrayViewD<'a, E>) -> Cow<'a, [E]> {
+    match a.to_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
+impl<'a, T: Real> TableRows<'a, T> {
+    /// The width of a row.
+    pub fn width(&self) -> usize {
+        match self {
+            TableRows::Full(_, w) | TableRows::BF16(_, w) | TableRows::F16(_, w) => *w,
+        }
+    }
+
+    /// Whether the rows are kept in half precision.
+    pub fn is_half(&self) -> bool {
+        !matches!(self, TableRows::Full(..))
+    }
+
+    /// A buffer for [`Self::row`]: one row's width for half-precision rows,
+    /// empty (no allocation) for rows read in place.
+    pub fn scratch(&self) -> Vec<T> {
+        if self.is_half() {
+            vec![T::zero(); self.width()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Row i: borrowed in place, or widened into `buf` (from
+    /// [`Self::scratch`]).
+    ///
+    /// **Panics** if i is out of range or `buf` is shorter than a row of
+    /// half-precision rows.
+    #[inline]
+    #[track_caller]
+    pub fn row<'b>(&'b self, i: usize, buf: &'b mut [T]) -> &'b [T] {
+        match self {
+            TableRows::Full(a, w) => &a[i * w..(i + 1) * w],
+            TableRows::BF16(a, w) => {
+                T::widen_half(&a[i * w..(i + 1) * w], &mut buf[..*w]);
+                &buf[..*w]
+            }
+            TableRows::F16(a, w) => {
+                T::widen_half(&a[i * w..(i + 1) * w], &mut buf[..*w]);
+                &buf[..*w]
+            }
+        }
+    }
+
+    /// A hint to load rows `ids` into the cache (every line of each), for
+    /// a caller that reads them next.
+    #[inline]
+    pub fn prefetch_rows(&self, ids: &[usize]) {
+        fn lines<E>(a: &[E], w: usize, ids: &[usize]) {
+            let step = (64 / std::mem::size_of::<E>()).max(1);
+            for &i in ids {
+                let row = a.as_ptr().wrapping_add(i * w);
+                for k in (0..w).step_by(step) {
+                    super::scatter::prefetch(row.wrapping_add(k));
+                }
+            }
+        }
+        match self {
+            TableRows::Full(a, w) => lines(a, *w, ids),
+            TableRows::BF16(a, w) => lines(a, *w, ids),
+            TableRows::F16(a, w) => lines(a, *w, ids),
+        }
+    }
+
+    /// Rows `ids`, widened (or copied), one after the other into `out`,
+    /// which is resized to `ids.len()` rows.
+    ///
+    /// **Panics** if an id is out of range.
+    #[track_caller]
+    pub fn rows_into(&self, ids: &[usize], out: &mut Vec<T>) {
+        let w = self.width();
+        out.resize(ids.len() * w, T::zero());
+        for (o, &i) in out.chunks_exact_mut(w.max(1)).zip(ids) {
+            match self {
+                TableRows::Full(a, _) => o.copy_from_slice(&a[i * w..(i + 1) * w]),
+                TableRows::BF16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], o),
+                TableRows::F16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], o),
+            }
+        }
+    }
+}
 
 /// A standard-layout array of `shape` whose i-th row of `width` elements is
 /// `row(i)`: each element written once, with no zero-fill first, rows in

@@ -330,7 +330,7 @@ fn add_row<T: Real>(dst: &mut [T], src: &[T], next: Option<&[T]>, f: impl Fn(T) 
 
 /// A hint to load the cache line at `p` (no effect elsewhere than x86-64).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and reads nothing the program sees,
     // whatever the address; SSE is part of x86-64.

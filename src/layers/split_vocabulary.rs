@@ -26,7 +26,7 @@ use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::ops::fusion_penalty::{
-    FusionRowGrads, RowGroups, fusion_penalty_backward, fusion_penalty_forward,
+    FusionRowGrads, RowGroups, fusion_penalty_backward_stored, fusion_penalty_forward_stored,
 };
 pub use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
@@ -349,7 +349,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// (the Python package's autograd functions) and would otherwise run
     /// the forward pass twice.
     pub fn fusion_penalty_norms(&self) -> (T, Array1<T>) {
-        fusion_penalty_forward(self.rows.widened().view(), &self.groups)
+        fusion_penalty_forward_stored(self.rows.stored().view(), &self.groups)
     }
 
     /// `weight · ∂fusion_penalty/∂rows`, (n_rows, D), from the norms
@@ -380,9 +380,9 @@ impl<T: Real> SplitVocabulary<T> {
     /// ```
     pub fn fusion_penalty_grad(&self, pool: &Pool<T>, norms: &[T], weight: T) -> Result<ArrayD<T>> {
         self.check_norms(norms)?;
-        Ok(fusion_penalty_backward(
+        Ok(fusion_penalty_backward_stored(
             pool,
-            self.rows.widened().view(),
+            self.rows.stored().view(),
             &self.groups,
             norms,
             ndarray::arr0(weight).into_dyn().view(),
@@ -398,22 +398,12 @@ impl<T: Real> SplitVocabulary<T> {
     /// Errors if `norms` does not have one element per row.
     pub fn fusion_row_grads(&self, norms: &[T], weight: T) -> Result<FusionRowGrads<T>> {
         self.check_norms(norms)?;
-        Ok(FusionRowGrads::new(
-            self.rows_2d().view(),
+        Ok(FusionRowGrads::from_stored(
+            self.rows.stored().view(),
             &self.groups,
             norms,
             weight,
         ))
-    }
-
-    /// The rows as (n_rows, D) of `T`: borrowed, or widened from half
-    /// precision.
-    fn rows_2d(&self) -> ndarray::CowArray<'_, T, Ix2> {
-        let rows = match self.rows.stored().as_full() {
-            Some(a) => ndarray::CowArray::from(a.view()),
-            None => ndarray::CowArray::from(self.rows.widened().into_owned()),
-        };
-        rows.into_dimensionality::<Ix2>().expect("rows are 2-D")
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {

@@ -19,11 +19,13 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::{Array1, ArrayD, ArrayView2, ArrayViewD, Ix2, arr0};
+use ndarray::{Array1, ArrayD, ArrayView2, ArrayViewD, arr0};
 use rayon::prelude::*;
 
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
+use crate::kernels::rows::TableRows;
+use crate::param::StoredView;
 use crate::tape::{Tape, Var};
 
 /// A partition of `n_rows` rows into groups, kept both ways: the group of
@@ -111,6 +113,58 @@ impl RowGroups {
 
 /// Groups per rayon task, at least: a group is a few rows of D elements.
 const MIN_GROUPS_PER_TASK: usize = 64;
+
+/// The members of the group after g (none after the last), whose rows
+/// are fetched while g's are summed: a group's rows are scattered over
+/// the table.
+fn next_members(groups: &RowGroups, g: usize) -> &[usize] {
+    if g + 1 < groups.n_groups() {
+        groups.members(g + 1)
+    } else {
+        &[]
+    }
+}
+
+/// Rows in half precision, read a group at a time: the group's rows
+/// widened (exactly) into a buffer of the task, then the f32 code on that
+/// block with the members renumbered 0..m, so every sum runs on the same
+/// values in the same order as on the widened table.
+struct HalfGroups<'r, 'a, T: Clone> {
+    rows: &'r TableRows<'a, T>,
+    /// 0, 1, …, the size of the largest group − 1: the block's members.
+    local: Vec<usize>,
+}
+
+impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
+    /// `None` for rows read in place.
+    fn new(rows: &'r TableRows<'a, T>, groups: &RowGroups) -> Option<Self> {
+        rows.is_half().then(|| {
+            let largest = (0..groups.n_groups())
+                .map(|g| groups.members(g).len())
+                .max()
+                .unwrap_or(0);
+            HalfGroups {
+                rows,
+                local: (0..largest).collect(),
+            }
+        })
+    }
+
+    /// The members' rows widened into `block`, as an (m, D) view, and the
+    /// members renumbered; the rows of `next` are prefetched.
+    fn block<'b>(
+        &'b self,
+        members: &[usize],
+        next: &[usize],
+        block: &'b mut Vec<T>,
+    ) -> (ArrayView2<'b, T>, &'b [usize]) {
+        self.rows.prefetch_rows(next);
+        self.rows.rows_into(members, block);
+        let view = ArrayView2::from_shape((members.len(), self.rows.width()), &block[..])
+            .expect("m rows of D");
+        (view, &self.local[..members.len()])
+    }
+}
 
 /// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
 /// member: the mean, exactly x_f when every member equals it (the form of
@@ -209,18 +263,34 @@ fn lone_norm<T: Real>(x: &[T]) -> T {
 /// **Panics** if x is not 2-D or `groups` is not for x's rows.
 #[track_caller]
 pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups) -> (T, Array1<T>) {
-    let x = x
-        .into_dimensionality::<Ix2>()
-        .expect("fusion_penalty: rows must be 2-D");
+    fusion_penalty_forward_stored(StoredView::Full(x), groups)
+}
+
+/// [`fusion_penalty_forward`] on rows as they are kept: rows in half
+/// precision are widened (exactly) a group at a time, never whole, and
+/// the result equals that of the widened rows bit for bit.
+///
+/// **Panics** as [`fusion_penalty_forward`].
+#[track_caller]
+pub fn fusion_penalty_forward_stored<T: Real>(
+    x: StoredView<'_, T>,
+    groups: &RowGroups,
+) -> (T, Array1<T>) {
+    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
     assert_eq!(
-        x.nrows(),
+        x.shape()[0],
         groups.n_rows(),
         "fusion_penalty: {} rows for groups of {} rows",
-        x.nrows(),
+        x.shape()[0],
         groups.n_rows()
     );
-    let x = x.as_standard_layout();
-    let (n, width) = x.dim();
+    let (n, width) = (x.shape()[0], x.shape()[1]);
+    let rows = x.table_rows();
+    let half = HalfGroups::new(&rows, groups);
+    let full = match &rows {
+        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
+        _ => None,
+    };
     let mut by_group = vec![T::zero(); n];
     if width > 0 {
         groups
@@ -228,21 +298,20 @@ pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups)
             .into_par_iter()
             .with_min_len(MIN_GROUPS_PER_TASK)
             .for_each_init(
-                || vec![T::zero(); width],
-                |c, (g, norms)| {
+                || (vec![T::zero(); width], Vec::new()),
+                |(c, block), (g, norms)| {
                     let members = groups.members(g);
-                    match members {
-                        [] => return,
-                        &[i] => {
-                            let row = x.row(i);
-                            norms[0] = lone_norm(row.as_slice().expect("standard layout"));
-                            return;
-                        }
-                        _ => centroid(x.view(), members, c),
+                    if members.is_empty() {
+                        return;
                     }
-                    for (y, &i) in norms.iter_mut().zip(members) {
-                        let row = x.row(i);
-                        *y = dev_sq_sum(row.as_slice().expect("standard layout"), c).sqrt();
+                    match (&full, &half) {
+                        (Some(x), _) => group_norms(x.view(), members, c, norms),
+                        (None, Some(h)) => {
+                            let next = next_members(groups, g);
+                            let (x, local) = h.block(members, next, block);
+                            group_norms(x, local, c, norms)
+                        }
+                        (None, None) => unreachable!("rows in place or in half precision"),
                     }
                 },
             );
@@ -253,6 +322,23 @@ pub fn fusion_penalty_forward<T: Real>(x: ArrayViewD<'_, T>, groups: &RowGroups)
     }
     let p = norms.sum() / T::from_f64(n.max(1) as f64);
     (p, norms)
+}
+
+/// The deviation norms of one group's rows `members` (not empty) of x,
+/// into `norms` (one per member), with `c` a buffer of one row.
+fn group_norms<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T], norms: &mut [T]) {
+    match members {
+        &[i] => {
+            let row = x.row(i);
+            norms[0] = lone_norm(row.as_slice().expect("standard layout"));
+            return;
+        }
+        _ => centroid(x.view(), members, c),
+    }
+    for (y, &i) in norms.iter_mut().zip(members) {
+        let row = x.row(i);
+        *y = dev_sq_sum(row.as_slice().expect("standard layout"), c).sqrt();
+    }
 }
 
 /// `∂x_i = (gy/n)·(u_i − mean_{j ∈ g(i)} u_j)`, computed as
@@ -280,13 +366,32 @@ pub fn fusion_penalty_backward<T: Real>(
     norms: &[T],
     gy: ArrayViewD<'_, T>,
 ) -> ArrayD<T> {
-    let x = x
-        .into_dimensionality::<Ix2>()
-        .expect("fusion_penalty: rows must be 2-D");
-    let (n, width) = x.dim();
+    fusion_penalty_backward_stored(pool, StoredView::Full(x), groups, norms, gy)
+}
+
+/// [`fusion_penalty_backward`] on rows as they are kept: rows in half
+/// precision are widened (exactly) a group at a time, never whole, and
+/// the gradient equals that of the widened rows bit for bit.
+///
+/// **Panics** as [`fusion_penalty_backward`].
+#[track_caller]
+pub fn fusion_penalty_backward_stored<T: Real>(
+    pool: &Pool<T>,
+    x: StoredView<'_, T>,
+    groups: &RowGroups,
+    norms: &[T],
+    gy: ArrayViewD<'_, T>,
+) -> ArrayD<T> {
+    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
+    let (n, width) = (x.shape()[0], x.shape()[1]);
     assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
     assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
-    let x = x.as_standard_layout();
+    let rows = x.table_rows();
+    let half = HalfGroups::new(&rows, groups);
+    let full = match &rows {
+        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
+        _ => None,
+    };
     let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
     let mut out = pool.uninit_2d((n, width));
     if width > 0 {
@@ -303,8 +408,8 @@ pub fn fusion_penalty_backward<T: Real>(
             .into_par_iter()
             .with_min_len(MIN_GROUPS_PER_TASK)
             .for_each_init(
-                || vec![T::zero(); 2 * width],
-                |buf, (grp, grads)| {
+                || (vec![T::zero(); 2 * width], Vec::new()),
+                |(buf, block), (grp, grads)| {
                     let members = groups.members(grp);
                     if members.len() == 1 {
                         grads[0].iter_mut().for_each(|g| {
@@ -319,17 +424,14 @@ pub fn fusion_penalty_backward<T: Real>(
                         let y = norms[i];
                         if y > T::zero() { a / y } else { T::zero() }
                     };
-                    let (c, s) = buf.split_at_mut(width);
-                    group_terms(x.view(), members, k, c, s);
-                    for (gi, &i) in grads.iter_mut().zip(members) {
-                        let ki = k(i);
-                        let row = x.row(i);
-                        let row = row.as_slice().expect("standard layout");
-                        for (((g, &v), &c), &s) in
-                            gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter())
-                        {
-                            g.write(ki * (v - c) - s);
+                    match (&full, &half) {
+                        (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
+                        (None, Some(h)) => {
+                            let next = next_members(groups, grp);
+                            let (x, local) = h.block(members, next, block);
+                            group_grads(x, local, |l| k(members[l]), buf, grads)
                         }
+                        (None, None) => unreachable!("rows in place or in half precision"),
                     }
                 },
             );
@@ -338,6 +440,29 @@ pub fn fusion_penalty_backward<T: Real>(
     // above wrote every element of every member row of every group (with
     // width 0 there is no element).
     unsafe { out.assume_init() }.into_dyn()
+}
+
+/// The gradient rows of one group of two or more rows `members` of x,
+/// factors `k` (indexed as `members`), into `grads` (one per member),
+/// with `buf` two rows long.
+fn group_grads<T: Real>(
+    x: ArrayView2<'_, T>,
+    members: &[usize],
+    k: impl Fn(usize) -> T,
+    buf: &mut [T],
+    grads: &mut [&mut [MaybeUninit<T>]],
+) {
+    let width = x.ncols();
+    let (c, s) = buf.split_at_mut(width);
+    group_terms(x.view(), members, &k, c, s);
+    for (gi, &i) in grads.iter_mut().zip(members) {
+        let ki = k(i);
+        let row = x.row(i);
+        let row = row.as_slice().expect("standard layout");
+        for (((g, &v), &c), &s) in gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter()) {
+            g.write(ki * (v - c) - s);
+        }
+    }
 }
 
 /// The fusion penalty's gradient row by row, for a consumer that takes
@@ -366,10 +491,29 @@ impl<T: Real> FusionRowGrads<T> {
     /// **Panics** if the shapes disagree.
     #[track_caller]
     pub fn new(x: ArrayView2<'_, T>, groups: &RowGroups, norms: &[T], gy: T) -> Self {
-        let (n, width) = x.dim();
+        Self::from_stored(StoredView::Full(x.into_dyn()), groups, norms, gy)
+    }
+
+    /// [`Self::new`] for rows (n, D) as they are kept: rows in half
+    /// precision are widened (exactly) a group at a time, never whole; the
+    /// terms equal those of the widened rows bit for bit. [`Self::row`]
+    /// then takes each row widened.
+    ///
+    /// **Panics** if the shapes disagree.
+    #[track_caller]
+    pub fn from_stored(x: StoredView<'_, T>, groups: &RowGroups, norms: &[T], gy: T) -> Self {
+        assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
+        let (n, width) = (x.shape()[0], x.shape()[1]);
         assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
         assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
-        let x = x.as_standard_layout();
+        let rows = x.table_rows();
+        let half = HalfGroups::new(&rows, groups);
+        let full = match &rows {
+            TableRows::Full(a, _) => {
+                Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows"))
+            }
+            _ => None,
+        };
         let a = gy / T::from_f64(n.max(1) as f64);
         let k: Vec<T> = norms
             .iter()
@@ -388,11 +532,20 @@ impl<T: Real> FusionRowGrads<T> {
         if width > 0 {
             terms
                 .par_chunks_mut(2 * width)
-                .zip(multi.par_iter())
+                .zip(multi.par_iter().enumerate())
                 .with_min_len(MIN_GROUPS_PER_TASK)
-                .for_each(|(t, &g)| {
+                .for_each_init(Vec::new, |block, (t, (at, &g))| {
                     let (c, s) = t.split_at_mut(width);
-                    group_terms(x.view(), groups.members(g), |j| k[j], c, s);
+                    let members = groups.members(g);
+                    match (&full, &half) {
+                        (Some(x), _) => group_terms(x.view(), members, |j| k[j], c, s),
+                        (None, Some(h)) => {
+                            let next = multi.get(at + 1).map_or(&[][..], |&n| groups.members(n));
+                            let (x, local) = h.block(members, next, block);
+                            group_terms(x, local, |l| k[members[l]], c, s)
+                        }
+                        (None, None) => unreachable!("rows in place or in half precision"),
+                    }
                 });
         }
         FusionRowGrads {
@@ -440,9 +593,9 @@ struct FusionPenalty<'p, T> {
 backward!(FusionPenalty<'_, T>, |s, _y, gy, grads| {
     if grads.wants(s.x) {
         let gy = gy.into_owned();
-        let d = fusion_penalty_backward(
+        let d = fusion_penalty_backward_stored(
             grads.pool(),
-            grads.value(s.x),
+            grads.stored_value(s.x),
             s.groups,
             &s.norms,
             gy.view(),
@@ -475,7 +628,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// ```
     #[track_caller]
     pub fn fusion_penalty(&mut self, x: Var, groups: &'p RowGroups) -> Var {
-        let (p, norms) = fusion_penalty_forward(self.value(x), groups);
+        let (p, norms) = fusion_penalty_forward_stored(self.stored_value(x), groups);
         self.push_op_with(arr0(p).into_dyn(), &[x], || FusionPenalty {
             x,
             groups,
@@ -631,5 +784,89 @@ mod tests {
         let (p, norms) =
             fusion_penalty_forward(Array2::<f32>::zeros((0, 4)).view().into_dyn(), &groups);
         assert_eq!((p, norms.len()), (0.0, 0));
+    }
+
+    /// x rounded to bf16 and to f16, each with its widened rows (f64, as
+    /// the tests' rows are).
+    fn half_rows(x: &Array2<f64>) -> Vec<(crate::param::Stored<f64>, Array2<f64>)> {
+        use crate::param::{Dtype, Stored};
+        [Dtype::BF16, Dtype::F16]
+            .into_iter()
+            .map(|d| {
+                let s = Stored::from_full(x.clone().into_dyn(), d).unwrap();
+                let w = s.widened().into_owned().into_dimensionality().unwrap();
+                (s, w)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn half_rows_equal_the_widened_rows_bit_for_bit() {
+        for (seed, n, n_groups, width) in [(9, 3000, 1400, 64), (10, 40, 9, 5), (11, 7, 1, 8)] {
+            let (x, groups) = case(seed, n, n_groups, width);
+            for (stored, wide) in half_rows(&x) {
+                let (p0, n0) = fusion_penalty_forward(wide.view().into_dyn(), &groups);
+                let norms = n0.to_vec();
+                let g0 = fusion_penalty_backward(
+                    &Pool::new(),
+                    wide.view().into_dyn(),
+                    &groups,
+                    &norms,
+                    arr0(0.7).into_dyn().view(),
+                );
+                let rg0 = FusionRowGrads::new(wide.view(), &groups, &norms, 0.7);
+                for threads in [1, 2, 4] {
+                    let what = format!("{:?}, seed {seed}, {threads} threads", stored.dtype());
+                    let pool = ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let (p1, n1, g1, rg1) = pool.install(|| {
+                        let (p, n) = fusion_penalty_forward_stored(stored.view(), &groups);
+                        let g = fusion_penalty_backward_stored(
+                            &Pool::new(),
+                            stored.view(),
+                            &groups,
+                            &norms,
+                            arr0(0.7).into_dyn().view(),
+                        );
+                        let rg = FusionRowGrads::from_stored(stored.view(), &groups, &norms, 0.7);
+                        (p, n, g, rg)
+                    });
+                    assert_eq!(p1.to_bits(), p0.to_bits(), "value, {what}");
+                    let b = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(b(n1.as_slice().unwrap()), b(&norms), "norms, {what}");
+                    assert_eq!(
+                        b(g1.as_slice().unwrap()),
+                        b(g0.as_slice().unwrap()),
+                        "gradient, {what}"
+                    );
+                    assert_eq!(rg1.terms.len(), rg0.terms.len());
+                    assert_eq!(b(&rg1.terms), b(&rg0.terms), "row terms, {what}");
+                    assert_eq!(b(&rg1.k), b(&rg0.k), "row factors, {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_rows_on_the_tape_equal_the_widened_rows() {
+        // A bf16 parameter read only by the fusion penalty: its value and
+        // gradient are the widened rows', bit for bit.
+        let (x, groups) = case(12, 200, 60, 16);
+        let mut p = crate::Parameter::new("rows", x.clone().into_dyn());
+        p.set_dtype(crate::param::Dtype::BF16).unwrap();
+        let wide = crate::Parameter::new("wide", p.widened().into_owned());
+        let run = |q: &crate::Parameter<f64>| {
+            let mut t = Tape::new();
+            let v = t.param(q);
+            let y = t.fusion_penalty(v, &groups);
+            let g = t.backward(y);
+            (t.scalar(y).to_bits(), g.dense(q))
+        };
+        let (a, ga) = run(&p);
+        let (b, gb) = run(&wide);
+        assert_eq!(a, b);
+        assert_eq!(ga, gb);
     }
 }

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
+use crate::param::StoredView;
 use crate::tape::{RowPart, Tape, Var};
 
 /// The row of a token that has none.
@@ -48,11 +49,13 @@ backward!(GatedMix, |s, _y, gy, grads| {
         gate: s.gate.is_some_and(|g| grads.wants(g)),
     };
     let gate = s.gate.map(|g| grads.value(g));
-    let (gs, row_contrib, gg) = gated_mix_backward(
+    // The rows as they are kept: a half-precision table is widened row
+    // by row as the gate's sums read it, never whole.
+    let (gs, row_contrib, gg) = gated_mix_backward_stored(
         grads.pool(),
         &s.row_of,
         grads.value(s.shared),
-        grads.value(s.rows),
+        grads.stored_value(s.rows),
         gate,
         gy.into_owned_in(grads.pool()),
         want,
@@ -107,11 +110,9 @@ impl<'p, T: Real> Tape<'p, T> {
                 .value(shared)
                 .into_dimensionality::<Ix2>()
                 .expect("gated_mix: shared must be 2-D");
-            let r = self
-                .value(rows)
-                .into_dimensionality::<Ix2>()
-                .expect("gated_mix: rows must be 2-D");
-            gated_mix_forward_in(self.pool(), s, r, g.as_deref(), &row_of)
+            let r = self.stored_value(rows);
+            assert_eq!(r.shape().len(), 2, "gated_mix: rows must be 2-D");
+            gated_mix_forward_stored_in(self.pool(), s, r, g.as_deref(), &row_of)
         };
         let mut inputs = vec![shared, rows];
         inputs.extend(gate);
@@ -192,19 +193,40 @@ pub fn gated_mix_forward_in<T: Real>(
     gate: Option<&[T]>,
     row_of: &[u32],
 ) -> Array2<T> {
+    gated_mix_forward_stored_in(
+        pool,
+        shared,
+        StoredView::Full(rows.into_dyn()),
+        gate,
+        row_of,
+    )
+}
+
+/// [`gated_mix_forward_in`] on rows (n_rows, D) as they are kept: rows in
+/// half precision are widened (exactly) one at a time as the tokens read
+/// them, so the output equals the mix of the widened table bit for bit
+/// and the table is never widened whole.
+///
+/// **Panics** as [`gated_mix_forward`].
+#[track_caller]
+pub fn gated_mix_forward_stored_in<T: Real>(
+    pool: &Pool<T>,
+    shared: ArrayView2<'_, T>,
+    rows: StoredView<'_, T>,
+    gate: Option<&[T]>,
+    row_of: &[u32],
+) -> Array2<T> {
     let (n, d) = shared.dim();
     assert_eq!(row_of.len(), n, "gated_mix: one row id per token");
-    assert_eq!(rows.ncols(), d, "gated_mix: rows and shared widths");
+    assert_eq!(rows.shape().len(), 2, "gated_mix: rows must be 2-D");
+    assert_eq!(rows.shape()[1], d, "gated_mix: rows and shared widths");
     let shared = shared.as_standard_layout();
-    let rows = rows.as_standard_layout();
-    let (s, r) = (
-        shared.as_slice().expect("standard layout"),
-        rows.as_slice().expect("standard layout"),
-    );
+    let s = shared.as_slice().expect("standard layout");
+    let rows = rows.table_rows();
     let mut out = pool.uninit_2d((n, d));
     if d > 0 {
         let dst = out.as_slice_mut().expect("fresh array is contiguous");
-        let mix = |(k, o): (usize, &mut [MaybeUninit<T>])| {
+        let mix = |buf: &mut Vec<T>, (k, o): (usize, &mut [MaybeUninit<T>])| {
             let sn = &s[k * d..(k + 1) * d];
             let row = row_of[k];
             if row == NO_ROW {
@@ -213,7 +235,7 @@ pub fn gated_mix_forward_in<T: Real>(
                 });
                 return;
             }
-            let x = &r[row as usize * d..(row as usize + 1) * d];
+            let x = rows.row(row as usize, buf);
             match gate {
                 Some(g) => {
                     let g = g[row as usize];
@@ -230,9 +252,12 @@ pub fn gated_mix_forward_in<T: Real>(
             dst.par_chunks_mut(d)
                 .enumerate()
                 .with_min_len(MIN_TOKENS_PER_TASK)
-                .for_each(mix);
+                .for_each_init(|| rows.scratch(), mix);
         } else {
-            dst.chunks_mut(d).enumerate().for_each(mix);
+            let mut buf = rows.scratch();
+            dst.chunks_mut(d)
+                .enumerate()
+                .for_each(|item| mix(&mut buf, item));
         }
     }
     // SAFETY: the loop above wrote every element: each of the N rows of
@@ -311,8 +336,28 @@ pub fn gated_mix_backward<T: Real>(
     gy: ArrayD<T>,
     want: Want,
 ) -> MixGrads<T> {
+    gated_mix_backward_stored(pool, row_of, shared, StoredView::Full(rows), gate, gy, want)
+}
+
+/// [`gated_mix_backward`] on rows (n_rows, D) as they are kept: rows in
+/// half precision are widened (exactly) one at a time where the gate's
+/// sums read them, so the gradients equal those of the widened table bit
+/// for bit and the table is never widened whole.
+///
+/// **Panics** as [`gated_mix_backward`].
+#[track_caller]
+pub fn gated_mix_backward_stored<T: Real>(
+    pool: &Pool<T>,
+    row_of: &[u32],
+    shared: ArrayViewD<'_, T>,
+    rows: StoredView<'_, T>,
+    gate: Option<ArrayViewD<'_, T>>,
+    gy: ArrayD<T>,
+    want: Want,
+) -> MixGrads<T> {
     let shared = shared.into_dimensionality::<Ix2>().expect("2-D shared");
-    let rows = rows.into_dimensionality::<Ix2>().expect("2-D rows");
+    assert_eq!(rows.shape().len(), 2, "gated_mix: 2-D rows");
+    let n_rows = rows.shape()[0];
     let (n, d) = shared.dim();
     assert_eq!(gy.shape(), &[n, d], "gated_mix: gradient shape");
     let gy = if gy.is_standard_layout() {
@@ -322,7 +367,7 @@ pub fn gated_mix_backward<T: Real>(
     };
     let mut gy = gy.into_dimensionality::<Ix2>().expect("2-D gradient");
     let shared = shared.as_standard_layout();
-    let rows = rows.as_standard_layout();
+    let rows = rows.table_rows();
     let gate: Option<Vec<T>> = gate.map(|g| g.iter().copied().collect());
     let with_row: Vec<usize> = (0..n).filter(|&k| row_of[k] != NO_ROW).collect();
     let want_gate = want.gate && gate.is_some();
@@ -334,11 +379,8 @@ pub fn gated_mix_backward<T: Real>(
     let mut acc = vec![T::zero(); if want_gate { with_row.len() } else { 0 }];
     if d > 0 && (want.rows || want_gate) {
         let gys = gy.as_slice().expect("standard layout");
-        let (s, r) = (
-            shared.as_slice().expect("standard layout"),
-            rows.as_slice().expect("standard layout"),
-        );
-        let one = |j: usize, c: Option<&mut [T]>, a: Option<&mut T>| {
+        let s = shared.as_slice().expect("standard layout");
+        let one = |buf: &mut Vec<T>, j: usize, c: Option<&mut [T]>, a: Option<&mut T>| {
             let k = with_row[j];
             let row = row_of[k] as usize;
             let gyn = &gys[k * d..(k + 1) * d];
@@ -350,36 +392,39 @@ pub fn gated_mix_backward<T: Real>(
                 }
             }
             if let Some(a) = a {
-                *a = dot_diff(gyn, &r[row * d..(row + 1) * d], &s[k * d..(k + 1) * d]);
+                *a = dot_diff(gyn, rows.row(row, buf), &s[k * d..(k + 1) * d]);
             }
         };
         let m = with_row.len();
         let min = MIN_TOKENS_PER_TASK;
+        let scratch = || rows.scratch();
         match (contrib.as_mut(), want_gate) {
             (Some(c), true) => {
                 let c = c.as_slice_mut().expect("fresh array is contiguous");
                 let it = c.par_chunks_mut(d).zip(acc.par_iter_mut()).enumerate();
                 if par {
                     it.with_min_len(min)
-                        .for_each(|(j, (c, a))| one(j, Some(c), Some(a)));
+                        .for_each_init(scratch, |b, (j, (c, a))| one(b, j, Some(c), Some(a)));
                 } else {
+                    let mut b = scratch();
                     c.chunks_mut(d)
                         .zip(acc.iter_mut())
                         .enumerate()
-                        .for_each(|(j, (c, a))| one(j, Some(c), Some(a)));
+                        .for_each(|(j, (c, a))| one(&mut b, j, Some(c), Some(a)));
                 }
             }
             (Some(c), false) => {
+                // The rows are not read: no buffer.
                 let c = c.as_slice_mut().expect("fresh array is contiguous");
                 if par {
                     c.par_chunks_mut(d)
                         .enumerate()
                         .with_min_len(min)
-                        .for_each(|(j, c)| one(j, Some(c), None));
+                        .for_each(|(j, c)| one(&mut Vec::new(), j, Some(c), None));
                 } else {
                     c.chunks_mut(d)
                         .enumerate()
-                        .for_each(|(j, c)| one(j, Some(c), None));
+                        .for_each(|(j, c)| one(&mut Vec::new(), j, Some(c), None));
                 }
             }
             (None, true) => {
@@ -387,18 +432,19 @@ pub fn gated_mix_backward<T: Real>(
                     acc.par_iter_mut()
                         .enumerate()
                         .with_min_len(min)
-                        .for_each(|(j, a)| one(j, None, Some(a)));
+                        .for_each_init(scratch, |b, (j, a)| one(b, j, None, Some(a)));
                 } else {
+                    let mut b = scratch();
                     (0..m)
                         .zip(acc.iter_mut())
-                        .for_each(|(j, a)| one(j, None, Some(a)));
+                        .for_each(|(j, a)| one(&mut b, j, None, Some(a)));
                 }
             }
             (None, false) => {}
         }
     }
     let ggate = want_gate.then(|| {
-        let mut gg = Array1::<T>::zeros(rows.nrows());
+        let mut gg = Array1::<T>::zeros(n_rows);
         for (&k, &a) in with_row.iter().zip(&acc) {
             gg[row_of[k] as usize] += a;
         }
@@ -615,6 +661,102 @@ mod tests {
                             )
                         });
                         let what = format!("n {n}, gate {use_gate}, {threads} threads");
+                        assert_eq!(bits(s1), bits(s0.clone()), "∂shared, {what}");
+                        assert_eq!(bits(g1), bits(g0.clone()), "∂gate, {what}");
+                        let (ids1, v1) = r1.map_or((vec![], None), |(i, v)| (i, Some(v)));
+                        let (ids0, v0) = r0.clone().map_or((vec![], None), |(i, v)| (i, Some(v)));
+                        assert_eq!(ids1, ids0, "row ids, {what}");
+                        assert_eq!(bits(v1), bits(v0), "∂rows, {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A table rounded to bf16 and to f16 (through the software
+    /// conversions), each with its widened f32 twin.
+    fn half_tables(rows: &Array2<f32>) -> Vec<(Stored<f32>, Array2<f32>)> {
+        use crate::kernels::half::widen_naive;
+        let wide = |h: &[f32]| Array2::from_shape_vec(rows.raw_dim(), h.to_vec()).unwrap();
+        let src = rows.as_slice().unwrap();
+        let bf: Vec<half::bf16> = src.iter().map(|&x| half::bf16::from_f32_const(x)).collect();
+        let f: Vec<half::f16> = src.iter().map(|&x| half::f16::from_f32_const(x)).collect();
+        let mut wb = vec![0f32; src.len()];
+        widen_naive(&bf, &mut wb);
+        let mut wf = vec![0f32; src.len()];
+        widen_naive(&f, &mut wf);
+        let dim = ndarray::IxDyn(rows.shape());
+        vec![
+            (
+                Stored::BF16(ArrayD::from_shape_vec(dim.clone(), bf).unwrap()),
+                wide(&wb),
+            ),
+            (
+                Stored::F16(ArrayD::from_shape_vec(dim, f).unwrap()),
+                wide(&wf),
+            ),
+        ]
+    }
+
+    use crate::param::Stored;
+
+    #[test]
+    fn half_rows_equal_the_naive_twin_on_the_widened_rows() {
+        for (n, width) in [(5000, 37), (40, 8), (3, 0)] {
+            let c = case(3, n, 50, width);
+            for (stored, wide) in half_tables(&c.rows) {
+                let gate = c.gate.view().into_dyn();
+                for use_gate in [true, false] {
+                    let g = use_gate.then(|| c.gate.as_slice().unwrap());
+                    let want = gated_mix_forward_naive(c.shared.view(), wide.view(), g, &c.row_of);
+                    let want_b = Want {
+                        shared: true,
+                        rows: true,
+                        gate: true,
+                    };
+                    let gv = use_gate.then_some(gate.view());
+                    let (s0, r0, g0) = gated_mix_backward_naive(
+                        &c.row_of,
+                        c.shared.view().into_dyn(),
+                        wide.view().into_dyn(),
+                        gv.clone(),
+                        c.gy.view().into_dyn(),
+                        want_b,
+                    );
+                    for threads in [1, 2, 4] {
+                        let pool = ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let what = format!(
+                            "{:?}, n {n}, gate {use_gate}, {threads} threads",
+                            stored.dtype()
+                        );
+                        let got = pool.install(|| {
+                            gated_mix_forward_stored_in(
+                                &Pool::new(),
+                                c.shared.view(),
+                                stored.view(),
+                                g,
+                                &c.row_of,
+                            )
+                        });
+                        assert_eq!(
+                            bits(Some(got.into_dyn())),
+                            bits(Some(want.clone().into_dyn())),
+                            "forward, {what}"
+                        );
+                        let (s1, r1, g1) = pool.install(|| {
+                            gated_mix_backward_stored(
+                                &Pool::new(),
+                                &c.row_of,
+                                c.shared.view().into_dyn(),
+                                stored.view(),
+                                gv.clone(),
+                                c.gy.clone().into_dyn(),
+                                want_b,
+                            )
+                        });
                         assert_eq!(bits(s1), bits(s0.clone()), "∂shared, {what}");
                         assert_eq!(bits(g1), bits(g0.clone()), "∂gate, {what}");
                         let (ids1, v1) = r1.map_or((vec![], None), |(i, v)| (i, Some(v)));

@@ -7,6 +7,7 @@
 //! frozen split gets nothing. Derivation: `docs/gradients.md#split-routing`.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 use std::rc::Rc;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
@@ -15,7 +16,7 @@ use crate::kernels::HalfFloat;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::routing::Routed;
-use crate::kernels::rows::rows_from_in;
+use crate::kernels::rows::{row_major, rows_from_in};
 use crate::param::StoredView;
 use crate::tape::{Flow, RowPart, Tape, Var};
 use rayon::prelude::*;
@@ -168,10 +169,12 @@ pub fn split_gather_stored_in<T: Real>(
         .collect();
     let mut shape = ids_shape.to_vec();
     shape.push(width);
-    let mut out = pool.zeros(&[n, width]);
     if width == 0 || n == 0 {
-        return out.into_shape_with_order(IxDyn(&shape)).expect("reshapes");
+        return ArrayD::zeros(IxDyn(&shape));
     }
+    // Written once, with no zero-fill first: every row is widened (or
+    // copied) into its place.
+    let mut out = pool.uninit(&[n, width]);
     let owners = routed.owners();
     let dst = out.as_slice_mut().expect("fresh array is contiguous");
     let rows_per_task = (crate::kernels::PAR_MIN_ELEMS / width).max(1);
@@ -182,14 +185,35 @@ pub fn split_gather_stored_in<T: Real>(
                 let (k, l) = owners[b * rows_per_task + i];
                 let span = l * width..(l + 1) * width;
                 match &flat[k] {
-                    Rows::Full(a) => o.copy_from_slice(&a[span]),
-                    Rows::BF16(a) => T::widen_half(&a[span], o),
-                    Rows::F16(a) => T::widen_half(&a[span], o),
+                    Rows::Full(a) => write_row(o, &a[span]),
+                    Rows::BF16(a) => widen_row(o, &a[span]),
+                    Rows::F16(a) => widen_row(o, &a[span]),
                 }
             }
         });
-    out.into_shape_with_order(IxDyn(&shape))
+    // SAFETY: the n rows of `width` were each written whole just above.
+    unsafe { out.assume_init() }
+        .into_shape_with_order(IxDyn(&shape))
         .expect("standard layout reshapes")
+}
+
+/// `o = src`, every element written.
+fn write_row<T: Copy>(o: &mut [MaybeUninit<T>], src: &[T]) {
+    o.iter_mut().zip(src).for_each(|(o, &x)| {
+        o.write(x);
+    });
+}
+
+/// `o = src` widened (exactly), every element written, through a buffer
+/// in L1.
+fn widen_row<T: Real, H: HalfFloat>(o: &mut [MaybeUninit<T>], src: &[H]) {
+    const STEP: usize = 256;
+    let mut buf = [T::zero(); STEP];
+    for (o, s) in o.chunks_mut(STEP).zip(src.chunks(STEP)) {
+        let b = &mut buf[..s.len()];
+        T::widen_half(s, b);
+        write_row(o, b);
+    }
 }
 
 /// The gather of tables all kept in the half-precision type `H` into an
@@ -271,13 +295,6 @@ enum Rows<'a, T: Clone> {
     Full(Cow<'a, [T]>),
     BF16(Cow<'a, [half::bf16]>),
     F16(Cow<'a, [half::f16]>),
-}
-
-fn row_major<'a, E: Clone>(a: &ArrayViewD<'a, E>) -> Cow<'a, [E]> {
-    match a.to_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(a.iter().cloned().collect()),
-    }
 }
 
 impl<'a, T: Real> Rows<'a, T> {

@@ -18,6 +18,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::half::{HalfFloat, SrKey};
+use crate::kernels::rows::{TableRows, row_major};
 
 /// A storage element type.
 ///
@@ -181,6 +182,25 @@ pub enum StoredView<'a, T> {
     BF16(ArrayViewD<'a, bf16>),
     /// IEEE half.
     F16(ArrayViewD<'a, f16>),
+}
+
+impl<'a, T: Real> StoredView<'a, T> {
+    /// The rows of a 2-D view as they are kept, for a kernel that widens
+    /// half-precision rows one at a time as it reads them (copied only
+    /// when the view is not row-major).
+    ///
+    /// **Panics** if the view is not 2-D.
+    #[track_caller]
+    pub fn table_rows(&self) -> TableRows<'a, T> {
+        let shape = self.shape();
+        assert_eq!(shape.len(), 2, "table_rows: a table of shape {shape:?}");
+        let w = shape[1];
+        match self {
+            StoredView::Full(a) => TableRows::Full(row_major(a), w),
+            StoredView::BF16(a) => TableRows::BF16(row_major(a), w),
+            StoredView::F16(a) => TableRows::F16(row_major(a), w),
+        }
+    }
 }
 
 /// The elements of a [`Stored`] array as one flat, row-major slice.

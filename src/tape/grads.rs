@@ -110,6 +110,15 @@ impl<'a, T: Real> NodeGrads<'a, T> {
         self.slots[v.0].value.view()
     }
 
+    /// The forward value of `v` as it is kept: a parameter's in half
+    /// precision not widened ([`Tape::stored_value`](super::Tape::stored_value)).
+    ///
+    /// **Panics** if `v` is not a node of the tape.
+    #[track_caller]
+    pub fn stored_value(&self, v: Var) -> crate::param::StoredView<'a, T> {
+        self.slots[v.0].value.stored()
+    }
+
     /// The pool the sweep takes its buffers from.
     pub fn pool(&self) -> &Pool<T> {
         &self.pool

@@ -65,9 +65,10 @@ pub enum Value<'p, T> {
     Owned(ArrayD<T>),
     /// A view of an array that outlives the tape.
     Borrowed(ArrayViewD<'p, T>),
-    /// A parameter kept in half precision: the gathers read its rows
-    /// widened one by one ([`Tape::stored_value`]); any other op that reads
-    /// it gets the whole array widened once, the first time.
+    /// A parameter kept in half precision: the gathers, the gated mix and
+    /// the fusion penalty read its rows widened one by one
+    /// ([`Tape::stored_value`], [`NodeGrads::stored_value`]); any other op
+    /// that reads it gets the whole array widened once, the first time.
     Half {
         /// The parameter's value as it is kept.
         stored: StoredView<'p, T>,
@@ -104,6 +105,8 @@ pub(crate) trait NodeValue<T>: Sync {
     fn view(&self) -> ArrayViewD<'_, T>;
     /// Its shape.
     fn shape(&self) -> &[usize];
+    /// The value as it is kept ([`Tape::stored_value`]).
+    fn stored(&self) -> StoredView<'_, T>;
 }
 
 impl<T: Real> NodeValue<T> for Value<'_, T> {
@@ -115,6 +118,16 @@ impl<T: Real> NodeValue<T> for Value<'_, T> {
             Value::Owned(a) => a.shape(),
             Value::Borrowed(v) => v.shape(),
             Value::Half { stored, .. } => stored.shape(),
+        }
+    }
+    fn stored(&self) -> StoredView<'_, T> {
+        match self {
+            Value::Half { stored, .. } => match stored {
+                StoredView::Full(a) => StoredView::Full(a.view()),
+                StoredView::BF16(a) => StoredView::BF16(a.view()),
+                StoredView::F16(a) => StoredView::F16(a.view()),
+            },
+            other => StoredView::Full(other.view()),
         }
     }
 }
@@ -462,14 +475,7 @@ impl<'p, T: Real> Tape<'p, T> {
     /// as [`StoredView::BF16`] or [`StoredView::F16`] (not widened), any
     /// other as [`StoredView::Full`].
     pub fn stored_value(&self, v: Var) -> StoredView<'_, T> {
-        match &self.nodes[v.0].value {
-            Value::Half { stored, .. } => match stored {
-                StoredView::Full(a) => StoredView::Full(a.view()),
-                StoredView::BF16(a) => StoredView::BF16(a.view()),
-                StoredView::F16(a) => StoredView::F16(a.view()),
-            },
-            other => StoredView::Full(other.view()),
-        }
+        NodeValue::stored(&self.nodes[v.0].value)
     }
 
     /// The value of a node with a single element (a loss).

@@ -556,6 +556,9 @@ impl SplitVocabBench {
         let u_r = n_unique(hit.iter().copied());
         let row = F32 * d;
         let w = self.widths;
+        // A row of the split rows as they are kept: the mix and the fusion
+        // penalty read them in the parameters' dtype.
+        let kept = w.p * d;
         let mut terms = vec![
             (
                 "shared gather: read the distinct rows, write (N, D)",
@@ -564,20 +567,20 @@ impl SplitVocabBench {
             ("gate: read logits, write σ", (w.p + F32) * n_rows),
             (
                 "mix: read shared and the rows hit, write out",
-                (2 * n + u_r) * row,
+                2 * n * row + u_r * kept,
             ),
             (
                 "loss: read out and R; penalty: read σ",
                 2 * n * row + F32 * n_rows,
             ),
-            ("fusion forward: read the rows", n_rows * row),
+            ("fusion forward: read the rows", n_rows * kept),
             (
                 "fusion backward: read the rows, write ∂rows",
-                2 * n_rows * row,
+                n_rows * (kept + row),
             ),
             (
                 "mix backward: read ∂out, shared, rows hit; write ∂shared, ∂rows hit",
-                (3 * n + 2 * u_r) * row,
+                (3 * n + u_r) * row + u_r * kept,
             ),
             (
                 "shared backward: read ∂shared, write the coalesced rows",
@@ -594,10 +597,7 @@ impl SplitVocabBench {
             ("Adam, gate logits", n_rows * w.adam()),
         ];
         if w.half() {
-            terms.push((
-                "the tape: widen the rows and the gate logits once",
-                n_rows * (d + 1) * (w.p + F32),
-            ));
+            terms.push(("the tape: widen the gate logits once", n_rows * (w.p + F32)));
         }
         terms
     }

@@ -12,7 +12,7 @@ use crate::kernels::pool::Pool;
 use crate::kernels::reduce::scaled_copy_in;
 use crate::kernels::scatter::{RowSource, coalesce_sources_in};
 use crate::layers::{Ids, LayerGrads, NamedGrad, VocabularyGrads, Workspace};
-use crate::ops::gated_mix::{Want, gated_mix_backward, gated_mix_forward_in};
+use crate::ops::gated_mix::{Want, gated_mix_backward_stored, gated_mix_forward_stored_in};
 use crate::ops::sigmoid::sigmoid_backward;
 use crate::param::{ParamGrad, RowSparse};
 
@@ -136,10 +136,10 @@ impl<T: Real> SplitVocabulary<T> {
             .expect("shared has n·D elements (checked)");
         let gate = use_gate.then(|| self.gate());
         let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
-        let out = gated_mix_forward_in(
+        let out = gated_mix_forward_stored_in(
             ws,
             shared2.view(),
-            self.rows_2d().view(),
+            self.rows.stored().view(),
             gate,
             &saved.row_of,
         );
@@ -222,11 +222,11 @@ impl<T: Real> SplitVocabulary<T> {
             .into_shape_with_order(IxDyn(&[n, d]))
             .expect("a fresh copy is in standard layout");
         let gate_value = use_gate.then(|| self.gate().into_dyn());
-        let (gs, contrib, gg) = gated_mix_backward(
+        let (gs, contrib, gg) = gated_mix_backward_stored(
             pool,
             row_of,
             shared2.view(),
-            self.rows.widened().view(),
+            self.rows.stored().view(),
             gate_value.as_ref().map(|g| g.view()),
             gy,
             want,
