@@ -266,10 +266,12 @@ fn main() -> Result<()> {
     let peak_training = peak_rss_mib();
     let state_bytes = first.state_bytes();
     first.save(&path)?;
+    let peak_saved = peak_rss_mib();
     let file_bytes = std::fs::metadata(&path)?.len();
     drop(first);
     let mut resumed = Run::new(&o, Dtype::BF16, sr)?;
     resumed.load(&path)?;
+    let peak_loaded = peak_rss_mib();
     for _ in half..o.steps {
         l.push(resumed.step(&ids, &target, &mask)?);
     }
@@ -340,7 +342,9 @@ fn main() -> Result<()> {
     );
     let peaks = [
         ("training in bf16", peak_training),
-        ("with the checkpoint written, read and compared", peak_bf16),
+        ("with the checkpoint written", peak_saved),
+        ("with the checkpoint read back", peak_loaded),
+        ("with two runs compared", peak_bf16),
         ("with the f32 run", peak_rss_mib()),
     ];
     for (what, peak) in peaks {
