@@ -9,8 +9,8 @@ use pyo3::types::{PyAny, PyBytes, PyDict};
 use splitgrad::Rng;
 use splitgrad::app::golden::{self, CaseDtype, Layer};
 use splitgrad::checkpoint::{load_state, save_state};
-use splitgrad::param::Dtype as StorageDtype;
 use splitgrad::optim::Optimizer;
+use splitgrad::param::Dtype as StorageDtype;
 use splitgrad::state::{Module, StateDict, TensorRef};
 
 use crate::convert::{Dtype, OrRaise, PyReal, state_from_py, state_to_py};
