@@ -249,6 +249,13 @@ mod tests {
             Box::new(bf16_state),
             Box::new(LazyAdam::<f32>::new(LazyAdamConfig::default()).unwrap()),
             Box::new(Sgd::<f32>::new(SgdConfig::default()).unwrap()),
+            Box::new(
+                Sgd::<f32>::new(SgdConfig {
+                    momentum: 0.9,
+                    ..SgdConfig::default()
+                })
+                .unwrap(),
+            ),
             Box::new(groups),
         ];
         for (i, mut opt) in opts.into_iter().enumerate() {

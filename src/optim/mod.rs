@@ -286,8 +286,8 @@ pub trait Optimizer<T: Real> {
     fn state(&self) -> Vec<(String, StateValue<T>)>;
 
     /// The entries of [`Optimizer::state`], borrowed, where the optimiser
-    /// can lend them (Adam's and lazy Adam's moments are arrays it holds);
-    /// `None` where it cannot. A checkpoint
+    /// can lend them (every optimiser of this crate does: its moments and
+    /// momentum buffers are arrays it holds); `None` where it cannot. A checkpoint
     /// ([`save_state`](crate::checkpoint::save_state)) writes lent arrays
     /// without a copy.
     ///

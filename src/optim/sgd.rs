@@ -260,6 +260,17 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
             .collect()
     }
 
+    fn state_refs(&self) -> Option<Vec<(String, super::StateRef<'_, T>)>> {
+        let lent = self.buffers.iter().map(|(name, b)| {
+            let view = crate::param::StoredView::Full(b.view());
+            (
+                format!("{name}.momentum_buffer"),
+                super::StateRef::Array(view),
+            )
+        });
+        Some(lent.collect())
+    }
+
     fn load_state(&mut self, entries: Vec<(String, StateValue<T>)>) -> Result<()> {
         let mut buffers = BTreeMap::new();
         for (entry, value) in entries {
