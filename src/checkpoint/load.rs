@@ -112,6 +112,13 @@ impl Checkpoint {
     }
 }
 
+/// The index of the first little-endian 16-bit element of `data` whose
+/// bits under `exponent` are all set.
+fn first_all_ones(data: &[u8], exponent: u16) -> Option<usize> {
+    data.chunks_exact(2)
+        .position(|b| u16::from_le_bytes([b[0], b[1]]) & exponent == exponent)
+}
+
 /// Whether a number in the header of `bytes` is so large that
 /// `safetensors::SafeTensors::read_metadata` 0.8 would overflow adding it to
 /// the header length (it panics in debug builds: `buffer_end + N_LEN + n`).
@@ -463,16 +470,16 @@ impl Checkpoint {
                 .map(f64::get_le)
                 .enumerate()
                 .find(|(_, x)| !x.is_finite()),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|b| half::bf16::get_le(b).to_f64())
-                .enumerate()
-                .find(|(_, x)| !x.is_finite()),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|b| half::f16::get_le(b).to_f64())
-                .enumerate()
-                .find(|(_, x)| !x.is_finite()),
+            // On the bits: a half value is not finite when its exponent
+            // bits are all ones (only that one is widened, for the message).
+            Dtype::BF16 => first_all_ones(data, 0x7F80).map(|i| {
+                let b = half::bf16::get_le(&data[2 * i..2 * i + 2]);
+                (i, b.to_f64())
+            }),
+            Dtype::F16 => first_all_ones(data, 0x7C00).map(|i| {
+                let b = half::f16::get_le(&data[2 * i..2 * i + 2]);
+                (i, b.to_f64())
+            }),
             other => {
                 let kind = ErrorKind::Dtype {
                     expected: "F32, F64, BF16 or F16".into(),

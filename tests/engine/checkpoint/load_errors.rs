@@ -197,11 +197,31 @@ fn check_finite_finds_the_first_non_finite_element() {
     b[[1, 0, 1]] = f64::NAN;
     let good = Array1::from(vec![f64::MAX, f64::MIN, 5e-324, -0.0]);
     let ints = Array1::from(vec![1u64]);
+    let bf = |x: f32| half::bf16::from_f32(x);
+    let hb = Array2::from_shape_vec(
+        (2, 2),
+        vec![bf(1.0), bf(-0.0), half::bf16::INFINITY, bf(2.0)],
+    )
+    .unwrap();
+    let hf = Array1::from(vec![
+        half::f16::MAX,
+        half::f16::from_f32(1.0),
+        half::f16::NAN,
+    ]);
+    let good_halves = Array1::from(vec![
+        half::bf16::MAX,
+        half::bf16::MIN,
+        half::bf16::from_bits(1),
+        half::bf16::NEG_ZERO,
+    ]);
     let tensors: Vec<(&str, TensorRef<'_>)> = vec![
         ("a", (&a).into()),
         ("b", (&b).into()),
         ("good", (&good).into()),
         ("ints", (&ints).into()),
+        ("hb", (&hb).into()),
+        ("hf", (&hf).into()),
+        ("good_halves", (&good_halves).into()),
     ];
     save(&path, &tensors, &no_meta()).unwrap();
     let ck = Checkpoint::open(&path).unwrap();
@@ -222,6 +242,17 @@ fn check_finite_finds_the_first_non_finite_element() {
         if position == &[1, 0, 1] && value.is_nan())
     );
     ck.check_finite("good").unwrap();
+    let err = ck.check_finite("hb").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("{p}: array `hb`: non-finite value inf at position [1, 0]")
+    );
+    let err = ck.check_finite("hf").unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::NonFinite { position, value }
+        if position == &[2] && value.is_nan())
+    );
+    ck.check_finite("good_halves").unwrap();
     let err = ck.check_finite("ints").unwrap_err();
     assert_eq!(
         err.to_string(),
