@@ -8,8 +8,6 @@ use ndarray::{ArrayD, Dimension};
 
 use super::{CaseDtype, MAX_CASE_ELEMENTS};
 use crate::io::NpzReader;
-use crate::kernels::half::HalfFloat;
-use crate::param::Dtype;
 use crate::state::Module;
 use crate::{Error, ErrorKind, Real, Result};
 
@@ -208,12 +206,10 @@ impl Case {
             .in_file(&self.label));
         }
         self.check_shape(name, &want)?;
-        let widen = match dtype.half() {
-            None => return self.npz.finite_reals(name),
-            Some(Dtype::BF16) => widen_bits::<half::bf16, T>,
-            Some(_) => widen_bits::<half::f16, T>,
-        };
-        let values = widen(self.npz.bits16(name)?);
+        if dtype.half().is_none() {
+            return self.npz.finite_reals(name);
+        }
+        let values = CaseDtype::read_any(&mut self.npz, name)?.mapv(T::from_f64);
         crate::io::check_finite(values.view(), name).map_err(|e| e.in_file(&self.label))?;
         Ok(values)
     }
@@ -223,20 +219,6 @@ impl Case {
         let a = self.reals::<T>(name, Want::Scalar)?;
         Ok(a.iter().copied().next().unwrap_or_else(T::zero))
     }
-}
-
-/// Half-precision bits as the values they hold, widened exactly.
-fn widen_bits<H: HalfFloat, T: Real>(bits: ArrayD<u16>) -> ArrayD<T> {
-    let shape = bits.raw_dim();
-    // In logical (row-major) order, whatever the file's storage order.
-    let halves: Vec<H> = bits.iter().map(|&b| H::from_bits(b)).collect();
-    let mut wide = vec![0f32; halves.len()];
-    crate::kernels::half::widen(&halves, &mut wide);
-    let values = wide
-        .into_iter()
-        .map(|x| T::from_f64(f64::from(x)))
-        .collect();
-    ArrayD::from_shape_vec(shape, values).expect("one value per element")
 }
 
 /// The splits of an embedding or head case: `split_sizes`, optionally
