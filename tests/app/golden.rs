@@ -15,7 +15,7 @@ use splitgrad::io::{NpyElement, NpzReader, NpzWriter, RealDtype};
 use splitgrad::{ErrorKind, Rng};
 
 /// Raw `.npy` bytes of every member of an `.npz` archive, by array name.
-fn members(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
+pub(super) fn members(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
     let mut zip = ZipArchive::new(Cursor::new(bytes)).unwrap();
     let mut out = BTreeMap::new();
     for i in 0..zip.len() {
@@ -45,7 +45,7 @@ fn encode<A: NpyElement, D: Dimension>(a: &Array<A, D>) -> Vec<u8> {
 }
 
 /// The bytes of an `.npz` writer.
-fn bytes_of(w: &NpzWriter) -> Vec<u8> {
+pub(super) fn bytes_of(w: &NpzWriter) -> Vec<u8> {
     let mut buf = Cursor::new(Vec::new());
     w.write_to(&mut buf).unwrap();
     buf.into_inner()
@@ -53,7 +53,7 @@ fn bytes_of(w: &NpzWriter) -> Vec<u8> {
 
 /// The input arrays of each layer (everything else in a generated case is
 /// a result): the fuzz target's names, and every split's weight.
-fn is_input(layer: Layer, name: &str) -> bool {
+pub(super) fn is_input(layer: Layer, name: &str) -> bool {
     let weight = name.starts_with("weight_") && layer != Layer::SplitVocabulary;
     weight || crate::app::fuzz_replay::golden_input_names(layer).contains(&name)
 }

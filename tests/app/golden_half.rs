@@ -6,35 +6,16 @@
 //! naming the array.
 
 use std::collections::BTreeMap;
-use std::io::{Cursor, Read};
 
 use half::{bf16, f16};
 use ndarray::{ArrayD, arr1, arr2};
-use npyz::zip::ZipArchive;
 use splitgrad::app::golden::{
     CaseDtype, Layer, evaluate_bytes, evaluate_dir, generate, generate_case,
 };
 use splitgrad::io::{DtypeKind, NpzReader, NpzWriter, RealDtype};
 use splitgrad::{ErrorKind, Rng};
 
-fn members(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
-    let mut zip = ZipArchive::new(Cursor::new(bytes)).unwrap();
-    let mut out = BTreeMap::new();
-    for i in 0..zip.len() {
-        let mut f = zip.by_index(i).unwrap();
-        let name = f.name().strip_suffix(".npy").unwrap().to_string();
-        let mut data = Vec::new();
-        f.read_to_end(&mut data).unwrap();
-        out.insert(name, data);
-    }
-    out
-}
-
-fn bytes_of(w: &NpzWriter) -> Vec<u8> {
-    let mut buf = Cursor::new(Vec::new());
-    w.write_to(&mut buf).unwrap();
-    buf.into_inner()
-}
+use super::golden::{bytes_of, is_input, members};
 
 fn output_of(layer: Layer) -> &'static str {
     match layer {
@@ -44,10 +25,7 @@ fn output_of(layer: Layer) -> &'static str {
 }
 
 fn is_result(layer: Layer, name: &str) -> bool {
-    name.starts_with("grad_")
-        || name == output_of(layer)
-        || (layer == Layer::SplitVocabulary
-            && ["penalty", "fusion_penalty", "loss"].contains(&name))
+    !is_input(layer, name)
 }
 
 /// Whether array `name` of `r` is stored as `dtype`'s half type.
