@@ -60,24 +60,15 @@ pub fn save_state<T: Real>(
     // The optimiser's arrays borrowed where it lends them, else a copy.
     let lent = optimizer.and_then(|o| o.state_refs());
     let opt_state = optimizer.filter(|_| lent.is_none()).map(|o| o.state_dict());
-    let steps: Vec<(String, ndarray::ArrayD<u64>)> = lent
-        .iter()
-        .flatten()
-        .filter_map(|(n, v)| match v {
-            StateRef::Step(s) => Some((format!("{OPTIMIZER}{n}"), ndarray::arr0(*s).into_dyn())),
-            StateRef::Array(_) => None,
-        })
-        .collect();
-    let lent_arrays: Vec<(String, TensorRef<'_>)> = lent
-        .iter()
-        .flatten()
-        .filter_map(|(n, v)| match v {
-            StateRef::Array(a) => {
-                Some((format!("{OPTIMIZER}{n}"), TensorRef::from_stored(a.clone())))
-            }
-            StateRef::Step(_) => None,
-        })
-        .collect();
+    let mut steps: Vec<(String, ndarray::ArrayD<u64>)> = Vec::new();
+    let mut lent_arrays: Vec<(String, TensorRef<'_>)> = Vec::new();
+    for (n, v) in lent.iter().flatten() {
+        let name = format!("{OPTIMIZER}{n}");
+        match v {
+            StateRef::Step(s) => steps.push((name, ndarray::arr0(*s).into_dyn())),
+            StateRef::Array(a) => lent_arrays.push((name, TensorRef::from_stored(a.clone()))),
+        }
+    }
     let held: Vec<Vec<(String, TensorRef<'_>)>> = modules.iter().map(|m| m.state_refs()).collect();
     // Views are invariant in their lifetime: reborrow every one for this call.
     let mut entries: Vec<(&str, TensorRef<'_>)> = Vec::new();

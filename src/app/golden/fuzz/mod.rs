@@ -408,7 +408,7 @@ impl Splits {
         };
         let mut weights = Vec::with_capacity(sizes.len());
         for (k, &size) in sizes.iter().enumerate() {
-            let w = reals(r, &format!("weight_{k}"))?;
+            let w = CaseDtype::read_any(r, &format!("weight_{k}"))?;
             let width = w.shape().get(1).copied().unwrap_or(0);
             weights.push(to_rows(w, size, width)?);
         }
@@ -429,7 +429,7 @@ impl Splits {
             w.add("split_trainable", &flags);
         }
         for (k, weight) in self.weights.iter().enumerate() {
-            add_reals(w, dtype, &format!("weight_{k}"), weight);
+            dtype.add_reals(w, &format!("weight_{k}"), weight);
         }
     }
 
@@ -615,29 +615,6 @@ fn to_rows(a: ArrayD<f64>, rows: usize, cols: usize) -> Result<Array2<f64>> {
     let found = a.shape().to_vec();
     Array2::from_shape_vec((rows, cols), a.iter().copied().collect())
         .map_err(|_| Error::shape("array", format!("({rows}, {cols})"), &found))
-}
-
-fn add_reals<D: ndarray::Dimension>(
-    w: &mut NpzWriter,
-    dtype: CaseDtype,
-    name: &str,
-    a: &ndarray::Array<f64, D>,
-) {
-    dtype.add_reals(w, name, a);
-}
-
-fn add_real_scalar(w: &mut NpzWriter, dtype: CaseDtype, name: &str, x: f64) {
-    dtype.add_reals(w, name, &ndarray::arr0(x));
-}
-
-/// `x` as the dtype holds it.
-fn round_to(dtype: CaseDtype, x: f64) -> f64 {
-    dtype.round(x)
-}
-
-/// Real array `name` as f64, from any real dtype of a case.
-fn reals(r: &mut NpzReader, name: &str) -> Result<ArrayD<f64>> {
-    CaseDtype::read_any(r, name)
 }
 
 fn shaped<T: Clone>(shape: &[usize], values: Vec<T>) -> Result<ArrayD<T>> {

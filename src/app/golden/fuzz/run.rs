@@ -100,7 +100,7 @@ impl Prepared {
                     continue;
                 }
             }
-            let a = match reals(&mut r, name) {
+            let a = match CaseDtype::read_any(&mut r, name) {
                 Ok(a) => a,
                 Err(e) => {
                     out.push(unreadable(e));

@@ -9,7 +9,7 @@ impl Embeddings {
         let ids = r.ints("input_ids")?;
         let shape = ids.shape().to_vec();
         let n = ids.len();
-        let upstream = to_rows(reals(r, "upstream")?, n, splits.width)?;
+        let upstream = to_rows(CaseDtype::read_any(r, "upstream")?, n, splits.width)?;
         Ok(Embeddings {
             splits,
             shape,
@@ -25,7 +25,7 @@ impl Embeddings {
             &with_width(&self.shape, self.splits.width),
             self.upstream.iter().copied().collect(),
         )?;
-        add_reals(w, dtype, "upstream", &up);
+        dtype.add_reals(w, "upstream", &up);
         Ok(())
     }
 
@@ -155,8 +155,11 @@ impl Head {
         let labels = r.ints("labels")?;
         let shape = labels.shape().to_vec();
         let n = labels.len();
-        let hidden = to_rows(reals(r, "hidden")?, n, splits.width)?;
-        let upstream = reals(r, "upstream")?.iter().copied().collect();
+        let hidden = to_rows(CaseDtype::read_any(r, "hidden")?, n, splits.width)?;
+        let upstream = CaseDtype::read_any(r, "upstream")?
+            .iter()
+            .copied()
+            .collect();
         Ok(Head {
             splits,
             shape,
@@ -172,14 +175,9 @@ impl Head {
             &with_width(&self.shape, self.splits.width),
             self.hidden.iter().copied().collect(),
         )?;
-        add_reals(w, dtype, "hidden", &hidden);
+        dtype.add_reals(w, "hidden", &hidden);
         w.add("labels", &shaped(&self.shape, self.labels.clone())?);
-        add_reals(
-            w,
-            dtype,
-            "upstream",
-            &shaped(&self.shape, self.upstream.clone())?,
-        );
+        dtype.add_reals(w, "upstream", &shaped(&self.shape, self.upstream.clone())?);
         Ok(())
     }
 
@@ -263,7 +261,7 @@ impl Head {
         }
         if self.large_logits() {
             let c = Head {
-                hidden: self.hidden.mapv(|x| round_to(dtype, x / 3000.0)),
+                hidden: self.hidden.mapv(|x| dtype.round(x / 3000.0)),
                 ..self.clone()
             };
             out.push(wrap("hidden states divided by 3000".into(), c));
@@ -310,22 +308,29 @@ impl Vocabulary {
             Ok(r.ints(name)?.iter().copied().next().unwrap_or(0))
         };
         let scalar_real = |r: &mut NpzReader, name: &str| -> Result<f64> {
-            Ok(reals(r, name)?.iter().copied().next().unwrap_or(0.0))
+            Ok(CaseDtype::read_any(r, name)?
+                .iter()
+                .copied()
+                .next()
+                .unwrap_or(0.0))
         };
         let vocab = scalar_int(r, "vocab_size")?.max(0) as usize;
         let languages = scalar_int(r, "n_languages")?.max(0) as usize;
         let language_index = r.ints_1d("language_index")?;
         let token_index = r.ints_1d("token_index")?;
         let n_rows = language_index.len();
-        let rows = reals(r, "rows")?;
+        let rows = CaseDtype::read_any(r, "rows")?;
         let dim = rows.shape().get(1).copied().unwrap_or(0);
         let rows = to_rows(rows, n_rows, dim)?;
-        let gate_logit = reals(r, "gate_logit")?.iter().copied().collect();
+        let gate_logit = CaseDtype::read_any(r, "gate_logit")?
+            .iter()
+            .copied()
+            .collect();
         let token_ids = r.ints_1d("token_ids")?;
         let language_ids = r.ints_1d("language_ids")?;
         let n = token_ids.len();
-        let shared = to_rows(reals(r, "shared")?, n, dim)?;
-        let upstream = to_rows(reals(r, "upstream")?, n, dim)?;
+        let shared = to_rows(CaseDtype::read_any(r, "shared")?, n, dim)?;
+        let upstream = to_rows(CaseDtype::read_any(r, "upstream")?, n, dim)?;
         Ok(Vocabulary {
             vocab,
             languages,
@@ -349,20 +354,15 @@ impl Vocabulary {
         w.add_scalar("n_languages", self.languages as i64);
         w.add("language_index", &ids(&self.language_index));
         w.add("token_index", &ids(&self.token_index));
-        add_reals(w, dtype, "rows", &self.rows);
-        add_reals(
-            w,
-            dtype,
-            "gate_logit",
-            &Array1::from(self.gate_logit.clone()),
-        );
+        dtype.add_reals(w, "rows", &self.rows);
+        dtype.add_reals(w, "gate_logit", &Array1::from(self.gate_logit.clone()));
         w.add("token_ids", &ids(&self.token_ids));
         w.add("language_ids", &ids(&self.language_ids));
-        add_reals(w, dtype, "shared", &self.shared);
-        add_reals(w, dtype, "upstream", &self.upstream);
+        dtype.add_reals(w, "shared", &self.shared);
+        dtype.add_reals(w, "upstream", &self.upstream);
         w.add_scalar("use_gate", i64::from(self.use_gate));
-        add_real_scalar(w, dtype, "penalty_weight", self.penalty_weight);
-        add_real_scalar(w, dtype, "fusion_weight", self.fusion_weight);
+        dtype.add_reals(w, "penalty_weight", &ndarray::arr0(self.penalty_weight));
+        dtype.add_reals(w, "fusion_weight", &ndarray::arr0(self.fusion_weight));
     }
 
     pub(super) fn dim(&self) -> usize {
