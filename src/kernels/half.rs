@@ -7,6 +7,7 @@
 //! | [`widen`] | `dst[i] = src[i]` as f32 (exact) |
 //! | [`narrow_nearest`] | `dst[i]` = the representable value nearest `src[i]`, ties to even |
 //! | [`narrow_stochastic`] | `dst[i]` = one of the two representable neighbours of `src[i]`, the upper with probability proportional to the distance from the lower |
+//! | [`update_fused`] | arrays widened, an element rule applied, each narrowed back: the three in registers, a block of 16 elements at a time |
 //!
 //! Each has a naive twin (`*_naive`) on the `half` crate's software
 //! conversions (`to_f32_const`, `from_f32_const`, never the F16C
@@ -228,6 +229,13 @@ impl SrKey {
     pub fn words(self) -> (u32, u32) {
         (self.k0, self.k1)
     }
+
+    /// What the low word `lo` of an index whose high word is `hi` is
+    /// mixed with: `k0 ^ mix32(hi ^ k1)` ([`sr_bits`]).
+    #[inline]
+    pub(crate) fn word(self, hi: u32) -> u32 {
+        self.k0 ^ mix32(hi ^ self.k1)
+    }
 }
 
 const MIX1: u32 = 0x7FEB_352D;
@@ -243,9 +251,12 @@ fn mix32(x: u32) -> u32 {
 }
 
 /// The 32 random bits of the element with global index `index` under
-/// `key`: `mix32(mix32(lo ^ k0) ^ hi ^ k1)` with `lo`, `hi` the low and
+/// `key`: `mix32(lo ^ k0 ^ mix32(hi ^ k1))` with `lo`, `hi` the low and
 /// high 32 bits of `index`. For one key and one `hi` it is a bijection of
-/// `lo`, so over 2³² consecutive indices every value comes once.
+/// `lo`, so over 2³² consecutive indices every value comes once. The
+/// indices of one vector share `hi` (but for one vector in 2³²), so the
+/// vector paths fold it into the key once ([`SrKey::word`]) and run one
+/// `mix32` a lane.
 ///
 /// ```
 /// use splitgrad::kernels::half::{SrKey, sr_bits};
@@ -255,7 +266,7 @@ fn mix32(x: u32) -> u32 {
 /// ```
 #[inline]
 pub fn sr_bits(key: SrKey, index: u64) -> u32 {
-    mix32(mix32(index as u32 ^ key.k0) ^ (index >> 32) as u32 ^ key.k1)
+    mix32(index as u32 ^ key.word((index >> 32) as u32))
 }
 
 // ---------------------------------------------------------------------------
@@ -436,6 +447,9 @@ fn stochastic_scalar<H: HalfFloat>(src: &[f32], dst: &mut [u16], key: SrKey, fir
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+mod fused;
+pub use fused::{FusedArray, LANES, Lanes, update_fused, update_fused_naive, update_fused_on};
 
 // ---------------------------------------------------------------------------
 // The paths and the public kernels.

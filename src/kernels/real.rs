@@ -7,7 +7,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, NdFloat};
 
-use super::half::{self, HalfFloat, SrKey, narrow_nearest, narrow_stochastic};
+use super::half::{self, FusedArray, HalfFloat, LANES, SrKey, narrow_nearest, narrow_stochastic};
 
 mod sealed {
     /// `matrixmultiply`'s `sgemm` or `dgemm`: m, k, n, α, a and its row
@@ -86,6 +86,23 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
     ///
     /// **Panics** if the lengths differ.
     fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
+
+    /// Whether [`Real::update_fused`] runs: `f32`'s updates of
+    /// half-precision arrays are fused in registers; `f64`'s widen through
+    /// buffers of `f32` ([`update_widened`](crate::param::update_widened)).
+    const FUSED: bool;
+
+    /// [`half::update_fused`] on arrays of this type (`f32`).
+    ///
+    /// **Panics** for `f64` ([`Real::FUSED`] is false), and as
+    /// `update_fused` does.
+    #[track_caller]
+    fn update_fused<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+        arrays: [FusedArray<'_, Self>; N],
+        g: &[Self],
+        first: u64,
+        f: F,
+    );
 
     /// `c ← α·a·b + β·c` through `matrixmultiply`.
     ///
@@ -178,6 +195,16 @@ macro_rules! impl_real {
             fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>) {
                 <$t as HalfConvert>::narrow_half_impl(src, dst, sr)
             }
+            const FUSED: bool = <$t as HalfConvert>::FUSED;
+            #[track_caller]
+            fn update_fused<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+                arrays: [FusedArray<'_, Self>; N],
+                g: &[Self],
+                first: u64,
+                f: F,
+            ) {
+                <$t as HalfConvert>::update_fused_impl(arrays, g, first, f)
+            }
         }
     };
 }
@@ -187,11 +214,28 @@ impl_real!(f64, "f64", F64);
 
 /// The `Real` methods that differ between `f32` and `f64`.
 trait HalfConvert: Sized {
+    const FUSED: bool;
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [Self]);
     fn narrow_half_impl<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
+    fn update_fused_impl<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+        arrays: [FusedArray<'_, Self>; N],
+        g: &[Self],
+        first: u64,
+        f: F,
+    );
 }
 
 impl HalfConvert for f32 {
+    const FUSED: bool = true;
+    #[track_caller]
+    fn update_fused_impl<const N: usize, F: Fn(&mut [[f32; LANES]; N], &[f32; LANES])>(
+        arrays: [FusedArray<'_, f32>; N],
+        g: &[f32],
+        first: u64,
+        f: F,
+    ) {
+        half::update_fused(arrays, g, first, f)
+    }
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [f32]) {
         half::widen(src, dst);
     }
@@ -207,6 +251,16 @@ impl HalfConvert for f32 {
 const F64_CHUNK: usize = 256;
 
 impl HalfConvert for f64 {
+    const FUSED: bool = false;
+    #[track_caller]
+    fn update_fused_impl<const N: usize, F: Fn(&mut [[f64; LANES]; N], &[f64; LANES])>(
+        _: [FusedArray<'_, f64>; N],
+        _: &[f64],
+        _: u64,
+        _: F,
+    ) {
+        panic!("update_fused: f64 updates widen through f32 buffers (Real::FUSED is false)")
+    }
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [f64]) {
         assert_eq!(src.len(), dst.len(), "widen_half: lengths differ");
         let mut buf = [0f32; F64_CHUNK];

@@ -11,10 +11,8 @@ use rayon::prelude::*;
 
 use super::{StateValue, check_grad, flat_mut, split_entry, unknown_field, wrong_kind};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::half::SrKey;
-use crate::param::{
-    Dtype, Part, Rounding, Stored, StoredMut, WIDEN_CHUNK, update_widened, update_widened_in,
-};
+use crate::kernels::half::{FusedArray, LANES, SrKey};
+use crate::param::{Dtype, Part, Rounding, Stored, StoredMut, WIDEN_CHUNK, update_widened_in};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// Elements per parallel task of a dense update.
@@ -243,6 +241,42 @@ type Bufs<T> = [[T; WIDEN_CHUNK]; 3];
 /// A run of a parameter and of its two moments.
 type Triple<'a, T> = ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>);
 
+/// One run of elements of a parameter and its two moments, `first` the
+/// flat index of its first element: for `f32`, fused in registers
+/// ([`Real::update_fused`]: each array widened, the rule applied and each
+/// array narrowed, sixteen elements at a time); for `f64`, widened into
+/// `bufs` a [`WIDEN_CHUNK`] at a time. The same bits either way as the
+/// three passes.
+fn update_run<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [Part<'_, T>; 3],
+    g: &[T],
+    first: u64,
+    bufs: &mut Option<Box<Bufs<T>>>,
+) {
+    fn fused<T>(Part { elems, key }: Part<'_, T>) -> FusedArray<'_, T> {
+        match elems {
+            StoredMut::Full(s) => FusedArray::Full(s),
+            StoredMut::BF16(s) => FusedArray::Bf16(s, key),
+            StoredMut::F16(s) => FusedArray::F16(s, key),
+        }
+    }
+    if T::FUSED {
+        let lanes = |[p, m, v]: &mut [[T; LANES]; 3], g: &[T; LANES]| {
+            for l in 0..LANES {
+                rule.apply(&mut p[l], &mut m[l], &mut v[l], g[l]);
+            }
+        };
+        T::update_fused([fused(p), fused(m), fused(v)], g, first, lanes);
+    } else {
+        let bufs = bufs.get_or_insert_with(|| Box::new([[T::zero(); WIDEN_CHUNK]; 3]));
+        update_widened_in([p, m, v], first, bufs, |[p, m, v], off| {
+            let n = p.len();
+            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
+        });
+    }
+}
+
 /// Every element, in parallel tasks of [`CHUNK`] elements above
 /// [`PAR_MIN_ELEMS`].
 fn dense_half<T: Real, R: Rule<T>>(
@@ -252,13 +286,10 @@ fn dense_half<T: Real, R: Rule<T>>(
     keys: [Option<SrKey>; 3],
 ) {
     let len = p.len();
-    let run = |(i, ((p, m), v)): (usize, Triple<'_, T>)| {
+    let run = |b: &mut Option<Box<Bufs<T>>>, (i, ((p, m), v)): (usize, Triple<'_, T>)| {
         let first = i * CHUNK;
         let g = &g[first..first + p.len()];
-        update_widened(parts([p, m, v], keys), first as u64, |[p, m, v], off| {
-            let n = p.len();
-            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
-        });
+        update_run(rule, parts([p, m, v], keys), g, first as u64, b);
     };
     let jobs = p
         .chunks(CHUNK)
@@ -267,9 +298,12 @@ fn dense_half<T: Real, R: Rule<T>>(
         .zip(v.chunks(CHUNK))
         .enumerate();
     if len < PAR_MIN_ELEMS {
-        jobs.for_each(run);
+        let mut b = None;
+        jobs.for_each(|job| run(&mut b, job));
     } else {
-        jobs.collect::<Vec<_>>().into_par_iter().for_each(run);
+        jobs.collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each_init(|| None, run);
     }
 }
 
@@ -301,23 +335,18 @@ fn rows_half<T: Real, R: Rule<T>>(
         ),
         &'a usize,
     );
-    let run = |bufs: &mut Bufs<T>, ((((p, m), v), g), &r): Job<'_, T>| {
-        let first = (r * width) as u64;
-        update_widened_in(parts([p, m, v], keys), first, bufs, |[p, m, v], off| {
-            let n = p.len();
-            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
-        });
+    let run = |b: &mut Option<Box<Bufs<T>>>, ((((p, m), v), g), &r): Job<'_, T>| {
+        update_run(rule, parts([p, m, v], keys), g, (r * width) as u64, b);
     };
-    let bufs = || Box::new([[T::zero(); WIDEN_CHUNK]; 3]);
     if values.len() < PAR_MIN_ELEMS {
-        let mut b = bufs();
+        let mut b = None;
         jobs.for_each(|job| run(&mut b, job));
     } else {
         let min_rows = (4096 / width).max(1);
         let jobs: Vec<_> = jobs.collect();
         jobs.into_par_iter()
             .with_min_len(min_rows)
-            .for_each_init(bufs, |b, job| run(b, job));
+            .for_each_init(|| None, run);
     }
 }
 

@@ -565,7 +565,8 @@ fn stochastic_rounding_does_not_depend_on_the_cutting_or_threads() {
 #[test]
 fn the_random_bits_follow_their_definition() {
     // docs/spec.md's words: SplitMix64's output of z + γ, three times, and
-    // lowbias32 twice on the index's words.
+    // lowbias32 on the index's low word, mixed with the
+    // key and lowbias32 of the high word.
     fn s(z: u64) -> u64 {
         let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -589,7 +590,7 @@ fn the_random_bits_follow_their_definition() {
         let h = s(s(s(seed) ^ step) ^ param);
         assert_eq!(key.words(), (h as u32, (h >> 32) as u32));
         let (k0, k1) = key.words();
-        let want = lowbias32(lowbias32(index as u32 ^ k0) ^ (index >> 32) as u32 ^ k1);
+        let want = lowbias32(index as u32 ^ k0 ^ lowbias32((index >> 32) as u32 ^ k1));
         assert_eq!(sr_bits(key, index), want);
     }
     // FNV-1a 64 of "splitgrad", byte by byte.

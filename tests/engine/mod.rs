@@ -13,6 +13,7 @@ mod grad_hand;
 mod grad_layers;
 mod grad_ops;
 mod grad_vocabulary;
+mod half_fused;
 mod half_params;
 mod half_storage;
 mod io_atomic;

@@ -8,7 +8,7 @@ use super::{HalfFloat, MIX1, MIX2, SrKey};
 /// Whether the 16 indices from `index` share their high word (the
 /// vector code adds the lane to the low word): false once in 2³².
 #[inline(always)]
-fn no_wrap(index: u64) -> bool {
+pub(super) fn no_wrap(index: u64) -> bool {
     index as u32 <= u32::MAX - 15
 }
 
@@ -16,7 +16,7 @@ fn no_wrap(index: u64) -> bool {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn mix32_avx2(x: __m256i) -> __m256i {
+pub(super) fn mix32_avx2(x: __m256i) -> __m256i {
     let x = _mm256_xor_si256(x, _mm256_srli_epi32::<16>(x));
     let x = _mm256_mullo_epi32(x, _mm256_set1_epi32(MIX1 as i32));
     let x = _mm256_xor_si256(x, _mm256_srli_epi32::<15>(x));
@@ -32,15 +32,14 @@ fn sr_bits_avx2(key: SrKey, index: u64) -> __m256i {
         _mm256_set1_epi32(index as u32 as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
-    let x = mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(key.k0 as i32)));
-    let hi = ((index >> 32) as u32 ^ key.k1) as i32;
-    mix32_avx2(_mm256_xor_si256(x, _mm256_set1_epi32(hi)))
+    let word = key.word((index >> 32) as u32) as i32;
+    mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(word)))
 }
 
 /// 16 values below 2¹⁶ in two vectors of 32 bits, as 16 × 16 bits in order.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn pack16_avx2(a: __m256i, b: __m256i) -> __m256i {
+pub(super) fn pack16_avx2(a: __m256i, b: __m256i) -> __m256i {
     // packus interleaves the 128-bit halves: a0-3 b0-3 | a4-7 b4-7.
     _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b))
 }
@@ -48,7 +47,7 @@ fn pack16_avx2(a: __m256i, b: __m256i) -> __m256i {
 /// [`super::bf16_widen`] on 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn bf16_widen_avx2(h: __m128i) -> __m256i {
+pub(super) fn bf16_widen_avx2(h: __m128i) -> __m256i {
     let set = _mm256_set1_epi32;
     let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
     let nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, set(0x7FFF_FFFF)), set(0x7F80_0000));
@@ -58,7 +57,7 @@ fn bf16_widen_avx2(h: __m128i) -> __m256i {
 /// [`super::bf16_nearest`] on 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn bf16_nearest_avx2(x: __m256i) -> __m256i {
+pub(super) fn bf16_nearest_avx2(x: __m256i) -> __m256i {
     let set = _mm256_set1_epi32;
     let high = _mm256_srli_epi32::<16>(x);
     let odd = _mm256_and_si256(high, set(1));
@@ -70,7 +69,7 @@ fn bf16_nearest_avx2(x: __m256i) -> __m256i {
 /// [`super::bf16_stochastic`] on 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn bf16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
+pub(super) fn bf16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
     let set = _mm256_set1_epi32;
     let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, _mm256_srli_epi32::<16>(r)));
     let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, set(0x7FFF_FFFF)), set(0x7F80_0000));
@@ -81,7 +80,7 @@ fn bf16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
 /// [`super::f16_stochastic`] on 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn f16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
+pub(super) fn f16_stochastic_avx2(x: __m256i, r: __m256i) -> __m256i {
     let set = _mm256_set1_epi32;
     let sign = _mm256_and_si256(_mm256_srli_epi32::<16>(x), set(0x8000));
     let a = _mm256_and_si256(x, set(0x7FFF_FFFF));
@@ -208,7 +207,7 @@ pub(super) unsafe fn stochastic_avx2<H: HalfFloat>(
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn mix32_avx512(x: __m512i) -> __m512i {
+pub(super) fn mix32_avx512(x: __m512i) -> __m512i {
     let x = _mm512_xor_si512(x, _mm512_srli_epi32::<16>(x));
     let x = _mm512_mullo_epi32(x, _mm512_set1_epi32(MIX1 as i32));
     let x = _mm512_xor_si512(x, _mm512_srli_epi32::<15>(x));
@@ -224,15 +223,14 @@ fn sr_bits_avx512(key: SrKey, index: u64) -> __m512i {
         _mm512_set1_epi32(index as u32 as i32),
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
     );
-    let x = mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(key.k0 as i32)));
-    let hi = ((index >> 32) as u32 ^ key.k1) as i32;
-    mix32_avx512(_mm512_xor_si512(x, _mm512_set1_epi32(hi)))
+    let word = key.word((index >> 32) as u32) as i32;
+    mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(word)))
 }
 
 /// Whether each lane of `x` is an f32 NaN.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn is_nan_avx512(x: __m512i) -> __mmask16 {
+pub(super) fn is_nan_avx512(x: __m512i) -> __mmask16 {
     let a = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
     _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F80_0000))
 }
@@ -240,7 +238,7 @@ fn is_nan_avx512(x: __m512i) -> __mmask16 {
 /// [`super::bf16_widen`] on 16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn bf16_widen_avx512(h: __m256i) -> __m512i {
+pub(super) fn bf16_widen_avx512(h: __m256i) -> __m512i {
     let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
     _mm512_mask_or_epi32(w, is_nan_avx512(w), w, _mm512_set1_epi32(0x40_0000))
 }
@@ -248,7 +246,7 @@ fn bf16_widen_avx512(h: __m256i) -> __m512i {
 /// [`super::bf16_nearest`] on 16 lanes, as 16 × 16 bits.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn bf16_nearest_avx512(x: __m512i) -> __m256i {
+pub(super) fn bf16_nearest_avx512(x: __m512i) -> __m256i {
     let set = _mm512_set1_epi32;
     let high = _mm512_srli_epi32::<16>(x);
     let odd = _mm512_and_si512(high, set(1));
@@ -260,7 +258,7 @@ fn bf16_nearest_avx512(x: __m512i) -> __m256i {
 /// [`super::bf16_stochastic`] on 16 lanes, as 16 × 16 bits.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn bf16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
+pub(super) fn bf16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
     let set = _mm512_set1_epi32;
     let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(x, _mm512_srli_epi32::<16>(r)));
     let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), set(0x40));
@@ -270,7 +268,7 @@ fn bf16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
 /// [`super::f16_stochastic`] on 16 lanes, as 16 × 16 bits.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn f16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
+pub(super) fn f16_stochastic_avx512(x: __m512i, r: __m512i) -> __m256i {
     let set = _mm512_set1_epi32;
     let sign = _mm512_and_si512(_mm512_srli_epi32::<16>(x), set(0x8000));
     let a = _mm512_and_si512(x, set(0x7FFF_FFFF));

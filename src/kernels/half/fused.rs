@@ -1,0 +1,272 @@
+//! A fused update of arrays kept as f32 or in half precision: for each
+//! block of [`LANES`] elements, every array's elements are widened into
+//! registers, an element rule runs on the lanes, and every half-precision
+//! array is narrowed back, without passes over buffers in between. It is
+//! what an optimiser's step on a half-precision parameter and its moments
+//! runs (`optim::moments`): one read and one write of each array, and the
+//! gradient read once.
+//!
+//! The result is that of the three passes it fuses — each array widened
+//! ([`super::widen`]), the rule applied element by element, each array
+//! narrowed ([`super::narrow_stochastic`] with its key at the element's
+//! global index, or [`super::narrow_nearest`]) — bit for bit, on every
+//! [`HalfPath`]: [`update_fused_naive`] computes exactly those three passes
+//! with the naive conversions, and the tests hold every path to it.
+//!
+//! **The fast path and NaN.** The vector paths widen a bf16 block with a
+//! shift and narrow it with an add and a shift, which are the definitions
+//! for every value but NaN (widening quiets a NaN, narrowing keeps its top
+//! payload bits). A block with a NaN among its bf16 inputs runs the plain
+//! code instead, and a bf16 output block with a NaN is narrowed by the
+//! full kernel: so the fast path costs two comparisons a block and gives
+//! the definitions' bits everywhere.
+
+use half::{bf16, f16};
+
+use super::{
+    HalfFloat, HalfPath, SrKey, bf16_nearest, bf16_stochastic, bf16_widen, check_lengths,
+    f16_nearest, f16_stochastic, f16_widen, sr_bits,
+};
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Elements a block: the lanes of one AVX-512 register of f32.
+pub const LANES: usize = 16;
+
+/// One block's values of one array, widened.
+pub type Lanes = [f32; LANES];
+
+/// One array of [`update_fused`]: kept as `T` (updated in place), or in
+/// half precision with the key its store rounds with stochastically
+/// (`None`: to nearest, ties to even). The kernels compute in f32; `T` is
+/// a parameter so that generic code over [`Real`](crate::Real) can name
+/// it ([`Real::update_fused`](crate::Real::update_fused)).
+#[derive(Debug)]
+pub enum FusedArray<'a, T = f32> {
+    /// Kept as `T`.
+    Full(&'a mut [T]),
+    /// Kept in bf16, and its rounding.
+    Bf16(&'a mut [bf16], Option<SrKey>),
+    /// Kept in f16, and its rounding.
+    F16(&'a mut [f16], Option<SrKey>),
+}
+
+impl<T> FusedArray<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            FusedArray::Full(s) => s.len(),
+            FusedArray::Bf16(s, _) => s.len(),
+            FusedArray::F16(s, _) => s.len(),
+        }
+    }
+
+    /// Whether it has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl FusedArray<'_> {
+    /// Elements `[at, at + out.len())` widened into `out` (the plain code).
+    fn load(&self, at: usize, out: &mut [f32]) {
+        let n = out.len();
+        match self {
+            FusedArray::Full(s) => out.copy_from_slice(&s[at..at + n]),
+            FusedArray::Bf16(s, _) => {
+                for (o, h) in out.iter_mut().zip(&s[at..at + n]) {
+                    *o = f32::from_bits(bf16_widen(h.to_bits()));
+                }
+            }
+            FusedArray::F16(s, _) => {
+                for (o, h) in out.iter_mut().zip(&s[at..at + n]) {
+                    *o = f32::from_bits(f16_widen(h.to_bits()));
+                }
+            }
+        }
+    }
+
+    /// `x` stored at `[at, at + x.len())`, narrowed as the array rounds,
+    /// `x[0]` being the element of global index `index` (the plain code).
+    fn store(&mut self, at: usize, x: &[f32], index: u64) {
+        let bits = |i: usize, key: SrKey| sr_bits(key, index.wrapping_add(i as u64));
+        let n = x.len();
+        match self {
+            FusedArray::Full(s) => s[at..at + n].copy_from_slice(x),
+            FusedArray::Bf16(s, key) => {
+                for (i, (d, &v)) in s[at..at + n].iter_mut().zip(x).enumerate() {
+                    let b = match key {
+                        Some(k) => bf16_stochastic(v.to_bits(), bits(i, *k)),
+                        None => bf16_nearest(v.to_bits()),
+                    };
+                    *d = bf16::from_bits(b);
+                }
+            }
+            FusedArray::F16(s, key) => {
+                for (i, (d, &v)) in s[at..at + n].iter_mut().zip(x).enumerate() {
+                    let b = match key {
+                        Some(k) => f16_stochastic(v.to_bits(), bits(i, *k)),
+                        None => f16_nearest(v.to_bits()),
+                    };
+                    *d = f16::from_bits(b);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f` on every block of [`LANES`] elements of the arrays: the lanes
+/// hold each array's elements widened (exactly) and the gradient's `g`;
+/// what `f` leaves in an array's lanes is stored, narrowed as the array
+/// rounds, element `i` being global index `first + i` (wrapping) for
+/// stochastic rounding. The last block is padded with zeros, whose lanes
+/// are not stored; `f` must compute each lane from that lane alone (an
+/// element rule), so a lane's result does not depend on the blocking.
+/// Runs [`HalfPath::chosen`].
+///
+/// **Panics** if an array's length differs from `g`'s.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::{FusedArray, SrKey, update_fused};
+/// let mut p = vec![bf16::from_f32(1.0); 20];
+/// let mut m = vec![0.0f32; 20];
+/// let key = SrKey::new(0, 1, SrKey::param_hash("p"));
+/// let g = vec![0.5f32; 20];
+/// // m ← m + g; p ← p − m, the new p stored stochastically.
+/// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], &g, 0, |[p, m], g| {
+///     for l in 0..16 {
+///         m[l] += g[l];
+///         p[l] -= m[l];
+///     }
+/// });
+/// assert!(p.iter().all(|&x| x == bf16::from_f32(0.5)));
+/// assert_eq!(m, vec![0.5; 20]);
+/// ```
+#[track_caller]
+pub fn update_fused<const N: usize>(
+    arrays: [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: impl Fn(&mut [Lanes; N], &Lanes),
+) {
+    update_fused_on(HalfPath::chosen(), arrays, g, first, f)
+}
+
+/// [`update_fused`] on `path`.
+///
+/// **Panics** if an array's length differs from `g`'s or the CPU cannot
+/// run `path`.
+#[track_caller]
+pub fn update_fused_on<const N: usize>(
+    path: HalfPath,
+    mut arrays: [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: impl Fn(&mut [Lanes; N], &Lanes),
+) {
+    for a in &arrays {
+        check_lengths("update_fused", g.len(), a.len());
+    }
+    path.check();
+    let done = match path {
+        HalfPath::Scalar => 0,
+        // SAFETY: `check` found AVX2 and F16C on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::update_avx2(&mut arrays, g, first, &f) },
+        // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::update_avx512(&mut arrays, g, first, &f) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    };
+    blocks_scalar(&mut arrays, g, first, done, g.len(), &f);
+}
+
+/// The blocks of elements `[from, to)` in the plain code: the reference
+/// the vector paths' tails, and their blocks with a NaN input, run.
+fn blocks_scalar<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    from: usize,
+    to: usize,
+    f: &F,
+) {
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(LANES);
+        let mut lanes = [[0.0f32; LANES]; N];
+        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+            a.load(at, &mut l[..n]);
+        }
+        let mut gl = [0.0f32; LANES];
+        gl[..n].copy_from_slice(&g[at..at + n]);
+        f(&mut lanes, &gl);
+        let index = first.wrapping_add(at as u64);
+        for (a, l) in arrays.iter_mut().zip(lanes.iter()) {
+            a.store(at, &l[..n], index);
+        }
+        at += n;
+    }
+}
+
+/// [`update_fused`]'s naive twin: the three passes it fuses, with the
+/// naive conversions ([`super::widen_naive`],
+/// [`super::narrow_stochastic_naive`], [`super::narrow_nearest_naive`]):
+/// every half-precision array widened whole, `f` on the blocks of the
+/// widened arrays, every array narrowed whole.
+///
+/// **Panics** if an array's length differs from `g`'s.
+#[track_caller]
+pub fn update_fused_naive<const N: usize>(
+    arrays: [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: impl Fn(&mut [Lanes; N], &Lanes),
+) {
+    let len = g.len();
+    for a in &arrays {
+        check_lengths("update_fused", len, a.len());
+    }
+    let mut wide: Vec<Vec<f32>> = arrays
+        .iter()
+        .map(|a| {
+            let mut w = vec![0.0f32; len];
+            match a {
+                FusedArray::Full(s) => w.copy_from_slice(s),
+                FusedArray::Bf16(s, _) => super::widen_naive(s, &mut w),
+                FusedArray::F16(s, _) => super::widen_naive(s, &mut w),
+            }
+            w
+        })
+        .collect();
+    for at in (0..len).step_by(LANES) {
+        let n = (len - at).min(LANES);
+        let mut lanes = [[0.0f32; LANES]; N];
+        for (w, l) in wide.iter().zip(lanes.iter_mut()) {
+            l[..n].copy_from_slice(&w[at..at + n]);
+        }
+        let mut gl = [0.0f32; LANES];
+        gl[..n].copy_from_slice(&g[at..at + n]);
+        f(&mut lanes, &gl);
+        for (w, l) in wide.iter_mut().zip(lanes.iter()) {
+            w[at..at + n].copy_from_slice(&l[..n]);
+        }
+    }
+    for (a, w) in arrays.into_iter().zip(&wide) {
+        match a {
+            FusedArray::Full(s) => s.copy_from_slice(w),
+            FusedArray::Bf16(s, key) => narrow_naive(w, s, key, first),
+            FusedArray::F16(s, key) => narrow_naive(w, s, key, first),
+        }
+    }
+}
+
+fn narrow_naive<H: HalfFloat>(src: &[f32], dst: &mut [H], key: Option<SrKey>, first: u64) {
+    match key {
+        Some(k) => super::narrow_stochastic_naive(src, dst, k, first),
+        None => super::narrow_nearest_naive(src, dst),
+    }
+}

@@ -1,0 +1,256 @@
+//! The AVX-512 and AVX2 (with F16C) paths of [`super::update_fused`]: whole
+//! blocks of [`LANES`] elements; the caller runs the tail in the plain code.
+
+use std::arch::x86_64::*;
+
+use super::super::x86::{
+    bf16_nearest_avx2, bf16_nearest_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512,
+    f16_stochastic_avx2, f16_stochastic_avx512, mix32_avx2, mix32_avx512, no_wrap, pack16_avx2,
+};
+use super::{FusedArray, LANES, Lanes, blocks_scalar};
+
+/// Per array, the word its stochastic rounding mixes the low words of the
+/// indices with ([`SrKey::word`](super::SrKey::word)) for high word `hi`;
+/// 0 for an array that rounds to nearest or is kept as f32.
+fn words<const N: usize>(arrays: &[FusedArray<'_>; N], hi: u32) -> [u32; N] {
+    arrays.each_ref().map(|a| match a {
+        FusedArray::Bf16(_, Some(k)) | FusedArray::F16(_, Some(k)) => k.word(hi),
+        _ => 0,
+    })
+}
+
+/// The AVX-512 path over the whole blocks; returns the elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX-512F; every array has `g`'s length.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: &F,
+) -> usize {
+    let body = g.len() - g.len() % LANES;
+    let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let mut hi = (first >> 32) as u32;
+    let mut word = words(arrays, hi);
+    let mut at = 0;
+    while at < body {
+        let index = first.wrapping_add(at as u64);
+        if !no_wrap(index) {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        if (index >> 32) as u32 != hi {
+            hi = (index >> 32) as u32;
+            word = words(arrays, hi);
+        }
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan: __mmask16 = 0;
+        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+            // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
+            // loads, and `l` holds 16 floats.
+            unsafe {
+                let x = match a {
+                    FusedArray::Full(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
+                    FusedArray::Bf16(s, _) => {
+                        let h = _mm256_loadu_si256(s.as_ptr().add(at).cast());
+                        // The widening of every value but NaN.
+                        let w =
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+                        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w);
+                        w
+                    }
+                    FusedArray::F16(s, _) => {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast()))
+                    }
+                };
+                _mm512_storeu_ps(l.as_mut_ptr(), x);
+            }
+        }
+        if nan != 0 {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        let gl: &Lanes = g[at..at + LANES].try_into().expect("16 lanes");
+        f(&mut lanes, gl);
+        let lo = _mm512_add_epi32(_mm512_set1_epi32(index as u32 as i32), step);
+        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+            let bits = || mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(w as i32)));
+            // SAFETY: as the loads.
+            unsafe {
+                let x = _mm512_loadu_ps(l.as_ptr());
+                let xi = _mm512_castps_si512(x);
+                let h = match a {
+                    FusedArray::Full(s) => {
+                        _mm512_storeu_ps(s.as_mut_ptr().add(at), x);
+                        continue;
+                    }
+                    FusedArray::Bf16(_, Some(_)) => {
+                        let r = bits();
+                        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
+                            // `bf16_stochastic` of every value but NaN.
+                            let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(up))
+                        } else {
+                            bf16_stochastic_avx512(xi, r)
+                        }
+                    }
+                    FusedArray::Bf16(_, None) => bf16_nearest_avx512(xi),
+                    FusedArray::F16(_, Some(_)) => f16_stochastic_avx512(xi, bits()),
+                    FusedArray::F16(_, None) => {
+                        _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+                    }
+                };
+                let dst: *mut u16 = match a {
+                    FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                    FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                    FusedArray::Full(_) => unreachable!("stored above"),
+                };
+                _mm256_storeu_si256(dst.add(at).cast(), h);
+            }
+        }
+        at += LANES;
+    }
+    body
+}
+
+/// The AVX2 path over the whole blocks, two vectors of 8 a block; returns
+/// the elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX2 and F16C; every array has `g`'s length.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: &F,
+) -> usize {
+    let body = g.len() - g.len() % LANES;
+    let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut hi = (first >> 32) as u32;
+    let mut word = words(arrays, hi);
+    let mut at = 0;
+    while at < body {
+        let index = first.wrapping_add(at as u64);
+        if !no_wrap(index) {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        if (index >> 32) as u32 != hi {
+            hi = (index >> 32) as u32;
+            word = words(arrays, hi);
+        }
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan = _mm256_setzero_ps();
+        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+            for half in [0, 8] {
+                // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
+                // loads, and `l` holds 16 floats.
+                unsafe {
+                    let x = match a {
+                        FusedArray::Full(s) => _mm256_loadu_ps(s.as_ptr().add(at + half)),
+                        FusedArray::Bf16(s, _) => {
+                            let h = _mm_loadu_si128(s.as_ptr().add(at + half).cast());
+                            let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+                                _mm256_cvtepu16_epi32(h),
+                            ));
+                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(w, w));
+                            w
+                        }
+                        FusedArray::F16(s, _) => {
+                            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at + half).cast()))
+                        }
+                    };
+                    _mm256_storeu_ps(l.as_mut_ptr().add(half), x);
+                }
+            }
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        let gl: &Lanes = g[at..at + LANES].try_into().expect("16 lanes");
+        f(&mut lanes, gl);
+        let base = _mm256_add_epi32(_mm256_set1_epi32(index as u32 as i32), step);
+        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+            // The random bits of the lanes from `half`.
+            let bits = |half: i32| {
+                let lo = _mm256_add_epi32(base, _mm256_set1_epi32(half));
+                mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(w as i32)))
+            };
+            // SAFETY: as the loads.
+            unsafe {
+                let (x0, x1) = (
+                    _mm256_loadu_ps(l.as_ptr()),
+                    _mm256_loadu_ps(l.as_ptr().add(8)),
+                );
+                let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
+                let h = match a {
+                    FusedArray::Full(s) => {
+                        _mm256_storeu_ps(s.as_mut_ptr().add(at), x0);
+                        _mm256_storeu_ps(s.as_mut_ptr().add(at + 8), x1);
+                        continue;
+                    }
+                    FusedArray::Bf16(_, Some(_)) => {
+                        let (r0, r1) = (bits(0), bits(8));
+                        let nan = _mm256_or_ps(
+                            _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
+                            _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
+                        );
+                        if _mm256_movemask_ps(nan) == 0 {
+                            let round = |x: __m256i, r: __m256i| {
+                                let up = _mm256_add_epi32(x, _mm256_srli_epi32::<16>(r));
+                                _mm256_srli_epi32::<16>(up)
+                            };
+                            pack16_avx2(round(i0, r0), round(i1, r1))
+                        } else {
+                            pack16_avx2(bf16_stochastic_avx2(i0, r0), bf16_stochastic_avx2(i1, r1))
+                        }
+                    }
+                    FusedArray::Bf16(_, None) => {
+                        pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
+                    }
+                    FusedArray::F16(_, Some(_)) => pack16_avx2(
+                        f16_stochastic_avx2(i0, bits(0)),
+                        f16_stochastic_avx2(i1, bits(8)),
+                    ),
+                    FusedArray::F16(_, None) => _mm256_set_m128i(
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x1),
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x0),
+                    ),
+                };
+                let dst: *mut u16 = match a {
+                    FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                    FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                    FusedArray::Full(_) => unreachable!("stored above"),
+                };
+                _mm256_storeu_si256(dst.add(at).cast(), h);
+            }
+        }
+        at += LANES;
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bf16_widen;
+
+    #[test]
+    fn the_fast_widening_is_the_definition_but_for_nan() {
+        for h in 0..=u16::MAX {
+            let fast = (h as u32) << 16;
+            if !f32::from_bits(fast).is_nan() {
+                assert_eq!(fast, bf16_widen(h), "{h:#x}");
+            }
+        }
+    }
+}
