@@ -2,15 +2,17 @@
 //! (Zipf) ids into a row-sparse gradient, never touching a V × H buffer.
 //! The fast kernel on one thread and on all, and its naive twin; then the
 //! same contributions read in place as the embedding backward reads them:
-//! rows of `c·R` listed by position, never copied out.
+//! rows of `c·R` listed by position, never copied out, and rows kept in
+//! bf16.
 
 mod common;
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
+use splitgrad::kernels::pool::Pool;
 use splitgrad::kernels::scatter::{
-    RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources,
+    RowSource, coalesce_rows, coalesce_rows_naive, coalesce_sources, coalesce_sources_in,
 };
 
 use common::table::{H, N, V};
@@ -39,6 +41,23 @@ fn scatter(c: &mut Criterion) {
     let mut g = c.benchmark_group("coalesce_sources/backward");
     g.throughput(Throughput::Bytes((N * H * 4) as u64));
     pools.bench(&mut g, || coalesce_sources(V, H, black_box(&ids), &src));
+    g.finish();
+
+    // The same rows kept in bf16, unscaled (a bf16 layer's ∂out), widened
+    // as they are summed into f32 rows.
+    let r16 = r.mapv(half::bf16::from_f32);
+    let src16 = [RowSource::<f32, half::bf16> {
+        values: r16.view(),
+        rows: Some(&rows[..]),
+        scale: None,
+    }];
+    let mut g = c.benchmark_group("coalesce_sources/backward_bf16");
+    g.throughput(Throughput::Bytes((N * H * 2) as u64));
+    let pool = Pool::new();
+    pools.bench(&mut g, || {
+        let out = coalesce_sources_in(&pool, V, H, black_box(&ids), &src16);
+        pool.give(out.values.into_dyn());
+    });
     g.finish();
 }
 

@@ -7,6 +7,7 @@
 //! | [`widen`] | `dst[i] = src[i]` as f32 (exact) |
 //! | [`narrow_nearest`] | `dst[i]` = the representable value nearest `src[i]`, ties to even |
 //! | [`narrow_stochastic`] | `dst[i]` = one of the two representable neighbours of `src[i]`, the upper with probability proportional to the distance from the lower |
+//! | [`add_widened`] | `dst[i] += src[i]` (or `scale·src[i]`) widened, into f32 |
 //! | [`update_fused`] | arrays widened, an element rule applied, each narrowed back: the three in registers, a block of 16 elements at a time |
 //!
 //! Each has a naive twin (`*_naive`) on the `half` crate's software
@@ -614,6 +615,62 @@ fn dot_lanes_scalar<H: HalfFloat>(x: &[u16], r: &[u16], lanes: &mut [f32; 16]) {
     };
     for (i, (&a, &b)) in x.iter().zip(r).enumerate() {
         lanes[i % 16] += w(a) * w(b);
+    }
+}
+
+/// `dst[i] += src[i]` widened, or `dst[i] += scale·src[i]` (the product
+/// rounded in f32, then the sum: never fused): a half-precision row summed
+/// into an f32 one, widened in registers, on [`HalfPath::chosen`]. The bits
+/// are those of [`widen`] into a buffer, then the sum in f32.
+///
+/// **Panics** if the lengths differ.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::add_widened;
+/// let mut acc = [1.0f32, 2.0];
+/// add_widened(&[bf16::from_f32(0.5), bf16::from_f32(-4.0)], &mut acc, Some(2.0));
+/// assert_eq!(acc, [2.0, -6.0]);
+/// ```
+#[track_caller]
+pub fn add_widened<H: HalfFloat>(src: &[H], dst: &mut [f32], scale: Option<f32>) {
+    add_widened_on(HalfPath::chosen(), src, dst, scale)
+}
+
+/// [`add_widened`] on `path`.
+///
+/// **Panics** if the lengths differ or the CPU cannot run `path`.
+#[track_caller]
+pub fn add_widened_on<H: HalfFloat>(
+    path: HalfPath,
+    src: &[H],
+    dst: &mut [f32],
+    scale: Option<f32>,
+) {
+    check_lengths("add_widened", src.len(), dst.len());
+    path.check();
+    let src = H::bits(src);
+    match path {
+        HalfPath::Scalar => add_widened_scalar::<H>(src, dst, scale),
+        // SAFETY: `check` found AVX2 and F16C on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx2 => unsafe { x86::add_widened_avx2::<H>(src, dst, scale) },
+        // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
+        #[cfg(target_arch = "x86_64")]
+        HalfPath::Avx512 => unsafe { x86::add_widened_avx512::<H>(src, dst, scale) },
+        #[cfg(not(target_arch = "x86_64"))]
+        HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
+    }
+}
+
+fn add_widened_scalar<H: HalfFloat>(src: &[u16], dst: &mut [f32], scale: Option<f32>) {
+    let w = |h: u16| match H::FORMAT {
+        Format::Bf16 => f32::from_bits(bf16_widen(h)),
+        Format::F16 => f32::from_bits(f16_widen(h)),
+    };
+    match scale {
+        None => dst.iter_mut().zip(src).for_each(|(d, &h)| *d += w(h)),
+        Some(c) => dst.iter_mut().zip(src).for_each(|(d, &h)| *d += c * w(h)),
     }
 }
 

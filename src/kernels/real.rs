@@ -87,6 +87,12 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
     /// **Panics** if the lengths differ.
     fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
 
+    /// `dst[i] += src[i]` widened, or `dst[i] += scale·src[i]` (product
+    /// then sum, in `Self`): for `f32`, [`half::add_widened`].
+    ///
+    /// **Panics** if the lengths differ.
+    fn add_widened<H: HalfFloat>(src: &[H], dst: &mut [Self], scale: Option<Self>);
+
     /// Whether [`Real::update_fused`] runs: `f32`'s updates of
     /// half-precision arrays are fused in registers; `f64`'s widen through
     /// buffers of `f32` ([`update_widened`](crate::param::update_widened)).
@@ -195,6 +201,9 @@ macro_rules! impl_real {
             fn narrow_half<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>) {
                 <$t as HalfConvert>::narrow_half_impl(src, dst, sr)
             }
+            fn add_widened<H: HalfFloat>(src: &[H], dst: &mut [Self], scale: Option<Self>) {
+                <$t as HalfConvert>::add_widened_impl(src, dst, scale)
+            }
             const FUSED: bool = <$t as HalfConvert>::FUSED;
             #[track_caller]
             fn update_fused<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
@@ -217,6 +226,7 @@ trait HalfConvert: Sized {
     const FUSED: bool;
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [Self]);
     fn narrow_half_impl<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
+    fn add_widened_impl<H: HalfFloat>(src: &[H], dst: &mut [Self], scale: Option<Self>);
     fn update_fused_impl<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
         arrays: [FusedArray<'_, Self>; N],
         g: &[Self],
@@ -227,6 +237,9 @@ trait HalfConvert: Sized {
 
 impl HalfConvert for f32 {
     const FUSED: bool = true;
+    fn add_widened_impl<H: HalfFloat>(src: &[H], dst: &mut [f32], scale: Option<f32>) {
+        half::add_widened(src, dst, scale)
+    }
     #[track_caller]
     fn update_fused_impl<const N: usize, F: Fn(&mut [[f32; LANES]; N], &[f32; LANES])>(
         arrays: [FusedArray<'_, f32>; N],
@@ -252,6 +265,18 @@ const F64_CHUNK: usize = 256;
 
 impl HalfConvert for f64 {
     const FUSED: bool = false;
+    fn add_widened_impl<H: HalfFloat>(src: &[H], dst: &mut [f64], scale: Option<f64>) {
+        assert_eq!(src.len(), dst.len(), "add_widened: lengths differ");
+        let mut buf = [0f64; F64_CHUNK];
+        for (s, d) in src.chunks(F64_CHUNK).zip(dst.chunks_mut(F64_CHUNK)) {
+            let b = &mut buf[..s.len()];
+            Self::widen_half_impl(s, b);
+            match scale {
+                None => d.iter_mut().zip(b.iter()).for_each(|(d, &x)| *d += x),
+                Some(c) => d.iter_mut().zip(b.iter()).for_each(|(d, &x)| *d += c * x),
+            }
+        }
+    }
     #[track_caller]
     fn update_fused_impl<const N: usize, F: Fn(&mut [[f64; LANES]; N], &[f64; LANES])>(
         _: [FusedArray<'_, f64>; N],

@@ -14,6 +14,8 @@
 //! materialised) instead of a stacked copy; [`coalesce_rows`] is its
 //! one-array form.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
@@ -101,20 +103,14 @@ macro_rules! half_source {
         impl<T: Real> SourceElem<T> for $h {
             fn add_row(dst: &mut [T], src: &[$h], scale: Option<T>, next: Option<&[$h]>) {
                 const STEP: usize = 256;
-                let mut buf = [T::zero(); STEP];
                 for (c, (d, s)) in dst.chunks_mut(STEP).zip(src.chunks(STEP)).enumerate() {
-                    let b = &mut buf[..s.len()];
-                    T::widen_half(s, b);
                     if let Some(n) = next {
                         // The same 512 bytes of the next row: eight lines.
                         for line in 0..STEP / 32 {
                             prefetch(n.as_ptr().wrapping_add(c * STEP + line * 32));
                         }
                     }
-                    match scale {
-                        None => d.iter_mut().zip(b.iter()).for_each(|(d, &x)| *d += x),
-                        Some(k) => d.iter_mut().zip(b.iter()).for_each(|(d, &x)| *d += k * x),
-                    }
+                    T::add_widened(s, d, scale);
                 }
             }
             fn add_one(d: &mut T, x: $h, scale: Option<T>) {
@@ -211,12 +207,7 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
             None => at.extend((0..n).map(|r| (s as u32, r as u32))),
         }
     }
-    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-    if ids.len() >= 1 << 12 {
-        order.par_sort_by_key(|&k| ids[k as usize]);
-    } else {
-        order.sort_by_key(|&k| ids[k as usize]);
-    }
+    let order = order_by_id(ids, n_rows);
     // Group boundaries: starts[j]..starts[j + 1] is the j-th unique id.
     let mut starts = Vec::with_capacity(ids.len() + 1);
     for (p, &k) in order.iter().enumerate() {
@@ -230,10 +221,9 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
         .iter()
         .map(|&p| ids[order[p] as usize])
         .collect();
-    let mut out = pool
-        .zeros(&[n_unique, width])
-        .into_dimensionality::<ndarray::Ix2>()
-        .expect("2-D");
+    // Each row is zeroed when its first contribution arrives (in cache,
+    // just before it is added), so the buffer is written once.
+    let mut out = pool.uninit_2d((n_unique, width));
     // Contiguous source rows are summed as slices (the loop vectorises);
     // other layouts go through ndarray's row views.
     let flat: Vec<Option<&[S]>> = sources.iter().map(|s| s.values.to_slice()).collect();
@@ -277,17 +267,25 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
         for (k, &j) in slot.iter().enumerate() {
             mine[part_of[j as usize] as usize].push(k as u32);
         }
-        let mut parts: Vec<(usize, &mut [T])> = Vec::with_capacity(mine.len());
+        let mut parts: Vec<(usize, &mut [MaybeUninit<T>])> = Vec::with_capacity(mine.len());
         let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
         for w in cuts.windows(2) {
             let (head, tail) = rest.split_at_mut((w[1] - w[0]) * width);
             parts.push((w[0], head));
             rest = tail;
         }
-        let sum_part = |((j0, dst), ks): ((usize, &mut [T]), Vec<u32>)| {
+        let sum_part = |((j0, dst), ks): ((usize, &mut [MaybeUninit<T>]), Vec<u32>)| {
             for (p, &k) in ks.iter().enumerate() {
-                let j = slot[k as usize] as usize - j0;
-                let dst = &mut dst[j * width..(j + 1) * width];
+                let j = slot[k as usize] as usize;
+                let dst = &mut dst[(j - j0) * width..(j - j0 + 1) * width];
+                if order[starts[j]] == k {
+                    // Row j's first contribution: its row starts at zero.
+                    dst.fill(MaybeUninit::new(T::zero()));
+                }
+                // SAFETY: the row was written (zeros) at its first
+                // contribution, which comes first in position order, and
+                // `MaybeUninit<T>` has `T`'s layout.
+                let dst: &mut [T] = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
                 let (s, r) = at[k as usize];
                 let (src, r) = (&sources[s as usize], r as usize);
                 // Rows are often one page each, where the hardware
@@ -310,7 +308,37 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
             parts.into_iter().zip(mine).for_each(sum_part);
         }
     }
-    Coalesced { rows, values: out }
+    // SAFETY: every unique row has at least one contribution, whose task
+    // wrote the row (zeros, then its sums); with width 0 there is nothing.
+    let values = unsafe { out.assume_init() };
+    Coalesced { rows, values }
+}
+
+/// The positions `0..ids.len()` in increasing id, equal ids in increasing
+/// position (a stable order): an LSD radix sort on 8-bit digits, one pass
+/// for each byte of `n_rows − 1`, every pass O(n + 256).
+fn order_by_id(ids: &[usize], n_rows: usize) -> Vec<u32> {
+    let bits = usize::BITS - n_rows.saturating_sub(1).leading_zeros();
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut next = vec![0u32; ids.len()];
+    for shift in (0..bits).step_by(8) {
+        let digit = |k: u32| (ids[k as usize] >> shift) & 0xFF;
+        let mut at = [0usize; 256];
+        for &k in &order {
+            at[digit(k)] += 1;
+        }
+        let mut sum = 0;
+        for a in at.iter_mut() {
+            (*a, sum) = (sum, sum + *a);
+        }
+        for &k in &order {
+            let d = digit(k);
+            next[at[d]] = k;
+            at[d] += 1;
+        }
+        std::mem::swap(&mut order, &mut next);
+    }
+    order
 }
 
 /// `dst[i] += f(src[i])`, one cache line at a time, prefetching the same
@@ -382,6 +410,19 @@ mod tests {
         assert_eq!(rs.rows, vec![2, 7]);
         assert_eq!(rs.values, array![[2.0, 2.0], [13.0, 13.0]]);
         assert_eq!(rs, coalesce_rows_naive(10, &[7, 2, 7, 7], v.view()));
+    }
+
+    #[test]
+    fn the_radix_order_is_the_stable_sort() {
+        let mut rng = crate::rng::Rng::new(3);
+        for n_rows in [1usize, 2, 255, 256, 257, 65_536, 70_000, 1 << 25] {
+            for n in [0usize, 1, 2, 100, 5000] {
+                let ids: Vec<usize> = (0..n).map(|_| rng.below(n_rows as u64) as usize).collect();
+                let mut want: Vec<u32> = (0..n as u32).collect();
+                want.sort_by_key(|&k| ids[k as usize]);
+                assert_eq!(order_by_id(&ids, n_rows), want, "{n_rows} rows, {n} ids");
+            }
+        }
     }
 
     #[test]

@@ -7,11 +7,16 @@
 //! and an element rule that makes NaN and ∞ from finite inputs. Every
 //! element is the twin's bits but for a NaN's payload where the rule's
 //! arithmetic met two NaNs.
+//!
+//! And the sum of a half-precision row into an f32 one
+//! (`kernels::half::add_widened`), widened in registers, against widening
+//! with the `half` crate and summing in f32.
 
 use half::{bf16, f16};
 use splitgrad::Rng;
 use splitgrad::kernels::half::{
-    FusedArray, HalfPath, LANES, Lanes, SrKey, update_fused, update_fused_naive, update_fused_on,
+    FusedArray, HalfFloat, HalfPath, LANES, Lanes, SrKey, add_widened_on, update_fused,
+    update_fused_naive, update_fused_on, widen_naive,
 };
 
 fn paths() -> Vec<HalfPath> {
@@ -208,4 +213,42 @@ fn the_chosen_path_runs_the_rule_once_per_element() {
 fn arrays_of_another_length_panic() {
     let mut p = vec![0.0f32; 2];
     update_fused([FusedArray::Full(&mut p)], &[0.0; 3], 0, |_, _| {});
+}
+
+#[test]
+fn add_widened_is_the_same_bits_on_every_path() {
+    fn check<H: HalfFloat>(from: fn(f32) -> H) {
+        let mut rng = Rng::new(61);
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 100, 1027] {
+            for scale in [None, Some(0.3f32), Some(-2.0)] {
+                let src: Vec<H> = (0..n).map(|_| from(draw(&mut rng, 1))).collect();
+                let start: Vec<f32> = (0..n).map(|_| draw(&mut rng, 1)).collect();
+                let mut wide = vec![0.0f32; n];
+                widen_naive(&src, &mut wide);
+                let want: Vec<f32> = start
+                    .iter()
+                    .zip(&wide)
+                    .map(|(&d, &x)| d + scale.map_or(x, |c| c * x))
+                    .collect();
+                let key = |v: &[f32]| -> Vec<u32> {
+                    // A NaN's payload where two NaNs met is not compared.
+                    v.iter()
+                        .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                        .collect()
+                };
+                for path in paths() {
+                    let mut got = start.clone();
+                    add_widened_on(path, &src, &mut got, scale);
+                    assert_eq!(
+                        key(&got),
+                        key(&want),
+                        "{} {path:?} n {n} {scale:?}",
+                        H::NAME
+                    );
+                }
+            }
+        }
+    }
+    check(bf16::from_f32);
+    check(f16::from_f32);
 }

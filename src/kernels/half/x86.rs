@@ -459,3 +459,73 @@ pub(super) unsafe fn dot_lanes_avx512<H: HalfFloat>(x: &[u16], r: &[u16], lanes:
     // SAFETY: as the load.
     unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
 }
+
+/// # Safety
+///
+/// The CPU must have AVX2 and F16C; `src` and `dst` have one length.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn add_widened_avx2<H: HalfFloat>(
+    src: &[u16],
+    dst: &mut [f32],
+    scale: Option<f32>,
+) {
+    let body = src.len() - src.len() % 8;
+    let bf16 = H::FORMAT == super::Format::Bf16;
+    let c = _mm256_set1_ps(scale.unwrap_or(1.0));
+    for i in (0..body).step_by(8) {
+        // SAFETY: i + 8 ≤ body ≤ src.len() = dst.len(); unaligned loads
+        // and stores.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+            let w = if bf16 {
+                _mm256_castsi256_ps(bf16_widen_avx2(h))
+            } else {
+                _mm256_cvtph_ps(h)
+            };
+            // The product, then the sum: never fused.
+            let w = if scale.is_some() {
+                _mm256_mul_ps(c, w)
+            } else {
+                w
+            };
+            let d = dst.as_mut_ptr().add(i);
+            _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), w));
+        }
+    }
+    super::add_widened_scalar::<H>(&src[body..], &mut dst[body..], scale);
+}
+
+/// # Safety
+///
+/// The CPU must have AVX-512F; `src` and `dst` have one length.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn add_widened_avx512<H: HalfFloat>(
+    src: &[u16],
+    dst: &mut [f32],
+    scale: Option<f32>,
+) {
+    let body = src.len() - src.len() % 16;
+    let bf16 = H::FORMAT == super::Format::Bf16;
+    let c = _mm512_set1_ps(scale.unwrap_or(1.0));
+    for i in (0..body).step_by(16) {
+        // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); unaligned loads
+        // and stores.
+        unsafe {
+            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+            let w = if bf16 {
+                _mm512_castsi512_ps(bf16_widen_avx512(h))
+            } else {
+                _mm512_cvtph_ps(h)
+            };
+            // The product, then the sum: never fused.
+            let w = if scale.is_some() {
+                _mm512_mul_ps(c, w)
+            } else {
+                w
+            };
+            let d = dst.as_mut_ptr().add(i);
+            _mm512_storeu_ps(d, _mm512_add_ps(_mm512_loadu_ps(d), w));
+        }
+    }
+    super::add_widened_scalar::<H>(&src[body..], &mut dst[body..], scale);
+}
