@@ -237,3 +237,65 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
         .unwrap_err();
     assert!(err.to_string().contains("2-D"), "{err}");
 }
+
+/// `update_by_rows` with the parameter, or its moments, kept in half
+/// precision: each row widened, its gradient computed and the row updated
+/// as it is reached; the same bits as the naive update of the dense
+/// gradient, under 1, 2 and 4 threads, with stochastic and nearest
+/// rounding, in bf16 and f16.
+#[test]
+fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
+    use crate::param::{Dtype, Rounding};
+    let grad_row = |r: usize, x: &[f32], g: &mut [f32]| {
+        for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+            *g = x * 0.25 - ((r * 3 + j) % 7) as f32 * 0.01;
+        }
+    };
+    let layouts = [
+        (Dtype::BF16, Dtype::BF16),
+        (Dtype::BF16, Dtype::F32),
+        (Dtype::F16, Dtype::F32),
+        (Dtype::F32, Dtype::BF16),
+    ];
+    for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
+        let (init, _) = case(n, w);
+        for (dtype, state) in layouts {
+            for rounding in [Rounding::Stochastic { seed: 3 }, Rounding::Nearest] {
+                let fresh = || {
+                    let mut p = Parameter::new("t", init.clone());
+                    p.set_dtype(dtype).unwrap();
+                    let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+                    o.set_state_dtype(state).unwrap();
+                    o.set_rounding(rounding);
+                    (p, o)
+                };
+                let mut want = fresh();
+                for _ in 0..3 {
+                    let g = super::dense_by_rows(&want.0, &grad_row).unwrap();
+                    want.1
+                        .update_naive(&mut want.0, &ParamGrad::Dense(g))
+                        .unwrap();
+                }
+                for t in [1, 2, 4] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(t)
+                        .build()
+                        .unwrap();
+                    let mut got = fresh();
+                    pool.install(|| {
+                        for _ in 0..3 {
+                            got.1.update_by_rows(&mut got.0, &grad_row).unwrap();
+                        }
+                    });
+                    let what = format!("({n}, {w}) {dtype} {state} {rounding:?}, {t} threads");
+                    assert_eq!(
+                        got.0.widened().mapv(f32::to_bits),
+                        want.0.widened().mapv(f32::to_bits),
+                        "{what}"
+                    );
+                    assert!(got.1.state() == want.1.state(), "{what}: state");
+                }
+            }
+        }
+    }
+}

@@ -256,10 +256,12 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         }
         let width = rows_width(param)?;
         if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
-            // Kept in half precision: the default (the gradient written
-            // out, then the widened update), the same result.
-            let g = super::dense_by_rows(param, grad_row)?;
-            return self.update(param, &ParamGrad::Dense(g));
+            return self.moments.update_half_by_rows::<Coeffs<T>>(
+                &self.config,
+                param,
+                width,
+                grad_row,
+            );
         }
         let slot = self.moments.step(param)?;
         let c = Coeffs::<T>::new(&self.config, slot.step);

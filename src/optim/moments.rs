@@ -469,6 +469,76 @@ impl<T: Real> MomentTable<T> {
         Ok(())
     }
 
+    /// One update of a 2-D `param` kept in half precision, or with moments
+    /// kept so, whose gradient is given row by row (`grad_row`,
+    /// [`Optimizer::update_by_rows`](super::Optimizer::update_by_rows)): in
+    /// parallel over rows, each row's parameter widened, its gradient
+    /// computed into a buffer of the task, and the row updated as
+    /// [`update_half`] updates it. The gradient is never written out; the
+    /// result is the update of the dense gradient bit for bit. The step is
+    /// counted (and the gradient's width checked) by the caller.
+    pub fn update_half_by_rows<R: Rule<T>>(
+        &mut self,
+        config: &R::Config,
+        param: &mut Parameter<T>,
+        width: usize,
+        grad_row: &super::GradRow<'_, T>,
+    ) -> Result<()> {
+        let rounding = self.keeping.rounding;
+        let slot = self.step(param)?;
+        let rule = R::new(config, slot.step);
+        if width == 0 {
+            return Ok(());
+        }
+        let keys = keys(rounding, slot.step, param.name());
+        let len = param.shape().iter().product::<usize>();
+        let rows = param
+            .stored_mut()
+            .flat_mut()
+            .chunks(width)
+            .into_iter()
+            .zip(slot.exp_avg.flat_mut().chunks(width))
+            .zip(slot.exp_avg_sq.flat_mut().chunks(width))
+            .enumerate();
+        struct Scratch<T> {
+            x: Vec<T>,
+            g: Vec<T>,
+            bufs: Option<Box<Bufs<T>>>,
+        }
+        let scratch = || Scratch {
+            x: vec![T::zero(); width],
+            g: vec![T::zero(); width],
+            bufs: None,
+        };
+        let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
+            let x: &[T] = match &p {
+                StoredMut::Full(p) => p,
+                StoredMut::BF16(h) => {
+                    T::widen_half(h, &mut s.x);
+                    &s.x
+                }
+                StoredMut::F16(h) => {
+                    T::widen_half(h, &mut s.x);
+                    &s.x
+                }
+            };
+            grad_row(r, x, &mut s.g);
+            let first = (r * width) as u64;
+            update_run(&rule, parts([p, m, v], keys), &s.g, first, &mut s.bufs);
+        };
+        if len < PAR_MIN_ELEMS {
+            let mut s = scratch();
+            rows.for_each(|job| run(&mut s, job));
+        } else {
+            let min_rows = (4096 / width).max(1);
+            rows.collect::<Vec<_>>()
+                .into_par_iter()
+                .with_min_len(min_rows)
+                .for_each_init(scratch, run);
+        }
+        Ok(())
+    }
+
     /// The state of `param` with one more step counted (zeros and step 1
     /// the first time); an error as [`MomentTable::slot`].
     pub fn step(&mut self, param: &Parameter<T>) -> Result<&mut Moments<T>> {
