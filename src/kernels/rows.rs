@@ -93,6 +93,20 @@ impl<'a, T: Real> TableRows<'a, T> {
         }
     }
 
+    /// Row i widened (or copied) into `out`, a row long.
+    ///
+    /// **Panics** if i is out of range or `out` is not a row long.
+    #[inline]
+    #[track_caller]
+    pub fn row_into(&self, i: usize, out: &mut [T]) {
+        let w = self.width();
+        match self {
+            TableRows::Full(a, _) => out.copy_from_slice(&a[i * w..(i + 1) * w]),
+            TableRows::BF16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
+            TableRows::F16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
+        }
+    }
+
     /// A hint to load rows `ids` into the cache (every line of each), for
     /// a caller that reads them next.
     #[inline]

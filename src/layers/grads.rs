@@ -101,23 +101,28 @@ impl<T: Real> NamedGrad<T> {
 /// in parameter order (only the trainable ones that receive one), and the
 /// gradient of the differentiable input (the head's hidden states, the
 /// split vocabulary's shared rows) when asked for.
+///
+/// `I` is how ∂input is kept: an array of `T`, or a
+/// [`Stored`](crate::param::Stored) in the activations' dtype where the
+/// layer takes half-precision activations
+/// ([`SplitVocabulary::backward_saved_stored`](crate::layers::SplitVocabulary::backward_saved_stored)).
 #[derive(Clone, Debug)]
-pub struct LayerGrads<T> {
+pub struct LayerGrads<T, I = ArrayD<T>> {
     /// ∂input, of the input's shape; `None` when not asked for (always for
     /// the embeddings, whose input is ids).
-    pub input: Option<ArrayD<T>>,
+    pub input: Option<I>,
     /// The parameters' gradients.
     pub params: Vec<NamedGrad<T>>,
 }
 
-impl<T> LayerGrads<T> {
+impl<T, I> LayerGrads<T, I> {
     /// The gradient of the parameter named `name`.
     pub fn get(&self, name: &str) -> Option<&ParamGrad<T>> {
         self.params.iter().find(|g| g.name == name).map(|g| &g.grad)
     }
 }
 
-impl<T> GradSource<T> for LayerGrads<T> {
+impl<T, I> GradSource<T> for LayerGrads<T, I> {
     fn grad_of(&self, p: &Parameter<T>) -> Option<&ParamGrad<T>> {
         self.params.iter().find(|g| g.id == p.id()).map(|g| &g.grad)
     }

@@ -26,6 +26,9 @@ use crate::kernels::pool::Pool;
 use crate::param::StoredView;
 use crate::tape::{RowPart, Tape, Var};
 
+mod activations;
+pub use activations::{MixGradsAct, gated_mix_backward_act, gated_mix_forward_act};
+
 /// The row of a token that has none.
 pub const NO_ROW: u32 = u32::MAX;
 

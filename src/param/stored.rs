@@ -246,6 +246,27 @@ impl<T> Stored<T> {
             Stored::F16(a) => a.shape(),
         }
     }
+
+    /// The same elements, in row-major order, under `shape`.
+    ///
+    /// **Panics** if `shape` has another number of elements, or the array
+    /// is not in standard layout (a fresh array always is).
+    #[track_caller]
+    pub fn into_shape(self, shape: &[usize]) -> Stored<T> {
+        fn go<E>(a: ArrayD<E>, shape: &[usize]) -> ArrayD<E> {
+            assert!(
+                a.is_standard_layout(),
+                "into_shape: an array in standard layout"
+            );
+            a.into_shape_with_order(IxDyn(shape))
+                .expect("into_shape: as many elements")
+        }
+        match self {
+            Stored::Full(a) => Stored::Full(go(a, shape)),
+            Stored::BF16(a) => Stored::BF16(go(a, shape)),
+            Stored::F16(a) => Stored::F16(go(a, shape)),
+        }
+    }
 }
 
 impl<T: Real> Stored<T> {
@@ -387,7 +408,44 @@ impl<'a, T> From<ArrayViewD<'a, T>> for StoredView<'a, T> {
     }
 }
 
-impl<T: Real> StoredView<'_, T> {
+impl<'a, T: Real> StoredView<'a, T> {
+    /// The view under `shape` (as many elements), in row-major order, when
+    /// it is in standard layout; `None` otherwise.
+    pub fn reshaped(&self, shape: &[usize]) -> Option<StoredView<'a, T>> {
+        fn go<'a, E>(a: &ArrayViewD<'a, E>, shape: &[usize]) -> Option<ArrayViewD<'a, E>> {
+            let a = a.clone();
+            a.is_standard_layout()
+                .then(|| a.into_shape_with_order(IxDyn(shape)).ok())
+                .flatten()
+        }
+        Some(match self {
+            StoredView::Full(a) => StoredView::Full(go(a, shape)?),
+            StoredView::BF16(a) => StoredView::BF16(go(a, shape)?),
+            StoredView::F16(a) => StoredView::F16(go(a, shape)?),
+        })
+    }
+
+    /// The view with a shorter lifetime (views are invariant in theirs).
+    pub fn reborrow<'b>(self) -> StoredView<'b, T>
+    where
+        'a: 'b,
+    {
+        match self {
+            StoredView::Full(a) => StoredView::Full(a.reborrow()),
+            StoredView::BF16(a) => StoredView::BF16(a.reborrow()),
+            StoredView::F16(a) => StoredView::F16(a.reborrow()),
+        }
+    }
+
+    /// A copy in standard layout.
+    pub fn to_owned(&self) -> Stored<T> {
+        match self {
+            StoredView::Full(a) => Stored::Full(a.as_standard_layout().into_owned()),
+            StoredView::BF16(a) => Stored::BF16(a.as_standard_layout().into_owned()),
+            StoredView::F16(a) => Stored::F16(a.as_standard_layout().into_owned()),
+        }
+    }
+
     /// How the elements are kept.
     pub fn dtype(&self) -> Dtype {
         match self {

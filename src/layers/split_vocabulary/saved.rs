@@ -12,9 +12,12 @@ use crate::kernels::pool::Pool;
 use crate::kernels::reduce::scaled_copy_in;
 use crate::kernels::scatter::{RowSource, coalesce_sources_in};
 use crate::layers::{Ids, LayerGrads, NamedGrad, VocabularyGrads, Workspace};
-use crate::ops::gated_mix::{Want, gated_mix_backward_stored, gated_mix_forward_stored_in};
+use crate::ops::gated_mix::{
+    Want, gated_mix_backward_act, gated_mix_backward_stored, gated_mix_forward_act,
+    gated_mix_forward_stored_in,
+};
 use crate::ops::sigmoid::sigmoid_backward;
-use crate::param::{ParamGrad, RowSparse};
+use crate::param::{ParamGrad, RowSparse, Stored, StoredView};
 
 /// What [`SplitVocabulary::backward_saved`] needs of a forward pass: the
 /// row of each token (checked, [`SplitVocabulary::route`]) and the shape
@@ -190,6 +193,127 @@ impl<T: Real> SplitVocabulary<T> {
         })
     }
 
+    /// [`Self::forward_saved`] on activations kept in the tables' dtype, as
+    /// torch keeps a bf16 model's: `shared` in `T`, bf16 or f16, and the
+    /// output in shared's dtype. Half-precision rows of `shared` are
+    /// widened as tokens read them and each output row is computed in `T`
+    /// and rounded to nearest once: the output is [`Self::forward_saved`]'s
+    /// on the widened `shared`, rounded once, bit for bit (and its output
+    /// exactly when `shared` is `T`). Errors as [`Self::forward`].
+    ///
+    /// ```
+    /// use half::bf16;
+    /// use ndarray::array;
+    /// use splitgrad::io::SplitIndex;
+    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig, Workspace};
+    /// use splitgrad::param::{Dtype, Stored};
+    /// let sv = SplitVocabulary::<f32>::new(SplitIndex::new(vec![0], vec![2]), &SplitVocabularyConfig::new(4, 2, 2))?;
+    /// let shared = Stored::from_full(array![[1.0f32, 2.0], [3.0, 4.0]].into_dyn(), Dtype::BF16)?;
+    /// let ws = Workspace::new();
+    /// let (out, _saved) = sv.forward_saved_stored(&ws, &[2i64, 1], &[0i64, 0], shared.view(), true)?;
+    /// // Token 2 in language 0 has a row (zeros), mixed by the gate σ(0) = ½.
+    /// let Stored::BF16(out) = out else { unreachable!() };
+    /// assert_eq!(out, array![[0.5f32, 1.0], [3.0, 4.0]].mapv(bf16::from_f32).into_dyn());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn forward_saved_stored<'i, 'j>(
+        &self,
+        ws: &Workspace<T>,
+        token_ids: impl Ids<'i>,
+        language_ids: impl Ids<'j>,
+        shared: StoredView<'_, T>,
+        use_gate: bool,
+    ) -> Result<(Stored<T>, VocabularySaved)> {
+        let saved = self.route(token_ids, language_ids, shared.shape())?;
+        let (n, d) = (saved.row_of.len(), self.dim);
+        let gate = use_gate.then(|| self.gate());
+        let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
+        let mut copy = None;
+        let out = gated_mix_forward_act(
+            ws,
+            rows_of(&shared, [n, d], &mut copy),
+            self.rows.stored().view(),
+            gate,
+            &saved.row_of,
+        );
+        Ok((out.into_shape(shared.shape()), saved))
+    }
+
+    /// [`Self::backward_saved`] on activations kept in the tables' dtype:
+    /// `shared` and `grad_output` in one dtype (`T`, bf16 or f16), ∂shared
+    /// returned in it. ∂shared is [`Self::backward_saved`]'s on the widened
+    /// activations, rounded to nearest once; ∂rows and ∂gate_logit are `T`
+    /// and equal its bit for bit. Errors as [`Self::backward_saved`], and
+    /// when `grad_output` is not kept in shared's dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_saved_stored(
+        &self,
+        ws: &Workspace<T>,
+        saved: &VocabularySaved,
+        shared: StoredView<'_, T>,
+        grad_output: StoredView<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<LayerGrads<T, Stored<T>>> {
+        if shared.shape() != saved.shared_shape {
+            return Err(shared_shape_error(&saved.shared_shape, shared.shape()));
+        }
+        if grad_output.shape() != shared.shape() {
+            return Err(Error::shape(
+                "grad_output",
+                format!("{:?} (the shape of shared)", shared.shape()),
+                grad_output.shape(),
+            ));
+        }
+        if grad_output.dtype() != shared.dtype() {
+            return Err(Error::new(crate::ErrorKind::Dtype {
+                expected: format!("{} (the dtype of shared)", shared.dtype()),
+                found: grad_output.dtype().to_string(),
+            })
+            .in_array("grad_output"));
+        }
+        let (n, d) = (saved.row_of.len(), self.dim);
+        let want = Want {
+            shared: want_shared,
+            rows: self.rows.is_trainable(),
+            gate: use_gate && self.gate_logit.is_trainable(),
+        };
+        let gate_value = use_gate.then(|| self.gate().into_dyn());
+        let (mut copy_s, mut copy_g) = (None, None);
+        let (gs, contrib, gg) = gated_mix_backward_act(
+            ws,
+            &saved.row_of,
+            rows_of(&shared, [n, d], &mut copy_s),
+            self.rows.stored().view(),
+            gate_value.as_ref().map(|g| g.view()),
+            rows_of(&grad_output, [n, d], &mut copy_g),
+            want,
+        );
+        let mut params = Vec::new();
+        if let Some((ids, vals)) = contrib {
+            let vals = vals
+                .into_dimensionality::<Ix2>()
+                .expect("2-D row contributions");
+            let rows =
+                coalesce_sources_in(ws, self.n_rows(), d, &ids, &[RowSource::all(vals.view())]);
+            params.push(NamedGrad::new(
+                &self.rows,
+                ParamGrad::RowSparse(RowSparse::from_coalesced(self.n_rows(), rows)),
+            ));
+        }
+        if let (Some(gg), Some(g)) = (gg, gate_value)
+            && want.gate
+        {
+            let mut out = ArrayD::<T>::zeros(g.raw_dim());
+            sigmoid_backward(g.view(), gg.view(), &mut out);
+            params.push(NamedGrad::new(&self.gate_logit, ParamGrad::Dense(out)));
+        }
+        Ok(LayerGrads {
+            input: gs.map(|g| g.into_shape(shared.shape())),
+            params,
+        })
+    }
+
     /// [`Self::backward_from`] for tokens already routed.
     fn backward_rows(
         &self,
@@ -256,6 +380,23 @@ impl<T: Real> SplitVocabulary<T> {
     }
 }
 
+/// `a` as (n, d): the view itself in standard layout, else a standard copy
+/// kept in `copy`.
+fn rows_of<'c, 'v: 'c, T: Real>(
+    a: &StoredView<'v, T>,
+    [n, d]: [usize; 2],
+    copy: &'c mut Option<Stored<T>>,
+) -> StoredView<'c, T> {
+    match a.reshaped(&[n, d]) {
+        Some(v) => v.reborrow(),
+        None => copy
+            .insert(a.to_owned())
+            .view()
+            .reshaped(&[n, d])
+            .expect("a fresh copy is in standard layout"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +453,130 @@ mod tests {
     }
 
     in_f32_and_f64!(saved_pair_is_the_tape_f32_and_f64, saved_pair_is_the_tape);
+
+    /// The pair on half-precision activations against the `T` pair on the
+    /// widened activations: the output and ∂shared rounded once, ∂rows and
+    /// ∂gate_logit the same bits; rank-2 ids (a non-standard `shared`
+    /// too), rows kept as `T` and in bf16, with and without the gate.
+    #[test]
+    fn stored_pair_is_the_t_pair_rounded_once() {
+        use crate::param::Dtype;
+        let mut rng = Rng::new(12);
+        let tokens = array![[2i64, 2, 4, 0], [1, 2, 5, 4]];
+        let langs = array![[0i64, 1, 1, 0], [0, 0, 1, 1]];
+        let ws = Workspace::new();
+        for dtype in [Dtype::BF16, Dtype::F16] {
+            for rows_dtype in [Dtype::F32, Dtype::BF16] {
+                let mut sv = layer::<f32>(&mut rng);
+                sv.rows_mut().set_dtype(rows_dtype).unwrap();
+                let draw = |rng: &mut Rng| {
+                    let a = Array3::from_shape_fn((2, 4, 3), |_| rng.normal() as f32).into_dyn();
+                    Stored::from_full(a, dtype).unwrap()
+                };
+                let (shared, up) = (draw(&mut rng), draw(&mut rng));
+                let (shared_w, up_w) = (shared.widened().into_owned(), up.widened().into_owned());
+                for use_gate in [true, false] {
+                    let (out, saved) = sv
+                        .forward_saved_stored(&ws, &tokens, &langs, shared.view(), use_gate)
+                        .unwrap();
+                    let (want_out, want_saved) = sv
+                        .forward_saved(&ws, &tokens, &langs, shared_w.view(), use_gate)
+                        .unwrap();
+                    let round = |a: ArrayD<f32>| Stored::from_full(a, dtype).unwrap();
+                    assert_eq!(out, round(want_out));
+                    let got = sv
+                        .backward_saved_stored(
+                            &ws,
+                            &saved,
+                            shared.view(),
+                            up.view(),
+                            use_gate,
+                            true,
+                        )
+                        .unwrap();
+                    let want = sv
+                        .backward_saved(
+                            &ws,
+                            &want_saved,
+                            shared_w.view(),
+                            up_w.view(),
+                            use_gate,
+                            true,
+                        )
+                        .unwrap();
+                    assert_eq!(got.input, want.input.map(round));
+                    assert_eq!(got.params.len(), want.params.len());
+                    for (g, w) in got.params.iter().zip(&want.params) {
+                        assert_eq!(g.name, w.name);
+                        assert_eq!(
+                            bits(g.grad.to_dense().view()),
+                            bits(w.grad.to_dense().view())
+                        );
+                    }
+                    // The same through transposed (non-standard) views.
+                    let t = |a: &Stored<f32>| match a {
+                        Stored::BF16(a) => Stored::BF16(a.t().as_standard_layout().into_owned()),
+                        Stored::F16(a) => Stored::F16(a.t().as_standard_layout().into_owned()),
+                        Stored::Full(_) => unreachable!(),
+                    };
+                    let (st, ut) = (t(&shared), t(&up));
+                    fn tv(a: &Stored<f32>) -> StoredView<'_, f32> {
+                        match a {
+                            Stored::BF16(a) => StoredView::BF16(a.t()),
+                            Stored::F16(a) => StoredView::F16(a.t()),
+                            Stored::Full(_) => unreachable!(),
+                        }
+                    }
+                    let (out_t, saved_t) = sv
+                        .forward_saved_stored(&ws, &tokens, &langs, tv(&st), use_gate)
+                        .unwrap();
+                    assert_eq!(out_t, out);
+                    let got_t = sv
+                        .backward_saved_stored(&ws, &saved_t, tv(&st), tv(&ut), use_gate, true)
+                        .unwrap();
+                    assert_eq!(got_t.input, got.input);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stored_pair_errors_name_the_array() {
+        use crate::param::Dtype;
+        let sv = layer::<f32>(&mut Rng::new(1));
+        let ws = Workspace::new();
+        let zeros = ndarray::Array2::<f32>::zeros((2, 3)).into_dyn();
+        let shared = Stored::from_full(zeros.clone(), Dtype::BF16).unwrap();
+        let err = sv
+            .forward_saved_stored(&ws, &[2i64, 6], &[0i64, 0], shared.view(), true)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "token id 6 at position [1] is out of range 0..6"
+        );
+        let (_, saved) = sv
+            .forward_saved_stored(&ws, &[2i64, 1], &[0i64, 0], shared.view(), true)
+            .unwrap();
+        let up16 = Stored::from_full(zeros.clone(), Dtype::F16).unwrap();
+        let err = sv
+            .backward_saved_stored(&ws, &saved, shared.view(), up16.view(), true, true)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "array `grad_output`: has dtype f16, expected bf16 (the dtype of shared)"
+        );
+        let err = sv
+            .backward_saved_stored(
+                &ws,
+                &saved,
+                shared.view(),
+                StoredView::Full(zeros.view()),
+                true,
+                true,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("expected bf16"), "{err}");
+    }
 
     #[test]
     fn saved_pair_errors_are_the_tapes() {
