@@ -26,7 +26,8 @@ use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::ops::fusion_penalty::{
-    FusionRowGrads, RowGroups, fusion_penalty_backward_stored, fusion_penalty_forward_stored,
+    FusionRowGrads, RowGroups, fusion_penalty_backward_stored, fusion_penalty_forward_row_grads,
+    fusion_penalty_forward_stored,
 };
 pub use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
@@ -35,7 +36,9 @@ use crate::param::RowSparse;
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
 
+mod rows_grad;
 mod saved;
+pub use rows_grad::RowsGrad;
 pub use saved::VocabularySaved;
 
 /// The gradients [`SplitVocabulary::backward_from`] returns; `None` where
@@ -404,6 +407,31 @@ impl<T: Real> SplitVocabulary<T> {
             norms,
             weight,
         ))
+    }
+
+    /// [`Self::fusion_penalty_norms`] and [`Self::fusion_row_grads`] for
+    /// `weight` in one pass over the rows (each group's rows read once), the
+    /// same bits: for a training step that knows the penalty's weight
+    /// before its forward pass.
+    ///
+    /// ```
+    /// use splitgrad::io::SplitIndex;
+    /// use splitgrad::layers::{SplitVocabulary, SplitVocabularyConfig};
+    /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
+    /// let mut sv = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(4, 3, 2))?;
+    /// sv.rows_mut().value_mut().mapv_inplace(|_| 0.5);
+    /// sv.rows_mut().value_mut()[[0, 1]] = 2.0;
+    /// let (value, norms, grads) = sv.fusion_penalty_row_grads(0.1);
+    /// assert_eq!((value, norms.clone()), sv.fusion_penalty_norms());
+    /// let one = sv.fusion_row_grads(norms.as_slice().unwrap(), 0.1)?;
+    /// let (mut a, mut b) = ([0.0f32; 3], [0.0f32; 3]);
+    /// grads.row(0, &[0.5, 2.0, 0.5], &mut a);
+    /// one.row(0, &[0.5, 2.0, 0.5], &mut b);
+    /// assert_eq!(a, b);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn fusion_penalty_row_grads(&self, weight: T) -> (T, Array1<T>, FusionRowGrads<T>) {
+        fusion_penalty_forward_row_grads(self.rows.stored().view(), &self.groups, weight)
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {

@@ -200,9 +200,22 @@ fn group_terms<T: Real>(
     s: &mut [T],
 ) {
     centroid(x, members, c);
+    spread(x, members, |p| k(members[p]), c, s);
+}
+
+/// `s = (Σ_j k_j·(x_j − c)) / |members|` for a group whose centroid `c` is
+/// known, `k(p)` the factor of the p-th member, the sum over members in
+/// increasing order, skipping `k_j = 0`.
+fn spread<T: Real>(
+    x: ArrayView2<'_, T>,
+    members: &[usize],
+    k: impl Fn(usize) -> T,
+    c: &[T],
+    s: &mut [T],
+) {
     s.fill(T::zero());
-    for &j in members {
-        let kj = k(j);
+    for (p, &j) in members.iter().enumerate() {
+        let kj = k(p);
         if kj != T::zero() {
             let row = x.row(j);
             let row = row.as_slice().expect("standard layout");
@@ -322,6 +335,112 @@ pub fn fusion_penalty_forward_stored<T: Real>(
     }
     let p = norms.sum() / T::from_f64(n.max(1) as f64);
     (p, norms)
+}
+
+/// [`fusion_penalty_forward_stored`] and the gradient of `gy·P` row by
+/// row ([`FusionRowGrads::from_stored`]) in one pass over the rows: each
+/// group's centroid and norms, then its gradient terms from the same block
+/// of rows. The same bits as the two calls, for a caller that knows the
+/// penalty's weight before the forward (a training step whose loss is
+/// `… + gy·P`) and reads the rows once instead of twice.
+///
+/// **Panics** as [`fusion_penalty_forward`].
+#[track_caller]
+pub fn fusion_penalty_forward_row_grads<T: Real>(
+    x: StoredView<'_, T>,
+    groups: &RowGroups,
+    gy: T,
+) -> (T, Array1<T>, FusionRowGrads<T>) {
+    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
+    assert_eq!(
+        x.shape()[0],
+        groups.n_rows(),
+        "fusion_penalty: {} rows for groups of {} rows",
+        x.shape()[0],
+        groups.n_rows()
+    );
+    let (n, width) = (x.shape()[0], x.shape()[1]);
+    let rows = x.table_rows();
+    let half = HalfGroups::new(&rows, groups);
+    let full = match &rows {
+        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
+        _ => None,
+    };
+    let a = gy / T::from_f64(n.max(1) as f64);
+    let (slot, n_multi) = slots(groups);
+    let mut terms = vec![T::zero(); n_multi * 2 * width];
+    let mut by_group = vec![T::zero(); n];
+    if width > 0 {
+        let mut chunks = terms.chunks_mut(2 * width);
+        let term_of: Vec<Option<&mut [T]>> = (0..groups.n_groups())
+            .map(|g| (groups.members(g).len() > 1).then(|| chunks.next().expect("a slot")))
+            .collect();
+        groups
+            .split(&mut by_group)
+            .into_par_iter()
+            .zip(term_of)
+            .with_min_len(MIN_GROUPS_PER_TASK)
+            .for_each_init(
+                || (vec![T::zero(); width], Vec::new()),
+                |(c, block), ((g, norms), t)| {
+                    let members = groups.members(g);
+                    if members.is_empty() {
+                        return;
+                    }
+                    let (x, members) = match (&full, &half) {
+                        (Some(x), _) => (x.view(), members),
+                        (None, Some(h)) => h.block(members, next_members(groups, g), block),
+                        (None, None) => unreachable!("rows in place or in half precision"),
+                    };
+                    group_norms(x.view(), members, c, norms);
+                    if let Some(t) = t {
+                        // k_j from the norms just computed, then s from the
+                        // centroid group_norms left in `c`: group_terms' bits.
+                        let (tc, ts) = t.split_at_mut(width);
+                        tc.copy_from_slice(c);
+                        // The p-th member's norm is norms[p].
+                        let k = |p: usize| {
+                            let y = norms[p];
+                            if y > T::zero() { a / y } else { T::zero() }
+                        };
+                        spread(x.view(), members, k, tc, ts);
+                    }
+                },
+            );
+    }
+    let mut norms = Array1::<T>::zeros(n);
+    for (&i, &y) in groups.members.iter().zip(&by_group) {
+        norms[i] = y;
+    }
+    let p = norms.sum() / T::from_f64(n.max(1) as f64);
+    let k = norms
+        .iter()
+        .map(|&y| if y > T::zero() { a / y } else { T::zero() })
+        .collect();
+    let grads = FusionRowGrads {
+        width,
+        slot,
+        k,
+        terms,
+    };
+    (p, norms, grads)
+}
+
+/// The slot of each row's group among the groups of two or more rows, in
+/// group order (`u32::MAX` for a row alone), and the number of slots.
+fn slots(groups: &RowGroups) -> (Vec<u32>, usize) {
+    let mut slot = vec![u32::MAX; groups.n_rows()];
+    let mut n = 0;
+    for g in 0..groups.n_groups() {
+        let members = groups.members(g);
+        if members.len() > 1 {
+            for &i in members {
+                slot[i] = n as u32;
+            }
+            n += 1;
+        }
+    }
+    (slot, n)
 }
 
 /// The deviation norms of one group's rows `members` (not empty) of x,

@@ -31,8 +31,9 @@ use super::{
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-/// Elements a block: the lanes of one AVX-512 register of f32.
-pub const LANES: usize = 16;
+/// Elements a block: two AVX-512 registers of f32, so that the rule's two
+/// halves, independent, overlap their divisions and square roots.
+pub const LANES: usize = 32;
 
 /// One block's values of one array, widened.
 pub type Lanes = [f32; LANES];
@@ -129,14 +130,14 @@ impl FusedArray<'_> {
 ///
 /// ```
 /// use half::bf16;
-/// use splitgrad::kernels::half::{FusedArray, SrKey, update_fused};
+/// use splitgrad::kernels::half::{FusedArray, LANES, SrKey, update_fused};
 /// let mut p = vec![bf16::from_f32(1.0); 20];
 /// let mut m = vec![0.0f32; 20];
 /// let key = SrKey::new(0, 1, SrKey::param_hash("p"));
 /// let g = vec![0.5f32; 20];
 /// // m ← m + g; p ← p − m, the new p stored stochastically.
 /// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], &g, 0, |[p, m], g| {
-///     for l in 0..16 {
+///     for l in 0..LANES {
 ///         m[l] += g[l];
 ///         p[l] -= m[l];
 ///     }

@@ -231,3 +231,44 @@ fn half_rows_on_the_tape_equal_the_widened_rows() {
     assert_eq!(a, b);
     assert_eq!(ga, gb);
 }
+
+/// The one-pass forward with row gradients gives the bits of the forward
+/// and of `FusionRowGrads::from_stored`, on rows kept as T and in half
+/// precision, under 1, 2 and 4 threads.
+#[test]
+fn forward_with_row_grads_is_the_two_passes() {
+    for (seed, n, n_groups, width) in [
+        (12, 3000, 1400, 64),
+        (13, 40, 9, 5),
+        (14, 7, 1, 8),
+        (15, 0, 1, 4),
+    ] {
+        let (x, groups) = case(seed, n, n_groups, width);
+        let mut kept = half_rows(&x);
+        kept.push((crate::param::Stored::Full(x.clone().into_dyn()), x.clone()));
+        for (stored, _) in kept {
+            let (p0, n0) = fusion_penalty_forward_stored(stored.view(), &groups);
+            let rg0 =
+                FusionRowGrads::from_stored(stored.view(), &groups, n0.as_slice().unwrap(), 0.3);
+            for threads in [1, 2, 4] {
+                let what = format!("{:?}, seed {seed}, {threads} threads", stored.dtype());
+                let pool = ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let (p1, n1, rg1) =
+                    pool.install(|| fusion_penalty_forward_row_grads(stored.view(), &groups, 0.3));
+                let b = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(p1.to_bits(), p0.to_bits(), "value, {what}");
+                assert_eq!(
+                    b(n1.as_slice().unwrap()),
+                    b(n0.as_slice().unwrap()),
+                    "norms, {what}"
+                );
+                assert_eq!(rg1.slot, rg0.slot, "slots, {what}");
+                assert_eq!(b(&rg1.terms), b(&rg0.terms), "row terms, {what}");
+                assert_eq!(b(&rg1.k), b(&rg0.k), "row factors, {what}");
+            }
+        }
+    }
+}

@@ -5,9 +5,16 @@ use std::arch::x86_64::*;
 
 use super::super::x86::{
     bf16_nearest_avx2, bf16_nearest_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512,
-    f16_stochastic_avx2, f16_stochastic_avx512, mix32_avx2, mix32_avx512, no_wrap, pack16_avx2,
+    f16_stochastic_avx2, f16_stochastic_avx512, mix32_avx2, mix32_avx512, pack16_avx2,
 };
 use super::{FusedArray, LANES, Lanes, blocks_scalar};
+
+/// Whether the indices of the block from `index` share their high word
+/// (the vector code adds the lane to the low word): false once in 2³².
+#[inline(always)]
+fn block_no_wrap(index: u64) -> bool {
+    index as u32 <= u32::MAX - (LANES as u32 - 1)
+}
 
 /// Per array, the word its stochastic rounding mixes the low words of the
 /// indices with ([`SrKey::word`](super::SrKey::word)) for high word `hi`;
@@ -17,6 +24,25 @@ fn words<const N: usize>(arrays: &[FusedArray<'_>; N], hi: u32) -> [u32; N] {
         FusedArray::Bf16(_, Some(k)) | FusedArray::F16(_, Some(k)) => k.word(hi),
         _ => 0,
     })
+}
+
+/// Elements ahead of the block being updated whose line is requested:
+/// the arrays stream through the kernel, a few hundred compute cycles a
+/// line, too slowly for the hardware's prefetcher to run ahead far enough.
+const AHEAD: usize = 256;
+
+/// A hint to load the line `AHEAD` elements past `at` (a prefetch never
+/// faults, past the end of the array too).
+#[inline(always)]
+fn prefetch_ahead(a: &FusedArray<'_>, at: usize) {
+    let p: *const i8 = match a {
+        FusedArray::Full(s) => s.as_ptr().wrapping_add(at + AHEAD).cast(),
+        FusedArray::Bf16(s, _) => s.as_ptr().wrapping_add(at + AHEAD).cast(),
+        FusedArray::F16(s, _) => s.as_ptr().wrapping_add(at + AHEAD).cast(),
+    };
+    // SAFETY: a prefetch reads nothing the program sees and never faults;
+    // SSE is part of x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
 }
 
 /// The AVX-512 path over the whole blocks; returns the elements done.
@@ -38,7 +64,7 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
     let mut at = 0;
     while at < body {
         let index = first.wrapping_add(at as u64);
-        if !no_wrap(index) {
+        if !block_no_wrap(index) {
             blocks_scalar(arrays, g, first, at, at + LANES, f);
             at += LANES;
             continue;
@@ -50,24 +76,29 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
         let mut lanes = [[0.0f32; LANES]; N];
         let mut nan: __mmask16 = 0;
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
-            // loads, and `l` holds 16 floats.
-            unsafe {
-                let x = match a {
-                    FusedArray::Full(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
-                    FusedArray::Bf16(s, _) => {
-                        let h = _mm256_loadu_si256(s.as_ptr().add(at).cast());
-                        // The widening of every value but NaN.
-                        let w =
-                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-                        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w);
-                        w
-                    }
-                    FusedArray::F16(s, _) => {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast()))
-                    }
-                };
-                _mm512_storeu_ps(l.as_mut_ptr(), x);
+            prefetch_ahead(a, at);
+            for v in (0..LANES).step_by(16) {
+                let at = at + v;
+                // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
+                // loads, and `l` holds LANES floats.
+                unsafe {
+                    let x = match a {
+                        FusedArray::Full(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
+                        FusedArray::Bf16(s, _) => {
+                            let h = _mm256_loadu_si256(s.as_ptr().add(at).cast());
+                            // The widening of every value but NaN.
+                            let w = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+                                _mm512_cvtepu16_epi32(h),
+                            ));
+                            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w);
+                            w
+                        }
+                        FusedArray::F16(s, _) => {
+                            _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast()))
+                        }
+                    };
+                    _mm512_storeu_ps(l.as_mut_ptr().add(v), x);
+                }
             }
         }
         if nan != 0 {
@@ -75,42 +106,48 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
             at += LANES;
             continue;
         }
-        let gl: &Lanes = g[at..at + LANES].try_into().expect("16 lanes");
+        let gl: &Lanes = g[at..at + LANES].try_into().expect("a block of lanes");
         f(&mut lanes, gl);
-        let lo = _mm512_add_epi32(_mm512_set1_epi32(index as u32 as i32), step);
         for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            let bits = || mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(w as i32)));
-            // SAFETY: as the loads.
-            unsafe {
-                let x = _mm512_loadu_ps(l.as_ptr());
-                let xi = _mm512_castps_si512(x);
-                let h = match a {
-                    FusedArray::Full(s) => {
-                        _mm512_storeu_ps(s.as_mut_ptr().add(at), x);
-                        continue;
-                    }
-                    FusedArray::Bf16(_, Some(_)) => {
-                        let r = bits();
-                        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
-                            // `bf16_stochastic` of every value but NaN.
-                            let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(up))
-                        } else {
-                            bf16_stochastic_avx512(xi, r)
+            for v in (0..LANES).step_by(16) {
+                let at = at + v;
+                let lo = _mm512_add_epi32(
+                    _mm512_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
+                    step,
+                );
+                let bits = || mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(w as i32)));
+                // SAFETY: as the loads.
+                unsafe {
+                    let x = _mm512_loadu_ps(l.as_ptr().add(v));
+                    let xi = _mm512_castps_si512(x);
+                    let h = match a {
+                        FusedArray::Full(s) => {
+                            _mm512_storeu_ps(s.as_mut_ptr().add(at), x);
+                            continue;
                         }
-                    }
-                    FusedArray::Bf16(_, None) => bf16_nearest_avx512(xi),
-                    FusedArray::F16(_, Some(_)) => f16_stochastic_avx512(xi, bits()),
-                    FusedArray::F16(_, None) => {
-                        _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
-                    }
-                };
-                let dst: *mut u16 = match a {
-                    FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
-                    FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
-                    FusedArray::Full(_) => unreachable!("stored above"),
-                };
-                _mm256_storeu_si256(dst.add(at).cast(), h);
+                        FusedArray::Bf16(_, Some(_)) => {
+                            let r = bits();
+                            if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
+                                // `bf16_stochastic` of every value but NaN.
+                                let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(up))
+                            } else {
+                                bf16_stochastic_avx512(xi, r)
+                            }
+                        }
+                        FusedArray::Bf16(_, None) => bf16_nearest_avx512(xi),
+                        FusedArray::F16(_, Some(_)) => f16_stochastic_avx512(xi, bits()),
+                        FusedArray::F16(_, None) => {
+                            _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+                        }
+                    };
+                    let dst: *mut u16 = match a {
+                        FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                        FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                        FusedArray::Full(_) => unreachable!("stored above"),
+                    };
+                    _mm256_storeu_si256(dst.add(at).cast(), h);
+                }
             }
         }
         at += LANES;
@@ -138,7 +175,7 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
     let mut at = 0;
     while at < body {
         let index = first.wrapping_add(at as u64);
-        if !no_wrap(index) {
+        if !block_no_wrap(index) {
             blocks_scalar(arrays, g, first, at, at + LANES, f);
             at += LANES;
             continue;
@@ -150,7 +187,7 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
         let mut lanes = [[0.0f32; LANES]; N];
         let mut nan = _mm256_setzero_ps();
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            for half in [0, 8] {
+            for half in (0..LANES).step_by(8) {
                 // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
                 // loads, and `l` holds 16 floats.
                 unsafe {
@@ -179,60 +216,69 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
         }
         let gl: &Lanes = g[at..at + LANES].try_into().expect("16 lanes");
         f(&mut lanes, gl);
-        let base = _mm256_add_epi32(_mm256_set1_epi32(index as u32 as i32), step);
         for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            // The random bits of the lanes from `half`.
-            let bits = |half: i32| {
-                let lo = _mm256_add_epi32(base, _mm256_set1_epi32(half));
-                mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(w as i32)))
-            };
-            // SAFETY: as the loads.
-            unsafe {
-                let (x0, x1) = (
-                    _mm256_loadu_ps(l.as_ptr()),
-                    _mm256_loadu_ps(l.as_ptr().add(8)),
+            for v in (0..LANES).step_by(16) {
+                let at = at + v;
+                let base = _mm256_add_epi32(
+                    _mm256_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
+                    step,
                 );
-                let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
-                let h = match a {
-                    FusedArray::Full(s) => {
-                        _mm256_storeu_ps(s.as_mut_ptr().add(at), x0);
-                        _mm256_storeu_ps(s.as_mut_ptr().add(at + 8), x1);
-                        continue;
-                    }
-                    FusedArray::Bf16(_, Some(_)) => {
-                        let (r0, r1) = (bits(0), bits(8));
-                        let nan = _mm256_or_ps(
-                            _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
-                            _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
-                        );
-                        if _mm256_movemask_ps(nan) == 0 {
-                            let round = |x: __m256i, r: __m256i| {
-                                let up = _mm256_add_epi32(x, _mm256_srli_epi32::<16>(r));
-                                _mm256_srli_epi32::<16>(up)
-                            };
-                            pack16_avx2(round(i0, r0), round(i1, r1))
-                        } else {
-                            pack16_avx2(bf16_stochastic_avx2(i0, r0), bf16_stochastic_avx2(i1, r1))
+                // The random bits of the lanes from `half`.
+                let bits = |half: i32| {
+                    let lo = _mm256_add_epi32(base, _mm256_set1_epi32(half));
+                    mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(w as i32)))
+                };
+                // SAFETY: as the loads.
+                unsafe {
+                    let (x0, x1) = (
+                        _mm256_loadu_ps(l.as_ptr().add(v)),
+                        _mm256_loadu_ps(l.as_ptr().add(v + 8)),
+                    );
+                    let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
+                    let h = match a {
+                        FusedArray::Full(s) => {
+                            _mm256_storeu_ps(s.as_mut_ptr().add(at), x0);
+                            _mm256_storeu_ps(s.as_mut_ptr().add(at + 8), x1);
+                            continue;
                         }
-                    }
-                    FusedArray::Bf16(_, None) => {
-                        pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
-                    }
-                    FusedArray::F16(_, Some(_)) => pack16_avx2(
-                        f16_stochastic_avx2(i0, bits(0)),
-                        f16_stochastic_avx2(i1, bits(8)),
-                    ),
-                    FusedArray::F16(_, None) => _mm256_set_m128i(
-                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x1),
-                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x0),
-                    ),
-                };
-                let dst: *mut u16 = match a {
-                    FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
-                    FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
-                    FusedArray::Full(_) => unreachable!("stored above"),
-                };
-                _mm256_storeu_si256(dst.add(at).cast(), h);
+                        FusedArray::Bf16(_, Some(_)) => {
+                            let (r0, r1) = (bits(0), bits(8));
+                            let nan = _mm256_or_ps(
+                                _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
+                                _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
+                            );
+                            if _mm256_movemask_ps(nan) == 0 {
+                                let round = |x: __m256i, r: __m256i| {
+                                    let up = _mm256_add_epi32(x, _mm256_srli_epi32::<16>(r));
+                                    _mm256_srli_epi32::<16>(up)
+                                };
+                                pack16_avx2(round(i0, r0), round(i1, r1))
+                            } else {
+                                pack16_avx2(
+                                    bf16_stochastic_avx2(i0, r0),
+                                    bf16_stochastic_avx2(i1, r1),
+                                )
+                            }
+                        }
+                        FusedArray::Bf16(_, None) => {
+                            pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
+                        }
+                        FusedArray::F16(_, Some(_)) => pack16_avx2(
+                            f16_stochastic_avx2(i0, bits(0)),
+                            f16_stochastic_avx2(i1, bits(8)),
+                        ),
+                        FusedArray::F16(_, None) => _mm256_set_m128i(
+                            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x1),
+                            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x0),
+                        ),
+                    };
+                    let dst: *mut u16 = match a {
+                        FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                        FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                        FusedArray::Full(_) => unreachable!("stored above"),
+                    };
+                    _mm256_storeu_si256(dst.add(at).cast(), h);
+                }
             }
         }
         at += LANES;
