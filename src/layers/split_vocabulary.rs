@@ -412,7 +412,8 @@ impl<T: Real> SplitVocabulary<T> {
     /// [`Self::fusion_penalty_norms`] and [`Self::fusion_row_grads`] for
     /// `weight` in one pass over the rows (each group's rows read once), the
     /// same bits: for a training step that knows the penalty's weight
-    /// before its forward pass.
+    /// before its forward pass. The terms are kept in a buffer of `pool`
+    /// ([`FusionRowGrads::give_back`] returns it).
     ///
     /// ```
     /// use splitgrad::io::SplitIndex;
@@ -421,7 +422,7 @@ impl<T: Real> SplitVocabulary<T> {
     /// let mut sv = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(4, 3, 2))?;
     /// sv.rows_mut().value_mut().mapv_inplace(|_| 0.5);
     /// sv.rows_mut().value_mut()[[0, 1]] = 2.0;
-    /// let (value, norms, grads) = sv.fusion_penalty_row_grads(0.1);
+    /// let (value, norms, grads) = sv.fusion_penalty_row_grads(&Default::default(), 0.1);
     /// assert_eq!((value, norms.clone()), sv.fusion_penalty_norms());
     /// let one = sv.fusion_row_grads(norms.as_slice().unwrap(), 0.1)?;
     /// let (mut a, mut b) = ([0.0f32; 3], [0.0f32; 3]);
@@ -430,8 +431,12 @@ impl<T: Real> SplitVocabulary<T> {
     /// assert_eq!(a, b);
     /// # Ok::<(), splitgrad::Error>(())
     /// ```
-    pub fn fusion_penalty_row_grads(&self, weight: T) -> (T, Array1<T>, FusionRowGrads<T>) {
-        fusion_penalty_forward_row_grads(self.rows.stored().view(), &self.groups, weight)
+    pub fn fusion_penalty_row_grads(
+        &self,
+        pool: &Pool<T>,
+        weight: T,
+    ) -> (T, Array1<T>, FusionRowGrads<T>) {
+        fusion_penalty_forward_row_grads(pool, self.rows.stored().view(), &self.groups, weight)
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {

@@ -114,14 +114,18 @@ impl RowGroups {
 /// Groups per rayon task, at least: a group is a few rows of D elements.
 const MIN_GROUPS_PER_TASK: usize = 64;
 
-/// The members of the group after g (none after the last), whose rows
-/// are fetched while g's are summed: a group's rows are scattered over
-/// the table.
-fn next_members(groups: &RowGroups, g: usize) -> &[usize] {
-    if g + 1 < groups.n_groups() {
-        groups.members(g + 1)
-    } else {
-        &[]
+/// How many groups ahead of the one being summed rows are fetched: a
+/// group's rows are scattered over the table, a group is a few rows at
+/// most (most are empty or alone), so the fetch must start several groups
+/// early to arrive in time.
+const AHEAD: usize = 8;
+
+/// A hint to load the rows of group g + [`AHEAD`] (if there is one): called
+/// at every group, empty ones too, so the rows of each group are requested
+/// [`AHEAD`] groups before they are read.
+fn prefetch_ahead<T: Real>(rows: &TableRows<'_, T>, groups: &RowGroups, g: usize) {
+    if g + AHEAD < groups.n_groups() {
+        rows.prefetch_rows(groups.members(g + AHEAD));
     }
 }
 
@@ -151,14 +155,12 @@ impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
     }
 
     /// The members' rows widened into `block`, as an (m, D) view, and the
-    /// members renumbered; the rows of `next` are prefetched.
+    /// members renumbered.
     fn block<'b>(
         &'b self,
         members: &[usize],
-        next: &[usize],
         block: &'b mut Vec<T>,
     ) -> (ArrayView2<'b, T>, &'b [usize]) {
-        self.rows.prefetch_rows(next);
         self.rows.rows_into(members, block);
         let view = ArrayView2::from_shape((members.len(), self.rows.width()), &block[..])
             .expect("m rows of D");
@@ -313,6 +315,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
             .for_each_init(
                 || (vec![T::zero(); width], Vec::new()),
                 |(c, block), (g, norms)| {
+                    prefetch_ahead(&rows, groups, g);
                     let members = groups.members(g);
                     if members.is_empty() {
                         return;
@@ -320,8 +323,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_norms(x.view(), members, c, norms),
                         (None, Some(h)) => {
-                            let next = next_members(groups, g);
-                            let (x, local) = h.block(members, next, block);
+                            let (x, local) = h.block(members, block);
                             group_norms(x, local, c, norms)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),
@@ -347,6 +349,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
 /// **Panics** as [`fusion_penalty_forward`].
 #[track_caller]
 pub fn fusion_penalty_forward_row_grads<T: Real>(
+    pool: &Pool<T>,
     x: StoredView<'_, T>,
     groups: &RowGroups,
     gy: T,
@@ -368,11 +371,14 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
     };
     let a = gy / T::from_f64(n.max(1) as f64);
     let (slot, n_multi) = slots(groups);
-    let mut terms = vec![T::zero(); n_multi * 2 * width];
+    // The terms, from the pool, each slot written whole by its group's
+    // task (no zero-fill of the whole buffer first).
+    let len = n_multi * 2 * width;
+    let mut terms = pool.take_vec(len);
     let mut by_group = vec![T::zero(); n];
     if width > 0 {
-        let mut chunks = terms.chunks_mut(2 * width);
-        let term_of: Vec<Option<&mut [T]>> = (0..groups.n_groups())
+        let mut chunks = terms.spare_capacity_mut()[..len].chunks_mut(2 * width);
+        let term_of: Vec<Option<&mut [MaybeUninit<T>]>> = (0..groups.n_groups())
             .map(|g| (groups.members(g).len() > 1).then(|| chunks.next().expect("a slot")))
             .collect();
         groups
@@ -383,17 +389,22 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
             .for_each_init(
                 || (vec![T::zero(); width], Vec::new()),
                 |(c, block), ((g, norms), t)| {
+                    prefetch_ahead(&rows, groups, g);
                     let members = groups.members(g);
                     if members.is_empty() {
                         return;
                     }
                     let (x, members) = match (&full, &half) {
                         (Some(x), _) => (x.view(), members),
-                        (None, Some(h)) => h.block(members, next_members(groups, g), block),
+                        (None, Some(h)) => h.block(members, block),
                         (None, None) => unreachable!("rows in place or in half precision"),
                     };
                     group_norms(x.view(), members, c, norms);
                     if let Some(t) = t {
+                        t.fill(MaybeUninit::new(T::zero()));
+                        // SAFETY: just written, and `MaybeUninit<T>` has
+                        // `T`'s layout.
+                        let t = unsafe { &mut *(t as *mut [MaybeUninit<T>] as *mut [T]) };
                         // k_j from the norms just computed, then s from the
                         // centroid group_norms left in `c`: group_terms' bits.
                         let (tc, ts) = t.split_at_mut(width);
@@ -408,6 +419,10 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                 },
             );
     }
+    // SAFETY: every slot is a group of two or more rows, whose task wrote
+    // its 2·width elements (with width 0 there is none); the buffer has
+    // room for `len`.
+    unsafe { terms.set_len(len) };
     let mut norms = Array1::<T>::zeros(n);
     for (&i, &y) in groups.members.iter().zip(&by_group) {
         norms[i] = y;
@@ -529,6 +544,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
             .for_each_init(
                 || (vec![T::zero(); 2 * width], Vec::new()),
                 |(buf, block), (grp, grads)| {
+                    prefetch_ahead(&rows, groups, grp);
                     let members = groups.members(grp);
                     if members.len() == 1 {
                         grads[0].iter_mut().for_each(|g| {
@@ -546,8 +562,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                     match (&full, &half) {
                         (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
                         (None, Some(h)) => {
-                            let next = next_members(groups, grp);
-                            let (x, local) = h.block(members, next, block);
+                            let (x, local) = h.block(members, block);
                             group_grads(x, local, |l| k(members[l]), buf, grads)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),
@@ -655,12 +670,14 @@ impl<T: Real> FusionRowGrads<T> {
                 .with_min_len(MIN_GROUPS_PER_TASK)
                 .for_each_init(Vec::new, |block, (t, (at, &g))| {
                     let (c, s) = t.split_at_mut(width);
+                    if let Some(&ahead) = multi.get(at + AHEAD) {
+                        rows.prefetch_rows(groups.members(ahead));
+                    }
                     let members = groups.members(g);
                     match (&full, &half) {
                         (Some(x), _) => group_terms(x.view(), members, |j| k[j], c, s),
                         (None, Some(h)) => {
-                            let next = multi.get(at + 1).map_or(&[][..], |&n| groups.members(n));
-                            let (x, local) = h.block(members, next, block);
+                            let (x, local) = h.block(members, block);
                             group_terms(x, local, |l| k[members[l]], c, s)
                         }
                         (None, None) => unreachable!("rows in place or in half precision"),
@@ -673,6 +690,11 @@ impl<T: Real> FusionRowGrads<T> {
             k,
             terms,
         }
+    }
+
+    /// Hands its buffer of terms back to `pool`.
+    pub fn give_back(self, pool: &Pool<T>) {
+        pool.give_vec(self.terms);
     }
 
     /// Row i's gradient into `out` (D elements), from `x_i`, row i of the

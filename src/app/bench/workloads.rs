@@ -560,7 +560,7 @@ impl SplitVocabBench {
         };
         give_back(pool, out);
         // The penalty and its gradient terms in one pass over the rows.
-        let (fusion, _, fusion_grads) = self.sv.fusion_penalty_row_grads(FUSION);
+        let (fusion, _, fusion_grads) = self.sv.fusion_penalty_row_grads(pool, FUSION);
         let loss = fit + PENALTY * self.sv.penalty() + FUSION * fusion;
         let forward_s = laps.lap();
 
@@ -607,6 +607,7 @@ impl SplitVocabBench {
         if let Some(rs) = mix_rows {
             pool.give(rs.values);
         }
+        fusion_grads.give_back(pool);
         Ok(StepOut {
             loss: loss as f64,
             phase_s: [forward_s, backward_s, laps.lap()],

@@ -256,8 +256,9 @@ fn forward_with_row_grads_is_the_two_passes() {
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let (p1, n1, rg1) =
-                    pool.install(|| fusion_penalty_forward_row_grads(stored.view(), &groups, 0.3));
+                let (p1, n1, rg1) = pool.install(|| {
+                    fusion_penalty_forward_row_grads(&Pool::new(), stored.view(), &groups, 0.3)
+                });
                 let b = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(p1.to_bits(), p0.to_bits(), "value, {what}");
                 assert_eq!(
