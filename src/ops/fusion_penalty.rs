@@ -168,6 +168,29 @@ impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
     }
 }
 
+/// The shape (n, D) of rows x, checked: 2-D, one row per row of `groups`.
+#[track_caller]
+fn check_rows<T: Real>(x: &StoredView<'_, T>, groups: &RowGroups) -> (usize, usize) {
+    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
+    assert_eq!(
+        x.shape()[0],
+        groups.n_rows(),
+        "fusion_penalty: {} rows for groups of {} rows",
+        x.shape()[0],
+        groups.n_rows()
+    );
+    (x.shape()[0], x.shape()[1])
+}
+
+/// The n rows as an (n, D) view when they are kept as `T` (read in place),
+/// `None` in half precision (read through [`HalfGroups`]).
+fn in_place<'r, T: Real>(rows: &'r TableRows<'_, T>, n: usize) -> Option<ArrayView2<'r, T>> {
+    match rows {
+        TableRows::Full(a, w) => Some(ArrayView2::from_shape((n, *w), &a[..]).expect("n rows")),
+        _ => None,
+    }
+}
+
 /// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
 /// member: the mean, exactly x_f when every member equals it (the form of
 /// `segment_mean_forward`, with the division as a product).
@@ -291,21 +314,10 @@ pub fn fusion_penalty_forward_stored<T: Real>(
     x: StoredView<'_, T>,
     groups: &RowGroups,
 ) -> (T, Array1<T>) {
-    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
-    assert_eq!(
-        x.shape()[0],
-        groups.n_rows(),
-        "fusion_penalty: {} rows for groups of {} rows",
-        x.shape()[0],
-        groups.n_rows()
-    );
-    let (n, width) = (x.shape()[0], x.shape()[1]);
+    let (n, width) = check_rows(&x, groups);
     let rows = x.table_rows();
     let half = HalfGroups::new(&rows, groups);
-    let full = match &rows {
-        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
-        _ => None,
-    };
+    let full = in_place(&rows, n);
     let mut by_group = vec![T::zero(); n];
     if width > 0 {
         groups
@@ -354,21 +366,10 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
     groups: &RowGroups,
     gy: T,
 ) -> (T, Array1<T>, FusionRowGrads<T>) {
-    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
-    assert_eq!(
-        x.shape()[0],
-        groups.n_rows(),
-        "fusion_penalty: {} rows for groups of {} rows",
-        x.shape()[0],
-        groups.n_rows()
-    );
-    let (n, width) = (x.shape()[0], x.shape()[1]);
+    let (n, width) = check_rows(&x, groups);
     let rows = x.table_rows();
     let half = HalfGroups::new(&rows, groups);
-    let full = match &rows {
-        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
-        _ => None,
-    };
+    let full = in_place(&rows, n);
     let a = gy / T::from_f64(n.max(1) as f64);
     let (slot, n_multi) = slots(groups);
     // The terms, from the pool, each slot written whole by its group's
@@ -522,10 +523,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
     assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
     let rows = x.table_rows();
     let half = HalfGroups::new(&rows, groups);
-    let full = match &rows {
-        TableRows::Full(a, _) => Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows")),
-        _ => None,
-    };
+    let full = in_place(&rows, n);
     let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
     let mut out = pool.uninit_2d((n, width));
     if width > 0 {
@@ -642,12 +640,7 @@ impl<T: Real> FusionRowGrads<T> {
         assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
         let rows = x.table_rows();
         let half = HalfGroups::new(&rows, groups);
-        let full = match &rows {
-            TableRows::Full(a, _) => {
-                Some(ArrayView2::from_shape((n, width), &a[..]).expect("n rows"))
-            }
-            _ => None,
-        };
+        let full = in_place(&rows, n);
         let a = gy / T::from_f64(n.max(1) as f64);
         let k: Vec<T> = norms
             .iter()

@@ -446,29 +446,11 @@ pub fn gated_mix_backward_stored<T: Real>(
             (None, false) => {}
         }
     }
-    let ggate = want_gate.then(|| {
-        let mut gg = Array1::<T>::zeros(n_rows);
-        for (&k, &a) in with_row.iter().zip(&acc) {
-            gg[row_of[k] as usize] += a;
-        }
-        gg.into_dyn()
-    });
+    let ggate = want_gate.then(|| gate_sums(n_rows, &with_row, row_of, &acc));
 
     // ∂shared in place of ∂out: only the rows of tokens with a row change.
     if want.shared && d > 0 {
-        let scale = |(k, o): (usize, &mut [T])| {
-            let row = row_of[k];
-            if row == NO_ROW {
-                return;
-            }
-            match &gate {
-                Some(g) => {
-                    let keep = T::one() - g[row as usize];
-                    o.iter_mut().for_each(|v| *v *= keep);
-                }
-                None => o.fill(T::zero()),
-            }
-        };
+        let scale = |(k, o): (usize, &mut [T])| shared_grad_row(row_of[k], gate.as_deref(), o);
         let gys = gy.as_slice_mut().expect("standard layout");
         if par {
             gys.par_chunks_mut(d)
@@ -482,6 +464,32 @@ pub fn gated_mix_backward_stored<T: Real>(
     let gs = want.shared.then(|| gy.into_dyn());
     let ids: Vec<usize> = with_row.iter().map(|&k| row_of[k] as usize).collect();
     (gs, contrib.map(|c| (ids, c.into_dyn())), ggate)
+}
+
+/// ∂gate: the sums `acc[j]` of the tokens `with_row[j]` added into their
+/// rows, in increasing token order.
+fn gate_sums<T: Real>(n_rows: usize, with_row: &[usize], row_of: &[u32], acc: &[T]) -> ArrayD<T> {
+    let mut gg = Array1::<T>::zeros(n_rows);
+    for (&k, &a) in with_row.iter().zip(acc) {
+        gg[row_of[k] as usize] += a;
+    }
+    gg.into_dyn()
+}
+
+/// ∂shared_n from ∂out_n (`o`), in place, for a token whose row is `row`:
+/// `(1 − g_r)·∂out_n`, 0 in fusion mode (no gate), unchanged without a row.
+#[inline]
+fn shared_grad_row<T: Real>(row: u32, gate: Option<&[T]>, o: &mut [T]) {
+    if row == NO_ROW {
+        return;
+    }
+    match gate {
+        Some(g) => {
+            let keep = T::one() - g[row as usize];
+            o.iter_mut().for_each(|v| *v *= keep);
+        }
+        None => o.fill(T::zero()),
+    }
 }
 
 /// [`gated_mix_backward`] serially through `ndarray` rows, reading ∂out

@@ -12,19 +12,13 @@
 //! (`kernels::half::add_widened`), widened in registers, against widening
 //! with the `half` crate and summing in f32.
 
+use super::half_storage::paths;
 use half::{bf16, f16};
 use splitgrad::Rng;
 use splitgrad::kernels::half::{
     FusedArray, HalfFloat, HalfPath, LANES, Lanes, SrKey, add_widened_on, update_fused,
     update_fused_naive, update_fused_on, widen_naive,
 };
-
-fn paths() -> Vec<HalfPath> {
-    HalfPath::ALL
-        .into_iter()
-        .filter(|p| p.available())
-        .collect()
-}
 
 /// How one array is kept.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -24,7 +24,8 @@ use splitgrad::kernels::half::{
     widen, widen_naive, widen_on,
 };
 
-fn paths() -> Vec<HalfPath> {
+/// Every path this CPU runs.
+pub(super) fn paths() -> Vec<HalfPath> {
     HalfPath::ALL
         .into_iter()
         .filter(|p| p.available())

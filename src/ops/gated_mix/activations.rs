@@ -14,12 +14,12 @@
 use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
-use ndarray::{Array1, ArrayD, ArrayViewD, Ix2, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
 use rayon::prelude::*;
 
 use super::{
-    MIN_TOKENS_PER_TASK, MixGrads, NO_ROW, Want, dot_diff, gated_mix_backward_stored,
-    gated_mix_forward_stored_in,
+    MIN_TOKENS_PER_TASK, MixGrads, NO_ROW, Want, dot_diff, gate_sums, gated_mix_backward_stored,
+    gated_mix_forward_stored_in, shared_grad_row,
 };
 use crate::kernels::pool::Pool;
 use crate::kernels::{HalfFloat, PAR_MIN_ELEMS, Real};
@@ -279,27 +279,11 @@ pub fn gated_mix_backward_act<T: Real>(
             None => {}
         }
     }
-    let ggate = want_gate.then(|| {
-        let mut gg = Array1::<T>::zeros(n_rows);
-        for (&k, &a) in with_row.iter().zip(&acc) {
-            gg[row_of[k] as usize] += a;
-        }
-        gg.into_dyn()
-    });
+    let ggate = want_gate.then(|| gate_sums(n_rows, &with_row, row_of, &acc));
     let gs = want.shared.then(|| {
         let row = |k: usize, _: &mut (), o: &mut [T]| {
             read_gy(k, o);
-            let r = row_of[k];
-            if r == NO_ROW {
-                return;
-            }
-            match &gate {
-                Some(g) => {
-                    let keep = T::one() - g[r as usize];
-                    o.iter_mut().for_each(|v| *v *= keep);
-                }
-                None => o.fill(T::zero()),
-            }
+            shared_grad_row(row_of[k], gate.as_deref(), o);
         };
         rows_as(pool, &gy, n, d, || (), row)
     });
