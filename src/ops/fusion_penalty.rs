@@ -701,6 +701,18 @@ impl<T: Real> FusionRowGrads<T> {
             x_i.len() == w && out.len() == w,
             "FusionRowGrads::row: rows of {w} elements"
         );
+        // Rows are mostly asked for in increasing order (an update walks
+        // them so), and a row's terms are its group's, scattered: fetch
+        // those of the row `AHEAD` rows on.
+        if let Some(&s) = self.slot.get(i + AHEAD)
+            && s != u32::MAX
+        {
+            let t = &self.terms[s as usize * 2 * w..][..2 * w];
+            let step = (64 / std::mem::size_of::<T>()).max(1);
+            for k in (0..t.len()).step_by(step) {
+                crate::kernels::scatter::prefetch(t[k..].as_ptr());
+            }
+        }
         match self.slot[i] {
             u32::MAX => out.fill(T::zero()),
             s => {
