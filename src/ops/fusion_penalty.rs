@@ -343,12 +343,26 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                 },
             );
     }
+    penalty_of(groups, &by_group)
+}
+
+/// The norms in row order from `by_group` (in group order), and the
+/// penalty, their mean (0 with no row).
+fn penalty_of<T: Real>(groups: &RowGroups, by_group: &[T]) -> (T, Array1<T>) {
+    let n = groups.n_rows();
     let mut norms = Array1::<T>::zeros(n);
-    for (&i, &y) in groups.members.iter().zip(&by_group) {
+    for (&i, &y) in groups.members.iter().zip(by_group) {
         norms[i] = y;
     }
     let p = norms.sum() / T::from_f64(n.max(1) as f64);
     (p, norms)
+}
+
+/// The factor `k = a/y` of a row whose deviation norm is y, 0 where the
+/// norm is not > 0 (a row alone, equal to its centroid, or not finite).
+#[inline]
+fn factor<T: Real>(a: T, y: T) -> T {
+    if y > T::zero() { a / y } else { T::zero() }
 }
 
 /// [`fusion_penalty_forward_stored`] and the gradient of `gy·P` row by
@@ -371,7 +385,8 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
     let half = HalfGroups::new(&rows, groups);
     let full = in_place(&rows, n);
     let a = gy / T::from_f64(n.max(1) as f64);
-    let (slot, n_multi) = slots(groups);
+    let (multi, slot) = slots(groups);
+    let n_multi = multi.len();
     // The terms, from the pool, each slot written whole by its group's
     // task (no zero-fill of the whole buffer first).
     let len = n_multi * 2 * width;
@@ -411,11 +426,7 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                         let (tc, ts) = t.split_at_mut(width);
                         tc.copy_from_slice(c);
                         // The p-th member's norm is norms[p].
-                        let k = |p: usize| {
-                            let y = norms[p];
-                            if y > T::zero() { a / y } else { T::zero() }
-                        };
-                        spread(x.view(), members, k, tc, ts);
+                        spread(x.view(), members, |p| factor(a, norms[p]), tc, ts);
                     }
                 },
             );
@@ -424,15 +435,8 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
     // its 2·width elements (with width 0 there is none); the buffer has
     // room for `len`.
     unsafe { terms.set_len(len) };
-    let mut norms = Array1::<T>::zeros(n);
-    for (&i, &y) in groups.members.iter().zip(&by_group) {
-        norms[i] = y;
-    }
-    let p = norms.sum() / T::from_f64(n.max(1) as f64);
-    let k = norms
-        .iter()
-        .map(|&y| if y > T::zero() { a / y } else { T::zero() })
-        .collect();
+    let (p, norms) = penalty_of(groups, &by_group);
+    let k = norms.iter().map(|&y| factor(a, y)).collect();
     let grads = FusionRowGrads {
         width,
         slot,
@@ -442,21 +446,19 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
     (p, norms, grads)
 }
 
-/// The slot of each row's group among the groups of two or more rows, in
-/// group order (`u32::MAX` for a row alone), and the number of slots.
-fn slots(groups: &RowGroups) -> (Vec<u32>, usize) {
+/// The groups of two or more rows, in group order, and the slot of each
+/// row's group among them (`u32::MAX` for a row alone).
+fn slots(groups: &RowGroups) -> (Vec<usize>, Vec<u32>) {
+    let multi: Vec<usize> = (0..groups.n_groups())
+        .filter(|&g| groups.members(g).len() > 1)
+        .collect();
     let mut slot = vec![u32::MAX; groups.n_rows()];
-    let mut n = 0;
-    for g in 0..groups.n_groups() {
-        let members = groups.members(g);
-        if members.len() > 1 {
-            for &i in members {
-                slot[i] = n as u32;
-            }
-            n += 1;
+    for (s, &g) in multi.iter().enumerate() {
+        for &i in groups.members(g) {
+            slot[i] = s as u32;
         }
     }
-    (slot, n)
+    (multi, slot)
 }
 
 /// The deviation norms of one group's rows `members` (not empty) of x,
@@ -553,10 +555,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                     if members.is_empty() {
                         return;
                     }
-                    let k = |i: usize| {
-                        let y = norms[i];
-                        if y > T::zero() { a / y } else { T::zero() }
-                    };
+                    let k = |i: usize| factor(a, norms[i]);
                     match (&full, &half) {
                         (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
                         (None, Some(h)) => {
@@ -642,19 +641,8 @@ impl<T: Real> FusionRowGrads<T> {
         let half = HalfGroups::new(&rows, groups);
         let full = in_place(&rows, n);
         let a = gy / T::from_f64(n.max(1) as f64);
-        let k: Vec<T> = norms
-            .iter()
-            .map(|&y| if y > T::zero() { a / y } else { T::zero() })
-            .collect();
-        let multi: Vec<usize> = (0..groups.n_groups())
-            .filter(|&g| groups.members(g).len() > 1)
-            .collect();
-        let mut slot = vec![u32::MAX; n];
-        for (s, &g) in multi.iter().enumerate() {
-            for &i in groups.members(g) {
-                slot[i] = s as u32;
-            }
-        }
+        let k: Vec<T> = norms.iter().map(|&y| factor(a, y)).collect();
+        let (multi, slot) = slots(groups);
         let mut terms = vec![T::zero(); multi.len() * 2 * width];
         if width > 0 {
             terms
