@@ -3,19 +3,15 @@
 //! the gated mix and its backward without a tape, for a caller whose
 //! forward and backward are separate calls.
 
-use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, Ix2};
 
 use super::{SplitVocabulary, shared_shape_error};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
-use crate::kernels::reduce::scaled_copy_in;
 use crate::kernels::scatter::{RowSource, coalesce_sources_in};
 use crate::layers::{Ids, LayerGrads, NamedGrad, VocabularyGrads, Workspace};
-use crate::ops::gated_mix::{
-    Want, gated_mix_backward_act, gated_mix_backward_stored, gated_mix_forward_act,
-    gated_mix_forward_stored_in,
-};
+use crate::ops::gated_mix::{Want, gated_mix_backward_act, gated_mix_forward_act};
 use crate::ops::sigmoid::sigmoid_backward;
 use crate::param::{ParamGrad, RowSparse, Stored, StoredView};
 
@@ -83,7 +79,19 @@ impl<T: Real> SplitVocabulary<T> {
         want_shared: bool,
     ) -> Result<VocabularyGrads<T>> {
         let row_of = self.route_rows(token_ids.ids(), language_ids.ids(), shared.shape())?;
-        self.backward_rows(pool, &row_of, shared, grad_output, use_gate, want_shared)
+        let (shared, rows, gate_logit) = self.backward_rows(
+            pool,
+            &row_of,
+            StoredView::Full(shared),
+            StoredView::Full(grad_output),
+            use_gate,
+            want_shared,
+        )?;
+        Ok(VocabularyGrads {
+            shared: shared.map(Stored::into_full),
+            rows,
+            gate_logit,
+        })
     }
 
     /// The ids checked against each other and `shared`'s shape (the errors
@@ -132,25 +140,14 @@ impl<T: Real> SplitVocabulary<T> {
         shared: ArrayViewD<'_, T>,
         use_gate: bool,
     ) -> Result<(ArrayD<T>, VocabularySaved)> {
-        let saved = self.route(token_ids, language_ids, shared.shape())?;
-        let (n, d) = (saved.row_of.len(), self.dim);
-        let shared2 = shared
-            .to_shape((n, d))
-            .expect("shared has n·D elements (checked)");
-        let gate = use_gate.then(|| self.gate());
-        let gate = gate.as_ref().map(|g| g.as_slice().expect("a fresh array"));
-        let out = gated_mix_forward_stored_in(
+        let (out, saved) = self.forward_saved_stored(
             ws,
-            shared2.view(),
-            self.rows.stored().view(),
-            gate,
-            &saved.row_of,
-        );
-        let out = out
-            .into_dyn()
-            .into_shape_with_order(IxDyn(shared.shape()))
-            .expect("a fresh array in standard layout");
-        Ok((out, saved))
+            token_ids,
+            language_ids,
+            StoredView::Full(shared),
+            use_gate,
+        )?;
+        Ok((out.into_full(), saved))
     }
 
     /// The gradients of `Σ out ⊙ grad_output` for the output of
@@ -169,27 +166,17 @@ impl<T: Real> SplitVocabulary<T> {
         use_gate: bool,
         want_shared: bool,
     ) -> Result<LayerGrads<T>> {
-        if shared.shape() != saved.shared_shape {
-            return Err(shared_shape_error(&saved.shared_shape, shared.shape()));
-        }
-        let g = self.backward_rows(
+        let g = self.backward_saved_stored(
             ws,
-            &saved.row_of,
-            shared,
-            grad_output,
+            saved,
+            StoredView::Full(shared),
+            StoredView::Full(grad_output),
             use_gate,
             want_shared,
         )?;
-        let mut params = Vec::new();
-        if let Some(rs) = g.rows {
-            params.push(NamedGrad::new(&self.rows, ParamGrad::RowSparse(rs)));
-        }
-        if let Some(d) = g.gate_logit {
-            params.push(NamedGrad::new(&self.gate_logit, ParamGrad::Dense(d)));
-        }
         Ok(LayerGrads {
-            input: g.shared,
-            params,
+            input: g.input.map(Stored::into_full),
+            params: g.params,
         })
     }
 
@@ -258,6 +245,38 @@ impl<T: Real> SplitVocabulary<T> {
         if shared.shape() != saved.shared_shape {
             return Err(shared_shape_error(&saved.shared_shape, shared.shape()));
         }
+        let (input, rows, gate_logit) = self.backward_rows(
+            ws,
+            &saved.row_of,
+            shared,
+            grad_output,
+            use_gate,
+            want_shared,
+        )?;
+        let mut params = Vec::new();
+        if let Some(rs) = rows {
+            params.push(NamedGrad::new(&self.rows, ParamGrad::RowSparse(rs)));
+        }
+        if let Some(d) = gate_logit {
+            params.push(NamedGrad::new(&self.gate_logit, ParamGrad::Dense(d)));
+        }
+        Ok(LayerGrads { input, params })
+    }
+
+    /// [`Self::backward_from`] for tokens already routed, on activations as
+    /// they are kept: (∂shared in their dtype, ∂rows, ∂gate_logit), each
+    /// when wanted. Errors when `grad_output` is not of shared's shape and
+    /// dtype.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn backward_rows(
+        &self,
+        pool: &Pool<T>,
+        row_of: &[u32],
+        shared: StoredView<'_, T>,
+        grad_output: StoredView<'_, T>,
+        use_gate: bool,
+        want_shared: bool,
+    ) -> Result<(Option<Stored<T>>, Option<RowSparse<T>>, Option<ArrayD<T>>)> {
         if grad_output.shape() != shared.shape() {
             return Err(Error::shape(
                 "grad_output",
@@ -272,87 +291,23 @@ impl<T: Real> SplitVocabulary<T> {
             })
             .in_array("grad_output"));
         }
-        let (n, d) = (saved.row_of.len(), self.dim);
-        let want = Want {
-            shared: want_shared,
-            rows: self.rows.is_trainable(),
-            gate: use_gate && self.gate_logit.is_trainable(),
-        };
-        let gate_value = use_gate.then(|| self.gate().into_dyn());
-        let (mut copy_s, mut copy_g) = (None, None);
-        let (gs, contrib, gg) = gated_mix_backward_act(
-            ws,
-            &saved.row_of,
-            rows_of(&shared, [n, d], &mut copy_s),
-            self.rows.stored().view(),
-            gate_value.as_ref().map(|g| g.view()),
-            rows_of(&grad_output, [n, d], &mut copy_g),
-            want,
-        );
-        let mut params = Vec::new();
-        if let Some((ids, vals)) = contrib {
-            let vals = vals
-                .into_dimensionality::<Ix2>()
-                .expect("2-D row contributions");
-            let rows =
-                coalesce_sources_in(ws, self.n_rows(), d, &ids, &[RowSource::all(vals.view())]);
-            params.push(NamedGrad::new(
-                &self.rows,
-                ParamGrad::RowSparse(RowSparse::from_coalesced(self.n_rows(), rows)),
-            ));
-        }
-        if let (Some(gg), Some(g)) = (gg, gate_value)
-            && want.gate
-        {
-            let mut out = ArrayD::<T>::zeros(g.raw_dim());
-            sigmoid_backward(g.view(), gg.view(), &mut out);
-            params.push(NamedGrad::new(&self.gate_logit, ParamGrad::Dense(out)));
-        }
-        Ok(LayerGrads {
-            input: gs.map(|g| g.into_shape(shared.shape())),
-            params,
-        })
-    }
-
-    /// [`Self::backward_from`] for tokens already routed.
-    fn backward_rows(
-        &self,
-        pool: &Pool<T>,
-        row_of: &[u32],
-        shared: ArrayViewD<'_, T>,
-        grad_output: ArrayViewD<'_, T>,
-        use_gate: bool,
-        want_shared: bool,
-    ) -> Result<VocabularyGrads<T>> {
-        if grad_output.shape() != shared.shape() {
-            return Err(Error::shape(
-                "grad_output",
-                format!("{:?} (the shape of shared)", shared.shape()),
-                grad_output.shape(),
-            ));
-        }
         let (n, d) = (row_of.len(), self.dim);
         let want = Want {
             shared: want_shared,
             rows: self.rows.is_trainable(),
             gate: use_gate && self.gate_logit.is_trainable(),
         };
-        let shared2 = shared
-            .to_shape(IxDyn(&[n, d]))
-            .expect("shared has n·D elements (checked)");
-        // ∂out becomes ∂shared in place, as on the tape: a copy from the
-        // pool, 1·∂out + 0 as the tape's seed hands it over.
-        let gy = scaled_copy_in(pool, T::one(), grad_output)
-            .into_shape_with_order(IxDyn(&[n, d]))
-            .expect("a fresh copy is in standard layout");
         let gate_value = use_gate.then(|| self.gate().into_dyn());
-        let (gs, contrib, gg) = gated_mix_backward_stored(
+        // ∂out is read as the tape hands it over (1·∂out + 0); in T it
+        // becomes ∂shared in place.
+        let (mut copy_s, mut copy_g) = (None, None);
+        let (gs, contrib, gg) = gated_mix_backward_act(
             pool,
             row_of,
-            shared2.view(),
+            rows_of(&shared, [n, d], &mut copy_s),
             self.rows.stored().view(),
             gate_value.as_ref().map(|g| g.view()),
-            gy,
+            rows_of(&grad_output, [n, d], &mut copy_g),
             want,
         );
         let rows = contrib.map(|(ids, vals)| {
@@ -372,11 +327,7 @@ impl<T: Real> SplitVocabulary<T> {
             }
             _ => None,
         };
-        Ok(VocabularyGrads {
-            shared: gs.map(|g| g.into_shape_with_order(IxDyn(shared.shape())).expect("n·D")),
-            rows,
-            gate_logit,
-        })
+        Ok((gs.map(|g| g.into_shape(shared.shape())), rows, gate_logit))
     }
 }
 
