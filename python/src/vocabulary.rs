@@ -8,7 +8,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use splitgrad::io::SplitIndex;
-use splitgrad::layers::{NO_ROW, NamedGrad, SplitVocabulary, SplitVocabularyConfig, Workspace};
+use splitgrad::layers::{
+    NO_ROW, NamedGrad, RowsGrad, SplitVocabulary, SplitVocabularyConfig, Workspace,
+};
 use splitgrad::optim::Optimizer;
 use splitgrad::param::ParamGrad;
 use splitgrad::state::Module;
@@ -523,29 +525,15 @@ fn step_rows_and_gates<T: PyReal>(
             py.detach(|| rows_opt.step(vec![rows], &src))
         }
         Some(fusion) => {
-            let n_rows = sv.n_rows();
-            let parts: Vec<(&RowSparse<T>, Vec<u32>)> = entries()
+            let parts: Vec<&RowSparse<T>> = entries()
                 .filter(by_rows_name)
                 .filter_map(|e| match &e.grad {
-                    ParamGrad::RowSparse(rs) => {
-                        let mut at = vec![u32::MAX; n_rows];
-                        for (k, &r) in rs.rows.iter().enumerate() {
-                            at[r] = k as u32;
-                        }
-                        Some((rs, at))
-                    }
+                    ParamGrad::RowSparse(rs) => Some(rs),
                     ParamGrad::Dense(_) => None,
                 })
                 .collect();
-            let grad_row = |r: usize, x: &[T], g: &mut [T]| {
-                fusion.row(r, x, g);
-                for (rs, at) in &parts {
-                    if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
-                        let v = rs.values.row(k as usize);
-                        g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
-                    }
-                }
-            };
+            let grads = RowsGrad::new(sv.n_rows(), Some(fusion), &parts);
+            let grad_row = |r: usize, x: &[T], g: &mut [T]| grads.row(r, x, g);
             let rows = sv.rows_mut();
             py.detach(|| rows_opt.update_by_rows(rows, &grad_row))
         }
