@@ -20,8 +20,7 @@ use crate::kernels::scatter::Coalesced;
 mod stored;
 
 pub use stored::{
-    Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened,
-    update_widened_in,
+    Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened_in,
 };
 
 /// The identity of a [`Parameter`], unique in the process.

@@ -95,7 +95,7 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
 
     /// Whether [`Real::update_fused`] runs: `f32`'s updates of
     /// half-precision arrays are fused in registers; `f64`'s widen through
-    /// buffers of `f32` ([`update_widened`](crate::param::update_widened)).
+    /// buffers of `f32` ([`update_widened_in`](crate::param::update_widened_in)).
     const FUSED: bool;
 
     /// [`half::update_fused`] on arrays of this type (`f32`).

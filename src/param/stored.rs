@@ -546,10 +546,10 @@ impl<'a, T: Real> StoredMut<'a, T> {
     }
 }
 
-/// Elements per step of [`update_widened`]: the buffers stay in L1.
+/// Elements per step of [`update_widened_in`]: the buffers stay in L1.
 pub const WIDEN_CHUNK: usize = 512;
 
-/// One stored array taking part in an [`update_widened`]: its elements
+/// One stored array taking part in an [`update_widened_in`]: its elements
 /// and the key its half-precision store rounds with (`None`: to nearest;
 /// ignored when kept as `T`).
 pub struct Part<'a, T> {
@@ -565,20 +565,8 @@ pub struct Part<'a, T> {
 /// back after (stochastically with its key, the element at offset `i`
 /// being global index `first + i`). `f` gets the `N` slices and the offset
 /// of the step. With every array kept as `T` it is `f` on the whole
-/// slices, once.
-///
-/// **Panics** if the lengths differ.
-#[track_caller]
-pub fn update_widened<T: Real, const N: usize>(
-    parts: [Part<'_, T>; N],
-    first: u64,
-    f: impl FnMut([&mut [T]; N], usize),
-) {
-    update_widened_in(parts, first, &mut [[T::zero(); WIDEN_CHUNK]; N], f)
-}
-
-/// [`update_widened`] with its buffers given (a task reuses one set for
-/// all its runs).
+/// slices, once. `bufs` are the buffers (a task reuses one set for all
+/// its runs).
 ///
 /// **Panics** if the lengths differ.
 #[track_caller]
@@ -591,7 +579,7 @@ pub fn update_widened_in<T: Real, const N: usize>(
     let len = parts.first().map_or(0, |p| p.elems.len());
     assert!(
         parts.iter().all(|p| p.elems.len() == len),
-        "update_widened: lengths differ"
+        "update_widened_in: lengths differ"
     );
     if parts.iter().all(|p| matches!(p.elems, StoredMut::Full(_))) {
         let slices = parts.each_mut().map(|p| match &mut p.elems {
