@@ -3,7 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{HalfFloat, MIX1, MIX2, SrKey};
+use super::random::{MIX1, MIX2};
+use super::{HalfFloat, SrKey};
 
 /// Whether the 16 indices from `index` share their high word (the
 /// vector code adds the lane to the low word): false once in 2³².

@@ -1,0 +1,327 @@
+//! The Adam family's update when a parameter or its moments are kept in
+//! half precision: runs widened (fused in registers for `f32`), the rule's
+//! own element update applied, and each half-precision array narrowed back
+//! with its stochastic-rounding key at the element's flat index.
+
+use ndarray::ArrayD;
+use rayon::prelude::*;
+
+use super::{CHUNK, Moments, Rule, apply_zip};
+use crate::kernels::PAR_MIN_ELEMS;
+use crate::kernels::half::{FusedArray, LANES, SrKey};
+use crate::optim::GradRow;
+use crate::param::{Part, Rounding, Stored, StoredMut, WIDEN_CHUNK, update_widened_in};
+use crate::{ParamGrad, Parameter, Real, RowSparse};
+
+/// The stochastic-rounding keys (`None`: to nearest) of a parameter's
+/// value and of its two moments at optimiser step `step`: the arrays are
+/// named `name`, `name.exp_avg` and `name.exp_avg_sq`.
+pub(super) fn keys(rounding: Rounding, step: u64, name: &str) -> [Option<SrKey>; 3] {
+    [
+        rounding.key(step, name),
+        rounding.key(step, &format!("{name}.exp_avg")),
+        rounding.key(step, &format!("{name}.exp_avg_sq")),
+    ]
+}
+
+/// The three arrays of an update as [`update_widened_in`] takes them.
+fn parts<'a, T>(
+    [p, m, v]: [StoredMut<'a, T>; 3],
+    [kp, km, kv]: [Option<SrKey>; 3],
+) -> [Part<'a, T>; 3] {
+    [
+        Part { elems: p, key: kp },
+        Part { elems: m, key: km },
+        Part { elems: v, key: kv },
+    ]
+}
+
+/// Writes `full` (the array's shape) into `dst`, narrowed with `key` at
+/// global index 0 when `dst` is kept in half precision.
+fn store<T: Real>(dst: &mut Stored<T>, full: &ArrayD<T>, key: Option<SrKey>) {
+    let src = full.as_standard_layout();
+    let s = src.as_slice().expect("standard layout is contiguous");
+    match dst.flat_mut() {
+        StoredMut::Full(d) => d.copy_from_slice(s),
+        StoredMut::BF16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
+        StoredMut::F16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
+    }
+}
+
+/// The serial reference of [`update_half`]: the parameter and its moments
+/// widened whole, the rule's naive update in `T`, and every element
+/// narrowed back with its key at its flat index. (An element the update
+/// did not touch is representable, so it narrows back to itself.)
+pub(super) fn update_half_naive<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    grad: &ParamGrad<T>,
+    [kp, km, kv]: [Option<SrKey>; 3],
+) {
+    let mut p = param.widened().into_owned();
+    let mut m = slot.exp_avg.widened().into_owned();
+    let mut v = slot.exp_avg_sq.widened().into_owned();
+    let pmv = [p.view_mut(), m.view_mut(), v.view_mut()];
+    match grad {
+        ParamGrad::Dense(g) => apply_zip(rule, pmv, g.view()),
+        ParamGrad::RowSparse(s) => rule.apply_sparse_naive(pmv, s),
+    }
+    store(param.stored_mut(), &p, kp);
+    store(&mut slot.exp_avg, &m, km);
+    store(&mut slot.exp_avg_sq, &v, kv);
+}
+
+/// One update when the parameter or its moments are kept in half
+/// precision: the rule's own element update in `T` on widened runs of
+/// [`WIDEN_CHUNK`](crate::param::WIDEN_CHUNK) elements, each half-precision
+/// store narrowed with its key at the element's flat index — so the result
+/// is the same for any number of threads, and equals
+/// [`update_half_naive`]'s bit for bit. A lazy rule's row-sparse gradient
+/// touches only its rows; a dense rule's is written out first.
+pub(super) fn update_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    grad: &ParamGrad<T>,
+    keys: [Option<SrKey>; 3],
+) {
+    let pmv = [
+        param.stored_mut().flat_mut(),
+        slot.exp_avg.flat_mut(),
+        slot.exp_avg_sq.flat_mut(),
+    ];
+    match grad {
+        ParamGrad::Dense(g) => {
+            let g = g.as_standard_layout();
+            dense_half(rule, pmv, g.as_slice().expect("standard layout"), keys);
+        }
+        ParamGrad::RowSparse(s) if R::LAZY => rows_half(rule, pmv, s, keys),
+        ParamGrad::RowSparse(s) => {
+            let g = s.to_dense();
+            dense_half(rule, pmv, g.as_slice().expect("a fresh array"), keys);
+        }
+    }
+}
+
+/// [`Rule::apply_run`] compiled for the widest vector unit
+/// [`HalfPath::chosen`](crate::kernels::half::HalfPath::chosen) finds (the
+/// crate itself is built for baseline x86-64: four f32 lanes). The same
+/// bits on every path: each element's additions, products, quotient and
+/// square root are IEEE operations, correctly rounded at any vector width,
+/// and never fused.
+#[inline]
+fn apply_run_wide<T: Real, R: Rule<T>>(
+    rule: &R,
+    p: &mut [T],
+    m: &mut [T],
+    v: &mut [T],
+    g: Option<&[T]>,
+) {
+    use crate::kernels::half::HalfPath;
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn avx512<T: Real, R: Rule<T>>(
+            r: &R,
+            p: &mut [T],
+            m: &mut [T],
+            v: &mut [T],
+            g: Option<&[T]>,
+        ) {
+            r.apply_run(p, m, v, g)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<T: Real, R: Rule<T>>(
+            r: &R,
+            p: &mut [T],
+            m: &mut [T],
+            v: &mut [T],
+            g: Option<&[T]>,
+        ) {
+            r.apply_run(p, m, v, g)
+        }
+        match HalfPath::chosen() {
+            // SAFETY: the chosen path is one this CPU runs.
+            HalfPath::Avx512 => return unsafe { avx512(rule, p, m, v, g) },
+            // SAFETY: as above (the AVX2 path needs AVX2 and F16C).
+            HalfPath::Avx2 => return unsafe { avx2(rule, p, m, v, g) },
+            HalfPath::Scalar => {}
+        }
+    }
+    rule.apply_run(p, m, v, g)
+}
+
+/// The widening buffers of one task.
+type Bufs<T> = [[T; WIDEN_CHUNK]; 3];
+
+/// A run of a parameter and of its two moments.
+type Triple<'a, T> = ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>);
+
+/// One run of elements of a parameter and its two moments, `first` the
+/// flat index of its first element: for `f32`, fused in registers
+/// ([`Real::update_fused`]: each array widened, the rule applied and each
+/// array narrowed, [`LANES`] elements at a time); for `f64`, widened into
+/// `bufs` a [`WIDEN_CHUNK`] at a time. The same bits either way as the
+/// three passes.
+fn update_run<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [Part<'_, T>; 3],
+    g: &[T],
+    first: u64,
+    bufs: &mut Option<Box<Bufs<T>>>,
+) {
+    fn fused<T>(Part { elems, key }: Part<'_, T>) -> FusedArray<'_, T> {
+        match elems {
+            StoredMut::Full(s) => FusedArray::Full(s),
+            StoredMut::BF16(s) => FusedArray::Bf16(s, key),
+            StoredMut::F16(s) => FusedArray::F16(s, key),
+        }
+    }
+    if T::FUSED {
+        let lanes = |[p, m, v]: &mut [[T; LANES]; 3], g: &[T; LANES]| {
+            for l in 0..LANES {
+                rule.apply(&mut p[l], &mut m[l], &mut v[l], g[l]);
+            }
+        };
+        T::update_fused([fused(p), fused(m), fused(v)], g, first, lanes);
+    } else {
+        let bufs = bufs.get_or_insert_with(|| Box::new([[T::zero(); WIDEN_CHUNK]; 3]));
+        update_widened_in([p, m, v], first, bufs, |[p, m, v], off| {
+            let n = p.len();
+            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
+        });
+    }
+}
+
+/// Every element, in parallel tasks of [`CHUNK`] elements above
+/// [`PAR_MIN_ELEMS`].
+fn dense_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [StoredMut<'_, T>; 3],
+    g: &[T],
+    keys: [Option<SrKey>; 3],
+) {
+    let len = p.len();
+    let run = |b: &mut Option<Box<Bufs<T>>>, (i, ((p, m), v)): (usize, Triple<'_, T>)| {
+        let first = i * CHUNK;
+        let g = &g[first..first + p.len()];
+        update_run(rule, parts([p, m, v], keys), g, first as u64, b);
+    };
+    let jobs = p
+        .chunks(CHUNK)
+        .into_iter()
+        .zip(m.chunks(CHUNK))
+        .zip(v.chunks(CHUNK))
+        .enumerate();
+    if len < PAR_MIN_ELEMS {
+        let mut b = None;
+        jobs.for_each(|job| run(&mut b, job));
+    } else {
+        jobs.collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each_init(|| None, run);
+    }
+}
+
+/// Only the gradient's rows, in parallel over rows (batched to a few
+/// thousand elements a task).
+fn rows_half<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [StoredMut<'_, T>; 3],
+    s: &RowSparse<T>,
+    keys: [Option<SrKey>; 3],
+) {
+    let width = s.values.ncols();
+    if width == 0 || s.rows.is_empty() {
+        return;
+    }
+    let values = s.values.as_standard_layout();
+    let values = values.as_slice().expect("standard layout is contiguous");
+    let jobs = p
+        .pick_rows(width, &s.rows)
+        .into_iter()
+        .zip(m.pick_rows(width, &s.rows))
+        .zip(v.pick_rows(width, &s.rows))
+        .zip(values.chunks(width))
+        .zip(&s.rows);
+    type Job<'a, T> = (
+        (
+            ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
+            &'a [T],
+        ),
+        &'a usize,
+    );
+    let run = |b: &mut Option<Box<Bufs<T>>>, ((((p, m), v), g), &r): Job<'_, T>| {
+        update_run(rule, parts([p, m, v], keys), g, (r * width) as u64, b);
+    };
+    if values.len() < PAR_MIN_ELEMS {
+        let mut b = None;
+        jobs.for_each(|job| run(&mut b, job));
+    } else {
+        let min_rows = (4096 / width).max(1);
+        let jobs: Vec<_> = jobs.collect();
+        jobs.into_par_iter()
+            .with_min_len(min_rows)
+            .for_each_init(|| None, run);
+    }
+}
+
+/// The body of [`MomentTable::update_half_by_rows`](super::MomentTable::update_half_by_rows):
+/// in parallel over rows of `width` elements, each row's parameter widened,
+/// its gradient computed into a buffer of the task, and the row updated as
+/// [`update_half`] updates it.
+pub(super) fn by_rows<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    width: usize,
+    grad_row: &GradRow<'_, T>,
+    keys: [Option<SrKey>; 3],
+) {
+    let len = param.shape().iter().product::<usize>();
+    let rows = param
+        .stored_mut()
+        .flat_mut()
+        .chunks(width)
+        .into_iter()
+        .zip(slot.exp_avg.flat_mut().chunks(width))
+        .zip(slot.exp_avg_sq.flat_mut().chunks(width))
+        .enumerate();
+    struct Scratch<T> {
+        x: Vec<T>,
+        g: Vec<T>,
+        bufs: Option<Box<Bufs<T>>>,
+    }
+    let scratch = || Scratch {
+        x: vec![T::zero(); width],
+        g: vec![T::zero(); width],
+        bufs: None,
+    };
+    let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
+        let x: &[T] = match &p {
+            StoredMut::Full(p) => p,
+            StoredMut::BF16(h) => {
+                T::widen_half(h, &mut s.x);
+                &s.x
+            }
+            StoredMut::F16(h) => {
+                T::widen_half(h, &mut s.x);
+                &s.x
+            }
+        };
+        grad_row(r, x, &mut s.g);
+        let first = (r * width) as u64;
+        update_run(rule, parts([p, m, v], keys), &s.g, first, &mut s.bufs);
+    };
+    if len < PAR_MIN_ELEMS {
+        let mut s = scratch();
+        rows.for_each(|job| run(&mut s, job));
+    } else {
+        let min_rows = (4096 / width).max(1);
+        rows.collect::<Vec<_>>()
+            .into_par_iter()
+            .with_min_len(min_rows)
+            .for_each_init(scratch, run);
+    }
+}
