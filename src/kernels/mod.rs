@@ -18,6 +18,7 @@
 //! | [`pool`] | a pool of large buffers, reused across training steps |
 //! | [`routing`] | global id → (split, local row) for split vocabularies |
 //! | `stream` | copies with streaming (non-temporal) stores |
+//! | [`wide`] | portable loops compiled for the widest vector unit the CPU has (the same bits on every path) |
 
 pub mod exp;
 pub mod gemm;
@@ -29,6 +30,7 @@ pub mod routing;
 pub mod rows;
 pub mod scatter;
 pub(crate) mod stream;
+pub mod wide;
 
 pub use self::half::{HalfFloat, SrKey};
 pub use real::Real;

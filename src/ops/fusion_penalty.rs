@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::TableRows;
+use crate::kernels::wide::{wide, wide_fn};
 use crate::param::StoredView;
 use crate::tape::{Tape, Var};
 
@@ -194,6 +195,7 @@ fn in_place<'r, T: Real>(rows: &'r TableRows<'_, T>, n: usize) -> Option<ArrayVi
 /// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
 /// member: the mean, exactly x_f when every member equals it (the form of
 /// `segment_mean_forward`, with the division as a product).
+#[inline(always)]
 fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
     let first = x.row(members[0]);
     let first = first.as_slice().expect("standard layout");
@@ -231,6 +233,7 @@ fn group_terms<T: Real>(
 /// `s = (Σ_j k_j·(x_j − c)) / |members|` for a group whose centroid `c` is
 /// known, `k(p)` the factor of the p-th member, the sum over members in
 /// increasing order, skipping `k_j = 0`.
+#[inline(always)]
 fn spread<T: Real>(
     x: ArrayView2<'_, T>,
     members: &[usize],
@@ -255,7 +258,7 @@ fn spread<T: Real>(
 
 /// `Σ_d (x_d − c_d)²`, in eight interleaved partial sums (so that the
 /// loop vectorises), then those in a fixed tree.
-#[inline]
+#[inline(always)]
 fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
     const LANES: usize = 8;
     let mut acc = [T::zero(); LANES];
@@ -277,7 +280,7 @@ fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
 /// The deviation norm of a row alone in its group: `‖x − (x + (x − x))‖`,
 /// 0 for a finite row, NaN for a row with an infinite or NaN element. It
 /// is `|Σ_d (x_d − x_d)|`: one pass, no centroid.
-#[inline]
+#[inline(always)]
 #[allow(clippy::eq_op)] // x − x is 0 or NaN: the point is the NaN.
 fn lone_norm<T: Real>(x: &[T]) -> T {
     const LANES: usize = 8;
@@ -415,19 +418,7 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                         (None, Some(h)) => h.block(members, block),
                         (None, None) => unreachable!("rows in place or in half precision"),
                     };
-                    group_norms(x.view(), members, c, norms);
-                    if let Some(t) = t {
-                        t.fill(MaybeUninit::new(T::zero()));
-                        // SAFETY: just written, and `MaybeUninit<T>` has
-                        // `T`'s layout.
-                        let t = unsafe { &mut *(t as *mut [MaybeUninit<T>] as *mut [T]) };
-                        // k_j from the norms just computed, then s from the
-                        // centroid group_norms left in `c`: group_terms' bits.
-                        let (tc, ts) = t.split_at_mut(width);
-                        tc.copy_from_slice(c);
-                        // The p-th member's norm is norms[p].
-                        spread(x.view(), members, |p| factor(a, norms[p]), tc, ts);
-                    }
+                    group_norms_terms(x.view(), members, a, c, norms, t);
                 },
             );
     }
@@ -444,6 +435,33 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
         terms,
     };
     (p, norms, grads)
+}
+
+wide_fn! {
+    /// One group's work in [`fusion_penalty_forward_row_grads`]: its rows'
+    /// norms (`c` left holding its centroid) and, for a group of two or
+    /// more rows, its terms `t` (centroid, then `s`; written whole).
+    fn group_norms_terms<T: Real>(
+        x: ArrayView2<'_, T>,
+        members: &[usize],
+        a: T,
+        c: &mut [T],
+        norms: &mut [T],
+        t: Option<&mut [MaybeUninit<T>]>,
+    ) {
+        group_norms(x.view(), members, c, norms);
+        if let Some(t) = t {
+            t.fill(MaybeUninit::new(T::zero()));
+            // SAFETY: just written, and `MaybeUninit<T>` has `T`'s layout.
+            let t = unsafe { &mut *(t as *mut [MaybeUninit<T>] as *mut [T]) };
+            // k_j from the norms just computed, then s from the centroid
+            // group_norms left in `c`: group_terms' bits.
+            let (tc, ts) = t.split_at_mut(c.len());
+            tc.copy_from_slice(c);
+            // The p-th member's norm is norms[p].
+            spread(x, members, |p| factor(a, norms[p]), tc, ts);
+        }
+    }
 }
 
 /// The groups of two or more rows, in group order, and the slot of each
@@ -463,6 +481,7 @@ fn slots(groups: &RowGroups) -> (Vec<usize>, Vec<u32>) {
 
 /// The deviation norms of one group's rows `members` (not empty) of x,
 /// into `norms` (one per member), with `c` a buffer of one row.
+#[inline(always)]
 fn group_norms<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T], norms: &mut [T]) {
     match members {
         &[i] => {
@@ -707,9 +726,11 @@ impl<T: Real> FusionRowGrads<T> {
                 let t = &self.terms[s as usize * 2 * w..][..2 * w];
                 let (c, s) = t.split_at(w);
                 let ki = self.k[i];
-                for (((g, &v), &c), &s) in out.iter_mut().zip(x_i).zip(c).zip(s) {
-                    *g = ki * (v - c) - s;
-                }
+                wide(|| {
+                    for (((g, &v), &c), &s) in out.iter_mut().zip(x_i).zip(c).zip(s) {
+                        *g = ki * (v - c) - s;
+                    }
+                });
             }
         }
     }

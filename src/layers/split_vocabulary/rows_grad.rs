@@ -4,6 +4,7 @@
 //! row, is then never stored, nor read back.
 
 use crate::kernels::Real;
+use crate::kernels::wide::wide;
 use crate::ops::fusion_penalty::FusionRowGrads;
 use crate::param::RowSparse;
 
@@ -72,7 +73,10 @@ impl<'a, T: Real> RowsGrad<'a, T> {
         for (rs, at) in &self.parts {
             if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
                 let v = rs.values.row(k as usize);
-                g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v);
+                match v.as_slice() {
+                    Some(v) => wide(|| g.iter_mut().zip(v).for_each(|(g, &v)| *g += v)),
+                    None => g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v),
+                }
             }
         }
     }

@@ -104,12 +104,10 @@ pub(super) fn update_half<T: Real, R: Rule<T>>(
     }
 }
 
-/// [`Rule::apply_run`] compiled for the widest vector unit
-/// [`HalfPath::chosen`](crate::kernels::half::HalfPath::chosen) finds (the
-/// crate itself is built for baseline x86-64: four f32 lanes). The same
-/// bits on every path: each element's additions, products, quotient and
-/// square root are IEEE operations, correctly rounded at any vector width,
-/// and never fused.
+/// [`Rule::apply_run`] compiled for the widest vector unit the CPU has
+/// ([`wide`](crate::kernels::wide::wide)). The same bits on every path:
+/// each element's additions, products, quotient and square root are IEEE
+/// operations, correctly rounded at any vector width, and never fused.
 #[inline]
 fn apply_run_wide<T: Real, R: Rule<T>>(
     rule: &R,
@@ -118,38 +116,7 @@ fn apply_run_wide<T: Real, R: Rule<T>>(
     v: &mut [T],
     g: Option<&[T]>,
 ) {
-    use crate::kernels::half::HalfPath;
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        fn avx512<T: Real, R: Rule<T>>(
-            r: &R,
-            p: &mut [T],
-            m: &mut [T],
-            v: &mut [T],
-            g: Option<&[T]>,
-        ) {
-            r.apply_run(p, m, v, g)
-        }
-        #[target_feature(enable = "avx2")]
-        fn avx2<T: Real, R: Rule<T>>(
-            r: &R,
-            p: &mut [T],
-            m: &mut [T],
-            v: &mut [T],
-            g: Option<&[T]>,
-        ) {
-            r.apply_run(p, m, v, g)
-        }
-        match HalfPath::chosen() {
-            // SAFETY: the chosen path is one this CPU runs.
-            HalfPath::Avx512 => return unsafe { avx512(rule, p, m, v, g) },
-            // SAFETY: as above (the AVX2 path needs AVX2 and F16C).
-            HalfPath::Avx2 => return unsafe { avx2(rule, p, m, v, g) },
-            HalfPath::Scalar => {}
-        }
-    }
-    rule.apply_run(p, m, v, g)
+    crate::kernels::wide::wide(|| rule.apply_run(p, m, v, g))
 }
 
 /// The widening buffers of one task.
