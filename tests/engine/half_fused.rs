@@ -1,7 +1,7 @@
 //! The fused half-precision update (`kernels::half::update_fused`) against
 //! its naive twin, the three passes it fuses: on every path this CPU runs,
 //! for every layout of three arrays (f32, bf16 and f16, stochastic and
-//! nearest rounding), lengths around the 16-element blocks, first indices
+//! nearest rounding), lengths around the 32-element blocks, first indices
 //! at 0, odd, and across the 2³² and 2⁶⁴ wraps of the index, and values
 //! with NaNs (quiet and signalling, with payloads), infinities, subnormals
 //! and an element rule that makes NaN and ∞ from finite inputs. Every
@@ -129,7 +129,7 @@ fn every_path_gives_the_naive_twins_bits() {
     let firsts = [0u64, 7, (1 << 32) - 20, u64::MAX - 5, 123 << 32];
     let mut rng = Rng::new(52);
     for layout in layouts {
-        for n in [0usize, 1, 15, 16, 17, 40, 333] {
+        for n in [0usize, 1, 15, 16, 17, 31, 32, 33, 40, 64, 333] {
             for &first in &firsts {
                 for (stochastic, rate) in [(true, 1), (false, 1), (true, 64), (false, 64)] {
                     let keys: Vec<Option<SrKey>> = (0..3u64)

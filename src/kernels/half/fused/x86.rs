@@ -57,6 +57,10 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
     first: u64,
     f: &F,
 ) -> usize {
+    if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
+        // SAFETY: as this function's.
+        return unsafe { update_avx512_paired(arrays, g, first, f) };
+    }
     let body = g.len() - g.len() % LANES;
     let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let mut hi = (first >> 32) as u32;
@@ -147,6 +151,172 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
                         FusedArray::Full(_) => unreachable!("stored above"),
                     };
                     _mm256_storeu_si256(dst.add(at).cast(), h);
+                }
+            }
+        }
+        at += LANES;
+    }
+    body
+}
+
+/// The element of each lane of the even vector (0, 2, …, 30) and of the
+/// odd one (1, 3, …, 31) of a block in the paired order.
+const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
+const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
+
+/// The block's elements 0–15 and 16–31 from its even and odd vectors
+/// (the inverse of the pairing), as `vpermt2ps` indices: lane j of the
+/// result is lane `idx & 15` of the even vector (`idx < 16`) or of the
+/// odd one.
+const LOW: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
+const HIGH: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
+
+#[inline(always)]
+fn vector(i: [i32; 16]) -> __m512i {
+    // SAFETY: an unaligned load of 16 i32 from an array of 16.
+    unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }
+}
+
+/// The AVX-512 path when no array is kept in f16, with the block's
+/// elements in the paired order: lanes 0–15 hold its even elements and
+/// lanes 16–31 its odd ones, for every array and for `g`. A bf16 array's
+/// 32 elements are one 512-bit load, each 32-bit word two elements: the
+/// even one widened by a shift, the odd one by masking off the low half;
+/// and one 512-bit store, each word the high halves of the two rounded
+/// lanes. The rule is an element rule, so the order of its lanes is
+/// free; the random bits of a lane are those of its element's index, so
+/// every stored bit is the natural order's. Returns the elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX-512F; every array has `g`'s length; no array is
+/// kept in f16.
+#[target_feature(enable = "avx512f")]
+unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: &F,
+) -> usize {
+    let body = g.len() - g.len() % LANES;
+    let (even, odd) = (vector(EVEN), vector(ODD));
+    let (low, high) = (vector(LOW), vector(HIGH));
+    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut hi = (first >> 32) as u32;
+    let mut word = words(arrays, hi);
+    let mut at = 0;
+    while at < body {
+        let index = first.wrapping_add(at as u64);
+        if !block_no_wrap(index) {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        if (index >> 32) as u32 != hi {
+            hi = (index >> 32) as u32;
+            word = words(arrays, hi);
+        }
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan: __mmask16 = 0;
+        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+            prefetch_ahead(a, at);
+            // SAFETY: at + 32 ≤ body ≤ the array's length; unaligned loads,
+            // and `l` holds 32 floats.
+            unsafe {
+                let (e, o) = match a {
+                    FusedArray::Full(s) => {
+                        let x0 = _mm512_loadu_ps(s.as_ptr().add(at));
+                        let x1 = _mm512_loadu_ps(s.as_ptr().add(at + 16));
+                        (
+                            _mm512_permutex2var_ps(x0, even, x1),
+                            _mm512_permutex2var_ps(x0, odd, x1),
+                        )
+                    }
+                    FusedArray::Bf16(s, _) => {
+                        let x = _mm512_loadu_si512(s.as_ptr().add(at).cast());
+                        // The widening of every value but NaN.
+                        let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                        let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
+                        (e, o)
+                    }
+                    FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                };
+                _mm512_storeu_ps(l.as_mut_ptr(), e);
+                _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
+            }
+        }
+        if nan != 0 {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        let mut gl = [0.0f32; LANES];
+        // SAFETY: at + 32 ≤ body ≤ g's length; `gl` holds 32 floats.
+        unsafe {
+            let g0 = _mm512_loadu_ps(g.as_ptr().add(at));
+            let g1 = _mm512_loadu_ps(g.as_ptr().add(at + 16));
+            _mm512_storeu_ps(gl.as_mut_ptr(), _mm512_permutex2var_ps(g0, even, g1));
+            _mm512_storeu_ps(gl.as_mut_ptr().add(16), _mm512_permutex2var_ps(g0, odd, g1));
+        }
+        f(&mut lanes, &gl);
+        let base = _mm512_set1_epi32(index as u32 as i32);
+        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+            // The random bits of the lanes whose elements are `from` + base.
+            let bits = |from: __m512i| {
+                mix32_avx512(_mm512_xor_si512(
+                    _mm512_add_epi32(base, from),
+                    _mm512_set1_epi32(w as i32),
+                ))
+            };
+            // SAFETY: as the loads.
+            unsafe {
+                let e = _mm512_loadu_ps(l.as_ptr());
+                let o = _mm512_loadu_ps(l.as_ptr().add(16));
+                let x0 = || _mm512_permutex2var_ps(e, low, o);
+                let x1 = || _mm512_permutex2var_ps(e, high, o);
+                match a {
+                    FusedArray::Full(s) => {
+                        _mm512_storeu_ps(s.as_mut_ptr().add(at), x0());
+                        _mm512_storeu_ps(s.as_mut_ptr().add(at + 16), x1());
+                    }
+                    FusedArray::Bf16(s, key) => {
+                        let dst: *mut u16 = s.as_mut_ptr().add(at).cast();
+                        if key.is_some() && _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
+                            // `bf16_stochastic` of every value but NaN: each
+                            // lane plus its random bits' top half, the high
+                            // half of the sum kept; the odd lane's in place,
+                            // the even lane's shifted under it.
+                            let round = |x: __m512, from| {
+                                let r = _mm512_srli_epi32::<16>(bits(from));
+                                _mm512_add_epi32(_mm512_castps_si512(x), r)
+                            };
+                            let (ue, uo) = (round(e, even), round(o, odd));
+                            let both = _mm512_ternarylogic_epi32::<0xCA>(
+                                top,
+                                uo,
+                                _mm512_srli_epi32::<16>(ue),
+                            );
+                            _mm512_storeu_si512(dst.cast(), both);
+                        } else {
+                            // Nearest, or a NaN among the lanes: in the
+                            // natural order, by the full kernels.
+                            let narrow = |x: __m512, v: i32| {
+                                let xi = _mm512_castps_si512(x);
+                                match key {
+                                    Some(_) => bf16_stochastic_avx512(
+                                        xi,
+                                        bits(_mm512_add_epi32(natural, _mm512_set1_epi32(v))),
+                                    ),
+                                    None => bf16_nearest_avx512(xi),
+                                }
+                            };
+                            _mm256_storeu_si256(dst.cast(), narrow(x0(), 0));
+                            _mm256_storeu_si256(dst.add(16).cast(), narrow(x1(), 16));
+                        }
+                    }
+                    FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
                 }
             }
         }
