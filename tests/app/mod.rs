@@ -27,6 +27,8 @@ mod resources;
 #[cfg(feature = "cli")]
 mod run_lock;
 #[cfg(feature = "cli")]
+mod simd_paths;
+#[cfg(feature = "cli")]
 mod tokenize;
 #[cfg(feature = "cli")]
 mod tokenize_train;
