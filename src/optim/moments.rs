@@ -39,15 +39,22 @@ pub(super) trait Rule<T: Real>: Sized + Sync {
     fn apply(&self, p: &mut T, m: &mut T, v: &mut T, g: T);
 
     /// The update of a run of elements; `g = None` is a zero gradient.
+    /// Compiled for the widest vector unit the CPU has
+    /// ([`wide`](crate::kernels::wide::wide)): each element's additions,
+    /// products, quotient and square root are IEEE operations, correctly
+    /// rounded at any vector width and never fused, so every path gives
+    /// the bits of the naive update (`apply_zip`, baseline code).
     #[inline]
     fn apply_run(&self, p: &mut [T], m: &mut [T], v: &mut [T], g: Option<&[T]>) {
-        let pmv = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut());
-        match g {
-            Some(g) => pmv
-                .zip(g)
-                .for_each(|(((p, m), v), &g)| self.apply(p, m, v, g)),
-            None => pmv.for_each(|((p, m), v)| self.apply(p, m, v, T::zero())),
-        }
+        crate::kernels::wide::wide(|| {
+            let pmv = p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut());
+            match g {
+                Some(g) => pmv
+                    .zip(g)
+                    .for_each(|(((p, m), v), &g)| self.apply(p, m, v, g)),
+                None => pmv.for_each(|((p, m), v)| self.apply(p, m, v, T::zero())),
+            }
+        })
     }
 
     /// The update of the whole parameter and its moments, flat and

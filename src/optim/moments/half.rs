@@ -104,21 +104,6 @@ pub(super) fn update_half<T: Real, R: Rule<T>>(
     }
 }
 
-/// [`Rule::apply_run`] compiled for the widest vector unit the CPU has
-/// ([`wide`](crate::kernels::wide::wide)). The same bits on every path:
-/// each element's additions, products, quotient and square root are IEEE
-/// operations, correctly rounded at any vector width, and never fused.
-#[inline]
-fn apply_run_wide<T: Real, R: Rule<T>>(
-    rule: &R,
-    p: &mut [T],
-    m: &mut [T],
-    v: &mut [T],
-    g: Option<&[T]>,
-) {
-    crate::kernels::wide::wide(|| rule.apply_run(p, m, v, g))
-}
-
 /// The widening buffers of one task.
 type Bufs<T> = [[T; WIDEN_CHUNK]; 3];
 
@@ -156,7 +141,7 @@ fn update_run<T: Real, R: Rule<T>>(
         let bufs = bufs.get_or_insert_with(|| Box::new([[T::zero(); WIDEN_CHUNK]; 3]));
         update_widened_in([p, m, v], first, bufs, |[p, m, v], off| {
             let n = p.len();
-            apply_run_wide(rule, p, m, v, Some(&g[off..off + n]));
+            rule.apply_run(p, m, v, Some(&g[off..off + n]));
         });
     }
 }
