@@ -26,6 +26,39 @@ fn words<const N: usize>(arrays: &[FusedArray<'_>; N], hi: u32) -> [u32; N] {
     })
 }
 
+/// The arrays' [`words`] for the high word of the block being updated,
+/// refreshed when it changes.
+struct Words<const N: usize> {
+    hi: u32,
+    word: [u32; N],
+}
+
+impl<const N: usize> Words<N> {
+    fn new(arrays: &[FusedArray<'_>; N], first: u64) -> Self {
+        let hi = (first >> 32) as u32;
+        Words {
+            hi,
+            word: words(arrays, hi),
+        }
+    }
+
+    /// The words of the block from `index`; `None` when its indices cross
+    /// into the next high word (the caller runs that block in the plain
+    /// code).
+    #[inline(always)]
+    fn of(&mut self, arrays: &[FusedArray<'_>; N], index: u64) -> Option<[u32; N]> {
+        if !block_no_wrap(index) {
+            return None;
+        }
+        let hi = (index >> 32) as u32;
+        if hi != self.hi {
+            self.hi = hi;
+            self.word = words(arrays, hi);
+        }
+        Some(self.word)
+    }
+}
+
 /// Elements ahead of the block being updated whose line is requested:
 /// the arrays stream through the kernel, a few hundred compute cycles a
 /// line, too slowly for the hardware's prefetcher to run ahead far enough.
@@ -63,20 +96,15 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
     }
     let body = g.len() - g.len() % LANES;
     let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let mut hi = (first >> 32) as u32;
-    let mut word = words(arrays, hi);
+    let mut words = Words::new(arrays, first);
     let mut at = 0;
     while at < body {
         let index = first.wrapping_add(at as u64);
-        if !block_no_wrap(index) {
+        let Some(word) = words.of(arrays, index) else {
             blocks_scalar(arrays, g, first, at, at + LANES, f);
             at += LANES;
             continue;
-        }
-        if (index >> 32) as u32 != hi {
-            hi = (index >> 32) as u32;
-            word = words(arrays, hi);
-        }
+        };
         let mut lanes = [[0.0f32; LANES]; N];
         let mut nan: __mmask16 = 0;
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
@@ -203,20 +231,15 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     let (low, high) = (vector(LOW), vector(HIGH));
     let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-    let mut hi = (first >> 32) as u32;
-    let mut word = words(arrays, hi);
+    let mut words = Words::new(arrays, first);
     let mut at = 0;
     while at < body {
         let index = first.wrapping_add(at as u64);
-        if !block_no_wrap(index) {
+        let Some(word) = words.of(arrays, index) else {
             blocks_scalar(arrays, g, first, at, at + LANES, f);
             at += LANES;
             continue;
-        }
-        if (index >> 32) as u32 != hi {
-            hi = (index >> 32) as u32;
-            word = words(arrays, hi);
-        }
+        };
         let mut lanes = [[0.0f32; LANES]; N];
         let mut nan: __mmask16 = 0;
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
@@ -340,20 +363,15 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
 ) -> usize {
     let body = g.len() - g.len() % LANES;
     let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let mut hi = (first >> 32) as u32;
-    let mut word = words(arrays, hi);
+    let mut words = Words::new(arrays, first);
     let mut at = 0;
     while at < body {
         let index = first.wrapping_add(at as u64);
-        if !block_no_wrap(index) {
+        let Some(word) = words.of(arrays, index) else {
             blocks_scalar(arrays, g, first, at, at + LANES, f);
             at += LANES;
             continue;
-        }
-        if (index >> 32) as u32 != hi {
-            hi = (index >> 32) as u32;
-            word = words(arrays, hi);
-        }
+        };
         let mut lanes = [[0.0f32; LANES]; N];
         let mut nan = _mm256_setzero_ps();
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
