@@ -691,10 +691,10 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
         dtype = dtype or torch.get_default_dtype()
         self._engine = _engine_dtype(dtype)
         sizes = dict(split_vocab_size)
+        # Half-precision tables are allocated as such (never as f32 first).
         self._core = _sg.SplitTokenEmbeddings(
-            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine)
+            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
         )
-        _keep_as(self._core, dtype)
         self.token_embedding = nn.ModuleDict()
         for name, size in sizes.items():
             w = _tensor_of(self._core, f"token_embedding.{name}.weight")
@@ -850,9 +850,8 @@ class SplitLanguageModellingHead(_Bound, nn.Module):
         self._dtype, self._engine = dtype, _engine_dtype(dtype)
         sizes = dict(split_vocab_size)
         self._core = _sg.SplitLanguageModellingHead(
-            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine)
+            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
         )
-        _keep_as(self._core, dtype)
         self.lm_head = nn.ModuleDict(
             {name: _linear(self._core, f"lm_head.{name}.weight", hidden_size, size) for name, size in sizes.items()}
         )

@@ -278,8 +278,14 @@ pub fn set_module_dtype<T: PyReal>(
         .into_iter()
         .filter(|p| p.dtype() != dtype)
     {
-        // the widened copy, then the new buffer
-        let n = crate::convert::bytes_for(p.shape(), std::mem::size_of::<T>() + dtype.size());
+        // the new buffer, and a widened copy first when narrowing from
+        // another half type (a parameter kept as T is narrowed in place)
+        let widened = if p.dtype().is_half() {
+            std::mem::size_of::<T>()
+        } else {
+            0
+        };
+        let n = crate::convert::bytes_for(p.shape(), widened + dtype.size());
         bytes = bytes.saturating_add(n);
     }
     crate::convert::check_alloc(|| format!("the parameters kept as {dtype}"), bytes)?;
@@ -287,7 +293,11 @@ pub fn set_module_dtype<T: PyReal>(
         if p.dtype() == dtype {
             continue;
         }
-        let new = Stored::from_full(p.widened().into_owned(), dtype).or_raise()?;
+        let new = match p.widened() {
+            std::borrow::Cow::Borrowed(a) => Stored::from_full_view(a.view(), dtype),
+            std::borrow::Cow::Owned(a) => Stored::from_full(a, dtype),
+        }
+        .or_raise()?;
         let old = std::mem::replace(p.stored_mut(), new);
         if let Some(k) = keep {
             k.lock()
@@ -532,18 +542,27 @@ macro_rules! split_layer_methods {
 
         #[pymethods]
         impl $py {
+            /// `storage`: how the tables are kept (bfloat16 or float16, or
+            /// the layer's `dtype`, the default); half-precision tables are
+            /// allocated as such and never pass through the layer's dtype.
             #[new]
-            #[pyo3(signature = (split_vocab_size, split_order, hidden_size, dtype = None))]
+            #[pyo3(signature = (split_vocab_size, split_order, hidden_size, dtype = None, storage = None))]
             fn new(
                 split_vocab_size: &Bound<'_, PyAny>,
                 split_order: Vec<String>,
                 hidden_size: i64,
                 dtype: Option<&Bound<'_, PyAny>>,
+                storage: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<Self> {
                 let sizes = $crate::layer::split_sizes(split_vocab_size)?;
                 let h = $crate::layer::positive(hidden_size, "hidden_size")?;
                 let dt = $crate::layer::dtype_arg(dtype, $crate::convert::Dtype::F32)?;
-                Ok(Self::of($crate::by_dtype!(dt, T => $layer::<T>::new(&sizes, &split_order, h).or_raise()?)))
+                let kept = storage.map($crate::layer::storage_dtype).transpose()?;
+                Ok(Self::of($crate::by_dtype!(dt, T => match kept {
+                    Some(d) => $layer::<T>::with_dtype(&sizes, &split_order, h, d),
+                    None => $layer::<T>::new(&sizes, &split_order, h),
+                }
+                .or_raise()?)))
             }
 
             #[doc = $reset]

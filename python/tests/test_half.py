@@ -5,6 +5,7 @@ rounded once, d9d's state dicts in bf16, the fused Adam's rounding and state
 dtype, checkpoints, and the errors."""
 
 import copy
+import sys
 
 import numpy as np
 import pytest
@@ -513,3 +514,53 @@ def test_head_and_vocabulary_convert_in_place(index_file):
     dense = SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.bfloat16, sparse=False)
     dense(ids_batch()).float().sum().backward()
     assert all(not p.grad.is_sparse and p.grad.dtype == torch.bfloat16 for p in dense._weights())
+
+
+def sys_platform_linux():
+    return sys.platform.startswith("linux")
+
+
+def _peak_growth(setup, build):
+    """Bytes the peak resident set grows by while ``build`` runs in a fresh
+    interpreter (after ``setup``), measured with Linux's resettable peak."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import torch, splitgrad.torch as sgt
+        def status(key):
+            for line in open("/proc/self/status"):
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        {setup}
+        before = status("VmRSS:")
+        open("/proc/self/clear_refs", "w").write("5")  # the peak starts again from now
+        {build}
+        print(status("VmHWM:") - before)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys_platform_linux(), reason="reads /proc/self/status and resets the peak")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_tables_are_built_and_converted_without_an_f32_copy(dtype):
+    # 2**26 elements: 128 MiB in half precision, 256 MiB in f32.
+    elems, half = 1 << 26, 128 << 20
+    for build in [
+        f"m = sgt.SplitTokenEmbeddings({{'orig': 32768}}, ['orig'], 2048, dtype=torch.{dtype})",
+        f"m = sgt.SplitLanguageModellingHead({{'orig': 32768}}, ['orig'], 2048, dtype=torch.{dtype})",
+    ]:
+        grown = _peak_growth("", build)
+        assert half <= grown < half + (48 << 20), (build, grown)
+    # From f32: the new half buffer beside the f32 table, no widened copy.
+    grown = _peak_growth(
+        "m = sgt.SplitTokenEmbeddings({'orig': 32768}, ['orig'], 2048)",
+        f"m = m.to(torch.{dtype})",
+    )
+    assert grown < half + (48 << 20), grown
+    assert elems * 2 == half

@@ -214,7 +214,17 @@ pub enum StoredMut<'a, T> {
     F16(&'a mut [f16]),
 }
 
-fn narrow_array<T: Real, H: HalfFloat + Default>(a: &ArrayD<T>) -> ArrayD<H> {
+/// The error of keeping an array of `T` as `d`, neither `T`'s own dtype
+/// nor a half type.
+fn not_storable<T: Real>(d: Dtype) -> Error {
+    Error::config(format!(
+        "an array of {} cannot be stored as {d} (only as {} or in half precision)",
+        T::NAME,
+        T::NAME
+    ))
+}
+
+fn narrow_array<T: Real, H: HalfFloat + Default>(a: ArrayViewD<'_, T>) -> ArrayD<H> {
     let a = a.as_standard_layout();
     let src = a.as_slice().expect("standard layout is contiguous");
     let mut out = vec![H::default(); src.len()];
@@ -275,16 +285,30 @@ impl<T: Real> Stored<T> {
     /// `f64`).
     pub fn from_full(a: ArrayD<T>, dtype: Dtype) -> Result<Self> {
         Ok(match dtype {
-            Dtype::BF16 => Stored::BF16(narrow_array(&a)),
-            Dtype::F16 => Stored::F16(narrow_array(&a)),
+            Dtype::BF16 => Stored::BF16(narrow_array(a.view())),
+            Dtype::F16 => Stored::F16(narrow_array(a.view())),
             d if d == Dtype::of::<T>() => Stored::Full(a),
-            d => {
-                return Err(Error::config(format!(
-                    "an array of {} cannot be stored as {d} (only as {} or in half precision)",
-                    T::NAME,
-                    T::NAME
-                )));
-            }
+            d => return Err(not_storable::<T>(d)),
+        })
+    }
+
+    /// [`Self::from_full`] of a view: narrowed straight from it (no copy of
+    /// `a` first), or copied when `dtype` is `T`'s own.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::param::{Dtype, Stored};
+    /// let a = array![[1.0f32, 2.5], [3.0, -0.5]].into_dyn();
+    /// let s = Stored::from_full_view(a.view(), Dtype::BF16)?;
+    /// assert_eq!(s.widened().into_owned(), a);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn from_full_view(a: ArrayViewD<'_, T>, dtype: Dtype) -> Result<Self> {
+        Ok(match dtype {
+            Dtype::BF16 => Stored::BF16(narrow_array(a)),
+            Dtype::F16 => Stored::F16(narrow_array(a)),
+            d if d == Dtype::of::<T>() => Stored::Full(a.to_owned()),
+            d => return Err(not_storable::<T>(d)),
         })
     }
 
