@@ -361,6 +361,10 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
     first: u64,
     f: &F,
 ) -> usize {
+    if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
+        // SAFETY: as this function's.
+        return unsafe { update_avx2_paired(arrays, g, first, f) };
+    }
     let body = g.len() - g.len() % LANES;
     let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let mut words = Words::new(arrays, first);
@@ -466,6 +470,178 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
                         FusedArray::Full(_) => unreachable!("stored above"),
                     };
                     _mm256_storeu_si256(dst.add(at).cast(), h);
+                }
+            }
+        }
+        at += LANES;
+    }
+    body
+}
+
+/// The even and odd elements of 16 f32 in `x0`, `x1` (elements 0–7 and
+/// 8–15): (0, 2, …, 14), (1, 3, …, 15).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn split_pairs_avx2(x0: __m256, x1: __m256) -> (__m256, __m256) {
+    // shuffle_ps works within 128-bit lanes: x0[0] x0[2] x1[0] x1[2] | x0[4] x0[6] x1[4] x1[6];
+    // the 64-bit quarters reordered (0, 2, 1, 3) put x0's before x1's.
+    let order =
+        |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+    (
+        order(_mm256_shuffle_ps::<0b10_00_10_00>(x0, x1)),
+        order(_mm256_shuffle_ps::<0b11_01_11_01>(x0, x1)),
+    )
+}
+
+/// The inverse of [`split_pairs_avx2`]: elements 0–7 and 8–15 from the
+/// even and odd ones.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn join_pairs_avx2(e: __m256, o: __m256) -> (__m256, __m256) {
+    // unpacklo: e0 o0 e1 o1 | e4 o4 e5 o5; unpackhi: e2 o2 e3 o3 | e6 o6 e7 o7.
+    let (lo, hi) = (_mm256_unpacklo_ps(e, o), _mm256_unpackhi_ps(e, o));
+    (
+        _mm256_permute2f128_ps::<0x20>(lo, hi),
+        _mm256_permute2f128_ps::<0x31>(lo, hi),
+    )
+}
+
+/// The AVX2 path when no array is kept in f16, in paired order: for each
+/// 16 elements of a block, 8 lanes hold its even elements and the next 8
+/// its odd ones, for every array and for `g` ([`update_avx512_paired`]'s
+/// scheme on 256-bit vectors: a bf16 array's 16 elements one load and one
+/// store, the rounded lanes merged by one word blend). Returns the
+/// elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX2 and F16C; every array has `g`'s length; no array
+/// is kept in f16.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: &F,
+) -> usize {
+    let body = g.len() - g.len() % LANES;
+    let even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    let odd = _mm256_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15);
+    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut words = Words::new(arrays, first);
+    let mut at = 0;
+    while at < body {
+        let index = first.wrapping_add(at as u64);
+        let Some(word) = words.of(arrays, index) else {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        };
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan = _mm256_setzero_ps();
+        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+            for h in (0..LANES).step_by(16) {
+                // SAFETY: at + 32 ≤ body ≤ the array's length; unaligned
+                // loads, and `l` holds 32 floats.
+                unsafe {
+                    let (e, o) = match a {
+                        FusedArray::Full(s) => split_pairs_avx2(
+                            _mm256_loadu_ps(s.as_ptr().add(at + h)),
+                            _mm256_loadu_ps(s.as_ptr().add(at + h + 8)),
+                        ),
+                        FusedArray::Bf16(s, _) => {
+                            let x = _mm256_loadu_si256(s.as_ptr().add(at + h).cast());
+                            // The widening of every value but NaN.
+                            let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+                            let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
+                            (e, o)
+                        }
+                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                    };
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
+                }
+            }
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            blocks_scalar(arrays, g, first, at, at + LANES, f);
+            at += LANES;
+            continue;
+        }
+        let mut gl = [0.0f32; LANES];
+        for h in (0..LANES).step_by(16) {
+            // SAFETY: at + 32 ≤ body ≤ g's length; `gl` holds 32 floats.
+            unsafe {
+                let (e, o) = split_pairs_avx2(
+                    _mm256_loadu_ps(g.as_ptr().add(at + h)),
+                    _mm256_loadu_ps(g.as_ptr().add(at + h + 8)),
+                );
+                _mm256_storeu_ps(gl.as_mut_ptr().add(h), e);
+                _mm256_storeu_ps(gl.as_mut_ptr().add(h + 8), o);
+            }
+        }
+        f(&mut lanes, &gl);
+        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+            for h in (0..LANES).step_by(16) {
+                let base = _mm256_set1_epi32((index as u32).wrapping_add(h as u32) as i32);
+                // The random bits of the lanes whose elements are `from` +
+                // the first of these 16.
+                let bits = |from: __m256i| {
+                    mix32_avx2(_mm256_xor_si256(
+                        _mm256_add_epi32(base, from),
+                        _mm256_set1_epi32(w as i32),
+                    ))
+                };
+                // SAFETY: as the loads.
+                unsafe {
+                    let e = _mm256_loadu_ps(l.as_ptr().add(h));
+                    let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
+                    match a {
+                        FusedArray::Full(s) => {
+                            let (x0, x1) = join_pairs_avx2(e, o);
+                            _mm256_storeu_ps(s.as_mut_ptr().add(at + h), x0);
+                            _mm256_storeu_ps(s.as_mut_ptr().add(at + h + 8), x1);
+                        }
+                        FusedArray::Bf16(s, key) => {
+                            let dst: *mut u16 = s.as_mut_ptr().add(at + h).cast();
+                            let no_nan =
+                                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0;
+                            let h16 = if key.is_some() && no_nan {
+                                // `bf16_stochastic` of every value but NaN:
+                                // each lane plus its random bits' top half,
+                                // the high half of the sum kept; the odd
+                                // lane's in place, the even lane's shifted
+                                // under it.
+                                let round = |x: __m256, from| {
+                                    let r = _mm256_srli_epi32::<16>(bits(from));
+                                    _mm256_add_epi32(_mm256_castps_si256(x), r)
+                                };
+                                let (ue, uo) = (round(e, even), round(o, odd));
+                                _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(ue), uo)
+                            } else {
+                                // Nearest, or a NaN among the lanes: in the
+                                // natural order, by the full kernels.
+                                let (x0, x1) = join_pairs_avx2(e, o);
+                                let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
+                                match key {
+                                    Some(_) => pack16_avx2(
+                                        bf16_stochastic_avx2(i0, bits(natural)),
+                                        bf16_stochastic_avx2(
+                                            i1,
+                                            bits(_mm256_add_epi32(natural, _mm256_set1_epi32(8))),
+                                        ),
+                                    ),
+                                    None => {
+                                        pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
+                                    }
+                                }
+                            };
+                            _mm256_storeu_si256(dst.cast(), h16);
+                        }
+                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                    }
                 }
             }
         }
