@@ -120,7 +120,8 @@ impl FusedArray<'_> {
 /// Runs `f` on every block of [`LANES`] elements of the arrays: the lanes
 /// hold each array's elements widened (exactly) and the gradient's `g`,
 /// in an order of the path's choosing, the same for every array and `g`
-/// (the AVX-512 path pairs a bf16 word's two elements: evens, then odds);
+/// (with no f16 array the vector paths pair a bf16 word's two elements:
+/// evens, then odds);
 /// what `f` leaves in an array's lanes is stored, narrowed as the array
 /// rounds, element `i` being global index `first + i` (wrapping) for
 /// stochastic rounding. The last block is padded with zeros, whose lanes
