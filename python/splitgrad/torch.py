@@ -1005,9 +1005,14 @@ class SplitVocabulary(_Bound, nn.Module):
         dtype = dtype or torch.get_default_dtype()
         self._engine = _engine_dtype(dtype)
         self._core = _sg.SplitVocabulary.from_npz(
-            str(index_path), int(vocab_size), int(dim), int(n_languages), float(gate_init), _np_dtype(self._engine)
+            str(index_path),
+            int(vocab_size),
+            int(dim),
+            int(n_languages),
+            float(gate_init),
+            _np_dtype(self._engine),
+            storage=_HALF.get(dtype),
         )
-        _keep_as(self._core, dtype)
         self.n_rows = self._core.n_rows
         self.dim = int(dim)
         lang, tok = self._core.index()

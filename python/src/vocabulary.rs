@@ -12,7 +12,7 @@ use splitgrad::layers::{
     NO_ROW, NamedGrad, RowsGrad, SplitVocabulary, SplitVocabularyConfig, Workspace,
 };
 use splitgrad::optim::Optimizer;
-use splitgrad::param::ParamGrad;
+use splitgrad::param::{Dtype as StorageDtype, ParamGrad};
 use splitgrad::state::Module;
 use splitgrad::{Error, ErrorKind, RowSparse, Tape};
 
@@ -21,6 +21,7 @@ use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
 use crate::halfio::{Act, act_arg, input_arg, output};
 use crate::layer::{
     ByDtype, Workspaces, check_output, dtype_arg, layer_class, positive, size_getters, std_layout,
+    storage_dtype,
 };
 use crate::optim::PyOptimizer;
 
@@ -56,6 +57,7 @@ fn vocab_new<T: PyReal>(
     tokens: &[i64],
     score: Option<Vec<f64>>,
     cfg: &SplitVocabularyConfig,
+    kept: Option<StorageDtype>,
 ) -> splitgrad::Result<SplitVocabulary<T>> {
     let as_usize = |v: &[i64]| -> Vec<usize> {
         v.iter()
@@ -64,7 +66,8 @@ fn vocab_new<T: PyReal>(
     };
     let mut index = SplitIndex::new(as_usize(languages), as_usize(tokens));
     index.score = score;
-    SplitVocabulary::new(index, cfg).map_err(|e| match e.kind() {
+    let kept = kept.unwrap_or(StorageDtype::of::<T>());
+    SplitVocabulary::with_dtype(index, cfg, kept).map_err(|e| match e.kind() {
         ErrorKind::OutOfRange {
             what,
             position,
@@ -217,7 +220,7 @@ fn penalty_backward<T: PyReal>(
 #[pymethods]
 impl PyVocabulary {
     #[new]
-    #[pyo3(signature = (language_index, token_index, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None, score = None))]
+    #[pyo3(signature = (language_index, token_index, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None, score = None, storage = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         language_index: &Bound<'_, PyAny>,
@@ -228,6 +231,7 @@ impl PyVocabulary {
         gate_init: f64,
         dtype: Option<&Bound<'_, PyAny>>,
         score: Option<Vec<f64>>,
+        storage: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let l = ids_arg(language_index, "language_index")?;
         let t = ids_arg(token_index, "token_index")?;
@@ -241,15 +245,18 @@ impl PyVocabulary {
         let cfg = config(vocab_size, dim, n_languages, gate_init)?;
         let (l, t) = (l.into_raw_vec_and_offset().0, t.into_raw_vec_and_offset().0);
         let dt = dtype_arg(dtype, Dtype::F32)?;
+        let kept = storage.map(storage_dtype).transpose()?;
         Ok(Self::of(
-            crate::by_dtype!(dt, T => vocab_new::<T>(&l, &t, score, &cfg).or_raise()?),
+            crate::by_dtype!(dt, T => vocab_new::<T>(&l, &t, score, &cfg, kept).or_raise()?),
         ))
     }
 
     /// Reads the index from an `.npz` file (`language_index`,
-    /// `token_index`, optional `score`).
+    /// `token_index`, optional `score`). `storage`: how the rows and gate
+    /// logits are kept (bfloat16 or float16, allocated as such; the
+    /// layer's `dtype` by default).
     #[staticmethod]
-    #[pyo3(signature = (path, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None))]
+    #[pyo3(signature = (path, vocab_size, dim, n_languages, gate_init = 0.0, dtype = None, storage = None))]
     fn from_npz(
         path: std::path::PathBuf,
         vocab_size: i64,
@@ -257,12 +264,15 @@ impl PyVocabulary {
         n_languages: i64,
         gate_init: f64,
         dtype: Option<&Bound<'_, PyAny>>,
+        storage: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let cfg = config(vocab_size, dim, n_languages, gate_init)?;
         let dt = dtype_arg(dtype, Dtype::F32)?;
-        Ok(Self::of(
-            crate::by_dtype!(dt, T => SplitVocabulary::<T>::from_npz(&path, &cfg).or_raise()?),
-        ))
+        let kept = storage.map(storage_dtype).transpose()?;
+        Ok(Self::of(crate::by_dtype!(dt, T => {
+            let kept = kept.unwrap_or(StorageDtype::of::<T>());
+            SplitVocabulary::<T>::from_npz_with_dtype(&path, &cfg, kept).or_raise()?
+        })))
     }
 
     /// `(language_index, token_index)`, int64.

@@ -548,12 +548,15 @@ def _peak_growth(setup, build):
 
 @pytest.mark.skipif(not sys_platform_linux(), reason="reads /proc/self/status and resets the peak")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_tables_are_built_and_converted_without_an_f32_copy(dtype):
+def test_half_tables_are_built_and_converted_without_an_f32_copy(dtype, tmp_path):
     # 2**26 elements: 128 MiB in half precision, 256 MiB in f32.
     elems, half = 1 << 26, 128 << 20
+    index = tmp_path / "index.npz"
+    np.savez(index, language_index=np.repeat([0, 1], 16384), token_index=np.tile(np.arange(16384), 2))
     for build in [
         f"m = sgt.SplitTokenEmbeddings({{'orig': 32768}}, ['orig'], 2048, dtype=torch.{dtype})",
         f"m = sgt.SplitLanguageModellingHead({{'orig': 32768}}, ['orig'], 2048, dtype=torch.{dtype})",
+        f"m = sgt.SplitVocabulary({str(index)!r}, 16384, 2048, 2, dtype=torch.{dtype})",
     ]:
         grown = _peak_growth("", build)
         assert half <= grown < half + (48 << 20), (build, grown)

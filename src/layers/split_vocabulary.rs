@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayViewD, Axis, Ix2};
+use ndarray::{Array1, ArrayD, ArrayViewD, Axis, Ix2};
 
 use super::splits::table_bytes;
 use super::{AsTable, Ids};
@@ -31,8 +31,8 @@ use crate::ops::fusion_penalty::{
 };
 pub use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
-use crate::param::Parameter;
 use crate::param::RowSparse;
+use crate::param::{Dtype, Parameter, Stored};
 use crate::state::{Module, TensorRef};
 use crate::tape::{Tape, Var};
 
@@ -135,12 +135,38 @@ impl<T: Real> SplitVocabulary<T> {
     /// assert!(SplitVocabulary::<f32>::new(bad, &SplitVocabularyConfig::new(4, 2, 1)).is_err());
     /// ```
     pub fn new(index: SplitIndex, config: &SplitVocabularyConfig) -> Result<Self> {
+        Self::with_dtype(index, config, Dtype::of::<T>())
+    }
+
+    /// [`Self::new`] with the rows and gate logits kept as `dtype` (`T`'s
+    /// own, bf16 or f16) from the start: half-precision rows never pass
+    /// through `T`, so the layer costs their bytes only. Errors: those of
+    /// [`Self::new`]; a dtype that is neither `T`'s nor a half type.
+    ///
+    /// ```
+    /// use splitgrad::{io::SplitIndex, layers::{SplitVocabulary, SplitVocabularyConfig}, param::Dtype, state::Module};
+    /// let index = SplitIndex::new(vec![0, 1], vec![3, 3]);
+    /// let sv = SplitVocabulary::<f32>::with_dtype(index, &SplitVocabularyConfig::new(4, 8, 2), Dtype::BF16)?;
+    /// assert_eq!(sv.parameter_bytes(), 2 * 8 * 2 + 2 * 2);
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn with_dtype(
+        index: SplitIndex,
+        config: &SplitVocabularyConfig,
+        dtype: Dtype,
+    ) -> Result<Self> {
         let SplitVocabularyConfig {
             vocab_size,
             dim,
             n_languages,
             gate_init,
         } = *config;
+        if dtype != Dtype::of::<T>() && !dtype.is_half() {
+            return Err(Error::config(format!(
+                "a {} layer cannot keep its rows as {dtype}",
+                T::NAME
+            )));
+        }
         if dim == 0 {
             return Err(Error::config("dim must be positive, got 0"));
         }
@@ -151,18 +177,13 @@ impl<T: Real> SplitVocabulary<T> {
         }
         index.validate(n_languages, vocab_size)?;
         let n_rows = index.token_index.len();
-        let bytes = table_bytes::<T>(n_rows, dim.saturating_add(1));
+        let bytes = table_bytes(n_rows, dim.saturating_add(1), dtype);
         check_memory(
-            || {
-                format!(
-                    "`split_vocabulary.rows` ({n_rows} × {dim} {}) and its gates",
-                    T::NAME
-                )
-            },
+            || format!("`split_vocabulary.rows` ({n_rows} × {dim} {dtype}) and its gates"),
             bytes,
             "",
         )?;
-        Ok(Self::build(index, vocab_size, dim, n_languages, gate_init))
+        Self::build(index, vocab_size, dim, n_languages, gate_init, dtype)
     }
 
     /// A layer with no split rows: its output is `shared`, its penalties 0
@@ -174,18 +195,20 @@ impl<T: Real> SplitVocabulary<T> {
             return Err(Error::config("dim must be positive, got 0"));
         }
         let index = SplitIndex::new(Vec::new(), Vec::new());
-        Ok(Self::build(index, vocab_size, dim, n_languages, 0.0))
+        Self::build(index, vocab_size, dim, n_languages, 0.0, Dtype::of::<T>())
     }
 
     /// The layer for an index already checked: rows zero, gate logits
-    /// `gate_init`, the pair lookup and each row's token group.
+    /// `gate_init`, both kept as `dtype` (checked), the pair lookup and
+    /// each row's token group.
     fn build(
         index: SplitIndex,
         vocab_size: usize,
         dim: usize,
         n_languages: usize,
         gate_init: f64,
-    ) -> Self {
+        dtype: Dtype,
+    ) -> Result<Self> {
         let n_rows = index.token_index.len();
         let lookup = index.lookup(n_languages, vocab_size);
         let mut uniq: Vec<usize> = index.token_index.clone();
@@ -200,14 +223,15 @@ impl<T: Real> SplitVocabulary<T> {
         let as_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Array1<i64>>();
         let index_i64 = (as_i64(&index.language_index), as_i64(&index.token_index));
         let score = index.score.as_ref().map(|s| Array1::from(s.clone()));
-        SplitVocabulary {
-            rows: Parameter::new(
+        let gates = ArrayD::from_elem(ndarray::IxDyn(&[n_rows]), T::from_f64(gate_init));
+        Ok(SplitVocabulary {
+            rows: Parameter::new_stored(
                 "split_vocabulary.rows",
-                Array2::<T>::zeros((n_rows, dim)).into_dyn(),
+                Stored::zeros(&[n_rows, dim], dtype)?,
             ),
-            gate_logit: Parameter::new(
+            gate_logit: Parameter::new_stored(
                 "split_vocabulary.gate_logit",
-                ArrayD::from_elem(ndarray::IxDyn(&[n_rows]), T::from_f64(gate_init)),
+                Stored::from_full(gates, dtype)?,
             ),
             index,
             lookup,
@@ -217,15 +241,25 @@ impl<T: Real> SplitVocabulary<T> {
             groups,
             index_i64,
             score,
-        }
+        })
     }
 
     /// Loads the index from an `.npz` file (arrays `language_index` and
     /// `token_index`, optional `score`), then [`Self::new`]. Errors name the
     /// file, the array, the position and the value.
     pub fn from_npz(path: impl AsRef<Path>, config: &SplitVocabularyConfig) -> Result<Self> {
+        Self::from_npz_with_dtype(path, config, Dtype::of::<T>())
+    }
+
+    /// [`Self::from_npz`], the rows and gate logits kept as `dtype` from the
+    /// start ([`Self::with_dtype`]).
+    pub fn from_npz_with_dtype(
+        path: impl AsRef<Path>,
+        config: &SplitVocabularyConfig,
+        dtype: Dtype,
+    ) -> Result<Self> {
         let index = load_index(path.as_ref(), config.n_languages, config.vocab_size)?;
-        Self::new(index, config).map_err(|e| e.in_file(path.as_ref()))
+        Self::with_dtype(index, config, dtype).map_err(|e| e.in_file(path.as_ref()))
     }
 
     /// Copies each row from the shared row it specialises:

@@ -134,7 +134,7 @@ impl<T: Real> SplitTables<T> {
         }
         let mut total = 0u64;
         for (name, &size) in order.iter().zip(&sizes) {
-            let bytes = bytes_of(&[size as u64, hidden_size as u64, dtype.size() as u64]);
+            let bytes = table_bytes(size, hidden_size, dtype);
             total = total.saturating_add(bytes);
             check_memory(
                 || {
@@ -340,11 +340,11 @@ macro_rules! split_layer_api {
 }
 pub(crate) use split_layer_api;
 
-/// The bytes of a `(rows, width)` table of `T` (`u64::MAX` when that
-/// overflows): what is checked against the memory available
+/// The bytes of a `(rows, width)` table kept as `dtype` (`u64::MAX` when
+/// that overflows): what is checked against the memory available
 /// ([`check_memory`]) before a layer allocates one.
-pub(crate) fn table_bytes<T>(rows: usize, width: usize) -> u64 {
-    bytes_of(&[rows as u64, width as u64, std::mem::size_of::<T>() as u64])
+pub(crate) fn table_bytes(rows: usize, width: usize, dtype: Dtype) -> u64 {
+    bytes_of(&[rows as u64, width as u64, dtype.size() as u64])
 }
 
 #[cfg(test)]
