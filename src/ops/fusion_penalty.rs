@@ -141,18 +141,15 @@ struct HalfGroups<'r, 'a, T: Clone> {
 }
 
 impl<'r, 'a, T: Real> HalfGroups<'r, 'a, T> {
-    /// `None` for rows read in place.
-    fn new(rows: &'r TableRows<'a, T>, groups: &RowGroups) -> Option<Self> {
-        rows.is_half().then(|| {
-            let largest = (0..groups.n_groups())
-                .map(|g| groups.members(g).len())
-                .max()
-                .unwrap_or(0);
-            HalfGroups {
-                rows,
-                local: (0..largest).collect(),
-            }
-        })
+    fn new(rows: &'r TableRows<'a, T>, groups: &RowGroups) -> Self {
+        let largest = (0..groups.n_groups())
+            .map(|g| groups.members(g).len())
+            .max()
+            .unwrap_or(0);
+        HalfGroups {
+            rows,
+            local: (0..largest).collect(),
+        }
     }
 
     /// The members' rows widened into `block`, as an (m, D) view, and the
@@ -183,12 +180,37 @@ fn check_rows<T: Real>(x: &StoredView<'_, T>, groups: &RowGroups) -> (usize, usi
     (x.shape()[0], x.shape()[1])
 }
 
-/// The n rows as an (n, D) view when they are kept as `T` (read in place),
-/// `None` in half precision (read through [`HalfGroups`]).
-fn in_place<'r, T: Real>(rows: &'r TableRows<'_, T>, n: usize) -> Option<ArrayView2<'r, T>> {
-    match rows {
-        TableRows::Full(a, w) => Some(ArrayView2::from_shape((n, *w), &a[..]).expect("n rows")),
-        _ => None,
+/// The rows a pass reads a group at a time: in place when they are kept
+/// as `T`, through [`HalfGroups`] in half precision.
+enum GroupRows<'r, 'a, T: Clone> {
+    InPlace(ArrayView2<'r, T>),
+    Half(HalfGroups<'r, 'a, T>),
+}
+
+impl<'r, 'a, T: Real> GroupRows<'r, 'a, T> {
+    /// The n rows of `rows`, for `groups`.
+    fn new(rows: &'r TableRows<'a, T>, groups: &RowGroups, n: usize) -> Self {
+        match rows {
+            TableRows::Full(a, w) => {
+                GroupRows::InPlace(ArrayView2::from_shape((n, *w), &a[..]).expect("n rows"))
+            }
+            _ => GroupRows::Half(HalfGroups::new(rows, groups)),
+        }
+    }
+
+    /// The rows of a group's `members` as an (·, D) view and the members'
+    /// indices in it (the members themselves in place; 0..m in `block`,
+    /// the members' rows widened, in half precision). Position p of the
+    /// returned members is the p-th member either way.
+    fn view<'b>(
+        &'b self,
+        members: &'b [usize],
+        block: &'b mut Vec<T>,
+    ) -> (ArrayView2<'b, T>, &'b [usize]) {
+        match self {
+            GroupRows::InPlace(x) => (x.view(), members),
+            GroupRows::Half(h) => h.block(members, block),
+        }
     }
 }
 
@@ -217,8 +239,9 @@ fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
 }
 
 /// A group's terms of the gradient, for members (not empty) with factors
-/// `k`: its centroid `c` and `s = (Σ_j k_j·d_j) / |g|`, d_j = x_j − c, the
-/// sum over members in increasing order, skipping `k_j = 0`.
+/// `k` (`k(p)`: the p-th member's): its centroid `c` and
+/// `s = (Σ_j k_j·d_j) / |g|`, d_j = x_j − c, the sum over members in
+/// increasing order, skipping `k_j = 0`.
 fn group_terms<T: Real>(
     x: ArrayView2<'_, T>,
     members: &[usize],
@@ -227,7 +250,7 @@ fn group_terms<T: Real>(
     s: &mut [T],
 ) {
     centroid(x, members, c);
-    spread(x, members, |p| k(members[p]), c, s);
+    spread(x, members, k, c, s);
 }
 
 /// `s = (Σ_j k_j·(x_j − c)) / |members|` for a group whose centroid `c` is
@@ -319,8 +342,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
 ) -> (T, Array1<T>) {
     let (n, width) = check_rows(&x, groups);
     let rows = x.table_rows();
-    let half = HalfGroups::new(&rows, groups);
-    let full = in_place(&rows, n);
+    let group_rows = GroupRows::new(&rows, groups, n);
     let mut by_group = vec![T::zero(); n];
     if width > 0 {
         groups
@@ -335,14 +357,8 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                     if members.is_empty() {
                         return;
                     }
-                    match (&full, &half) {
-                        (Some(x), _) => group_norms(x.view(), members, c, norms),
-                        (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
-                            group_norms(x, local, c, norms)
-                        }
-                        (None, None) => unreachable!("rows in place or in half precision"),
-                    }
+                    let (x, local) = group_rows.view(members, block);
+                    group_norms(x, local, c, norms);
                 },
             );
     }
@@ -385,8 +401,7 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
 ) -> (T, Array1<T>, FusionRowGrads<T>) {
     let (n, width) = check_rows(&x, groups);
     let rows = x.table_rows();
-    let half = HalfGroups::new(&rows, groups);
-    let full = in_place(&rows, n);
+    let group_rows = GroupRows::new(&rows, groups, n);
     let a = gy / T::from_f64(n.max(1) as f64);
     let (multi, slot) = slots(groups);
     let n_multi = multi.len();
@@ -413,12 +428,8 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                     if members.is_empty() {
                         return;
                     }
-                    let (x, members) = match (&full, &half) {
-                        (Some(x), _) => (x.view(), members),
-                        (None, Some(h)) => h.block(members, block),
-                        (None, None) => unreachable!("rows in place or in half precision"),
-                    };
-                    group_norms_terms(x.view(), members, a, c, norms, t);
+                    let (x, local) = group_rows.view(members, block);
+                    group_norms_terms(x, local, a, c, norms, t);
                 },
             );
     }
@@ -451,13 +462,22 @@ wide_fn! {
     ) {
         group_norms(x.view(), members, c, norms);
         if let Some(t) = t {
-            t.fill(MaybeUninit::new(T::zero()));
-            // SAFETY: just written, and `MaybeUninit<T>` has `T`'s layout.
-            let t = unsafe { &mut *(t as *mut [MaybeUninit<T>] as *mut [T]) };
-            // k_j from the norms just computed, then s from the centroid
-            // group_norms left in `c`: group_terms' bits.
+            // The centroid group_norms left in `c`, then s (spread writes
+            // it whole) from the factors of the norms just computed:
+            // group_terms' bits.
             let (tc, ts) = t.split_at_mut(c.len());
-            tc.copy_from_slice(c);
+            for (d, &v) in tc.iter_mut().zip(c.iter()) {
+                d.write(v);
+            }
+            ts.fill(MaybeUninit::new(T::zero()));
+            // SAFETY: both halves just written, and `MaybeUninit<T>` has
+            // `T`'s layout.
+            let (tc, ts) = unsafe {
+                (
+                    &*(tc as *const [MaybeUninit<T>] as *const [T]),
+                    &mut *(ts as *mut [MaybeUninit<T>] as *mut [T]),
+                )
+            };
             // The p-th member's norm is norms[p].
             spread(x, members, |p| factor(a, norms[p]), tc, ts);
         }
@@ -543,8 +563,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
     assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
     assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
     let rows = x.table_rows();
-    let half = HalfGroups::new(&rows, groups);
-    let full = in_place(&rows, n);
+    let group_rows = GroupRows::new(&rows, groups, n);
     let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);
     let mut out = pool.uninit_2d((n, width));
     if width > 0 {
@@ -574,15 +593,8 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                     if members.is_empty() {
                         return;
                     }
-                    let k = |i: usize| factor(a, norms[i]);
-                    match (&full, &half) {
-                        (Some(x), _) => group_grads(x.view(), members, k, buf, grads),
-                        (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
-                            group_grads(x, local, |l| k(members[l]), buf, grads)
-                        }
-                        (None, None) => unreachable!("rows in place or in half precision"),
-                    }
+                    let (x, local) = group_rows.view(members, block);
+                    group_grads(x, local, |p| factor(a, norms[members[p]]), buf, grads);
                 },
             );
     }
@@ -605,8 +617,8 @@ fn group_grads<T: Real>(
     let width = x.ncols();
     let (c, s) = buf.split_at_mut(width);
     group_terms(x.view(), members, &k, c, s);
-    for (gi, &i) in grads.iter_mut().zip(members) {
-        let ki = k(i);
+    for (p, (gi, &i)) in grads.iter_mut().zip(members).enumerate() {
+        let ki = k(p);
         let row = x.row(i);
         let row = row.as_slice().expect("standard layout");
         for (((g, &v), &c), &s) in gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter()) {
@@ -657,8 +669,7 @@ impl<T: Real> FusionRowGrads<T> {
         assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
         assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
         let rows = x.table_rows();
-        let half = HalfGroups::new(&rows, groups);
-        let full = in_place(&rows, n);
+        let group_rows = GroupRows::new(&rows, groups, n);
         let a = gy / T::from_f64(n.max(1) as f64);
         let k: Vec<T> = norms.iter().map(|&y| factor(a, y)).collect();
         let (multi, slot) = slots(groups);
@@ -674,14 +685,8 @@ impl<T: Real> FusionRowGrads<T> {
                         rows.prefetch_rows(groups.members(ahead));
                     }
                     let members = groups.members(g);
-                    match (&full, &half) {
-                        (Some(x), _) => group_terms(x.view(), members, |j| k[j], c, s),
-                        (None, Some(h)) => {
-                            let (x, local) = h.block(members, block);
-                            group_terms(x, local, |l| k[members[l]], c, s)
-                        }
-                        (None, None) => unreachable!("rows in place or in half precision"),
-                    }
+                    let (x, local) = group_rows.view(members, block);
+                    group_terms(x, local, |p| k[members[p]], c, s);
                 });
         }
         FusionRowGrads {
