@@ -78,6 +78,38 @@ fn prefetch_ahead(a: &FusedArray<'_>, at: usize) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
 }
 
+/// The loop of every vector kernel over the whole blocks: for each block
+/// of [`LANES`] elements, `load` fills the lanes of the arrays and of `g`
+/// (in the kernel's order; `false` when a bf16 input is NaN), `f` runs on
+/// them, and `store` narrows them back, `index` the global index of the
+/// block's first element and `word` the arrays' [`Words`]. A block whose
+/// indices cross a high word, or with a NaN input, runs in the plain code
+/// instead. Returns the elements done.
+#[inline(always)]
+fn blocks<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+    arrays: &mut [FusedArray<'_>; N],
+    g: &[f32],
+    first: u64,
+    f: &F,
+    mut load: impl FnMut(&[FusedArray<'_>; N], usize, &mut [Lanes; N], &mut Lanes) -> bool,
+    mut store: impl FnMut(&mut [FusedArray<'_>; N], usize, u64, &[u32; N], &[Lanes; N]),
+) -> usize {
+    let body = g.len() - g.len() % LANES;
+    let mut words = Words::new(arrays, first);
+    for at in (0..body).step_by(LANES) {
+        let index = first.wrapping_add(at as u64);
+        let (mut lanes, mut gl) = ([[0.0f32; LANES]; N], [0.0f32; LANES]);
+        match words.of(arrays, index) {
+            Some(word) if load(arrays, at, &mut lanes, &mut gl) => {
+                f(&mut lanes, &gl);
+                store(arrays, at, index, &word, &lanes);
+            }
+            _ => blocks_scalar(arrays, g, first, at, at + LANES, f),
+        }
+    }
+    body
+}
+
 /// The AVX-512 path over the whole blocks; returns the elements done.
 ///
 /// # Safety
@@ -94,97 +126,91 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
         // SAFETY: as this function's.
         return unsafe { update_avx512_paired(arrays, g, first, f) };
     }
-    let body = g.len() - g.len() % LANES;
     let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let mut words = Words::new(arrays, first);
-    let mut at = 0;
-    while at < body {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        };
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan: __mmask16 = 0;
-        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            prefetch_ahead(a, at);
-            for v in (0..LANES).step_by(16) {
-                let at = at + v;
-                // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
-                // loads, and `l` holds LANES floats.
-                unsafe {
-                    let x = match a {
-                        FusedArray::Full(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
-                        FusedArray::Bf16(s, _) => {
-                            let h = _mm256_loadu_si256(s.as_ptr().add(at).cast());
-                            // The widening of every value but NaN.
-                            let w = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
-                                _mm512_cvtepu16_epi32(h),
-                            ));
-                            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w);
-                            w
-                        }
-                        FusedArray::F16(s, _) => {
-                            _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast()))
-                        }
-                    };
-                    _mm512_storeu_ps(l.as_mut_ptr().add(v), x);
-                }
-            }
-        }
-        if nan != 0 {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        }
-        let gl: &Lanes = g[at..at + LANES].try_into().expect("a block of lanes");
-        f(&mut lanes, gl);
-        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            for v in (0..LANES).step_by(16) {
-                let at = at + v;
-                let lo = _mm512_add_epi32(
-                    _mm512_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
-                    step,
-                );
-                let bits = || mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(w as i32)));
-                // SAFETY: as the loads.
-                unsafe {
-                    let x = _mm512_loadu_ps(l.as_ptr().add(v));
-                    let xi = _mm512_castps_si512(x);
-                    let h = match a {
-                        FusedArray::Full(s) => {
-                            _mm512_storeu_ps(s.as_mut_ptr().add(at), x);
-                            continue;
-                        }
-                        FusedArray::Bf16(_, Some(_)) => {
-                            let r = bits();
-                            if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
-                                // `bf16_stochastic` of every value but NaN.
-                                let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
-                                _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(up))
-                            } else {
-                                bf16_stochastic_avx512(xi, r)
+    blocks(
+        arrays,
+        g,
+        first,
+        f,
+        |arrays, at, lanes, gl| {
+            let mut nan: __mmask16 = 0;
+            for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                prefetch_ahead(a, at);
+                for v in (0..LANES).step_by(16) {
+                    let at = at + v;
+                    // SAFETY: at + 16 ≤ the whole blocks' end ≤ the array's length; unaligned
+                    // loads, and `l` holds LANES floats.
+                    unsafe {
+                        let x = match a {
+                            FusedArray::Full(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
+                            FusedArray::Bf16(s, _) => {
+                                let h = _mm256_loadu_si256(s.as_ptr().add(at).cast());
+                                // The widening of every value but NaN.
+                                let w = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+                                    _mm512_cvtepu16_epi32(h),
+                                ));
+                                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w);
+                                w
                             }
-                        }
-                        FusedArray::Bf16(_, None) => bf16_nearest_avx512(xi),
-                        FusedArray::F16(_, Some(_)) => f16_stochastic_avx512(xi, bits()),
-                        FusedArray::F16(_, None) => {
-                            _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
-                        }
-                    };
-                    let dst: *mut u16 = match a {
-                        FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
-                        FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
-                        FusedArray::Full(_) => unreachable!("stored above"),
-                    };
-                    _mm256_storeu_si256(dst.add(at).cast(), h);
+                            FusedArray::F16(s, _) => {
+                                _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast()))
+                            }
+                        };
+                        _mm512_storeu_ps(l.as_mut_ptr().add(v), x);
+                    }
                 }
             }
-        }
-        at += LANES;
-    }
-    body
+            if nan != 0 {
+                return false;
+            }
+            gl.copy_from_slice(&g[at..at + LANES]);
+            true
+        },
+        |arrays, at, index, word, lanes| {
+            for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+                for v in (0..LANES).step_by(16) {
+                    let at = at + v;
+                    let lo = _mm512_add_epi32(
+                        _mm512_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
+                        step,
+                    );
+                    let bits = || mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(w as i32)));
+                    // SAFETY: as the loads.
+                    unsafe {
+                        let x = _mm512_loadu_ps(l.as_ptr().add(v));
+                        let xi = _mm512_castps_si512(x);
+                        let h = match a {
+                            FusedArray::Full(s) => {
+                                _mm512_storeu_ps(s.as_mut_ptr().add(at), x);
+                                continue;
+                            }
+                            FusedArray::Bf16(_, Some(_)) => {
+                                let r = bits();
+                                if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
+                                    // `bf16_stochastic` of every value but NaN.
+                                    let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(up))
+                                } else {
+                                    bf16_stochastic_avx512(xi, r)
+                                }
+                            }
+                            FusedArray::Bf16(_, None) => bf16_nearest_avx512(xi),
+                            FusedArray::F16(_, Some(_)) => f16_stochastic_avx512(xi, bits()),
+                            FusedArray::F16(_, None) => _mm512_cvtps_ph::<
+                                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                            >(x),
+                        };
+                        let dst: *mut u16 = match a {
+                            FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                            FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                            FusedArray::Full(_) => unreachable!("stored above"),
+                        };
+                        _mm256_storeu_si256(dst.add(at).cast(), h);
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The element of each lane of the even vector (0, 2, …, 30) and of the
@@ -226,126 +252,119 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     first: u64,
     f: &F,
 ) -> usize {
-    let body = g.len() - g.len() % LANES;
     let (even, odd) = (vector(EVEN), vector(ODD));
     let (low, high) = (vector(LOW), vector(HIGH));
     let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-    let mut words = Words::new(arrays, first);
-    let mut at = 0;
-    while at < body {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        };
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan: __mmask16 = 0;
-        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            prefetch_ahead(a, at);
-            // SAFETY: at + 32 ≤ body ≤ the array's length; unaligned loads,
-            // and `l` holds 32 floats.
-            unsafe {
-                let (e, o) = match a {
-                    FusedArray::Full(s) => {
-                        let x0 = _mm512_loadu_ps(s.as_ptr().add(at));
-                        let x1 = _mm512_loadu_ps(s.as_ptr().add(at + 16));
-                        (
-                            _mm512_permutex2var_ps(x0, even, x1),
-                            _mm512_permutex2var_ps(x0, odd, x1),
-                        )
-                    }
-                    FusedArray::Bf16(s, _) => {
-                        let x = _mm512_loadu_si512(s.as_ptr().add(at).cast());
-                        // The widening of every value but NaN.
-                        let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
-                        let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
-                        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
-                        (e, o)
-                    }
-                    FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
-                };
-                _mm512_storeu_ps(l.as_mut_ptr(), e);
-                _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
-            }
-        }
-        if nan != 0 {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        }
-        let mut gl = [0.0f32; LANES];
-        // SAFETY: at + 32 ≤ body ≤ g's length; `gl` holds 32 floats.
-        unsafe {
-            let g0 = _mm512_loadu_ps(g.as_ptr().add(at));
-            let g1 = _mm512_loadu_ps(g.as_ptr().add(at + 16));
-            _mm512_storeu_ps(gl.as_mut_ptr(), _mm512_permutex2var_ps(g0, even, g1));
-            _mm512_storeu_ps(gl.as_mut_ptr().add(16), _mm512_permutex2var_ps(g0, odd, g1));
-        }
-        f(&mut lanes, &gl);
-        let base = _mm512_set1_epi32(index as u32 as i32);
-        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            // The random bits of the lanes whose elements are `from` + base.
-            let bits = |from: __m512i| {
-                mix32_avx512(_mm512_xor_si512(
-                    _mm512_add_epi32(base, from),
-                    _mm512_set1_epi32(w as i32),
-                ))
-            };
-            // SAFETY: as the loads.
-            unsafe {
-                let e = _mm512_loadu_ps(l.as_ptr());
-                let o = _mm512_loadu_ps(l.as_ptr().add(16));
-                let x0 = || _mm512_permutex2var_ps(e, low, o);
-                let x1 = || _mm512_permutex2var_ps(e, high, o);
-                match a {
-                    FusedArray::Full(s) => {
-                        _mm512_storeu_ps(s.as_mut_ptr().add(at), x0());
-                        _mm512_storeu_ps(s.as_mut_ptr().add(at + 16), x1());
-                    }
-                    FusedArray::Bf16(s, key) => {
-                        let dst: *mut u16 = s.as_mut_ptr().add(at).cast();
-                        if key.is_some() && _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
-                            // `bf16_stochastic` of every value but NaN: each
-                            // lane plus its random bits' top half, the high
-                            // half of the sum kept; the odd lane's in place,
-                            // the even lane's shifted under it.
-                            let round = |x: __m512, from| {
-                                let r = _mm512_srli_epi32::<16>(bits(from));
-                                _mm512_add_epi32(_mm512_castps_si512(x), r)
-                            };
-                            let (ue, uo) = (round(e, even), round(o, odd));
-                            let both = _mm512_ternarylogic_epi32::<0xCA>(
-                                top,
-                                uo,
-                                _mm512_srli_epi32::<16>(ue),
-                            );
-                            _mm512_storeu_si512(dst.cast(), both);
-                        } else {
-                            // Nearest, or a NaN among the lanes: in the
-                            // natural order, by the full kernels.
-                            let narrow = |x: __m512, v: i32| {
-                                let xi = _mm512_castps_si512(x);
-                                match key {
-                                    Some(_) => bf16_stochastic_avx512(
-                                        xi,
-                                        bits(_mm512_add_epi32(natural, _mm512_set1_epi32(v))),
-                                    ),
-                                    None => bf16_nearest_avx512(xi),
-                                }
-                            };
-                            _mm256_storeu_si256(dst.cast(), narrow(x0(), 0));
-                            _mm256_storeu_si256(dst.add(16).cast(), narrow(x1(), 16));
+    blocks(
+        arrays,
+        g,
+        first,
+        f,
+        |arrays, at, lanes, gl| {
+            let mut nan: __mmask16 = 0;
+            for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                prefetch_ahead(a, at);
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's length; unaligned loads,
+                // and `l` holds 32 floats.
+                unsafe {
+                    let (e, o) = match a {
+                        FusedArray::Full(s) => {
+                            let x0 = _mm512_loadu_ps(s.as_ptr().add(at));
+                            let x1 = _mm512_loadu_ps(s.as_ptr().add(at + 16));
+                            (
+                                _mm512_permutex2var_ps(x0, even, x1),
+                                _mm512_permutex2var_ps(x0, odd, x1),
+                            )
                         }
-                    }
-                    FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                        FusedArray::Bf16(s, _) => {
+                            let x = _mm512_loadu_si512(s.as_ptr().add(at).cast());
+                            // The widening of every value but NaN.
+                            let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                            let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
+                            (e, o)
+                        }
+                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                    };
+                    _mm512_storeu_ps(l.as_mut_ptr(), e);
+                    _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
                 }
             }
-        }
-        at += LANES;
-    }
-    body
+            if nan != 0 {
+                return false;
+            }
+            // SAFETY: at + 32 ≤ the whole blocks' end ≤ g's length; `gl` holds 32 floats.
+            unsafe {
+                let g0 = _mm512_loadu_ps(g.as_ptr().add(at));
+                let g1 = _mm512_loadu_ps(g.as_ptr().add(at + 16));
+                _mm512_storeu_ps(gl.as_mut_ptr(), _mm512_permutex2var_ps(g0, even, g1));
+                _mm512_storeu_ps(gl.as_mut_ptr().add(16), _mm512_permutex2var_ps(g0, odd, g1));
+            }
+            true
+        },
+        |arrays, at, index, word, lanes| {
+            let base = _mm512_set1_epi32(index as u32 as i32);
+            for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+                // The random bits of the lanes whose elements are `from` + base.
+                let bits = |from: __m512i| {
+                    mix32_avx512(_mm512_xor_si512(
+                        _mm512_add_epi32(base, from),
+                        _mm512_set1_epi32(w as i32),
+                    ))
+                };
+                // SAFETY: as the loads.
+                unsafe {
+                    let e = _mm512_loadu_ps(l.as_ptr());
+                    let o = _mm512_loadu_ps(l.as_ptr().add(16));
+                    let x0 = || _mm512_permutex2var_ps(e, low, o);
+                    let x1 = || _mm512_permutex2var_ps(e, high, o);
+                    match a {
+                        FusedArray::Full(s) => {
+                            _mm512_storeu_ps(s.as_mut_ptr().add(at), x0());
+                            _mm512_storeu_ps(s.as_mut_ptr().add(at + 16), x1());
+                        }
+                        FusedArray::Bf16(s, key) => {
+                            let dst: *mut u16 = s.as_mut_ptr().add(at).cast();
+                            if key.is_some() && _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
+                                // `bf16_stochastic` of every value but NaN: each
+                                // lane plus its random bits' top half, the high
+                                // half of the sum kept; the odd lane's in place,
+                                // the even lane's shifted under it.
+                                let round = |x: __m512, from| {
+                                    let r = _mm512_srli_epi32::<16>(bits(from));
+                                    _mm512_add_epi32(_mm512_castps_si512(x), r)
+                                };
+                                let (ue, uo) = (round(e, even), round(o, odd));
+                                let both = _mm512_ternarylogic_epi32::<0xCA>(
+                                    top,
+                                    uo,
+                                    _mm512_srli_epi32::<16>(ue),
+                                );
+                                _mm512_storeu_si512(dst.cast(), both);
+                            } else {
+                                // Nearest, or a NaN among the lanes: in the
+                                // natural order, by the full kernels.
+                                let narrow = |x: __m512, v: i32| {
+                                    let xi = _mm512_castps_si512(x);
+                                    match key {
+                                        Some(_) => bf16_stochastic_avx512(
+                                            xi,
+                                            bits(_mm512_add_epi32(natural, _mm512_set1_epi32(v))),
+                                        ),
+                                        None => bf16_nearest_avx512(xi),
+                                    }
+                                };
+                                _mm256_storeu_si256(dst.cast(), narrow(x0(), 0));
+                                _mm256_storeu_si256(dst.add(16).cast(), narrow(x1(), 16));
+                            }
+                        }
+                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The AVX2 path over the whole blocks, two vectors of 8 a block; returns
@@ -365,117 +384,111 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
         // SAFETY: as this function's.
         return unsafe { update_avx2_paired(arrays, g, first, f) };
     }
-    let body = g.len() - g.len() % LANES;
     let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let mut words = Words::new(arrays, first);
-    let mut at = 0;
-    while at < body {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        };
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan = _mm256_setzero_ps();
-        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            for half in (0..LANES).step_by(8) {
-                // SAFETY: at + 16 ≤ body ≤ the array's length; unaligned
-                // loads, and `l` holds 16 floats.
-                unsafe {
-                    let x = match a {
-                        FusedArray::Full(s) => _mm256_loadu_ps(s.as_ptr().add(at + half)),
-                        FusedArray::Bf16(s, _) => {
-                            let h = _mm_loadu_si128(s.as_ptr().add(at + half).cast());
-                            let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
-                                _mm256_cvtepu16_epi32(h),
-                            ));
-                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(w, w));
-                            w
-                        }
-                        FusedArray::F16(s, _) => {
-                            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at + half).cast()))
-                        }
-                    };
-                    _mm256_storeu_ps(l.as_mut_ptr().add(half), x);
-                }
-            }
-        }
-        if _mm256_movemask_ps(nan) != 0 {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        }
-        let gl: &Lanes = g[at..at + LANES].try_into().expect("16 lanes");
-        f(&mut lanes, gl);
-        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            for v in (0..LANES).step_by(16) {
-                let at = at + v;
-                let base = _mm256_add_epi32(
-                    _mm256_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
-                    step,
-                );
-                // The random bits of the lanes from `half`.
-                let bits = |half: i32| {
-                    let lo = _mm256_add_epi32(base, _mm256_set1_epi32(half));
-                    mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(w as i32)))
-                };
-                // SAFETY: as the loads.
-                unsafe {
-                    let (x0, x1) = (
-                        _mm256_loadu_ps(l.as_ptr().add(v)),
-                        _mm256_loadu_ps(l.as_ptr().add(v + 8)),
-                    );
-                    let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
-                    let h = match a {
-                        FusedArray::Full(s) => {
-                            _mm256_storeu_ps(s.as_mut_ptr().add(at), x0);
-                            _mm256_storeu_ps(s.as_mut_ptr().add(at + 8), x1);
-                            continue;
-                        }
-                        FusedArray::Bf16(_, Some(_)) => {
-                            let (r0, r1) = (bits(0), bits(8));
-                            let nan = _mm256_or_ps(
-                                _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
-                                _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
-                            );
-                            if _mm256_movemask_ps(nan) == 0 {
-                                let round = |x: __m256i, r: __m256i| {
-                                    let up = _mm256_add_epi32(x, _mm256_srli_epi32::<16>(r));
-                                    _mm256_srli_epi32::<16>(up)
-                                };
-                                pack16_avx2(round(i0, r0), round(i1, r1))
-                            } else {
-                                pack16_avx2(
-                                    bf16_stochastic_avx2(i0, r0),
-                                    bf16_stochastic_avx2(i1, r1),
-                                )
+    blocks(
+        arrays,
+        g,
+        first,
+        f,
+        |arrays, at, lanes, gl| {
+            let mut nan = _mm256_setzero_ps();
+            for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                for half in (0..LANES).step_by(8) {
+                    // SAFETY: at + 16 ≤ the whole blocks' end ≤ the array's length; unaligned
+                    // loads, and `l` holds 16 floats.
+                    unsafe {
+                        let x = match a {
+                            FusedArray::Full(s) => _mm256_loadu_ps(s.as_ptr().add(at + half)),
+                            FusedArray::Bf16(s, _) => {
+                                let h = _mm_loadu_si128(s.as_ptr().add(at + half).cast());
+                                let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+                                    _mm256_cvtepu16_epi32(h),
+                                ));
+                                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(w, w));
+                                w
                             }
-                        }
-                        FusedArray::Bf16(_, None) => {
-                            pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
-                        }
-                        FusedArray::F16(_, Some(_)) => pack16_avx2(
-                            f16_stochastic_avx2(i0, bits(0)),
-                            f16_stochastic_avx2(i1, bits(8)),
-                        ),
-                        FusedArray::F16(_, None) => _mm256_set_m128i(
-                            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x1),
-                            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x0),
-                        ),
-                    };
-                    let dst: *mut u16 = match a {
-                        FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
-                        FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
-                        FusedArray::Full(_) => unreachable!("stored above"),
-                    };
-                    _mm256_storeu_si256(dst.add(at).cast(), h);
+                            FusedArray::F16(s, _) => {
+                                _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at + half).cast()))
+                            }
+                        };
+                        _mm256_storeu_ps(l.as_mut_ptr().add(half), x);
+                    }
                 }
             }
-        }
-        at += LANES;
-    }
-    body
+            if _mm256_movemask_ps(nan) != 0 {
+                return false;
+            }
+            gl.copy_from_slice(&g[at..at + LANES]);
+            true
+        },
+        |arrays, at, index, word, lanes| {
+            for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+                for v in (0..LANES).step_by(16) {
+                    let at = at + v;
+                    let base = _mm256_add_epi32(
+                        _mm256_set1_epi32((index as u32).wrapping_add(v as u32) as i32),
+                        step,
+                    );
+                    // The random bits of the lanes from `half`.
+                    let bits = |half: i32| {
+                        let lo = _mm256_add_epi32(base, _mm256_set1_epi32(half));
+                        mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(w as i32)))
+                    };
+                    // SAFETY: as the loads.
+                    unsafe {
+                        let (x0, x1) = (
+                            _mm256_loadu_ps(l.as_ptr().add(v)),
+                            _mm256_loadu_ps(l.as_ptr().add(v + 8)),
+                        );
+                        let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
+                        let h = match a {
+                            FusedArray::Full(s) => {
+                                _mm256_storeu_ps(s.as_mut_ptr().add(at), x0);
+                                _mm256_storeu_ps(s.as_mut_ptr().add(at + 8), x1);
+                                continue;
+                            }
+                            FusedArray::Bf16(_, Some(_)) => {
+                                let (r0, r1) = (bits(0), bits(8));
+                                let nan = _mm256_or_ps(
+                                    _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
+                                    _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
+                                );
+                                if _mm256_movemask_ps(nan) == 0 {
+                                    let round = |x: __m256i, r: __m256i| {
+                                        let up = _mm256_add_epi32(x, _mm256_srli_epi32::<16>(r));
+                                        _mm256_srli_epi32::<16>(up)
+                                    };
+                                    pack16_avx2(round(i0, r0), round(i1, r1))
+                                } else {
+                                    pack16_avx2(
+                                        bf16_stochastic_avx2(i0, r0),
+                                        bf16_stochastic_avx2(i1, r1),
+                                    )
+                                }
+                            }
+                            FusedArray::Bf16(_, None) => {
+                                pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
+                            }
+                            FusedArray::F16(_, Some(_)) => pack16_avx2(
+                                f16_stochastic_avx2(i0, bits(0)),
+                                f16_stochastic_avx2(i1, bits(8)),
+                            ),
+                            FusedArray::F16(_, None) => _mm256_set_m128i(
+                                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x1),
+                                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x0),
+                            ),
+                        };
+                        let dst: *mut u16 = match a {
+                            FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+                            FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+                            FusedArray::Full(_) => unreachable!("stored above"),
+                        };
+                        _mm256_storeu_si256(dst.add(at).cast(), h);
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The even and odd elements of 16 f32 in `x0`, `x1` (elements 0–7 and
@@ -524,130 +537,135 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     first: u64,
     f: &F,
 ) -> usize {
-    let body = g.len() - g.len() % LANES;
     let even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     let odd = _mm256_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15);
     let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
-    let mut words = Words::new(arrays, first);
-    let mut at = 0;
-    while at < body {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        };
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan = _mm256_setzero_ps();
-        for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
-            for h in (0..LANES).step_by(16) {
-                // SAFETY: at + 32 ≤ body ≤ the array's length; unaligned
-                // loads, and `l` holds 32 floats.
-                unsafe {
-                    let (e, o) = match a {
-                        FusedArray::Full(s) => split_pairs_avx2(
-                            _mm256_loadu_ps(s.as_ptr().add(at + h)),
-                            _mm256_loadu_ps(s.as_ptr().add(at + h + 8)),
-                        ),
-                        FusedArray::Bf16(s, _) => {
-                            let x = _mm256_loadu_si256(s.as_ptr().add(at + h).cast());
-                            // The widening of every value but NaN.
-                            let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
-                            let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
-                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
-                            (e, o)
-                        }
-                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
-                    };
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
-                }
-            }
-        }
-        if _mm256_movemask_ps(nan) != 0 {
-            blocks_scalar(arrays, g, first, at, at + LANES, f);
-            at += LANES;
-            continue;
-        }
-        let mut gl = [0.0f32; LANES];
-        for h in (0..LANES).step_by(16) {
-            // SAFETY: at + 32 ≤ body ≤ g's length; `gl` holds 32 floats.
-            unsafe {
-                let (e, o) = split_pairs_avx2(
-                    _mm256_loadu_ps(g.as_ptr().add(at + h)),
-                    _mm256_loadu_ps(g.as_ptr().add(at + h + 8)),
-                );
-                _mm256_storeu_ps(gl.as_mut_ptr().add(h), e);
-                _mm256_storeu_ps(gl.as_mut_ptr().add(h + 8), o);
-            }
-        }
-        f(&mut lanes, &gl);
-        for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-            for h in (0..LANES).step_by(16) {
-                let base = _mm256_set1_epi32((index as u32).wrapping_add(h as u32) as i32);
-                // The random bits of the lanes whose elements are `from` +
-                // the first of these 16.
-                let bits = |from: __m256i| {
-                    mix32_avx2(_mm256_xor_si256(
-                        _mm256_add_epi32(base, from),
-                        _mm256_set1_epi32(w as i32),
-                    ))
-                };
-                // SAFETY: as the loads.
-                unsafe {
-                    let e = _mm256_loadu_ps(l.as_ptr().add(h));
-                    let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
-                    match a {
-                        FusedArray::Full(s) => {
-                            let (x0, x1) = join_pairs_avx2(e, o);
-                            _mm256_storeu_ps(s.as_mut_ptr().add(at + h), x0);
-                            _mm256_storeu_ps(s.as_mut_ptr().add(at + h + 8), x1);
-                        }
-                        FusedArray::Bf16(s, key) => {
-                            let dst: *mut u16 = s.as_mut_ptr().add(at + h).cast();
-                            let no_nan =
-                                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0;
-                            let h16 = if key.is_some() && no_nan {
-                                // `bf16_stochastic` of every value but NaN:
-                                // each lane plus its random bits' top half,
-                                // the high half of the sum kept; the odd
-                                // lane's in place, the even lane's shifted
-                                // under it.
-                                let round = |x: __m256, from| {
-                                    let r = _mm256_srli_epi32::<16>(bits(from));
-                                    _mm256_add_epi32(_mm256_castps_si256(x), r)
-                                };
-                                let (ue, uo) = (round(e, even), round(o, odd));
-                                _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(ue), uo)
-                            } else {
-                                // Nearest, or a NaN among the lanes: in the
-                                // natural order, by the full kernels.
-                                let (x0, x1) = join_pairs_avx2(e, o);
-                                let (i0, i1) = (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
-                                match key {
-                                    Some(_) => pack16_avx2(
-                                        bf16_stochastic_avx2(i0, bits(natural)),
-                                        bf16_stochastic_avx2(
-                                            i1,
-                                            bits(_mm256_add_epi32(natural, _mm256_set1_epi32(8))),
-                                        ),
-                                    ),
-                                    None => {
-                                        pack16_avx2(bf16_nearest_avx2(i0), bf16_nearest_avx2(i1))
-                                    }
-                                }
-                            };
-                            _mm256_storeu_si256(dst.cast(), h16);
-                        }
-                        FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
+    blocks(
+        arrays,
+        g,
+        first,
+        f,
+        |arrays, at, lanes, gl| {
+            let mut nan = _mm256_setzero_ps();
+            for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                for h in (0..LANES).step_by(16) {
+                    // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's length; unaligned
+                    // loads, and `l` holds 32 floats.
+                    unsafe {
+                        let (e, o) = match a {
+                            FusedArray::Full(s) => split_pairs_avx2(
+                                _mm256_loadu_ps(s.as_ptr().add(at + h)),
+                                _mm256_loadu_ps(s.as_ptr().add(at + h + 8)),
+                            ),
+                            FusedArray::Bf16(s, _) => {
+                                let x = _mm256_loadu_si256(s.as_ptr().add(at + h).cast());
+                                // The widening of every value but NaN.
+                                let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+                                let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
+                                (e, o)
+                            }
+                            FusedArray::F16(..) => {
+                                unreachable!("no f16 array (the caller's check)")
+                            }
+                        };
+                        _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                        _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
                     }
                 }
             }
-        }
-        at += LANES;
-    }
-    body
+            if _mm256_movemask_ps(nan) != 0 {
+                return false;
+            }
+            for h in (0..LANES).step_by(16) {
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ g's length; `gl` holds 32 floats.
+                unsafe {
+                    let (e, o) = split_pairs_avx2(
+                        _mm256_loadu_ps(g.as_ptr().add(at + h)),
+                        _mm256_loadu_ps(g.as_ptr().add(at + h + 8)),
+                    );
+                    _mm256_storeu_ps(gl.as_mut_ptr().add(h), e);
+                    _mm256_storeu_ps(gl.as_mut_ptr().add(h + 8), o);
+                }
+            }
+            true
+        },
+        |arrays, at, index, word, lanes| {
+            for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
+                for h in (0..LANES).step_by(16) {
+                    let base = _mm256_set1_epi32((index as u32).wrapping_add(h as u32) as i32);
+                    // The random bits of the lanes whose elements are `from` +
+                    // the first of these 16.
+                    let bits = |from: __m256i| {
+                        mix32_avx2(_mm256_xor_si256(
+                            _mm256_add_epi32(base, from),
+                            _mm256_set1_epi32(w as i32),
+                        ))
+                    };
+                    // SAFETY: as the loads.
+                    unsafe {
+                        let e = _mm256_loadu_ps(l.as_ptr().add(h));
+                        let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
+                        match a {
+                            FusedArray::Full(s) => {
+                                let (x0, x1) = join_pairs_avx2(e, o);
+                                _mm256_storeu_ps(s.as_mut_ptr().add(at + h), x0);
+                                _mm256_storeu_ps(s.as_mut_ptr().add(at + h + 8), x1);
+                            }
+                            FusedArray::Bf16(s, key) => {
+                                let dst: *mut u16 = s.as_mut_ptr().add(at + h).cast();
+                                let no_nan =
+                                    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0;
+                                let h16 = if key.is_some() && no_nan {
+                                    // `bf16_stochastic` of every value but NaN:
+                                    // each lane plus its random bits' top half,
+                                    // the high half of the sum kept; the odd
+                                    // lane's in place, the even lane's shifted
+                                    // under it.
+                                    let round = |x: __m256, from| {
+                                        let r = _mm256_srli_epi32::<16>(bits(from));
+                                        _mm256_add_epi32(_mm256_castps_si256(x), r)
+                                    };
+                                    let (ue, uo) = (round(e, even), round(o, odd));
+                                    _mm256_blend_epi16::<0b1010_1010>(
+                                        _mm256_srli_epi32::<16>(ue),
+                                        uo,
+                                    )
+                                } else {
+                                    // Nearest, or a NaN among the lanes: in the
+                                    // natural order, by the full kernels.
+                                    let (x0, x1) = join_pairs_avx2(e, o);
+                                    let (i0, i1) =
+                                        (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
+                                    match key {
+                                        Some(_) => pack16_avx2(
+                                            bf16_stochastic_avx2(i0, bits(natural)),
+                                            bf16_stochastic_avx2(
+                                                i1,
+                                                bits(_mm256_add_epi32(
+                                                    natural,
+                                                    _mm256_set1_epi32(8),
+                                                )),
+                                            ),
+                                        ),
+                                        None => pack16_avx2(
+                                            bf16_nearest_avx2(i0),
+                                            bf16_nearest_avx2(i1),
+                                        ),
+                                    }
+                                };
+                                _mm256_storeu_si256(dst.cast(), h16);
+                            }
+                            FusedArray::F16(..) => {
+                                unreachable!("no f16 array (the caller's check)")
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 #[cfg(test)]
