@@ -647,6 +647,61 @@ pub fn narrow_nearest_naive<H: HalfFloat>(src: &[f32], dst: &mut [H]) {
     }
 }
 
+/// What a half value goes through on its way back to half precision in
+/// [`requantize_into`]: widened and rounded to nearest (`Same`), or
+/// widened, taken as `1·x + 0` and rounded to nearest (`PlusZero`, how a
+/// backward reads an upstream gradient).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requantize {
+    /// `round(widen(h))`.
+    Same,
+    /// `round(1·widen(h) + 0)`.
+    PlusZero,
+}
+
+/// `dst[i]` = `src[i]` widened, taken through `how` and rounded to
+/// nearest, from the bits alone: widening is exact, so for every value but
+/// NaN that is `src[i]` itself, but −0 under [`Requantize::PlusZero`]
+/// (`−0 + 0 = +0`). A NaN's rounding quiets it, which this copy does not
+/// do: it returns false when `src` holds a NaN, and the caller computes the
+/// row the long way (what `dst` holds then is unspecified, but written).
+/// For a layer whose output row is a row of its input as kept (a token
+/// without a row of its own), this is one copy where the long way is a
+/// widening, a rounding and a copy.
+///
+/// **Panics** if the lengths differ.
+///
+/// ```
+/// use std::mem::MaybeUninit;
+/// use half::bf16;
+/// use splitgrad::kernels::half::{requantize_into, Requantize};
+/// let src = [bf16::from_f32(1.5), bf16::NEG_ZERO];
+/// let mut dst = [MaybeUninit::uninit(); 2];
+/// assert!(requantize_into(&src, &mut dst, Requantize::PlusZero));
+/// let dst = dst.map(|d| unsafe { d.assume_init() }.to_bits());
+/// assert_eq!(dst, [bf16::from_f32(1.5).to_bits(), 0]);
+/// assert!(!requantize_into(&[bf16::NAN], &mut [MaybeUninit::uninit()], Requantize::Same));
+/// ```
+#[track_caller]
+pub fn requantize_into<H: HalfFloat>(
+    src: &[H],
+    dst: &mut [std::mem::MaybeUninit<H>],
+    how: Requantize,
+) -> bool {
+    check_lengths("requantize_into", src.len(), dst.len());
+    // The value that becomes +0: −0 under PlusZero; +0 itself otherwise.
+    let zero = match how {
+        Requantize::Same => 0,
+        Requantize::PlusZero => 0x8000,
+    };
+    let mut nan = false;
+    for (d, &h) in dst.iter_mut().zip(H::bits(src)) {
+        nan |= h & 0x7FFF > H::INF_BITS;
+        d.write(H::from_raw(if h == zero { 0 } else { h }));
+    }
+    !nan
+}
+
 /// `dst[i]` = `src[i]` rounded stochastically to one of its two neighbours
 /// in `H`, with the random bits [`sr_bits`]`(key, first_index + i)`
 /// (wrapping), on [`HalfPath::chosen`]. The module's documentation states

@@ -15,13 +15,15 @@
 //!   nearest rounding never applies while stochastic rounding follows the
 //!   f32 sum; and the same bits for any cutting into calls or threads.
 
+use std::mem::MaybeUninit;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 use splitgrad::Rng;
 use splitgrad::kernels::half::{
-    HalfFloat, HalfPath, SrKey, dot_lanes_on, narrow_nearest, narrow_nearest_naive,
-    narrow_nearest_on, narrow_stochastic, narrow_stochastic_naive, narrow_stochastic_on, sr_bits,
-    widen, widen_naive, widen_on,
+    HalfFloat, HalfPath, Requantize, SrKey, dot_lanes_on, narrow_nearest, narrow_nearest_naive,
+    narrow_nearest_on, narrow_stochastic, narrow_stochastic_naive, narrow_stochastic_on,
+    requantize_into, sr_bits, widen, widen_naive, widen_on,
 };
 
 /// Every path this CPU runs.
@@ -270,6 +272,65 @@ fn round_trip<H: HalfFloat>() {
 fn narrowing_a_widened_value_gives_it_back() {
     round_trip::<bf16>();
     round_trip::<f16>();
+}
+
+/// `requantize_into` on every pattern, one element at a time and in rows:
+/// the twins' widening, `1·x + 0` (under PlusZero) and rounding, bit for
+/// bit; false exactly for a row with a NaN.
+fn requantize_every_pattern<H: HalfFloat>() {
+    let all = all_bits::<H>();
+    for how in [Requantize::Same, Requantize::PlusZero] {
+        let want: Vec<u16> = all
+            .iter()
+            .map(|&h| {
+                let x = widened(&[h])[0];
+                let x = if how == Requantize::PlusZero {
+                    1.0 * x + 0.0
+                } else {
+                    x
+                };
+                let mut out = [H::from_bits(0)];
+                narrow_nearest_naive(&[x], &mut out);
+                out[0].to_bits()
+            })
+            .collect();
+        let what = format!("{} {how:?}", H::NAME);
+        for (k, &h) in all.iter().enumerate() {
+            let mut out = [MaybeUninit::uninit()];
+            let plain = requantize_into(&[h], &mut out, how);
+            let nan = widened(&[h])[0].is_nan();
+            assert_eq!(plain, !nan, "{what}: {k:#06x}");
+            if plain {
+                // SAFETY: written by requantize_into.
+                let got = unsafe { out[0].assume_init() }.to_bits();
+                assert_eq!(got, want[k], "{what}: {k:#06x}");
+            }
+        }
+        // Rows of 64 consecutive patterns: a row without a NaN whole.
+        for (r, row) in all.chunks(64).enumerate() {
+            let mut out = vec![MaybeUninit::uninit(); row.len()];
+            let plain = requantize_into(row, &mut out, how);
+            assert_eq!(
+                plain,
+                !widened(row).iter().any(|x| x.is_nan()),
+                "{what}: row {r}"
+            );
+            if plain {
+                // SAFETY: written by requantize_into.
+                let got: Vec<u16> = out
+                    .iter()
+                    .map(|o| unsafe { o.assume_init() }.to_bits())
+                    .collect();
+                assert_eq!(got, want[r * 64..(r + 1) * 64], "{what}: row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn requantizing_a_kept_row_gives_the_long_ways_bits() {
+    requantize_every_pattern::<bf16>();
+    requantize_every_pattern::<f16>();
 }
 
 fn stochastic_matches_the_twin<H: HalfFloat>() {

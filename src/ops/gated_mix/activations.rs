@@ -21,7 +21,9 @@ use super::{
     MIN_TOKENS_PER_TASK, MixGrads, NO_ROW, Want, dot_diff, gate_sums, gated_mix_backward_stored,
     gated_mix_forward_stored_in, shared_grad_row,
 };
+use crate::kernels::half::{Requantize, requantize_into};
 use crate::kernels::pool::Pool;
+use crate::kernels::rows::row_major;
 use crate::kernels::{HalfFloat, PAR_MIN_ELEMS, Real};
 use crate::param::{Stored, StoredView};
 
@@ -35,14 +37,28 @@ pub type MixGradsAct<T> = (
 
 /// N rows of width d kept as `H`: row k computed in `T` by `row` into a
 /// buffer of its task (with the task's scratch `S`), then rounded to
-/// nearest. Each element is written once, with no zero-fill first; tokens
-/// in parallel when the array is large.
-fn half_rows<T, H, S, I, F>(pool: &Pool<T>, n: usize, d: usize, scratch: I, row: F) -> ArrayD<H>
+/// nearest; or, where `copied(k)`, row k of `src` (N, d, as kept) taken
+/// through `how` by [`requantize_into`], which gives the same bits with
+/// no arithmetic (and, for a row with a NaN, leaves it to `row`). Each
+/// element is written once, with no zero-fill first; tokens in parallel
+/// when the array is large.
+#[allow(clippy::too_many_arguments)]
+fn half_rows<T, H, S, I, F, C>(
+    pool: &Pool<T>,
+    n: usize,
+    d: usize,
+    scratch: I,
+    row: F,
+    src: &[H],
+    copied: C,
+    how: Requantize,
+) -> ArrayD<H>
 where
     T: Real,
     H: HalfFloat,
     I: Fn() -> S + Sync + Send,
     F: Fn(usize, &mut S, &mut [T]) + Sync,
+    C: Fn(usize) -> bool + Sync,
 {
     let mut out: Vec<H> = pool.take_half_vec(n * d);
     if d > 0 {
@@ -50,6 +66,9 @@ where
         let init = || (scratch(), vec![T::zero(); d], vec![H::from_bits(0); d]);
         let one = |(s, wide, narrow): &mut (S, Vec<T>, Vec<H>),
                    (k, o): (usize, &mut [MaybeUninit<H>])| {
+            if copied(k) && requantize_into(&src[k * d..(k + 1) * d], o, how) {
+                return;
+            }
             row(k, s, wide);
             T::narrow_half(wide, narrow, None);
             for (o, &h) in o.iter_mut().zip(narrow.iter()) {
@@ -71,32 +90,53 @@ where
         }
     }
     // SAFETY: the loop above wrote every one of the n·d elements (each row
-    // of d once; with d = 0 there is none), and `take_half_vec` has room
-    // for n·d.
+    // of d once, by the copy or by `row`; with d = 0 there is none), and
+    // `take_half_vec` has room for n·d.
     unsafe { out.set_len(n * d) };
     ArrayD::from_shape_vec(IxDyn(&[n, d]), out).expect("n·d elements")
 }
 
-/// N rows of width d kept as `dtype` (a half type), computed by `row` as
-/// [`half_rows`] computes them.
-fn rows_as<T, S, I, F>(
+/// N rows of width d kept as `src`'s dtype (a half type), computed by
+/// `row`, or copied from `src` (N, d) where `copied`, as [`half_rows`]
+/// makes them.
+#[allow(clippy::too_many_arguments)]
+fn rows_as<T, S, I, F, C>(
     pool: &Pool<T>,
-    half: &StoredView<'_, T>,
+    src: &StoredView<'_, T>,
     n: usize,
     d: usize,
     scratch: I,
     row: F,
+    copied: C,
+    how: Requantize,
 ) -> Stored<T>
 where
     T: Real,
     I: Fn() -> S + Sync + Send,
     F: Fn(usize, &mut S, &mut [T]) + Sync,
+    C: Fn(usize) -> bool + Sync,
 {
-    match half {
-        StoredView::BF16(_) => {
-            Stored::BF16(half_rows::<T, bf16, S, I, F>(pool, n, d, scratch, row))
-        }
-        StoredView::F16(_) => Stored::F16(half_rows::<T, f16, S, I, F>(pool, n, d, scratch, row)),
+    match src {
+        StoredView::BF16(a) => Stored::BF16(half_rows::<T, bf16, S, I, F, C>(
+            pool,
+            n,
+            d,
+            scratch,
+            row,
+            &row_major(a),
+            copied,
+            how,
+        )),
+        StoredView::F16(a) => Stored::F16(half_rows::<T, f16, S, I, F, C>(
+            pool,
+            n,
+            d,
+            scratch,
+            row,
+            &row_major(a),
+            copied,
+            how,
+        )),
         StoredView::Full(_) => unreachable!("activations kept as T take the T kernels"),
     }
 }
@@ -166,7 +206,9 @@ pub fn gated_mix_forward_act<T: Real>(
             None => o.copy_from_slice(x),
         }
     };
-    rows_as(pool, &shared, n, d, scratch, row)
+    // A token without a row of its own: its shared row, as kept.
+    let copied = |k: usize| row_of[k] == NO_ROW;
+    rows_as(pool, &shared, n, d, scratch, row, copied, Requantize::Same)
 }
 
 /// The gradients of the gated mix for activations as they are kept:
@@ -285,7 +327,9 @@ pub fn gated_mix_backward_act<T: Real>(
             read_gy(k, o);
             shared_grad_row(row_of[k], gate.as_deref(), o);
         };
-        rows_as(pool, &gy, n, d, || (), row)
+        // A token without a row of its own: 1·∂out_n + 0, as kept.
+        let copied = |k: usize| row_of[k] == NO_ROW;
+        rows_as(pool, &gy, n, d, || (), row, copied, Requantize::PlusZero)
     });
     let ids: Vec<usize> = with_row.iter().map(|&k| row_of[k] as usize).collect();
     (gs, contrib.map(|c| (ids, c.into_dyn())), ggate)
@@ -315,6 +359,8 @@ mod tests {
 
     /// The activations (N, D) in `dtype` with values of mixed magnitude
     /// (zeros of both signs among them), and the same widened.
+    /// One element in 200 a NaN: quiet or signalling, of either sign, the
+    /// latter set on the bits (rounding would quiet it).
     fn act(rng: &mut Rng, n: usize, d: usize, dtype: Dtype) -> (Stored<f32>, ArrayD<f32>) {
         let full = Array2::from_shape_simple_fn((n, d), || match rng.below(16) {
             0 => -0.0,
@@ -322,7 +368,26 @@ mod tests {
             _ => (rng.normal() * 2f64.powi(rng.below(12) as i32 - 6)) as f32,
         })
         .into_dyn();
-        let kept = Stored::from_full(full, dtype).unwrap();
+        let mut kept = Stored::from_full(full, dtype).unwrap();
+        let mut nan = |h: &mut u16, inf: u16| {
+            if rng.below(200) == 0 {
+                let sign = if rng.below(2) == 0 { 0 } else { 0x8000 };
+                *h = sign | inf | [1, inf >> 1 & !inf][rng.below(2) as usize];
+            }
+        };
+        match &mut kept {
+            Stored::BF16(a) => a.map_inplace(|x| {
+                let mut h = x.to_bits();
+                nan(&mut h, 0x7F80);
+                *x = bf16::from_bits(h);
+            }),
+            Stored::F16(a) => a.map_inplace(|x| {
+                let mut h = x.to_bits();
+                nan(&mut h, 0x7C00);
+                *x = f16::from_bits(h);
+            }),
+            Stored::Full(_) => {}
+        }
         let wide = kept.widened().into_owned();
         (kept, wide)
     }
