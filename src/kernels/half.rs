@@ -43,10 +43,12 @@
 //! falls short by less than 2⁻³²: the expected stored value is within
 //! 2⁻³² ulp of `x`, toward zero. Values already representable are stored
 //! exactly (`F = 0`), a NaN becomes the quiet NaN rounding to nearest
-//! gives, ±∞ stays ±∞. The bits `r` of element `i` of a call are
-//! [`sr_bits`]`(key, first_index + i)`, a pure function of the [`SrKey`]
-//! and the element's global index, so the result does not depend on how a
-//! caller cuts a parameter into calls or across threads.
+//! gives, ±∞ stays ±∞. The bits `r` of element `i` of a call are those of
+//! its global index `first_index + i`: [`sr_bits`] for f16, and for bf16,
+//! whose rounding uses only `r`'s top 16 bits, [`bf16_sr_bits`] (one
+//! [`sr_bits`] word a pair of elements, half each); a pure function of
+//! the [`SrKey`] and the element's global index, so the result does not
+//! depend on how a caller cuts a parameter into calls or across threads.
 //!
 //! The semantics are `docs/spec.md#71-half-precision-storage`; why
 //! stochastic rounding is unbiased, its variance and its cost,
@@ -127,7 +129,7 @@ mod sealed {
 use sealed::Format;
 
 mod random;
-pub use random::{SrKey, sr_bits};
+pub use random::{SrKey, bf16_sr_bits, sr_bits};
 
 /// A half-precision storage type: `half::bf16` or `half::f16`.
 ///
@@ -343,7 +345,7 @@ fn stochastic_scalar<H: HalfFloat>(src: &[f32], dst: &mut [u16], key: SrKey, fir
     match H::FORMAT {
         Format::Bf16 => {
             for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
-                *d = bf16_stochastic(x.to_bits(), sr_bits(key, index(i)));
+                *d = bf16_stochastic(x.to_bits(), bf16_sr_bits(key, index(i)));
             }
         }
         Format::F16 => {
@@ -703,8 +705,9 @@ pub fn requantize_into<H: HalfFloat>(
 }
 
 /// `dst[i]` = `src[i]` rounded stochastically to one of its two neighbours
-/// in `H`, with the random bits [`sr_bits`]`(key, first_index + i)`
-/// (wrapping), on [`HalfPath::chosen`]. The module's documentation states
+/// in `H`, with the random bits of global index `first_index + i`
+/// (wrapping; [`bf16_sr_bits`] for bf16, [`sr_bits`] for f16), on
+/// [`HalfPath::chosen`]. The module's documentation states
 /// the rounding; its expected value is `src[i]` (for f16 within 2⁻³² ulp
 /// in the subnormal range).
 ///
@@ -769,8 +772,17 @@ pub fn narrow_stochastic_naive<H: HalfFloat>(
 ) {
     check_lengths("narrow_stochastic", src.len(), dst.len());
     for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
-        let r = sr_bits(key, first_index.wrapping_add(i as u64));
+        let r = rounding_bits::<H>(key, first_index.wrapping_add(i as u64));
         *d = stochastic_naive_one::<H>(x, r);
+    }
+}
+
+/// The random bits of element `index` of an `H` array: [`bf16_sr_bits`]
+/// for bf16, [`sr_bits`] for f16.
+pub(crate) fn rounding_bits<H: HalfFloat>(key: SrKey, index: u64) -> u32 {
+    match H::FORMAT {
+        Format::Bf16 => bf16_sr_bits(key, index),
+        Format::F16 => sr_bits(key, index),
     }
 }
 

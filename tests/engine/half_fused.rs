@@ -126,7 +126,16 @@ fn every_path_gives_the_naive_twins_bits() {
         [Kept::F32, Kept::F16, Kept::F32],
         [Kept::F32, Kept::F32, Kept::F32],
     ];
-    let firsts = [0u64, 7, (1 << 32) - 20, u64::MAX - 5, 123 << 32];
+    // Odd and even; the indices' high word changing inside a block, and
+    // the pairs' (bf16's words) too.
+    let firsts = [
+        0u64,
+        7,
+        (1 << 32) - 20,
+        (1 << 33) - 21,
+        u64::MAX - 5,
+        123 << 32,
+    ];
     let mut rng = Rng::new(52);
     for layout in layouts {
         for n in [0usize, 1, 15, 16, 17, 31, 32, 33, 40, 64, 333] {

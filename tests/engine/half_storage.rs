@@ -21,9 +21,9 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use splitgrad::Rng;
 use splitgrad::kernels::half::{
-    HalfFloat, HalfPath, Requantize, SrKey, dot_lanes_on, narrow_nearest, narrow_nearest_naive,
-    narrow_nearest_on, narrow_stochastic, narrow_stochastic_naive, narrow_stochastic_on,
-    requantize_into, sr_bits, widen, widen_naive, widen_on,
+    HalfFloat, HalfPath, Requantize, SrKey, bf16_sr_bits, dot_lanes_on, narrow_nearest,
+    narrow_nearest_naive, narrow_nearest_on, narrow_stochastic, narrow_stochastic_naive,
+    narrow_stochastic_on, requantize_into, sr_bits, widen, widen_naive, widen_on,
 };
 
 /// Every path this CPU runs.
@@ -339,7 +339,7 @@ fn stochastic_matches_the_twin<H: HalfFloat>() {
     let key = SrKey::new(3, 11, SrKey::param_hash("table"));
     // Starts where the low word of the index wraps within a vector, and
     // where the index itself wraps.
-    for first in [0, (1u64 << 32) - 37, u64::MAX - 20] {
+    for first in [0, 7, (1u64 << 32) - 37, (1u64 << 33) - 37, u64::MAX - 20] {
         let mut naive = vec![H::from_bits(0); xs.len()];
         narrow_stochastic_naive(&xs, &mut naive, key, first);
         for path in paths() {
@@ -628,7 +628,7 @@ fn stochastic_rounding_does_not_depend_on_the_cutting_or_threads() {
 fn the_random_bits_follow_their_definition() {
     // docs/spec.md's words: SplitMix64's output of z + γ, three times, and
     // lowbias32 on the index's low word, mixed with the
-    // key and lowbias32 of the high word.
+    // key and lowbias32 of the high word; bf16's pairs.
     fn s(z: u64) -> u64 {
         let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -654,6 +654,20 @@ fn the_random_bits_follow_their_definition() {
         let (k0, k1) = key.words();
         let want = lowbias32(index as u32 ^ k0 ^ lowbias32((index >> 32) as u32 ^ k1));
         assert_eq!(sr_bits(key, index), want);
+        // bf16 takes 16 bits an element: pair index >> 1's word, its top
+        // half for the even element, its bottom half for the odd one.
+        let pair = sr_bits(key, index >> 1);
+        let half = if index % 2 == 0 {
+            pair >> 16
+        } else {
+            pair & 0xFFFF
+        };
+        assert_eq!(bf16_sr_bits(key, index) >> 16, half);
+        // …which a bf16 rounding adds below the kept bits.
+        let x = f32::from_bits(rng.next_u64() as u32 & 0x7F7F_FFFF);
+        let mut out = [bf16::ZERO];
+        narrow_stochastic(&[x], &mut out, key, index);
+        assert_eq!(out[0].to_bits() as u32, (x.to_bits() + half) >> 16);
     }
     // FNV-1a 64 of "splitgrad", byte by byte.
     let fnv = b"splitgrad".iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -665,17 +679,28 @@ fn the_random_bits_follow_their_definition() {
 
 #[test]
 fn the_random_bits_are_uniform() {
-    // The top 16 bits (bf16's) over consecutive indices, in 256 bins of
-    // 2⁸ values: a χ² with 255 degrees of freedom, far below its 5σ bound.
+    // Over consecutive indices, in 256 bins of 2⁸ values (a χ² with 255
+    // degrees of freedom, far below its 5σ bound): the top byte of the
+    // 32 bits (f16's); bf16's 16 bits, the even and the odd elements of
+    // the pairs apart and together.
     let key = SrKey::new(6, 3, SrKey::param_hash("uniform"));
-    let n = 1 << 18;
-    let mut bins = [0u64; 256];
-    for i in 0..n {
-        bins[(sr_bits(key, i) >> 24) as usize] += 1;
-    }
-    let e = n as f64 / 256.0;
-    let chi2: f64 = bins.iter().map(|&b| (b as f64 - e).powi(2) / e).sum();
-    assert!(chi2 < 255.0 + 5.0 * (2.0 * 255f64).sqrt(), "χ² = {chi2}");
+    let n = 1u64 << 18;
+    let chi2_ok = |top_byte: &dyn Fn(u64) -> u32, indices: &mut dyn Iterator<Item = u64>| {
+        let mut bins = [0u64; 256];
+        let mut count = 0;
+        for i in indices {
+            bins[top_byte(i) as usize] += 1;
+            count += 1;
+        }
+        let e = count as f64 / 256.0;
+        let chi2: f64 = bins.iter().map(|&b| (b as f64 - e).powi(2) / e).sum();
+        assert!(chi2 < 255.0 + 5.0 * (2.0 * 255f64).sqrt(), "χ² = {chi2}");
+    };
+    chi2_ok(&|i| sr_bits(key, i) >> 24, &mut (0..n));
+    let bf16 = |i| bf16_sr_bits(key, i) >> 24;
+    chi2_ok(&bf16, &mut (0..n).map(|i| 2 * i));
+    chi2_ok(&bf16, &mut (0..n).map(|i| 2 * i + 1));
+    chi2_ok(&bf16, &mut (0..n));
 }
 
 #[test]

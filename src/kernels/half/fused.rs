@@ -24,8 +24,8 @@
 use half::{bf16, f16};
 
 use super::{
-    HalfFloat, HalfPath, SrKey, bf16_nearest, bf16_stochastic, bf16_widen, check_lengths,
-    f16_nearest, f16_stochastic, f16_widen, sr_bits,
+    HalfFloat, HalfPath, SrKey, bf16_nearest, bf16_sr_bits, bf16_stochastic, bf16_widen,
+    check_lengths, f16_nearest, f16_stochastic, f16_widen, sr_bits,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -91,14 +91,14 @@ impl FusedArray<'_> {
     /// `x` stored at `[at, at + x.len())`, narrowed as the array rounds,
     /// `x[0]` being the element of global index `index` (the plain code).
     fn store(&mut self, at: usize, x: &[f32], index: u64) {
-        let bits = |i: usize, key: SrKey| sr_bits(key, index.wrapping_add(i as u64));
+        let index = |i: usize| index.wrapping_add(i as u64);
         let n = x.len();
         match self {
             FusedArray::Full(s) => s[at..at + n].copy_from_slice(x),
             FusedArray::Bf16(s, key) => {
                 for (i, (d, &v)) in s[at..at + n].iter_mut().zip(x).enumerate() {
                     let b = match key {
-                        Some(k) => bf16_stochastic(v.to_bits(), bits(i, *k)),
+                        Some(k) => bf16_stochastic(v.to_bits(), bf16_sr_bits(*k, index(i))),
                         None => bf16_nearest(v.to_bits()),
                     };
                     *d = bf16::from_bits(b);
@@ -107,7 +107,7 @@ impl FusedArray<'_> {
             FusedArray::F16(s, key) => {
                 for (i, (d, &v)) in s[at..at + n].iter_mut().zip(x).enumerate() {
                     let b = match key {
-                        Some(k) => f16_stochastic(v.to_bits(), bits(i, *k)),
+                        Some(k) => f16_stochastic(v.to_bits(), sr_bits(*k, index(i))),
                         None => f16_nearest(v.to_bits()),
                     };
                     *d = f16::from_bits(b);

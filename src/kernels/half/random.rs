@@ -90,3 +90,25 @@ fn mix32(x: u32) -> u32 {
 pub fn sr_bits(key: SrKey, index: u64) -> u32 {
     mix32(index as u32 ^ key.word((index >> 32) as u32))
 }
+
+/// The rounding word of the bf16 element with global index `index` under
+/// `key`, whose top 16 bits its stochastic rounding adds
+/// ([`narrow_stochastic`](super::narrow_stochastic)): bf16 keeps the top
+/// half of an f32, so a rounding takes exactly 16 random bits, and one
+/// [`sr_bits`] word serves the two elements of a pair, `2j` and `2j + 1`:
+/// `sr_bits(key, j)` for the even one (its top half), that word shifted
+/// left by 16 for the odd one (its bottom half). (f16 rounding may drop
+/// more than 16 bits, below its normal range, and takes [`sr_bits`]'s 32
+/// bits an element.)
+///
+/// ```
+/// use splitgrad::kernels::half::{SrKey, bf16_sr_bits, sr_bits};
+/// let key = SrKey::new(7, 1, SrKey::param_hash("table"));
+/// assert_eq!(bf16_sr_bits(key, 10) >> 16, sr_bits(key, 5) >> 16);
+/// assert_eq!(bf16_sr_bits(key, 11) >> 16, sr_bits(key, 5) & 0xFFFF);
+/// ```
+#[inline]
+pub fn bf16_sr_bits(key: SrKey, index: u64) -> u32 {
+    let r = sr_bits(key, index >> 1);
+    if index & 1 == 0 { r } else { r << 16 }
+}

@@ -6,11 +6,20 @@ use std::arch::x86_64::*;
 use super::random::{MIX1, MIX2};
 use super::{HalfFloat, SrKey};
 
-/// Whether the 16 indices from `index` share their high word (the
-/// vector code adds the lane to the low word): false once in 2³².
+/// Whether the 16 indices from `index` share their high word, and so do
+/// their pairs `index >> 1` (bf16's words, [`super::bf16_sr_bits`]): the
+/// vector code adds the lane to the low word. False twice in 2³³.
 #[inline(always)]
 pub(super) fn no_wrap(index: u64) -> bool {
-    index as u32 <= u32::MAX - 15
+    index as u32 <= u32::MAX - 15 && (index >> 1) as u32 <= u32::MAX - 8
+}
+
+/// The key's word for the high word of the indices from `index`
+/// ([`SrKey::word`]): of the pairs `index >> 1` for bf16, of the indices
+/// for f16.
+#[inline(always)]
+pub(super) fn key_word(key: SrKey, index: u64, bf16: bool) -> u32 {
+    key.word((index >> if bf16 { 33 } else { 32 }) as u32)
 }
 
 // --- AVX2 and F16C: 8 lanes -------------------------------------------
@@ -35,6 +44,25 @@ fn sr_bits_avx2(key: SrKey, index: u64) -> __m256i {
     );
     let word = key.word((index >> 32) as u32) as i32;
     mix32_avx2(_mm256_xor_si256(lo, _mm256_set1_epi32(word)))
+}
+
+/// [`super::bf16_sr_bits`] of the 8 elements `index + offs[l]` (the
+/// offsets below 2³¹, the pairs sharing their high word), `w` the key's
+/// word for it ([`key_word`]): lane l is `sr_bits` of its pair, shifted
+/// left by 16 for an odd element.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn bf16_bits_avx2(index: u64, w: u32, offs: __m256i) -> __m256i {
+    let t = _mm256_add_epi32(offs, _mm256_set1_epi32((index & 1) as i32));
+    let pair = _mm256_add_epi32(
+        _mm256_set1_epi32((index >> 1) as u32 as i32),
+        _mm256_srli_epi32::<1>(t),
+    );
+    let r = mix32_avx2(_mm256_xor_si256(pair, _mm256_set1_epi32(w as i32)));
+    _mm256_sllv_epi32(
+        r,
+        _mm256_slli_epi32::<4>(_mm256_and_si256(t, _mm256_set1_epi32(1))),
+    )
 }
 
 /// 16 values below 2¹⁶ in two vectors of 32 bits, as 16 × 16 bits in order.
@@ -183,7 +211,19 @@ pub(super) unsafe fn stochastic_avx2<H: HalfFloat>(
             super::stochastic_scalar::<H>(&src[i..i + 16], &mut dst[i..i + 16], key, index);
             continue;
         }
-        let (ra, rb) = (sr_bits_avx2(key, index), sr_bits_avx2(key, index + 8));
+        let (ra, rb) = if bf16 {
+            let (w, step) = (
+                key_word(key, index, true),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            let step8 = _mm256_add_epi32(step, _mm256_set1_epi32(8));
+            (
+                bf16_bits_avx2(index, w, step),
+                bf16_bits_avx2(index, w, step8),
+            )
+        } else {
+            (sr_bits_avx2(key, index), sr_bits_avx2(key, index + 8))
+        };
         // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
         // stores are unaligned ones.
         unsafe {
@@ -226,6 +266,22 @@ fn sr_bits_avx512(key: SrKey, index: u64) -> __m512i {
     );
     let word = key.word((index >> 32) as u32) as i32;
     mix32_avx512(_mm512_xor_si512(lo, _mm512_set1_epi32(word)))
+}
+
+/// [`bf16_bits_avx2`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn bf16_bits_avx512(index: u64, w: u32, offs: __m512i) -> __m512i {
+    let t = _mm512_add_epi32(offs, _mm512_set1_epi32((index & 1) as i32));
+    let pair = _mm512_add_epi32(
+        _mm512_set1_epi32((index >> 1) as u32 as i32),
+        _mm512_srli_epi32::<1>(t),
+    );
+    let r = mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(w as i32)));
+    _mm512_sllv_epi32(
+        r,
+        _mm512_slli_epi32::<4>(_mm512_and_si512(t, _mm512_set1_epi32(1))),
+    )
 }
 
 /// Whether each lane of `x` is an f32 NaN.
@@ -371,7 +427,12 @@ pub(super) unsafe fn stochastic_avx512<H: HalfFloat>(
             super::stochastic_scalar::<H>(&src[i..i + 16], &mut dst[i..i + 16], key, index);
             continue;
         }
-        let r = sr_bits_avx512(key, index);
+        let r = if bf16 {
+            let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            bf16_bits_avx512(index, key_word(key, index, true), step)
+        } else {
+            sr_bits_avx512(key, index)
+        };
         // SAFETY: i + 16 ≤ body ≤ src.len() = dst.len(); the loads and
         // stores are unaligned ones.
         unsafe {

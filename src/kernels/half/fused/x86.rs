@@ -4,24 +4,29 @@
 use std::arch::x86_64::*;
 
 use super::super::x86::{
-    bf16_nearest_avx2, bf16_nearest_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512,
-    f16_stochastic_avx2, f16_stochastic_avx512, mix32_avx2, mix32_avx512, pack16_avx2,
+    bf16_bits_avx2, bf16_bits_avx512, bf16_nearest_avx2, bf16_nearest_avx512, bf16_stochastic_avx2,
+    bf16_stochastic_avx512, f16_stochastic_avx2, f16_stochastic_avx512, key_word, mix32_avx2,
+    mix32_avx512, pack16_avx2,
 };
 use super::{FusedArray, LANES, Lanes, blocks_scalar};
 
-/// Whether the indices of the block from `index` share their high word
-/// (the vector code adds the lane to the low word): false once in 2³².
+/// Whether the indices of the block from `index` share their high word,
+/// and so do their pairs `index >> 1` (bf16's words): the vector code adds
+/// the lane to the low word. False twice in 2³³.
 #[inline(always)]
 fn block_no_wrap(index: u64) -> bool {
     index as u32 <= u32::MAX - (LANES as u32 - 1)
+        && (index >> 1) as u32 <= u32::MAX - LANES as u32 / 2
 }
 
-/// Per array, the word its stochastic rounding mixes the low words of the
-/// indices with ([`SrKey::word`](super::SrKey::word)) for high word `hi`;
-/// 0 for an array that rounds to nearest or is kept as f32.
-fn words<const N: usize>(arrays: &[FusedArray<'_>; N], hi: u32) -> [u32; N] {
+/// Per array, the word its stochastic rounding mixes the low words with
+/// ([`key_word`]: of the pairs for bf16, of the indices for f16) for the
+/// indices from `index`; 0 for an array that rounds to nearest or is kept
+/// as f32.
+fn words<const N: usize>(arrays: &[FusedArray<'_>; N], index: u64) -> [u32; N] {
     arrays.each_ref().map(|a| match a {
-        FusedArray::Bf16(_, Some(k)) | FusedArray::F16(_, Some(k)) => k.word(hi),
+        FusedArray::Bf16(_, Some(k)) => key_word(*k, index, true),
+        FusedArray::F16(_, Some(k)) => key_word(*k, index, false),
         _ => 0,
     })
 }
@@ -35,10 +40,9 @@ struct Words<const N: usize> {
 
 impl<const N: usize> Words<N> {
     fn new(arrays: &[FusedArray<'_>; N], first: u64) -> Self {
-        let hi = (first >> 32) as u32;
         Words {
-            hi,
-            word: words(arrays, hi),
+            hi: (first >> 32) as u32,
+            word: words(arrays, first),
         }
     }
 
@@ -53,7 +57,7 @@ impl<const N: usize> Words<N> {
         let hi = (index >> 32) as u32;
         if hi != self.hi {
             self.hi = hi;
-            self.word = words(arrays, hi);
+            self.word = words(arrays, index);
         }
         Some(self.word)
     }
@@ -185,7 +189,8 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
                                 continue;
                             }
                             FusedArray::Bf16(_, Some(_)) => {
-                                let r = bits();
+                                let offs = _mm512_add_epi32(step, _mm512_set1_epi32(v as i32));
+                                let r = bf16_bits_avx512(index, w, offs);
                                 if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) == 0 {
                                     // `bf16_stochastic` of every value but NaN.
                                     let up = _mm512_add_epi32(xi, _mm512_srli_epi32::<16>(r));
@@ -304,15 +309,24 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
             true
         },
         |arrays, at, index, word, lanes| {
-            let base = _mm512_set1_epi32(index as u32 as i32);
+            // The 16 random bits (`bf16_sr_bits`' top half) of the even
+            // lanes and of the odd ones, `w` the array's word: from an even
+            // index, lane j of both is one `sr_bits` word, pair index/2 +
+            // j's, its top half the even element's and its bottom half the
+            // odd one's.
+            let bottom = _mm512_set1_epi32(0xFFFF);
+            let pair_bits = |index: u64, w: u32| {
+                if index & 1 == 0 {
+                    let pair =
+                        _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
+                    let r = mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(w as i32)));
+                    (_mm512_srli_epi32::<16>(r), _mm512_and_si512(r, bottom))
+                } else {
+                    let bits = |offs| _mm512_srli_epi32::<16>(bf16_bits_avx512(index, w, offs));
+                    (bits(even), bits(odd))
+                }
+            };
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
-                // The random bits of the lanes whose elements are `from` + base.
-                let bits = |from: __m512i| {
-                    mix32_avx512(_mm512_xor_si512(
-                        _mm512_add_epi32(base, from),
-                        _mm512_set1_epi32(w as i32),
-                    ))
-                };
                 // SAFETY: as the loads.
                 unsafe {
                     let e = _mm512_loadu_ps(l.as_ptr());
@@ -331,11 +345,11 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                                 // lane plus its random bits' top half, the high
                                 // half of the sum kept; the odd lane's in place,
                                 // the even lane's shifted under it.
-                                let round = |x: __m512, from| {
-                                    let r = _mm512_srli_epi32::<16>(bits(from));
+                                let (re, ro) = pair_bits(index, w);
+                                let round = |x: __m512, r: __m512i| {
                                     _mm512_add_epi32(_mm512_castps_si512(x), r)
                                 };
-                                let (ue, uo) = (round(e, even), round(o, odd));
+                                let (ue, uo) = (round(e, re), round(o, ro));
                                 let both = _mm512_ternarylogic_epi32::<0xCA>(
                                     top,
                                     uo,
@@ -350,7 +364,11 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                                     match key {
                                         Some(_) => bf16_stochastic_avx512(
                                             xi,
-                                            bits(_mm512_add_epi32(natural, _mm512_set1_epi32(v))),
+                                            bf16_bits_avx512(
+                                                index,
+                                                w,
+                                                _mm512_add_epi32(natural, _mm512_set1_epi32(v)),
+                                            ),
                                         ),
                                         None => bf16_nearest_avx512(xi),
                                     }
@@ -448,7 +466,13 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
                                 continue;
                             }
                             FusedArray::Bf16(_, Some(_)) => {
-                                let (r0, r1) = (bits(0), bits(8));
+                                let offs = |half: i32| {
+                                    _mm256_add_epi32(step, _mm256_set1_epi32(v as i32 + half))
+                                };
+                                let (r0, r1) = (
+                                    bf16_bits_avx2(index, w, offs(0)),
+                                    bf16_bits_avx2(index, w, offs(8)),
+                                );
                                 let nan = _mm256_or_ps(
                                     _mm256_cmp_ps::<_CMP_UNORD_Q>(x0, x0),
                                     _mm256_cmp_ps::<_CMP_UNORD_Q>(x1, x1),
@@ -594,14 +618,26 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
         |arrays, at, index, word, lanes| {
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
                 for h in (0..LANES).step_by(16) {
-                    let base = _mm256_set1_epi32((index as u32).wrapping_add(h as u32) as i32);
-                    // The random bits of the lanes whose elements are `from` +
-                    // the first of these 16.
-                    let bits = |from: __m256i| {
-                        mix32_avx2(_mm256_xor_si256(
-                            _mm256_add_epi32(base, from),
-                            _mm256_set1_epi32(w as i32),
-                        ))
+                    // The first of these 16 elements.
+                    let index = index.wrapping_add(h as u64);
+                    // The pairs' words of the even lanes and of the odd
+                    // ones, as the AVX-512 path makes them.
+                    let pair_bits = || {
+                        if index & 1 == 0 {
+                            let pair = _mm256_add_epi32(
+                                _mm256_set1_epi32((index >> 1) as u32 as i32),
+                                natural,
+                            );
+                            let r = mix32_avx2(_mm256_xor_si256(pair, _mm256_set1_epi32(w as i32)));
+                            (
+                                _mm256_srli_epi32::<16>(r),
+                                _mm256_and_si256(r, _mm256_set1_epi32(0xFFFF)),
+                            )
+                        } else {
+                            let bits =
+                                |offs| _mm256_srli_epi32::<16>(bf16_bits_avx2(index, w, offs));
+                            (bits(even), bits(odd))
+                        }
                     };
                     // SAFETY: as the loads.
                     unsafe {
@@ -623,11 +659,11 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                                     // the high half of the sum kept; the odd
                                     // lane's in place, the even lane's shifted
                                     // under it.
-                                    let round = |x: __m256, from| {
-                                        let r = _mm256_srli_epi32::<16>(bits(from));
+                                    let (re, ro) = pair_bits();
+                                    let round = |x: __m256, r: __m256i| {
                                         _mm256_add_epi32(_mm256_castps_si256(x), r)
                                     };
-                                    let (ue, uo) = (round(e, even), round(o, odd));
+                                    let (ue, uo) = (round(e, re), round(o, ro));
                                     _mm256_blend_epi16::<0b1010_1010>(
                                         _mm256_srli_epi32::<16>(ue),
                                         uo,
@@ -640,13 +676,17 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                                         (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
                                     match key {
                                         Some(_) => pack16_avx2(
-                                            bf16_stochastic_avx2(i0, bits(natural)),
+                                            bf16_stochastic_avx2(
+                                                i0,
+                                                bf16_bits_avx2(index, w, natural),
+                                            ),
                                             bf16_stochastic_avx2(
                                                 i1,
-                                                bits(_mm256_add_epi32(
-                                                    natural,
-                                                    _mm256_set1_epi32(8),
-                                                )),
+                                                bf16_bits_avx2(
+                                                    index,
+                                                    w,
+                                                    _mm256_add_epi32(natural, _mm256_set1_epi32(8)),
+                                                ),
                                             ),
                                         ),
                                         None => pack16_avx2(
