@@ -23,6 +23,7 @@ use ndarray::{Array1, ArrayD, ArrayView2, ArrayViewD, arr0};
 use rayon::prelude::*;
 
 use crate::kernels::Real;
+use crate::kernels::half::first_non_finite;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::TableRows;
 use crate::kernels::wide::{wide, wide_fn};
@@ -212,6 +213,21 @@ impl<'r, 'a, T: Real> GroupRows<'r, 'a, T> {
             GroupRows::Half(h) => h.block(members, block),
         }
     }
+
+    /// Whether row i, alone in its group, is in half precision with every
+    /// element finite: its norm is then `lone_norm`'s +0, known from the
+    /// bits without widening the row. (Rows in place `lone_norm` reads in
+    /// one pass; a row with ±∞ or NaN takes that way too, for its NaN.)
+    fn lone_finite_half(&self, i: usize) -> bool {
+        match self {
+            GroupRows::InPlace(_) => false,
+            GroupRows::Half(h) => match h.rows {
+                TableRows::BF16(a, w) => first_non_finite(&a[i * w..(i + 1) * w]).is_none(),
+                TableRows::F16(a, w) => first_non_finite(&a[i * w..(i + 1) * w]).is_none(),
+                TableRows::Full(..) => false,
+            },
+        }
+    }
 }
 
 /// `c = x_f + (Σ_{j ∈ members} (x_j − x_f))·(1/|members|)`, f the first
@@ -357,6 +373,12 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                     if members.is_empty() {
                         return;
                     }
+                    if let &[i] = members
+                        && group_rows.lone_finite_half(i)
+                    {
+                        norms[0] = T::zero();
+                        return;
+                    }
                     let (x, local) = group_rows.view(members, block);
                     group_norms(x, local, c, norms);
                 },
@@ -426,6 +448,13 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                     prefetch_ahead(&rows, groups, g);
                     let members = groups.members(g);
                     if members.is_empty() {
+                        return;
+                    }
+                    if let &[i] = members
+                        && group_rows.lone_finite_half(i)
+                    {
+                        // A lone row has no terms slot.
+                        norms[0] = T::zero();
                         return;
                     }
                     let (x, local) = group_rows.view(members, block);
