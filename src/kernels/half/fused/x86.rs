@@ -230,6 +230,31 @@ const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 3
 const LOW: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
 const HIGH: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
 
+/// The 16 random bits of the even lanes and of the odd ones of a block in
+/// paired order from an odd `index`: there a word's two elements belong to
+/// two pairs, so each half takes hashes of its own. Out of line: it is
+/// rare (an odd first index), and inline it would hold registers the loop
+/// needs.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+fn odd_pair_bits_avx512(index: u64, w: u32) -> (__m512i, __m512i) {
+    let bits = |offs| _mm512_srli_epi32::<16>(bf16_bits_avx512(index, w, offs));
+    (bits(vector(EVEN)), bits(vector(ODD)))
+}
+
+/// [`odd_pair_bits_avx512`] for the 16 elements of a half block on AVX2.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+fn odd_pair_bits_avx2(index: u64, w: u32) -> (__m256i, __m256i) {
+    let bits = |offs| _mm256_srli_epi32::<16>(bf16_bits_avx2(index, w, offs));
+    (
+        bits(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        bits(_mm256_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15)),
+    )
+}
+
 #[inline(always)]
 fn vector(i: [i32; 16]) -> __m512i {
     // SAFETY: an unaligned load of 16 i32 from an array of 16.
@@ -322,8 +347,7 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                     let r = mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(w as i32)));
                     (_mm512_srli_epi32::<16>(r), _mm512_and_si512(r, bottom))
                 } else {
-                    let bits = |offs| _mm512_srli_epi32::<16>(bf16_bits_avx512(index, w, offs));
-                    (bits(even), bits(odd))
+                    odd_pair_bits_avx512(index, w)
                 }
             };
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
@@ -561,8 +585,6 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     first: u64,
     f: &F,
 ) -> usize {
-    let even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    let odd = _mm256_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15);
     let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
@@ -634,9 +656,7 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                                 _mm256_and_si256(r, _mm256_set1_epi32(0xFFFF)),
                             )
                         } else {
-                            let bits =
-                                |offs| _mm256_srli_epi32::<16>(bf16_bits_avx2(index, w, offs));
-                            (bits(even), bits(odd))
+                            odd_pair_bits_avx2(index, w)
                         }
                     };
                     // SAFETY: as the loads.
