@@ -435,6 +435,7 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
         |arrays, at, lanes, gl| {
             let mut nan = _mm256_setzero_ps();
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                prefetch_ahead(a, at);
                 for half in (0..LANES).step_by(8) {
                     // SAFETY: at + 16 ≤ the whole blocks' end ≤ the array's length; unaligned
                     // loads, and `l` holds 16 floats.
@@ -595,6 +596,7 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
         |arrays, at, lanes, gl| {
             let mut nan = _mm256_setzero_ps();
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
+                prefetch_ahead(a, at);
                 for h in (0..LANES).step_by(16) {
                     // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's length; unaligned
                     // loads, and `l` holds 32 floats.
