@@ -11,14 +11,15 @@ use std::process::Command;
 use crate::common::cli::BIN;
 
 /// The loss `bench` reports after its steps, as the JSON's last line
-/// prints it, under `SPLITGRAD_SIMD=simd` (`None`: unset).
-fn loss(simd: Option<&str>, args: &[&str]) -> String {
+/// prints it, under `SPLITGRAD_SIMD=simd` (`None`: unset), its sizes
+/// divided by `scale`.
+fn loss(simd: Option<&str>, args: &[&str], scale: &str) -> String {
     let mut cmd = Command::new(BIN);
     cmd.args(["bench"]).args(args).args([
         "--steps",
         "3",
         "--scale",
-        "8",
+        scale,
         "--threads",
         "2",
         "--json",
@@ -40,17 +41,36 @@ fn loss(simd: Option<&str>, args: &[&str]) -> String {
 
 #[test]
 fn every_vector_path_gives_the_embedding_workloads_losses_to_the_bit() {
-    let runs: [&[&str]; 5] = [
-        &["embed_full", "--dtype", "f32"],
-        &["embed_full", "--dtype", "bf16", "--state-dtype", "bf16"],
-        &["embed_prompt", "--dtype", "f16"],
-        &["splitvocab", "--dtype", "f32"],
-        &["splitvocab", "--dtype", "bf16", "--state-dtype", "bf16"],
+    // Scale 8: widths 64 and 128. Scales 7 and 9: splitvocab's rows 73
+    // wide and embed_prompt's 113, so that every other row starts at an
+    // odd index (bf16's random words, one a pair of elements, then
+    // straddle a row's first pair).
+    let runs: [(&[&str], &str); 7] = [
+        (&["embed_full", "--dtype", "f32"], "8"),
+        (
+            &["embed_full", "--dtype", "bf16", "--state-dtype", "bf16"],
+            "8",
+        ),
+        (&["embed_prompt", "--dtype", "f16"], "8"),
+        (&["splitvocab", "--dtype", "f32"], "8"),
+        (
+            &["splitvocab", "--dtype", "bf16", "--state-dtype", "bf16"],
+            "8",
+        ),
+        (
+            &["splitvocab", "--dtype", "bf16", "--state-dtype", "bf16"],
+            "7",
+        ),
+        (&["embed_prompt", "--dtype", "bf16"], "9"),
     ];
-    for args in runs {
-        let widest = loss(None, args);
+    for (args, scale) in runs {
+        let widest = loss(None, args, scale);
         for simd in ["baseline", "avx2"] {
-            assert_eq!(loss(Some(simd), args), widest, "{simd} {args:?}");
+            assert_eq!(
+                loss(Some(simd), args, scale),
+                widest,
+                "{simd} {args:?} scale {scale}"
+            );
         }
     }
 }
