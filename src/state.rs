@@ -98,7 +98,7 @@ pub enum TensorData {
     U64(ArrayD<u64>),
 }
 
-/// A borrowed checkpoint array, what [`save`] takes: any `ndarray` view or
+/// A borrowed checkpoint array, what [`save`](crate::checkpoint::save) takes: any `ndarray` view or
 /// array of `f32`, `f64`, `i64` or `u64` converts into one with `.into()`.
 ///
 /// ```
@@ -159,7 +159,7 @@ impl Tensor {
         }
     }
 
-    /// The `(name, view)` pair that [`save`] takes.
+    /// The `(name, view)` pair that [`save`](crate::checkpoint::save) takes.
     ///
     /// ```
     /// use std::collections::BTreeMap;

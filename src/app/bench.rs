@@ -31,7 +31,7 @@
 //! sgemm) in the same process and on the same threads, and relates the
 //! step to them. With [`BenchConfig::reference`], `lmhead` alternates its
 //! steps with steps of the same head on `matrixmultiply`, the reference
-//! kernel, and reports both. [`sweep`] times the bigram model's training
+//! kernel, and reports both. [`sweep()`] times the bigram model's training
 //! step over vocabulary sizes and widths. The bytes a step must move are counted term by term in
 //! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
 //!

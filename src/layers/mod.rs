@@ -1,7 +1,7 @@
 //! The three layers: [`SplitTokenEmbeddings`], [`SplitVocabulary`] and
 //! [`SplitLanguageModellingHead`]. A layer validates its inputs (every id,
 //! label and shape, with an [`Error`](crate::Error) naming what is wrong),
-//! owns its named [`Parameter`](crate::Parameter)s and records its forward
+//! owns its named [`Parameter`]s and records its forward
 //! pass on a [`Tape`](crate::Tape) with the ops of [`crate::ops`].
 //!
 //! All three take ids the same way — anything that is [`Ids`]: a slice,

@@ -7,7 +7,7 @@ use crate::app::corpus::Corpus;
 
 /// A fingerprint of a corpus, kept in checkpoints so that a run is never
 /// resumed on other data: FNV-1a over 64-bit words, of each fixed block
-/// of [`FINGERPRINT_BLOCK`] ids of each array (hashed in parallel, in
+/// of 2¹⁶ ids of each array (hashed in parallel, in
 /// four interleaved chains of every fourth id), of
 /// the blocks' hashes in order, of the lengths and of the sequence
 /// starts. The value depends on the ids alone, not on their widths or the

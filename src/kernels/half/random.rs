@@ -77,7 +77,7 @@ fn mix32(x: u32) -> u32 {
 /// high 32 bits of `index`. For one key and one `hi` it is a bijection of
 /// `lo`, so over 2³² consecutive indices every value comes once. The
 /// indices of one vector share `hi` (but for one vector in 2³²), so the
-/// vector paths fold it into the key once ([`SrKey::word`]) and run one
+/// vector paths fold it into the key once (`k0 ^ mix32(hi ^ k1)`) and run one
 /// `mix32` a lane.
 ///
 /// ```
