@@ -13,7 +13,6 @@
 
 use std::mem::MaybeUninit;
 
-use half::{bf16, f16};
 use ndarray::{ArrayD, ArrayViewD, Ix2, IxDyn};
 use rayon::prelude::*;
 
@@ -23,7 +22,7 @@ use super::{
 };
 use crate::kernels::half::{Requantize, requantize_into};
 use crate::kernels::pool::Pool;
-use crate::kernels::rows::row_major;
+use crate::kernels::rows::TableRows;
 use crate::kernels::{HalfFloat, PAR_MIN_ELEMS, Real};
 use crate::param::{Stored, StoredView};
 
@@ -37,20 +36,20 @@ pub type MixGradsAct<T> = (
 
 /// N rows of width d kept as `H`: row k computed in `T` by `row` into a
 /// buffer of its task (with the task's scratch `S`), then rounded to
-/// nearest; or, where `copied(k)`, row k of `src` (N, d, as kept) taken
-/// through `how` by [`requantize_into`], which gives the same bits with
-/// no arithmetic (and, for a row with a NaN, leaves it to `row`). Each
-/// element is written once, with no zero-fill first; tokens in parallel
-/// when the array is large.
+/// nearest; or, for a token without a row of its own (`row_of[k]` is
+/// [`NO_ROW`]), row k of `src` (N, d, as kept) taken through `how` by
+/// [`requantize_into`], which gives the same bits with no arithmetic (and,
+/// for a row with a NaN, leaves it to `row`). Each element is written
+/// once, with no zero-fill first; tokens in parallel when the array is
+/// large.
 #[allow(clippy::too_many_arguments)]
-fn half_rows<T, H, S, I, F, C>(
+fn half_rows<T, H, S, I, F>(
     pool: &Pool<T>,
-    n: usize,
     d: usize,
     scratch: I,
     row: F,
     src: &[H],
-    copied: C,
+    row_of: &[u32],
     how: Requantize,
 ) -> ArrayD<H>
 where
@@ -58,15 +57,15 @@ where
     H: HalfFloat,
     I: Fn() -> S + Sync + Send,
     F: Fn(usize, &mut S, &mut [T]) + Sync,
-    C: Fn(usize) -> bool + Sync,
 {
+    let n = row_of.len();
     let mut out: Vec<H> = pool.take_half_vec(n * d);
     if d > 0 {
         let spare = &mut out.spare_capacity_mut()[..n * d];
         let init = || (scratch(), vec![T::zero(); d], vec![H::from_bits(0); d]);
         let one = |(s, wide, narrow): &mut (S, Vec<T>, Vec<H>),
                    (k, o): (usize, &mut [MaybeUninit<H>])| {
-            if copied(k) && requantize_into(&src[k * d..(k + 1) * d], o, how) {
+            if row_of[k] == NO_ROW && requantize_into(&src[k * d..(k + 1) * d], o, how) {
                 return;
             }
             row(k, s, wide);
@@ -96,48 +95,26 @@ where
     ArrayD::from_shape_vec(IxDyn(&[n, d]), out).expect("n·d elements")
 }
 
-/// N rows of width d kept as `src`'s dtype (a half type), computed by
-/// `row`, or copied from `src` (N, d) where `copied`, as [`half_rows`]
-/// makes them.
-#[allow(clippy::too_many_arguments)]
-fn rows_as<T, S, I, F, C>(
+/// One row a token, kept as `src`'s dtype (a half type): computed by
+/// `row`, or copied from `src` (the token's activations as the caller
+/// reads them), as [`half_rows`] makes them.
+fn rows_as<T, S, I, F>(
     pool: &Pool<T>,
-    src: &StoredView<'_, T>,
-    n: usize,
-    d: usize,
+    src: &TableRows<'_, T>,
     scratch: I,
     row: F,
-    copied: C,
+    row_of: &[u32],
     how: Requantize,
 ) -> Stored<T>
 where
     T: Real,
     I: Fn() -> S + Sync + Send,
     F: Fn(usize, &mut S, &mut [T]) + Sync,
-    C: Fn(usize) -> bool + Sync,
 {
     match src {
-        StoredView::BF16(a) => Stored::BF16(half_rows::<T, bf16, S, I, F, C>(
-            pool,
-            n,
-            d,
-            scratch,
-            row,
-            &row_major(a),
-            copied,
-            how,
-        )),
-        StoredView::F16(a) => Stored::F16(half_rows::<T, f16, S, I, F, C>(
-            pool,
-            n,
-            d,
-            scratch,
-            row,
-            &row_major(a),
-            copied,
-            how,
-        )),
-        StoredView::Full(_) => unreachable!("activations kept as T take the T kernels"),
+        TableRows::BF16(a, d) => Stored::BF16(half_rows(pool, *d, scratch, row, a, row_of, how)),
+        TableRows::F16(a, d) => Stored::F16(half_rows(pool, *d, scratch, row, a, row_of, how)),
+        TableRows::Full(..) => unreachable!("activations kept as T take the T kernels"),
     }
 }
 
@@ -207,8 +184,7 @@ pub fn gated_mix_forward_act<T: Real>(
         }
     };
     // A token without a row of its own: its shared row, as kept.
-    let copied = |k: usize| row_of[k] == NO_ROW;
-    rows_as(pool, &shared, n, d, scratch, row, copied, Requantize::Same)
+    rows_as(pool, &s_rows, scratch, row, row_of, Requantize::Same)
 }
 
 /// The gradients of the gated mix for activations as they are kept:
@@ -250,6 +226,7 @@ pub fn gated_mix_backward_act<T: Real>(
     }
     assert_eq!(rows.shape().len(), 2, "gated_mix: 2-D rows");
     let (n, d) = (shared.shape()[0], shared.shape()[1]);
+    assert_eq!(row_of.len(), n, "gated_mix: one row id per token");
     let n_rows = rows.shape()[0];
     let (s_rows, r_rows, g_rows) = (shared.table_rows(), rows.table_rows(), gy.table_rows());
     let gate: Option<Vec<T>> = gate.map(|g| g.iter().copied().collect());
@@ -328,8 +305,7 @@ pub fn gated_mix_backward_act<T: Real>(
             shared_grad_row(row_of[k], gate.as_deref(), o);
         };
         // A token without a row of its own: 1·∂out_n + 0, as kept.
-        let copied = |k: usize| row_of[k] == NO_ROW;
-        rows_as(pool, &gy, n, d, || (), row, copied, Requantize::PlusZero)
+        rows_as(pool, &g_rows, || (), row, row_of, Requantize::PlusZero)
     });
     let ids: Vec<usize> = with_row.iter().map(|&k| row_of[k] as usize).collect();
     (gs, contrib.map(|c| (ids, c.into_dyn())), ggate)
@@ -341,6 +317,7 @@ mod tests {
     use crate::Rng;
     use crate::kernels::reduce::scaled_copy;
     use crate::param::Dtype;
+    use half::{bf16, f16};
     use ndarray::{Array1, Array2};
     use rayon::ThreadPoolBuilder;
 
