@@ -214,18 +214,28 @@ impl<'r, 'a, T: Real> GroupRows<'r, 'a, T> {
         }
     }
 
-    /// Whether row i, alone in its group, is in half precision with every
-    /// element finite: its norm is then `lone_norm`'s +0, known from the
-    /// bits without widening the row. (Rows in place `lone_norm` reads in
-    /// one pass; a row with ±∞ or NaN takes that way too, for its NaN.)
-    fn lone_finite_half(&self, i: usize) -> bool {
-        match self {
+    /// The norms of a group that need no arithmetic, into `norms`: none
+    /// for an empty group, and `lone_norm`'s +0 for a row alone in its
+    /// group, kept in half precision, whose elements are all finite (known
+    /// from the bits, without widening the row). Returns whether the group
+    /// is done. (Rows in place `lone_norm` reads in one pass; a lone row
+    /// with ±∞ or NaN takes that way too, for its NaN.)
+    fn norms_without_arithmetic(&self, members: &[usize], norms: &mut [T]) -> bool {
+        let finite = |i: usize| match self {
             GroupRows::InPlace(_) => false,
             GroupRows::Half(h) => match h.rows {
                 TableRows::BF16(a, w) => first_non_finite(&a[i * w..(i + 1) * w]).is_none(),
                 TableRows::F16(a, w) => first_non_finite(&a[i * w..(i + 1) * w]).is_none(),
                 TableRows::Full(..) => false,
             },
+        };
+        match members {
+            [] => true,
+            &[i] if finite(i) => {
+                norms[0] = T::zero();
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -370,13 +380,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                 |(c, block), (g, norms)| {
                     prefetch_ahead(&rows, groups, g);
                     let members = groups.members(g);
-                    if members.is_empty() {
-                        return;
-                    }
-                    if let &[i] = members
-                        && group_rows.lone_finite_half(i)
-                    {
-                        norms[0] = T::zero();
+                    if group_rows.norms_without_arithmetic(members, norms) {
                         return;
                     }
                     let (x, local) = group_rows.view(members, block);
@@ -447,14 +451,8 @@ pub fn fusion_penalty_forward_row_grads<T: Real>(
                 |(c, block), ((g, norms), t)| {
                     prefetch_ahead(&rows, groups, g);
                     let members = groups.members(g);
-                    if members.is_empty() {
-                        return;
-                    }
-                    if let &[i] = members
-                        && group_rows.lone_finite_half(i)
-                    {
-                        // A lone row has no terms slot.
-                        norms[0] = T::zero();
+                    // (A group of fewer than two rows has no terms slot.)
+                    if group_rows.norms_without_arithmetic(members, norms) {
                         return;
                     }
                     let (x, local) = group_rows.view(members, block);
