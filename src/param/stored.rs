@@ -214,16 +214,6 @@ pub enum StoredMut<'a, T> {
     F16(&'a mut [f16]),
 }
 
-/// The error of keeping an array of `T` as `d`, neither `T`'s own dtype
-/// nor a half type.
-fn not_storable<T: Real>(d: Dtype) -> Error {
-    Error::config(format!(
-        "an array of {} cannot be stored as {d} (only as {} or in half precision)",
-        T::NAME,
-        T::NAME
-    ))
-}
-
 fn narrow_array<T: Real, H: HalfFloat + Default>(a: ArrayViewD<'_, T>) -> ArrayD<H> {
     let a = a.as_standard_layout();
     let src = a.as_slice().expect("standard layout is contiguous");
@@ -284,12 +274,11 @@ impl<T: Real> Stored<T> {
     /// neither `T`'s own nor a half type (an `f32` array cannot be kept as
     /// `f64`).
     pub fn from_full(a: ArrayD<T>, dtype: Dtype) -> Result<Self> {
-        Ok(match dtype {
-            Dtype::BF16 => Stored::BF16(narrow_array(a.view())),
-            Dtype::F16 => Stored::F16(narrow_array(a.view())),
-            d if d == Dtype::of::<T>() => Stored::Full(a),
-            d => return Err(not_storable::<T>(d)),
-        })
+        if dtype == Dtype::of::<T>() {
+            // Kept as it is: moved, not copied.
+            return Ok(Stored::Full(a));
+        }
+        Self::from_full_view(a.view(), dtype)
     }
 
     /// [`Self::from_full`] of a view: narrowed straight from it (no copy of
@@ -308,7 +297,13 @@ impl<T: Real> Stored<T> {
             Dtype::BF16 => Stored::BF16(narrow_array(a)),
             Dtype::F16 => Stored::F16(narrow_array(a)),
             d if d == Dtype::of::<T>() => Stored::Full(a.to_owned()),
-            d => return Err(not_storable::<T>(d)),
+            d => {
+                return Err(Error::config(format!(
+                    "an array of {} cannot be stored as {d} (only as {} or in half precision)",
+                    T::NAME,
+                    T::NAME
+                )));
+            }
         })
     }
 
