@@ -17,8 +17,10 @@ use crate::error::Result;
 use crate::kernels::Real;
 use crate::kernels::scatter::Coalesced;
 
+mod row_gradient;
 mod stored;
 
+pub use row_gradient::{RowForm, RowGradient};
 pub use stored::{
     Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened_in,
 };

@@ -543,9 +543,8 @@ fn step_rows_and_gates<T: PyReal>(
                 })
                 .collect();
             let grads = RowsGrad::new(sv.n_rows(), Some(fusion), &parts);
-            let grad_row = |r: usize, x: &[T], g: &mut [T]| grads.row(r, x, g);
             let rows = sv.rows_mut();
-            py.detach(|| rows_opt.update_by_rows(rows, &grad_row))
+            py.detach(|| rows_opt.update_by_rows(rows, &grads))
         }
     };
     let gates = sv.gate_logit_mut();

@@ -103,9 +103,13 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
     /// **Panics** for `f64` ([`Real::FUSED`] is false), and as
     /// `update_fused` does.
     #[track_caller]
-    fn update_fused<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+    fn update_fused<
+        const N: usize,
+        const K: usize,
+        F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
+    >(
         arrays: [FusedArray<'_, Self>; N],
-        g: &[Self],
+        inputs: [&[Self]; K],
         first: u64,
         f: F,
     );
@@ -206,13 +210,17 @@ macro_rules! impl_real {
             }
             const FUSED: bool = <$t as HalfConvert>::FUSED;
             #[track_caller]
-            fn update_fused<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+            fn update_fused<
+                const N: usize,
+                const K: usize,
+                F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
+            >(
                 arrays: [FusedArray<'_, Self>; N],
-                g: &[Self],
+                inputs: [&[Self]; K],
                 first: u64,
                 f: F,
             ) {
-                <$t as HalfConvert>::update_fused_impl(arrays, g, first, f)
+                <$t as HalfConvert>::update_fused_impl(arrays, inputs, first, f)
             }
         }
     };
@@ -227,9 +235,13 @@ trait HalfConvert: Sized {
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [Self]);
     fn narrow_half_impl<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
     fn add_widened_impl<H: HalfFloat>(src: &[H], dst: &mut [Self], scale: Option<Self>);
-    fn update_fused_impl<const N: usize, F: Fn(&mut [[Self; LANES]; N], &[Self; LANES])>(
+    fn update_fused_impl<
+        const N: usize,
+        const K: usize,
+        F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
+    >(
         arrays: [FusedArray<'_, Self>; N],
-        g: &[Self],
+        inputs: [&[Self]; K],
         first: u64,
         f: F,
     );
@@ -241,13 +253,17 @@ impl HalfConvert for f32 {
         half::add_widened(src, dst, scale)
     }
     #[track_caller]
-    fn update_fused_impl<const N: usize, F: Fn(&mut [[f32; LANES]; N], &[f32; LANES])>(
+    fn update_fused_impl<
+        const N: usize,
+        const K: usize,
+        F: Fn(&mut [[f32; LANES]; N], &[[f32; LANES]; K]),
+    >(
         arrays: [FusedArray<'_, f32>; N],
-        g: &[f32],
+        inputs: [&[f32]; K],
         first: u64,
         f: F,
     ) {
-        half::update_fused(arrays, g, first, f)
+        half::update_fused(arrays, inputs, first, f)
     }
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [f32]) {
         half::widen(src, dst);
@@ -278,9 +294,13 @@ impl HalfConvert for f64 {
         }
     }
     #[track_caller]
-    fn update_fused_impl<const N: usize, F: Fn(&mut [[f64; LANES]; N], &[f64; LANES])>(
+    fn update_fused_impl<
+        const N: usize,
+        const K: usize,
+        F: Fn(&mut [[f64; LANES]; N], &[[f64; LANES]; K]),
+    >(
         _: [FusedArray<'_, f64>; N],
-        _: &[f64],
+        _: [&[f64]; K],
         _: u64,
         _: F,
     ) {

@@ -5,6 +5,7 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 
 use super::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
+use crate::param::{RowForm, RowGradient};
 use crate::{ParamGrad, Parameter, RowSparse};
 
 /// Which path to run: the naive reference, or the parallel update in a
@@ -243,10 +244,57 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
 /// as it is reached; the same bits as the naive update of the dense
 /// gradient, under 1, 2 and 4 threads, with stochastic and nearest
 /// rounding, in bf16 and f16.
+/// Every fourth row zero, a quarter of rows written, the rest of the
+/// fusion penalty's form (two factors, five pairs of terms; k = 0 too).
+struct Formed {
+    terms: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Formed {
+    fn new(w: usize) -> Self {
+        let terms = (0..5)
+            .map(|t| {
+                let c = (0..w).map(|j| ((t * 7 + j) % 13) as f32 * 0.03 - 0.2);
+                let s = (0..w).map(|j| ((t * 5 + j * 3) % 11) as f32 * 0.02 - 0.1);
+                (c.collect(), s.collect())
+            })
+            .collect();
+        Formed { terms }
+    }
+}
+
+impl RowGradient<f32> for Formed {
+    fn write(&self, r: usize, x: &[f32], g: &mut [f32]) {
+        match self.form(r) {
+            RowForm::Zero => g.fill(0.0),
+            RowForm::Deviation { k, c, s } => {
+                for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+                    *g = k * (x - c[j]) - s[j];
+                }
+            }
+            RowForm::Written => {
+                for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+                    *g = x * 0.25 - ((r * 3 + j) % 7) as f32 * 0.01;
+                }
+            }
+        }
+    }
+
+    fn form(&self, r: usize) -> RowForm<'_, f32> {
+        let (c, s) = &self.terms[r % 5];
+        match r % 4 {
+            0 => RowForm::Zero,
+            1 => RowForm::Deviation { k: 0.0, c, s },
+            2 => RowForm::Written,
+            _ => RowForm::Deviation { k: 0.75, c, s },
+        }
+    }
+}
+
 #[test]
 fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
     use crate::param::{Dtype, Rounding};
-    let grad_row = |r: usize, x: &[f32], g: &mut [f32]| {
+    let written = |r: usize, x: &[f32], g: &mut [f32]| {
         for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
             *g = x * 0.25 - ((r * 3 + j) % 7) as f32 * 0.01;
         }
@@ -259,7 +307,13 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
     ];
     for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
         let (init, _) = case(n, w);
-        for (dtype, state) in layouts {
+        let formed = Formed::new(w);
+        // Every row written, or rows of each form.
+        let grads: [&dyn RowGradient<f32>; 2] = [&written, &formed];
+        for ((dtype, state), grad) in layouts
+            .into_iter()
+            .flat_map(|l| grads.iter().map(move |&g| (l, g)))
+        {
             for rounding in [Rounding::Stochastic { seed: 3 }, Rounding::Nearest] {
                 let fresh = || {
                     let mut p = Parameter::new("t", init.clone());
@@ -271,7 +325,7 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
                 };
                 let mut want = fresh();
                 for _ in 0..3 {
-                    let g = super::dense_by_rows(&want.0, &grad_row).unwrap();
+                    let g = super::dense_by_rows(&want.0, grad).unwrap();
                     want.1
                         .update_naive(&mut want.0, &ParamGrad::Dense(g))
                         .unwrap();
@@ -284,7 +338,7 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
                     let mut got = fresh();
                     pool.install(|| {
                         for _ in 0..3 {
-                            got.1.update_by_rows(&mut got.0, &grad_row).unwrap();
+                            got.1.update_by_rows(&mut got.0, grad).unwrap();
                         }
                     });
                     let what = format!("({n}, {w}) {dtype} {state} {rounding:?}, {t} threads");

@@ -4,9 +4,9 @@ use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
 use super::moments::{Kernel, MomentTable, Rule, apply_zip};
-use super::{GradRow, Optimizer, StateValue, check_beta, check_lr, flat_mut, rows_width};
+use super::{Optimizer, StateValue, check_beta, check_lr, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::param::Dtype;
+use crate::param::{Dtype, RowGradient};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
@@ -245,23 +245,22 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
     adam_family_methods!(Coeffs<T>, true);
 
     /// Rows in parallel, each row's gradient computed into a buffer of
-    /// the task just before the row is updated.
+    /// the task just before the row is updated; with the parameter or its
+    /// moments in half precision, a row of a [`RowForm`](crate::param::RowForm)
+    /// other than `Written` is computed in registers inside the update.
     fn update_by_rows(
         &mut self,
         param: &mut Parameter<T>,
-        grad_row: &GradRow<'_, T>,
+        grad: &dyn RowGradient<T>,
     ) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
         let width = rows_width(param)?;
         if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
-            return self.moments.update_half_by_rows::<Coeffs<T>>(
-                &self.config,
-                param,
-                width,
-                grad_row,
-            );
+            return self
+                .moments
+                .update_half_by_rows::<Coeffs<T>>(&self.config, param, width, grad);
         }
         let slot = self.moments.step(param)?;
         let c = Coeffs::<T>::new(&self.config, slot.step);
@@ -273,7 +272,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             .slices_mut()
             .expect("moments of a parameter kept as T are kept as T");
         let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
-            grad_row(r, p, g);
+            grad.write(r, p, g);
             c.apply_run(p, m, v, Some(g));
         };
         if p.len() < PAR_MIN_ELEMS {

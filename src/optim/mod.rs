@@ -199,13 +199,8 @@ use ndarray::ArrayD;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{Dtype, GradSource, ParamGrad, Parameter, Stored, StoredView};
+use crate::param::{Dtype, GradSource, ParamGrad, Parameter, RowGradient, Stored, StoredView};
 use crate::state::{StateDict, TensorData};
-
-/// A gradient given row by row, for [`Optimizer::update_by_rows`]:
-/// `grad_row(r, row, g)` writes row r's gradient into `g` from `row`, row
-/// r of the parameter.
-pub type GradRow<'a, T> = dyn Fn(usize, &[T], &mut [T]) + Sync + 'a;
 
 /// An optimiser: updates parameters from their gradients and keeps its
 /// per-parameter state by parameter name.
@@ -240,24 +235,25 @@ pub trait Optimizer<T: Real> {
     fn update(&mut self, param: &mut Parameter<T>, grad: &ParamGrad<T>) -> Result<()>;
 
     /// [`Self::update`] with a dense gradient of a 2-D parameter given row
-    /// by row: `grad_row(r, row, g)` writes row r's gradient into `g` (one
-    /// row of D elements) from `row`, row r of the parameter before the
-    /// update. The gradient need never be stored whole: an optimiser can
-    /// compute each row as it updates it ([`LazyAdam`] does). This default
-    /// builds the dense gradient and calls `update`; an override must
-    /// give the same result bit for bit. `grad_row` is called once per row,
-    /// from any thread, in any order.
+    /// by row ([`RowGradient`]: each row written from row r of the
+    /// parameter before the update, or named by its form). The gradient
+    /// need never be stored whole: an optimiser can compute each row as it
+    /// updates it ([`LazyAdam`] does, and computes the rows of a form in
+    /// registers when the parameter or its moments are kept in half
+    /// precision). This default builds the dense gradient and calls
+    /// `update`; an override must give the same result bit for bit. `grad`
+    /// is asked for each row once, from any thread, in any order.
     ///
     /// Errors as `update`, and if the parameter is not 2-D.
     fn update_by_rows(
         &mut self,
         param: &mut Parameter<T>,
-        grad_row: &GradRow<'_, T>,
+        grad: &dyn RowGradient<T>,
     ) -> Result<()> {
         if !param.is_trainable() {
             return Ok(());
         }
-        let g = dense_by_rows(param, grad_row)?;
+        let g = dense_by_rows(param, grad)?;
         self.update(param, &ParamGrad::Dense(g))
     }
 
@@ -636,10 +632,10 @@ fn rows_width<T: Real>(param: &Parameter<T>) -> Result<usize> {
     }
 }
 
-/// The dense gradient `grad_row` gives row by row (the default of
-/// [`Optimizer::update_by_rows`], and the reference its overrides are
-/// tested against).
-fn dense_by_rows<T: Real>(param: &Parameter<T>, grad_row: &GradRow<'_, T>) -> Result<ArrayD<T>> {
+/// The dense gradient `grad` gives row by row, every row written (the
+/// default of [`Optimizer::update_by_rows`], and the reference its
+/// overrides are tested against).
+fn dense_by_rows<T: Real>(param: &Parameter<T>, grad: &dyn RowGradient<T>) -> Result<ArrayD<T>> {
     rows_width(param)?;
     let v = param.widened();
     let v = v.view().into_dimensionality::<ndarray::Ix2>().expect("2-D");
@@ -647,7 +643,7 @@ fn dense_by_rows<T: Real>(param: &Parameter<T>, grad_row: &GradRow<'_, T>) -> Re
     let mut x = vec![T::zero(); v.ncols()];
     for (r, mut out) in g.outer_iter_mut().enumerate() {
         x.iter_mut().zip(v.row(r)).for_each(|(x, &p)| *x = p);
-        grad_row(r, &x, out.as_slice_mut().expect("a fresh array"));
+        grad.write(r, &x, out.as_slice_mut().expect("a fresh array"));
     }
     Ok(g.into_dyn())
 }

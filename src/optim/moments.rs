@@ -226,10 +226,11 @@ impl<T: Real> MomentTable<T> {
     }
 
     /// One update of a 2-D `param` kept in half precision, or with moments
-    /// kept so, whose gradient is given row by row (`grad_row`,
+    /// kept so, whose gradient is given row by row (`grad`,
     /// [`Optimizer::update_by_rows`](super::Optimizer::update_by_rows)): in
-    /// parallel over rows, each row's parameter widened, its gradient
-    /// computed into a buffer of the task, and the row updated as
+    /// parallel over rows, each row's gradient computed in registers from
+    /// its form, or (a written row) its parameter widened and its gradient
+    /// written into a buffer of the task; the row updated as
     /// [`update_half`] updates it. The gradient is never written out; the
     /// result is the update of the dense gradient bit for bit. The step is
     /// counted (and the gradient's width checked) by the caller.
@@ -238,7 +239,7 @@ impl<T: Real> MomentTable<T> {
         config: &R::Config,
         param: &mut Parameter<T>,
         width: usize,
-        grad_row: &super::GradRow<'_, T>,
+        grad: &dyn crate::param::RowGradient<T>,
     ) -> Result<()> {
         let rounding = self.keeping.rounding;
         let slot = self.step(param)?;
@@ -247,7 +248,7 @@ impl<T: Real> MomentTable<T> {
             return Ok(());
         }
         let keys = keys(rounding, slot.step, param.name());
-        by_rows(&rule, param, slot, width, grad_row, keys);
+        by_rows(&rule, param, slot, width, grad, keys);
         Ok(())
     }
 

@@ -106,13 +106,62 @@ fn array<'a>(d: &'a mut Data, kept: Kept, key: Option<SrKey>) -> FusedArray<'a> 
     }
 }
 
-/// Lazy Adam's element rule, whose ∞ gradients make ∞ and NaN.
-fn rule([p, m, v]: &mut [Lanes; 3], g: &Lanes) {
-    for l in 0..LANES {
-        m[l] = m[l] + (g[l] - m[l]) * 0.1;
-        v[l] = v[l] + (g[l] * g[l] - v[l]) * 0.001;
-        p[l] += -1e-3 * (m[l] / (v[l].sqrt() + 1e-8));
+/// Lazy Adam's element rule, whose ∞ gradients make ∞ and NaN, on lane l
+/// with gradient g.
+fn adam_lane([p, m, v]: &mut [Lanes; 3], l: usize, g: f32) {
+    m[l] = m[l] + (g - m[l]) * 0.1;
+    v[l] = v[l] + (g * g - v[l]) * 0.001;
+    p[l] += -1e-3 * (m[l] / (v[l].sqrt() + 1e-8));
+}
+
+/// The rule with the gradient read from one input.
+fn rule(a: &mut [Lanes; 3], [g]: &[Lanes; 1]) {
+    for (l, &g) in g.iter().enumerate() {
+        adam_lane(a, l, g);
     }
+}
+
+/// The rule with no input: a zero gradient.
+fn rule_zero(a: &mut [Lanes; 3], _: &[Lanes; 0]) {
+    for l in 0..LANES {
+        adam_lane(a, l, 0.0);
+    }
+}
+
+/// The rule with the gradient formed from two inputs and the parameter's
+/// own lanes, as an optimiser forms the fusion penalty's rows.
+fn rule_formed(a: &mut [Lanes; 3], [c, s]: &[Lanes; 2]) {
+    for l in 0..LANES {
+        let g = 0.75 * (a[0][l] - c[l]) - s[l];
+        adam_lane(a, l, g);
+    }
+}
+
+/// The arrays `start` updated by `f` with `inputs` on `path` (`None`: the
+/// naive twin).
+fn updated<const K: usize>(
+    start: &[Data],
+    layout: [Kept; 3],
+    keys: &[Option<SrKey>],
+    path: Option<HalfPath>,
+    inputs: [&[f32]; K],
+    first: u64,
+    f: fn(&mut [Lanes; 3], &[Lanes; K]),
+) -> Vec<Data> {
+    let mut d = start.to_vec();
+    let [a, b, c] = &mut d[..] else {
+        unreachable!()
+    };
+    let arrays = [
+        array(a, layout[0], keys[0]),
+        array(b, layout[1], keys[1]),
+        array(c, layout[2], keys[2]),
+    ];
+    match path {
+        Some(p) => update_fused_on(p, arrays, inputs, first, f),
+        None => update_fused_naive(arrays, inputs, first, f),
+    }
+    d
 }
 
 #[test]
@@ -147,25 +196,20 @@ fn every_path_gives_the_naive_twins_bits() {
                     let start: Vec<Data> =
                         layout.iter().map(|&k| data(k, n, &mut rng, rate)).collect();
                     let g: Vec<f32> = (0..n).map(|_| draw(&mut rng, rate)).collect();
-                    let run = |path: Option<HalfPath>| {
-                        let mut d = start.clone();
-                        let [a, b, c] = &mut d[..] else {
-                            unreachable!()
-                        };
-                        let arrays = [
-                            array(a, layout[0], keys[0]),
-                            array(b, layout[1], keys[1]),
-                            array(c, layout[2], keys[2]),
-                        ];
-                        match path {
-                            Some(p) => update_fused_on(p, arrays, &g, first, rule),
-                            None => update_fused_naive(arrays, &g, first, rule),
-                        }
-                        d
+                    let c: Vec<f32> = (0..n).map(|_| draw(&mut rng, rate)).collect();
+                    // One gradient input, none (a zero gradient), or two
+                    // (a gradient formed from the parameter's lanes).
+                    let run = |path: Option<HalfPath>, inputs: usize| match inputs {
+                        0 => updated(&start, layout, &keys, path, [], first, rule_zero),
+                        1 => updated(&start, layout, &keys, path, [&g], first, rule),
+                        _ => updated(&start, layout, &keys, path, [&c, &g], first, rule_formed),
                     };
-                    let want = run(None);
-                    for path in paths() {
-                        let got = run(Some(path));
+                    for (path, inputs) in paths()
+                        .into_iter()
+                        .flat_map(|p| (0..3).map(move |k| (p, k)))
+                    {
+                        let want = run(None, inputs);
+                        let got = run(Some(path), inputs);
                         for k in 0..3 {
                             let (gb, wb) = (
                                 got[k].bits_nan_as_one(layout[k]),
@@ -174,7 +218,8 @@ fn every_path_gives_the_naive_twins_bits() {
                             if let Some(i) = (0..n).find(|&i| gb[i] != wb[i]) {
                                 panic!(
                                     "{path:?} {layout:?} n {n} first {first} stochastic \
-                                     {stochastic}: array {k} element {i} gave {:#x}, the twin \
+                                     {stochastic} inputs {inputs}: array {k} element {i} gave \
+                                     {:#x}, the twin \
                                      {:#x} (start {:#x}, g {:?})",
                                     gb[i],
                                     wb[i],
@@ -198,9 +243,9 @@ fn the_chosen_path_runs_the_rule_once_per_element() {
     let g: Vec<f32> = (0..37).map(|i| i as f32).collect();
     update_fused(
         [FusedArray::Bf16(&mut p, None), FusedArray::Full(&mut m)],
-        &g,
+        [&g],
         0,
-        |[p, m], g| {
+        |[p, m], [g]| {
             for l in 0..LANES {
                 p[l] += 1.0;
                 m[l] += g[l];
@@ -215,7 +260,19 @@ fn the_chosen_path_runs_the_rule_once_per_element() {
 #[should_panic(expected = "update_fused: the source has 3 elements and the destination 2")]
 fn arrays_of_another_length_panic() {
     let mut p = vec![0.0f32; 2];
-    update_fused([FusedArray::Full(&mut p)], &[0.0; 3], 0, |_, _| {});
+    update_fused([FusedArray::Full(&mut p)], [&[0.0; 3]], 0, |_, _| {});
+}
+
+#[test]
+#[should_panic(expected = "update_fused: the source has 3 elements and the destination 2")]
+fn a_second_input_of_another_length_panics() {
+    let mut p = vec![0.0f32; 2];
+    update_fused(
+        [FusedArray::Full(&mut p)],
+        [&[0.0; 2], &[0.0; 3]],
+        0,
+        |_, _| {},
+    );
 }
 
 #[test]

@@ -118,8 +118,9 @@ impl FusedArray<'_> {
 }
 
 /// Runs `f` on every block of [`LANES`] elements of the arrays: the lanes
-/// hold each array's elements widened (exactly) and the gradient's `g`,
-/// in an order of the path's choosing, the same for every array and `g`
+/// hold each array's elements widened (exactly) and each input's (`inputs`,
+/// read only: a gradient, or the terms a rule forms its gradient from), in
+/// an order of the path's choosing, the same for every array and input
 /// (with no f16 array the vector paths pair a bf16 word's two elements:
 /// evens, then odds);
 /// what `f` leaves in an array's lanes is stored, narrowed as the array
@@ -129,7 +130,8 @@ impl FusedArray<'_> {
 /// element rule), so a lane's result does not depend on the blocking.
 /// Runs [`HalfPath::chosen`].
 ///
-/// **Panics** if an array's length differs from `g`'s.
+/// **Panics** if there is no array, or if an array's or an input's length
+/// differs from the first array's.
 ///
 /// ```
 /// use half::bf16;
@@ -139,7 +141,7 @@ impl FusedArray<'_> {
 /// let key = SrKey::new(0, 1, SrKey::param_hash("p"));
 /// let g = vec![0.5f32; 20];
 /// // m ← m + g; p ← p − m, the new p stored stochastically.
-/// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], &g, 0, |[p, m], g| {
+/// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], [&g], 0, |[p, m], [g]| {
 ///     for l in 0..LANES {
 ///         m[l] += g[l];
 ///         p[l] -= m[l];
@@ -149,50 +151,65 @@ impl FusedArray<'_> {
 /// assert_eq!(m, vec![0.5; 20]);
 /// ```
 #[track_caller]
-pub fn update_fused<const N: usize>(
+pub fn update_fused<const N: usize, const K: usize>(
     arrays: [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &Lanes),
+    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
 ) {
-    update_fused_on(HalfPath::chosen(), arrays, g, first, f)
+    update_fused_on(HalfPath::chosen(), arrays, inputs, first, f)
 }
 
 /// [`update_fused`] on `path`.
 ///
-/// **Panics** if an array's length differs from `g`'s or the CPU cannot
-/// run `path`.
+/// **Panics** as [`update_fused`], or if the CPU cannot run `path`.
 #[track_caller]
-pub fn update_fused_on<const N: usize>(
+pub fn update_fused_on<const N: usize, const K: usize>(
     path: HalfPath,
     mut arrays: [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &Lanes),
+    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
 ) {
-    for a in &arrays {
-        check_lengths("update_fused", g.len(), a.len());
-    }
+    let len = common_length(&arrays, &inputs);
     path.check();
     let done = match path {
         HalfPath::Scalar => 0,
         // SAFETY: `check` found AVX2 and F16C on this CPU; the lengths agree.
         #[cfg(target_arch = "x86_64")]
-        HalfPath::Avx2 => unsafe { x86::update_avx2(&mut arrays, g, first, &f) },
+        HalfPath::Avx2 => unsafe { x86::update_avx2(&mut arrays, &inputs, first, &f) },
         // SAFETY: `check` found AVX-512F on this CPU; the lengths agree.
         #[cfg(target_arch = "x86_64")]
-        HalfPath::Avx512 => unsafe { x86::update_avx512(&mut arrays, g, first, &f) },
+        HalfPath::Avx512 => unsafe { x86::update_avx512(&mut arrays, &inputs, first, &f) },
         #[cfg(not(target_arch = "x86_64"))]
         HalfPath::Avx2 | HalfPath::Avx512 => unreachable!("checked above"),
     };
-    blocks_scalar(&mut arrays, g, first, done, g.len(), &f);
+    blocks_scalar(&mut arrays, &inputs, first, done, len, &f);
+}
+
+/// The arrays' and the inputs' common length.
+///
+/// **Panics** if there is no array or two lengths differ.
+#[track_caller]
+fn common_length<const N: usize, const K: usize>(
+    arrays: &[FusedArray<'_>; N],
+    inputs: &[&[f32]; K],
+) -> usize {
+    let len = arrays.first().expect("update_fused: no array").len();
+    for a in arrays {
+        check_lengths("update_fused", len, a.len());
+    }
+    for i in inputs {
+        check_lengths("update_fused", i.len(), len);
+    }
+    len
 }
 
 /// The blocks of elements `[from, to)` in the plain code: the reference
 /// the vector paths' tails, and their blocks with a NaN input, run.
-fn blocks_scalar<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+fn blocks_scalar<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     from: usize,
     to: usize,
@@ -205,9 +222,11 @@ fn blocks_scalar<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
         for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
             a.load(at, &mut l[..n]);
         }
-        let mut gl = [0.0f32; LANES];
-        gl[..n].copy_from_slice(&g[at..at + n]);
-        f(&mut lanes, &gl);
+        let mut il = [[0.0f32; LANES]; K];
+        for (i, l) in inputs.iter().zip(il.iter_mut()) {
+            l[..n].copy_from_slice(&i[at..at + n]);
+        }
+        f(&mut lanes, &il);
         let index = first.wrapping_add(at as u64);
         for (a, l) in arrays.iter_mut().zip(lanes.iter()) {
             a.store(at, &l[..n], index);
@@ -222,18 +241,15 @@ fn blocks_scalar<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
 /// every half-precision array widened whole, `f` on the blocks of the
 /// widened arrays, every array narrowed whole.
 ///
-/// **Panics** if an array's length differs from `g`'s.
+/// **Panics** as [`update_fused`].
 #[track_caller]
-pub fn update_fused_naive<const N: usize>(
+pub fn update_fused_naive<const N: usize, const K: usize>(
     arrays: [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &Lanes),
+    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
 ) {
-    let len = g.len();
-    for a in &arrays {
-        check_lengths("update_fused", len, a.len());
-    }
+    let len = common_length(&arrays, &inputs);
     let mut wide: Vec<Vec<f32>> = arrays
         .iter()
         .map(|a| {
@@ -252,9 +268,11 @@ pub fn update_fused_naive<const N: usize>(
         for (w, l) in wide.iter().zip(lanes.iter_mut()) {
             l[..n].copy_from_slice(&w[at..at + n]);
         }
-        let mut gl = [0.0f32; LANES];
-        gl[..n].copy_from_slice(&g[at..at + n]);
-        f(&mut lanes, &gl);
+        let mut il = [[0.0f32; LANES]; K];
+        for (i, l) in inputs.iter().zip(il.iter_mut()) {
+            l[..n].copy_from_slice(&i[at..at + n]);
+        }
+        f(&mut lanes, &il);
         for (w, l) in wide.iter_mut().zip(lanes.iter()) {
             w[at..at + n].copy_from_slice(&l[..n]);
         }

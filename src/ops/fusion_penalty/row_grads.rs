@@ -16,6 +16,7 @@ use super::{
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::kernels::wide::{wide, wide_fn};
+use crate::param::RowForm;
 use crate::param::StoredView;
 
 /// [`fusion_penalty_forward_stored`](super::fusion_penalty_forward_stored)
@@ -211,6 +212,45 @@ impl<T: Real> FusionRowGrads<T> {
         pool.give_vec(self.terms);
     }
 
+    /// Row i's form ([`RowForm`]): `Zero` for a row alone in its group,
+    /// else `Deviation` with its factor `k_i` and its group's `c` and `s`,
+    /// the bits of [`Self::row`]. Fetches the terms of the row `AHEAD` rows
+    /// on, as `row` does.
+    ///
+    /// **Panics** if i is out of range.
+    #[track_caller]
+    pub fn form(&self, i: usize) -> RowForm<'_, T> {
+        self.prefetch_terms(i + AHEAD);
+        match self.slot[i] {
+            u32::MAX => RowForm::Zero,
+            s => {
+                let (c, s) = self.terms_of(s);
+                RowForm::Deviation { k: self.k[i], c, s }
+            }
+        }
+    }
+
+    /// The terms (c, s) of slot `s`.
+    fn terms_of(&self, s: u32) -> (&[T], &[T]) {
+        let w = self.width;
+        self.terms[s as usize * 2 * w..][..2 * w].split_at(w)
+    }
+
+    /// Fetches the terms of row i's group, if it has any (rows are mostly
+    /// asked for in increasing order, as an update walks them, and a
+    /// row's terms are its group's, scattered).
+    fn prefetch_terms(&self, i: usize) {
+        if let Some(&s) = self.slot.get(i)
+            && s != u32::MAX
+        {
+            let t = &self.terms[s as usize * 2 * self.width..][..2 * self.width];
+            let step = (64 / std::mem::size_of::<T>()).max(1);
+            for k in (0..t.len()).step_by(step) {
+                crate::kernels::scatter::prefetch(t[k..].as_ptr());
+            }
+        }
+    }
+
     /// Row i's gradient into `out` (D elements), from `x_i`, row i of the
     /// rows the terms were computed from.
     ///
@@ -222,23 +262,11 @@ impl<T: Real> FusionRowGrads<T> {
             x_i.len() == w && out.len() == w,
             "FusionRowGrads::row: rows of {w} elements"
         );
-        // Rows are mostly asked for in increasing order (an update walks
-        // them so), and a row's terms are its group's, scattered: fetch
-        // those of the row `AHEAD` rows on.
-        if let Some(&s) = self.slot.get(i + AHEAD)
-            && s != u32::MAX
-        {
-            let t = &self.terms[s as usize * 2 * w..][..2 * w];
-            let step = (64 / std::mem::size_of::<T>()).max(1);
-            for k in (0..t.len()).step_by(step) {
-                crate::kernels::scatter::prefetch(t[k..].as_ptr());
-            }
-        }
+        self.prefetch_terms(i + AHEAD);
         match self.slot[i] {
             u32::MAX => out.fill(T::zero()),
             s => {
-                let t = &self.terms[s as usize * 2 * w..][..2 * w];
-                let (c, s) = t.split_at(w);
+                let (c, s) = self.terms_of(s);
                 let ki = self.k[i];
                 wide(|| {
                     for (((g, &v), &c), &s) in out.iter_mut().zip(x_i).zip(c).zip(s) {

@@ -5,6 +5,8 @@
 use super::*;
 use crate::Rng;
 use ndarray::Array2;
+
+use crate::param::RowForm;
 use rayon::ThreadPoolBuilder;
 
 /// Rows in `n_groups` groups (some empty, some single, some with equal
@@ -111,13 +113,36 @@ fn row_grads_equal_the_backward_bit_for_bit() {
         let rg = FusionRowGrads::new(x.view(), &groups, &norms, 0.7);
         let mut g = vec![f64::NAN; width];
         for i in 0..n {
-            rg.row(i, x.row(i).as_slice().unwrap(), &mut g);
+            let x_i = x.row(i);
+            let x_i = x_i.as_slice().unwrap();
+            rg.row(i, x_i, &mut g);
             let w = want.index_axis(ndarray::Axis(0), i);
             assert!(
                 g.iter()
                     .zip(w.iter())
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "seed {seed}, row {i}"
+            );
+            // The row's form, computed as an optimiser computes it, gives
+            // the same bits.
+            let formed: Vec<f64> = match rg.form(i) {
+                RowForm::Zero => vec![0.0; width],
+                RowForm::Deviation { k, c, s } => {
+                    (0..width).map(|j| k * (x_i[j] - c[j]) - s[j]).collect()
+                }
+                RowForm::Written => panic!("row {i}: every row has a form"),
+            };
+            assert!(
+                formed
+                    .iter()
+                    .zip(&g)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "seed {seed}, row {i}: form"
+            );
+            assert_eq!(
+                matches!(rg.form(i), RowForm::Zero),
+                groups.members(groups.group_of_rows()[i]).len() == 1,
+                "seed {seed}, row {i}: zero exactly for a row alone"
             );
         }
     }

@@ -9,8 +9,9 @@ use rayon::prelude::*;
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::half::{FusedArray, LANES, SrKey};
-use crate::optim::GradRow;
-use crate::param::{Part, Rounding, Stored, StoredMut, WIDEN_CHUNK, update_widened_in};
+use crate::param::{
+    Part, Rounding, RowForm, RowGradient, Stored, StoredMut, WIDEN_CHUNK, update_widened_in,
+};
 use crate::{ParamGrad, Parameter, Real, RowSparse};
 
 /// The stochastic-rounding keys (`None`: to nearest) of a parameter's
@@ -123,20 +124,13 @@ fn update_run<T: Real, R: Rule<T>>(
     first: u64,
     bufs: &mut Option<Box<Bufs<T>>>,
 ) {
-    fn fused<T>(Part { elems, key }: Part<'_, T>) -> FusedArray<'_, T> {
-        match elems {
-            StoredMut::Full(s) => FusedArray::Full(s),
-            StoredMut::BF16(s) => FusedArray::Bf16(s, key),
-            StoredMut::F16(s) => FusedArray::F16(s, key),
-        }
-    }
     if T::FUSED {
-        let lanes = |[p, m, v]: &mut [[T; LANES]; 3], g: &[T; LANES]| {
+        let lanes = |[p, m, v]: &mut [[T; LANES]; 3], [g]: &[[T; LANES]; 1]| {
             for l in 0..LANES {
                 rule.apply(&mut p[l], &mut m[l], &mut v[l], g[l]);
             }
         };
-        T::update_fused([fused(p), fused(m), fused(v)], g, first, lanes);
+        T::update_fused([fused(p), fused(m), fused(v)], [g], first, lanes);
     } else {
         let bufs = bufs.get_or_insert_with(|| Box::new([[T::zero(); WIDEN_CHUNK]; 3]));
         update_widened_in([p, m, v], first, bufs, |[p, m, v], off| {
@@ -144,6 +138,53 @@ fn update_run<T: Real, R: Rule<T>>(
             rule.apply_run(p, m, v, Some(&g[off..off + n]));
         });
     }
+}
+
+/// A run as [`FusedArray`] takes it.
+fn fused<T>(Part { elems, key }: Part<'_, T>) -> FusedArray<'_, T> {
+    match elems {
+        StoredMut::Full(s) => FusedArray::Full(s),
+        StoredMut::BF16(s) => FusedArray::Bf16(s, key),
+        StoredMut::F16(s) => FusedArray::F16(s, key),
+    }
+}
+
+/// [`update_run`] of a row whose gradient is of `form`, computed in
+/// registers from the parameter's lanes (for `f32`, [`Real::FUSED`]):
+/// `0` for [`RowForm::Zero`], `k·(x − c) − s` for [`RowForm::Deviation`],
+/// the bits [`RowGradient::write`] gives. Returns false, doing nothing, for
+/// [`RowForm::Written`] or when `T` is not fused.
+fn update_formed<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [Part<'_, T>; 3],
+    form: RowForm<'_, T>,
+    first: u64,
+) -> bool {
+    if !T::FUSED {
+        return false;
+    }
+    let arrays = [fused(p), fused(m), fused(v)];
+    match form {
+        RowForm::Zero => {
+            let zero = |[p, m, v]: &mut [[T; LANES]; 3], _: &[[T; LANES]; 0]| {
+                for l in 0..LANES {
+                    rule.apply(&mut p[l], &mut m[l], &mut v[l], T::zero());
+                }
+            };
+            T::update_fused(arrays, [], first, zero);
+        }
+        RowForm::Deviation { k, c, s } => {
+            let deviation = |[p, m, v]: &mut [[T; LANES]; 3], [c, s]: &[[T; LANES]; 2]| {
+                for l in 0..LANES {
+                    let g = k * (p[l] - c[l]) - s[l];
+                    rule.apply(&mut p[l], &mut m[l], &mut v[l], g);
+                }
+            };
+            T::update_fused(arrays, [c, s], first, deviation);
+        }
+        RowForm::Written => return false,
+    }
+    true
 }
 
 /// Every element, in parallel tasks of [`CHUNK`] elements above
@@ -220,15 +261,16 @@ fn rows_half<T: Real, R: Rule<T>>(
 }
 
 /// The body of [`MomentTable::update_half_by_rows`](super::MomentTable::update_half_by_rows):
-/// in parallel over rows of `width` elements, each row's parameter widened,
-/// its gradient computed into a buffer of the task, and the row updated as
-/// [`update_half`] updates it.
+/// in parallel over rows of `width` elements, each row updated as
+/// [`update_half`] updates it, its gradient computed in registers from its
+/// form ([`update_formed`]) or, a written row, into a buffer of the task
+/// from the row widened.
 pub(super) fn by_rows<T: Real, R: Rule<T>>(
     rule: &R,
     param: &mut Parameter<T>,
     slot: &mut Moments<T>,
     width: usize,
-    grad_row: &GradRow<'_, T>,
+    grad: &dyn RowGradient<T>,
     keys: [Option<SrKey>; 3],
 ) {
     let len = param.shape().iter().product::<usize>();
@@ -251,6 +293,16 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
         bufs: None,
     };
     let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
+        let first = (r * width) as u64;
+        let (p, m, v) = match grad.form(r) {
+            RowForm::Written => (p, m, v),
+            form => {
+                // A form of the wrong width panics in the kernel's check.
+                let done = update_formed(rule, parts([p, m, v], keys), form, first);
+                assert!(done, "rows with a form are updated in registers");
+                return;
+            }
+        };
         let x: &[T] = match &p {
             StoredMut::Full(p) => p,
             StoredMut::BF16(h) => {
@@ -262,8 +314,7 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
                 &s.x
             }
         };
-        grad_row(r, x, &mut s.g);
-        let first = (r * width) as u64;
+        grad.write(r, x, &mut s.g);
         update_run(rule, parts([p, m, v], keys), &s.g, first, &mut s.bufs);
     };
     if len < PAR_MIN_ELEMS {

@@ -136,8 +136,7 @@ impl SplitVocabBench {
         self.tables.step(self.shared.parameters_mut(), &eg)?;
         let parts: Vec<&RowSparse<f32>> = mix_rows.iter().collect();
         let grad = RowsGrad::new(self.sv.n_rows(), Some(&fusion_grads), &parts);
-        self.tables
-            .update_by_rows(self.sv.rows_mut(), &|r, x, g| grad.row(r, x, g))?;
+        self.tables.update_by_rows(self.sv.rows_mut(), &grad)?;
         self.dense
             .update(self.sv.gate_logit_mut(), &ParamGrad::Dense(gates))?;
         for named in eg.params {

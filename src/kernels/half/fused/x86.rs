@@ -83,32 +83,38 @@ fn prefetch_ahead(a: &FusedArray<'_>, at: usize) {
 }
 
 /// The loop of every vector kernel over the whole blocks: for each block
-/// of [`LANES`] elements, `load` fills the lanes of the arrays and of `g`
-/// (in the kernel's order; `false` when a bf16 input is NaN), `f` runs on
-/// them, and `store` narrows them back, `index` the global index of the
+/// of [`LANES`] elements, `load` fills the lanes of the arrays (in the
+/// kernel's order; `false` when a bf16 input is NaN) and `load_input` those
+/// of each input (in the same order), `f` runs on them, and `store` narrows them back, `index` the global index of the
 /// block's first element and `word` the arrays' [`Words`]. A block whose
 /// indices cross a high word, or with a NaN input, runs in the plain code
 /// instead. Returns the elements done.
 #[inline(always)]
-fn blocks<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+fn blocks<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     f: &F,
-    mut load: impl FnMut(&[FusedArray<'_>; N], usize, &mut [Lanes; N], &mut Lanes) -> bool,
+    mut load: impl FnMut(&[FusedArray<'_>; N], usize, &mut [Lanes; N]) -> bool,
+    mut load_input: impl FnMut(&[f32], usize, &mut Lanes),
     mut store: impl FnMut(&mut [FusedArray<'_>; N], usize, u64, &[u32; N], &[Lanes; N]),
 ) -> usize {
-    let body = g.len() - g.len() % LANES;
+    // Every array and input has the first array's length (the caller's check).
+    let len = arrays[0].len();
+    let body = len - len % LANES;
     let mut words = Words::new(arrays, first);
     for at in (0..body).step_by(LANES) {
         let index = first.wrapping_add(at as u64);
-        let (mut lanes, mut gl) = ([[0.0f32; LANES]; N], [0.0f32; LANES]);
+        let (mut lanes, mut il) = ([[0.0f32; LANES]; N], [[0.0f32; LANES]; K]);
         match words.of(arrays, index) {
-            Some(word) if load(arrays, at, &mut lanes, &mut gl) => {
-                f(&mut lanes, &gl);
+            Some(word) if load(arrays, at, &mut lanes) => {
+                for (i, l) in inputs.iter().zip(il.iter_mut()) {
+                    load_input(i, at, l);
+                }
+                f(&mut lanes, &il);
                 store(arrays, at, index, &word, &lanes);
             }
-            _ => blocks_scalar(arrays, g, first, at, at + LANES, f),
+            _ => blocks_scalar(arrays, inputs, first, at, at + LANES, f),
         }
     }
     body
@@ -118,25 +124,30 @@ fn blocks<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
 ///
 /// # Safety
 ///
-/// The CPU must have AVX-512F; every array has `g`'s length.
+/// The CPU must have AVX-512F; there is an array, and every array and
+/// input has its length.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+pub(super) unsafe fn update_avx512<
+    const N: usize,
+    const K: usize,
+    F: Fn(&mut [Lanes; N], &[Lanes; K]),
+>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     f: &F,
 ) -> usize {
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.
-        return unsafe { update_avx512_paired(arrays, g, first, f) };
+        return unsafe { update_avx512_paired(arrays, inputs, first, f) };
     }
     let step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     blocks(
         arrays,
-        g,
+        inputs,
         first,
         f,
-        |arrays, at, lanes, gl| {
+        |arrays, at, lanes| {
             let mut nan: __mmask16 = 0;
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
                 prefetch_ahead(a, at);
@@ -164,12 +175,9 @@ pub(super) unsafe fn update_avx512<const N: usize, F: Fn(&mut [Lanes; N], &Lanes
                     }
                 }
             }
-            if nan != 0 {
-                return false;
-            }
-            gl.copy_from_slice(&g[at..at + LANES]);
-            true
+            nan == 0
         },
+        |i, at, l| l.copy_from_slice(&i[at..at + LANES]),
         |arrays, at, index, word, lanes| {
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
                 for v in (0..LANES).step_by(16) {
@@ -263,7 +271,7 @@ fn vector(i: [i32; 16]) -> __m512i {
 
 /// The AVX-512 path when no array is kept in f16, with the block's
 /// elements in the paired order: lanes 0–15 hold its even elements and
-/// lanes 16–31 its odd ones, for every array and for `g`. A bf16 array's
+/// lanes 16–31 its odd ones, for every array and every input. A bf16 array's
 /// 32 elements are one 512-bit load, each 32-bit word two elements: the
 /// even one widened by a shift, the odd one by masking off the low half;
 /// and one 512-bit store, each word the high halves of the two rounded
@@ -273,12 +281,16 @@ fn vector(i: [i32; 16]) -> __m512i {
 ///
 /// # Safety
 ///
-/// The CPU must have AVX-512F; every array has `g`'s length; no array is
-/// kept in f16.
+/// The CPU must have AVX-512F; there is an array, and every array and
+/// input has its length; no array is kept in f16.
 #[target_feature(enable = "avx512f")]
-unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+unsafe fn update_avx512_paired<
+    const N: usize,
+    const K: usize,
+    F: Fn(&mut [Lanes; N], &[Lanes; K]),
+>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     f: &F,
 ) -> usize {
@@ -288,10 +300,10 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
-        g,
+        inputs,
         first,
         f,
-        |arrays, at, lanes, gl| {
+        |arrays, at, lanes| {
             let mut nan: __mmask16 = 0;
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
                 prefetch_ahead(a, at);
@@ -321,17 +333,17 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                     _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
                 }
             }
-            if nan != 0 {
-                return false;
-            }
-            // SAFETY: at + 32 ≤ the whole blocks' end ≤ g's length; `gl` holds 32 floats.
+            nan == 0
+        },
+        |i, at, l| {
+            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length; `l` holds 32
+            // floats.
             unsafe {
-                let g0 = _mm512_loadu_ps(g.as_ptr().add(at));
-                let g1 = _mm512_loadu_ps(g.as_ptr().add(at + 16));
-                _mm512_storeu_ps(gl.as_mut_ptr(), _mm512_permutex2var_ps(g0, even, g1));
-                _mm512_storeu_ps(gl.as_mut_ptr().add(16), _mm512_permutex2var_ps(g0, odd, g1));
+                let i0 = _mm512_loadu_ps(i.as_ptr().add(at));
+                let i1 = _mm512_loadu_ps(i.as_ptr().add(at + 16));
+                _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, even, i1));
+                _mm512_storeu_ps(l.as_mut_ptr().add(16), _mm512_permutex2var_ps(i0, odd, i1));
             }
-            true
         },
         |arrays, at, index, word, lanes| {
             // The 16 random bits (`bf16_sr_bits`' top half) of the even
@@ -414,25 +426,30 @@ unsafe fn update_avx512_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
 ///
 /// # Safety
 ///
-/// The CPU must have AVX2 and F16C; every array has `g`'s length.
+/// The CPU must have AVX2 and F16C; there is an array, and every array
+/// and input has its length.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+pub(super) unsafe fn update_avx2<
+    const N: usize,
+    const K: usize,
+    F: Fn(&mut [Lanes; N], &[Lanes; K]),
+>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     f: &F,
 ) -> usize {
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.
-        return unsafe { update_avx2_paired(arrays, g, first, f) };
+        return unsafe { update_avx2_paired(arrays, inputs, first, f) };
     }
     let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     blocks(
         arrays,
-        g,
+        inputs,
         first,
         f,
-        |arrays, at, lanes, gl| {
+        |arrays, at, lanes| {
             let mut nan = _mm256_setzero_ps();
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
                 prefetch_ahead(a, at);
@@ -458,12 +475,9 @@ pub(super) unsafe fn update_avx2<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>
                     }
                 }
             }
-            if _mm256_movemask_ps(nan) != 0 {
-                return false;
-            }
-            gl.copy_from_slice(&g[at..at + LANES]);
-            true
+            _mm256_movemask_ps(nan) == 0
         },
+        |i, at, l| l.copy_from_slice(&i[at..at + LANES]),
         |arrays, at, index, word, lanes| {
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
                 for v in (0..LANES).step_by(16) {
@@ -570,19 +584,23 @@ fn join_pairs_avx2(e: __m256, o: __m256) -> (__m256, __m256) {
 
 /// The AVX2 path when no array is kept in f16, in paired order: for each
 /// 16 elements of a block, 8 lanes hold its even elements and the next 8
-/// its odd ones, for every array and for `g` ([`update_avx512_paired`]'s
+/// its odd ones, for every array and every input ([`update_avx512_paired`]'s
 /// scheme on 256-bit vectors: a bf16 array's 16 elements one load and one
 /// store, the rounded lanes merged by one word blend). Returns the
 /// elements done.
 ///
 /// # Safety
 ///
-/// The CPU must have AVX2 and F16C; every array has `g`'s length; no array
-/// is kept in f16.
+/// The CPU must have AVX2 and F16C; there is an array, and every array
+/// and input has its length; no array is kept in f16.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
+unsafe fn update_avx2_paired<
+    const N: usize,
+    const K: usize,
+    F: Fn(&mut [Lanes; N], &[Lanes; K]),
+>(
     arrays: &mut [FusedArray<'_>; N],
-    g: &[f32],
+    inputs: &[&[f32]; K],
     first: u64,
     f: &F,
 ) -> usize {
@@ -590,10 +608,10 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
-        g,
+        inputs,
         first,
         f,
-        |arrays, at, lanes, gl| {
+        |arrays, at, lanes| {
             let mut nan = _mm256_setzero_ps();
             for (a, l) in arrays.iter().zip(lanes.iter_mut()) {
                 prefetch_ahead(a, at);
@@ -623,21 +641,21 @@ unsafe fn update_avx2_paired<const N: usize, F: Fn(&mut [Lanes; N], &Lanes)>(
                     }
                 }
             }
-            if _mm256_movemask_ps(nan) != 0 {
-                return false;
-            }
+            _mm256_movemask_ps(nan) == 0
+        },
+        |i, at, l| {
             for h in (0..LANES).step_by(16) {
-                // SAFETY: at + 32 ≤ the whole blocks' end ≤ g's length; `gl` holds 32 floats.
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length; `l` holds 32
+                // floats.
                 unsafe {
                     let (e, o) = split_pairs_avx2(
-                        _mm256_loadu_ps(g.as_ptr().add(at + h)),
-                        _mm256_loadu_ps(g.as_ptr().add(at + h + 8)),
+                        _mm256_loadu_ps(i.as_ptr().add(at + h)),
+                        _mm256_loadu_ps(i.as_ptr().add(at + h + 8)),
                     );
-                    _mm256_storeu_ps(gl.as_mut_ptr().add(h), e);
-                    _mm256_storeu_ps(gl.as_mut_ptr().add(h + 8), o);
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
                 }
             }
-            true
         },
         |arrays, at, index, word, lanes| {
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {

@@ -1,0 +1,84 @@
+//! A dense gradient given row by row ([`RowGradient`]), and the forms a
+//! row of it can take ([`RowForm`]) that an optimiser computes itself.
+
+/// A dense gradient of a 2-D parameter given row by row, for
+/// [`Optimizer::update_by_rows`](crate::optim::Optimizer::update_by_rows): [`write`](Self::write) writes any row;
+/// [`form`](Self::form) may name a row's form instead, which an optimiser
+/// can compute in registers as it updates the row, never writing the row
+/// out. Any `Fn(usize, &[T], &mut [T]) + Sync` closure is one (every row
+/// written).
+///
+/// ```
+/// use ndarray::Array2;
+/// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+/// use splitgrad::param::{Dtype, RowForm, RowGradient};
+/// use splitgrad::Parameter;
+/// # fn main() -> splitgrad::Result<()> {
+/// // Rows 0, 2, 4, … are zero; the others are the row less 1.
+/// fn row(r: usize, x: &[f32], g: &mut [f32]) {
+///     for (g, &x) in g.iter_mut().zip(x) {
+///         *g = if r % 2 == 0 { 0.0 } else { x - 1.0 };
+///     }
+/// }
+/// struct Even;
+/// impl RowGradient<f32> for Even {
+///     fn write(&self, r: usize, x: &[f32], g: &mut [f32]) {
+///         row(r, x, g)
+///     }
+///     fn form(&self, r: usize) -> RowForm<'_, f32> {
+///         if r % 2 == 0 { RowForm::Zero } else { RowForm::Written }
+///     }
+/// }
+/// // Updated with the forms, or with every row written (a closure): the same bits.
+/// let init = Array2::from_shape_fn((6, 40), |(i, j)| (i * 40 + j) as f32 * 0.01).into_dyn();
+/// let (mut a, mut b) = (Parameter::new("t", init.clone()), Parameter::new("t", init));
+/// a.set_dtype(Dtype::BF16)?;
+/// b.set_dtype(Dtype::BF16)?;
+/// let (mut oa, mut ob) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
+/// oa.update_by_rows(&mut a, &Even)?;
+/// ob.update_by_rows(&mut b, &row)?;
+/// assert_eq!(a.widened(), b.widened());
+/// # Ok(()) }
+/// ```
+pub trait RowGradient<T>: Sync {
+    /// Writes row r's gradient into `g` (one row of D elements) from `x`,
+    /// row r of the parameter before the update.
+    fn write(&self, r: usize, x: &[T], g: &mut [T]);
+
+    /// Row r's form, when it has one an optimiser can compute itself;
+    /// [`RowForm::Written`] (this default) when it has not. A form must
+    /// give [`write`](Self::write)'s bits.
+    fn form(&self, r: usize) -> RowForm<'_, T> {
+        let _ = r;
+        RowForm::Written
+    }
+}
+
+impl<T, F: Fn(usize, &[T], &mut [T]) + Sync> RowGradient<T> for F {
+    fn write(&self, r: usize, x: &[T], g: &mut [T]) {
+        self(r, x, g)
+    }
+}
+
+/// How a row of a [`RowGradient`] is formed from the row `x` of the
+/// parameter before the update.
+#[derive(Clone, Copy, Debug)]
+pub enum RowForm<'a, T> {
+    /// Every element +0.
+    Zero,
+    /// Element j is `k·(x_j − c_j) − s_j`, computed as written (the
+    /// difference, its product by k, then the second difference, each
+    /// rounded in `T`): the fusion penalty's row
+    /// ([`FusionRowGrads`](crate::ops::fusion_penalty::FusionRowGrads)). `c` and `s` are a
+    /// row long.
+    Deviation {
+        /// The factor.
+        k: T,
+        /// Subtracted from the row before the product.
+        c: &'a [T],
+        /// Subtracted after it.
+        s: &'a [T],
+    },
+    /// Written by [`RowGradient::write`].
+    Written,
+}
