@@ -5,6 +5,7 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 
 use super::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
+use crate::Real;
 use crate::param::{RowForm, RowGradient};
 use crate::{ParamGrad, Parameter, RowSparse};
 
@@ -246,16 +247,17 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
 /// rounding, in bf16 and f16.
 /// Every fourth row zero, a quarter of rows written, the rest of the
 /// fusion penalty's form (two factors, five pairs of terms; k = 0 too).
-struct Formed {
-    terms: Vec<(Vec<f32>, Vec<f32>)>,
+struct Formed<T> {
+    terms: Vec<(Vec<T>, Vec<T>)>,
 }
 
-impl Formed {
+impl<T: Real> Formed<T> {
     fn new(w: usize) -> Self {
+        let v = |x: usize, scale: f64, at: f64| T::from_f64(x as f64 * scale - at);
         let terms = (0..5)
             .map(|t| {
-                let c = (0..w).map(|j| ((t * 7 + j) % 13) as f32 * 0.03 - 0.2);
-                let s = (0..w).map(|j| ((t * 5 + j * 3) % 11) as f32 * 0.02 - 0.1);
+                let c = (0..w).map(|j| v((t * 7 + j) % 13, 0.03, 0.2));
+                let s = (0..w).map(|j| v((t * 5 + j * 3) % 11, 0.02, 0.1));
                 (c.collect(), s.collect())
             })
             .collect();
@@ -263,10 +265,10 @@ impl Formed {
     }
 }
 
-impl RowGradient<f32> for Formed {
-    fn write(&self, r: usize, x: &[f32], g: &mut [f32]) {
+impl<T: Real> RowGradient<T> for Formed<T> {
+    fn write(&self, r: usize, x: &[T], g: &mut [T]) {
         match self.form(r) {
-            RowForm::Zero => g.fill(0.0),
+            RowForm::Zero => g.fill(T::zero()),
             RowForm::Deviation { k, c, s } => {
                 for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
                     *g = k * (x - c[j]) - s[j];
@@ -274,20 +276,72 @@ impl RowGradient<f32> for Formed {
             }
             RowForm::Written => {
                 for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
-                    *g = x * 0.25 - ((r * 3 + j) % 7) as f32 * 0.01;
+                    let at = T::from_f64(((r * 3 + j) % 7) as f64 * 0.01);
+                    *g = x * T::from_f64(0.25) - at;
                 }
             }
         }
     }
 
-    fn form(&self, r: usize) -> RowForm<'_, f32> {
+    fn form(&self, r: usize) -> RowForm<'_, T> {
         let (c, s) = &self.terms[r % 5];
         match r % 4 {
             0 => RowForm::Zero,
-            1 => RowForm::Deviation { k: 0.0, c, s },
+            1 => RowForm::Deviation { k: T::zero(), c, s },
             2 => RowForm::Written,
-            _ => RowForm::Deviation { k: 0.75, c, s },
+            _ => RowForm::Deviation {
+                k: T::from_f64(0.75),
+                c,
+                s,
+            },
         }
+    }
+}
+
+/// `update_by_rows` in `f64` (whose half-precision updates widen through
+/// buffers, with no fused kernel) on a bf16 parameter and moments, rows of
+/// every form: the naive update of the dense gradient, under 1 and 2
+/// threads.
+#[test]
+fn update_by_rows_of_formed_rows_in_f64_equals_the_update_of_the_dense_gradient() {
+    use crate::param::{Dtype, Rounding};
+    let (n, w) = (300, 37);
+    let init = ArrayD::from_shape_fn(IxDyn(&[n, w]), |i| {
+        ((i[0] * 31 + i[1] * 17) % 101) as f64 * 0.01 - 0.5
+    });
+    let formed = Formed::<f64>::new(w);
+    let fresh = || {
+        let mut p = Parameter::new("t", init.clone());
+        p.set_dtype(Dtype::BF16).unwrap();
+        let mut o = LazyAdam::<f64>::new(LazyAdamConfig::default()).unwrap();
+        o.set_state_dtype(Dtype::BF16).unwrap();
+        o.set_rounding(Rounding::Stochastic { seed: 3 });
+        (p, o)
+    };
+    let mut want = fresh();
+    for _ in 0..3 {
+        let g = super::dense_by_rows(&want.0, &formed).unwrap();
+        want.1
+            .update_naive(&mut want.0, &ParamGrad::Dense(g))
+            .unwrap();
+    }
+    for t in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap();
+        let mut got = fresh();
+        pool.install(|| {
+            for _ in 0..3 {
+                got.1.update_by_rows(&mut got.0, &formed).unwrap();
+            }
+        });
+        assert_eq!(
+            got.0.widened().mapv(f64::to_bits),
+            want.0.widened().mapv(f64::to_bits),
+            "{t} threads"
+        );
+        assert!(got.1.state() == want.1.state(), "{t} threads: state");
     }
 }
 
@@ -307,7 +361,7 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
     ];
     for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
         let (init, _) = case(n, w);
-        let formed = Formed::new(w);
+        let formed = Formed::<f32>::new(w);
         // Every row written, or rows of each form.
         let grads: [&dyn RowGradient<f32>; 2] = [&written, &formed];
         for ((dtype, state), grad) in layouts

@@ -245,9 +245,10 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
     adam_family_methods!(Coeffs<T>, true);
 
     /// Rows in parallel, each row's gradient computed into a buffer of
-    /// the task just before the row is updated; with the parameter or its
-    /// moments in half precision, a row of a [`RowForm`](crate::param::RowForm)
-    /// other than `Written` is computed in registers inside the update.
+    /// the task just before the row is updated; in `f32` with the
+    /// parameter or its moments in half precision, a row of a
+    /// [`RowForm`](crate::param::RowForm) other than `Written` is computed
+    /// in registers inside the update.
     fn update_by_rows(
         &mut self,
         param: &mut Parameter<T>,

@@ -150,19 +150,18 @@ fn fused<T>(Part { elems, key }: Part<'_, T>) -> FusedArray<'_, T> {
 }
 
 /// [`update_run`] of a row whose gradient is of `form`, computed in
-/// registers from the parameter's lanes (for `f32`, [`Real::FUSED`]):
-/// `0` for [`RowForm::Zero`], `k·(x − c) − s` for [`RowForm::Deviation`],
-/// the bits [`RowGradient::write`] gives. Returns false, doing nothing, for
-/// [`RowForm::Written`] or when `T` is not fused.
+/// registers from the parameter's lanes (`T` fused, [`Real::FUSED`]): `0`
+/// for [`RowForm::Zero`], `k·(x − c) − s` for [`RowForm::Deviation`], the
+/// bits [`RowGradient::write`] gives.
+///
+/// **Panics** for [`RowForm::Written`] (the caller writes those rows), and
+/// if `T` is not fused.
 fn update_formed<T: Real, R: Rule<T>>(
     rule: &R,
     [p, m, v]: [Part<'_, T>; 3],
     form: RowForm<'_, T>,
     first: u64,
-) -> bool {
-    if !T::FUSED {
-        return false;
-    }
+) {
     let arrays = [fused(p), fused(m), fused(v)];
     match form {
         RowForm::Zero => {
@@ -182,9 +181,8 @@ fn update_formed<T: Real, R: Rule<T>>(
             };
             T::update_fused(arrays, [c, s], first, deviation);
         }
-        RowForm::Written => return false,
+        RowForm::Written => unreachable!("a written row is updated from its buffer"),
     }
-    true
 }
 
 /// Every element, in parallel tasks of [`CHUNK`] elements above
@@ -263,8 +261,8 @@ fn rows_half<T: Real, R: Rule<T>>(
 /// The body of [`MomentTable::update_half_by_rows`](super::MomentTable::update_half_by_rows):
 /// in parallel over rows of `width` elements, each row updated as
 /// [`update_half`] updates it, its gradient computed in registers from its
-/// form ([`update_formed`]) or, a written row, into a buffer of the task
-/// from the row widened.
+/// form ([`update_formed`], `T` fused) or, a written row (every row for a
+/// `T` not fused), into a buffer of the task from the row widened.
 pub(super) fn by_rows<T: Real, R: Rule<T>>(
     rule: &R,
     param: &mut Parameter<T>,
@@ -294,15 +292,18 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
     };
     let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
         let first = (r * width) as u64;
-        let (p, m, v) = match grad.form(r) {
-            RowForm::Written => (p, m, v),
-            form => {
-                // A form of the wrong width panics in the kernel's check.
-                let done = update_formed(rule, parts([p, m, v], keys), form, first);
-                assert!(done, "rows with a form are updated in registers");
-                return;
-            }
+        // Only a fused `T` computes a form on its lanes; otherwise (f64,
+        // widened through buffers) every row is written.
+        let form = if T::FUSED {
+            grad.form(r)
+        } else {
+            RowForm::Written
         };
+        if !matches!(form, RowForm::Written) {
+            // A form of the wrong width panics in the kernel's check.
+            update_formed(rule, parts([p, m, v], keys), form, first);
+            return;
+        }
         let x: &[T] = match &p {
             StoredMut::Full(p) => p,
             StoredMut::BF16(h) => {
