@@ -180,6 +180,18 @@ fn check_rows<T: Real>(x: &StoredView<'_, T>, groups: &RowGroups) -> (usize, usi
     (x.shape()[0], x.shape()[1])
 }
 
+/// [`check_rows`] for a pass that also takes the rows' norms: one a row.
+#[track_caller]
+fn check_rows_norms<T: Real>(
+    x: &StoredView<'_, T>,
+    groups: &RowGroups,
+    norms: &[T],
+) -> (usize, usize) {
+    let (n, width) = check_rows(x, groups);
+    assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
+    (n, width)
+}
+
 /// The rows a pass reads a group at a time: in place when they are kept
 /// as `T`, through [`HalfGroups`] in half precision.
 enum GroupRows<'r, 'a, T: Clone> {
@@ -468,10 +480,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
     norms: &[T],
     gy: ArrayViewD<'_, T>,
 ) -> ArrayD<T> {
-    assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
-    let (n, width) = (x.shape()[0], x.shape()[1]);
-    assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
-    assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
+    let (n, width) = check_rows_norms(&x, groups, norms);
     let rows = x.table_rows();
     let group_rows = GroupRows::new(&rows, groups, n);
     let a = *gy.iter().next().expect("a scalar gradient") / T::from_f64(n.max(1) as f64);

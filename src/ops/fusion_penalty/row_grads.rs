@@ -10,8 +10,8 @@ use ndarray::{Array1, ArrayView2};
 use rayon::prelude::*;
 
 use super::{
-    AHEAD, GroupRows, MIN_GROUPS_PER_TASK, RowGroups, check_rows, factor, group_norms, group_terms,
-    penalty_of, prefetch_ahead, spread,
+    AHEAD, GroupRows, MIN_GROUPS_PER_TASK, RowGroups, check_rows, check_rows_norms, factor,
+    group_norms, group_terms, penalty_of, prefetch_ahead, spread,
 };
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
@@ -174,10 +174,7 @@ impl<T: Real> FusionRowGrads<T> {
     /// **Panics** if the shapes disagree.
     #[track_caller]
     pub fn from_stored(x: StoredView<'_, T>, groups: &RowGroups, norms: &[T], gy: T) -> Self {
-        assert_eq!(x.shape().len(), 2, "fusion_penalty: rows must be 2-D");
-        let (n, width) = (x.shape()[0], x.shape()[1]);
-        assert_eq!(norms.len(), n, "fusion_penalty: one norm per row");
-        assert_eq!(groups.n_rows(), n, "fusion_penalty: groups of other rows");
+        let (n, width) = check_rows_norms(&x, groups, norms);
         let rows = x.table_rows();
         let group_rows = GroupRows::new(&rows, groups, n);
         let a = gy / T::from_f64(n.max(1) as f64);
