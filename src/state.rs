@@ -98,8 +98,9 @@ pub enum TensorData {
     U64(ArrayD<u64>),
 }
 
-/// A borrowed checkpoint array, what [`save`](crate::checkpoint::save) takes: any `ndarray` view or
-/// array of `f32`, `f64`, `i64` or `u64` converts into one with `.into()`.
+/// A borrowed checkpoint array, what [`save`](crate::checkpoint::save)
+/// takes: any `ndarray` view or array of `f32`, `f64`, `i64` or `u64`
+/// converts into one with `.into()`.
 ///
 /// ```
 /// use ndarray::array;

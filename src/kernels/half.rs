@@ -615,7 +615,7 @@ pub fn narrow_stochastic_naive<H: HalfFloat>(
 
 /// The random bits of element `index` of an `H` array: [`bf16_sr_bits`]
 /// for bf16, [`sr_bits`] for f16.
-pub(crate) fn rounding_bits<H: HalfFloat>(key: SrKey, index: u64) -> u32 {
+fn rounding_bits<H: HalfFloat>(key: SrKey, index: u64) -> u32 {
     match H::FORMAT {
         Format::Bf16 => bf16_sr_bits(key, index),
         Format::F16 => sr_bits(key, index),

@@ -42,7 +42,6 @@ pub type MixGradsAct<T> = (
 /// for a row with a NaN, leaves it to `row`). Each element is written
 /// once, with no zero-fill first; tokens in parallel when the array is
 /// large.
-#[allow(clippy::too_many_arguments)]
 fn half_rows<T, H, S, I, F>(
     pool: &Pool<T>,
     d: usize,

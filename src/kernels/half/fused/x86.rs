@@ -85,8 +85,9 @@ fn prefetch_ahead(a: &FusedArray<'_>, at: usize) {
 /// The loop of every vector kernel over the whole blocks: for each block
 /// of [`LANES`] elements, `load` fills the lanes of the arrays (in the
 /// kernel's order; `false` when a bf16 input is NaN) and `load_input` those
-/// of each input (in the same order), `f` runs on them, and `store` narrows them back, `index` the global index of the
-/// block's first element and `word` the arrays' [`Words`]. A block whose
+/// of each input (in the same order), `f` runs on them, and `store`
+/// narrows them back, `index` the global index of the block's first
+/// element and `word` the arrays' [`Words`]. A block whose
 /// indices cross a high word, or with a NaN input, runs in the plain code
 /// instead. Returns the elements done.
 #[inline(always)]
