@@ -20,13 +20,13 @@ use crate::param::{RowForm, RowGradient, RowSparse};
 /// ```
 /// use ndarray::array;
 /// use splitgrad::layers::RowsGrad;
-/// use splitgrad::param::RowSparse;
+/// use splitgrad::param::{RowGradient, RowSparse};
 /// let part = RowSparse { n_rows: 3, rows: vec![1], values: array![[1.0f32, 2.0]] };
 /// let g = RowsGrad::new(3, None, &[&part, &part]);
 /// let mut row = [9.0f32; 2];
-/// g.row(1, &[0.0, 0.0], &mut row);
+/// g.write(1, &[0.0, 0.0], &mut row);
 /// assert_eq!(row, [2.0, 4.0]);
-/// g.row(0, &[0.0, 0.0], &mut row);
+/// g.write(0, &[0.0, 0.0], &mut row);
 /// assert_eq!(row, [0.0, 0.0]);
 /// ```
 #[derive(Debug)]
@@ -60,17 +60,20 @@ impl<'a, T: Real> RowsGrad<'a, T> {
             .collect();
         RowsGrad { fusion, parts }
     }
+}
 
-    /// Row r's gradient into `g`, from `x`, row r of the rows now.
-    ///
-    /// **Panics** if r is out of range or a slice is not a row long.
-    #[track_caller]
-    pub fn row(&self, r: usize, x: &[T], g: &mut [T]) {
-        self.write(r, x, g)
-    }
+/// Where row r is among a part's rows (`at`, [`RowsGrad`]'s), if it is.
+fn part_row(at: &[u32], r: usize) -> Option<usize> {
+    at.get(r)
+        .copied()
+        .filter(|&k| k != u32::MAX)
+        .map(|k| k as usize)
 }
 
 impl<T: Real> RowGradient<T> for RowsGrad<'_, T> {
+    /// Row r's gradient into `g`, from `x`, row r of the rows now.
+    ///
+    /// **Panics** if r is out of range or a slice is not a row long.
     #[track_caller]
     fn write(&self, r: usize, x: &[T], g: &mut [T]) {
         match self.fusion {
@@ -78,8 +81,8 @@ impl<T: Real> RowGradient<T> for RowsGrad<'_, T> {
             None => g.fill(T::zero()),
         }
         for (rs, at) in &self.parts {
-            if let Some(k) = at.get(r).copied().filter(|&k| k != u32::MAX) {
-                let v = rs.values.row(k as usize);
+            if let Some(k) = part_row(at, r) {
+                let v = rs.values.row(k);
                 match v.as_slice() {
                     Some(v) => wide(|| g.iter_mut().zip(v).for_each(|(g, &v)| *g += v)),
                     None => g.iter_mut().zip(v.iter()).for_each(|(g, &v)| *g += v),
@@ -87,13 +90,11 @@ impl<T: Real> RowGradient<T> for RowsGrad<'_, T> {
             }
         }
     }
+
     /// The fusion penalty's form (zero without it) for a row no part
     /// reaches; `Written` for a row a part reaches.
     fn form(&self, r: usize) -> RowForm<'_, T> {
-        let reached = self
-            .parts
-            .iter()
-            .any(|(_, at)| at.get(r).is_some_and(|&k| k != u32::MAX));
+        let reached = self.parts.iter().any(|(_, at)| part_row(at, r).is_some());
         match self.fusion {
             _ if reached => RowForm::Written,
             Some(f) => f.form(r),

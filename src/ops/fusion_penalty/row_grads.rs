@@ -227,10 +227,15 @@ impl<T: Real> FusionRowGrads<T> {
         }
     }
 
+    /// The terms of slot `s`: c, then s.
+    fn slot_terms(&self, s: u32) -> &[T] {
+        let w = self.width;
+        &self.terms[s as usize * 2 * w..][..2 * w]
+    }
+
     /// The terms (c, s) of slot `s`.
     fn terms_of(&self, s: u32) -> (&[T], &[T]) {
-        let w = self.width;
-        self.terms[s as usize * 2 * w..][..2 * w].split_at(w)
+        self.slot_terms(s).split_at(self.width)
     }
 
     /// Fetches the terms of row i's group, if it has any (rows are mostly
@@ -240,7 +245,7 @@ impl<T: Real> FusionRowGrads<T> {
         if let Some(&s) = self.slot.get(i)
             && s != u32::MAX
         {
-            let t = &self.terms[s as usize * 2 * self.width..][..2 * self.width];
+            let t = self.slot_terms(s);
             let step = (64 / std::mem::size_of::<T>()).max(1);
             for k in (0..t.len()).step_by(step) {
                 crate::kernels::scatter::prefetch(t[k..].as_ptr());
