@@ -199,7 +199,9 @@ use scalar::{
 mod x86;
 
 mod fused;
-pub use fused::{FusedArray, LANES, Lanes, update_fused, update_fused_naive, update_fused_on};
+pub use fused::{
+    FusedArray, LANES, LaneRule, Lanes, update_fused, update_fused_naive, update_fused_on,
+};
 
 // ---------------------------------------------------------------------------
 // The paths and the public kernels.

@@ -7,7 +7,9 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, NdFloat};
 
-use super::half::{self, FusedArray, HalfFloat, LANES, SrKey, narrow_nearest, narrow_stochastic};
+use super::half::{
+    self, FusedArray, HalfFloat, LaneRule, SrKey, narrow_nearest, narrow_stochastic,
+};
 
 mod sealed {
     /// `matrixmultiply`'s `sgemm` or `dgemm`: m, k, n, α, a and its row
@@ -103,11 +105,7 @@ pub trait Real: NdFloat + Default + std::iter::Sum + sealed::Sealed {
     /// **Panics** for `f64` ([`Real::FUSED`] is false), and as
     /// `update_fused` does.
     #[track_caller]
-    fn update_fused<
-        const N: usize,
-        const K: usize,
-        F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
-    >(
+    fn update_fused<const N: usize, const K: usize, F: LaneRule<Self, N, K>>(
         arrays: [FusedArray<'_, Self>; N],
         inputs: [&[Self]; K],
         first: u64,
@@ -210,11 +208,7 @@ macro_rules! impl_real {
             }
             const FUSED: bool = <$t as HalfConvert>::FUSED;
             #[track_caller]
-            fn update_fused<
-                const N: usize,
-                const K: usize,
-                F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
-            >(
+            fn update_fused<const N: usize, const K: usize, F: LaneRule<Self, N, K>>(
                 arrays: [FusedArray<'_, Self>; N],
                 inputs: [&[Self]; K],
                 first: u64,
@@ -235,11 +229,7 @@ trait HalfConvert: Sized {
     fn widen_half_impl<H: HalfFloat>(src: &[H], dst: &mut [Self]);
     fn narrow_half_impl<H: HalfFloat>(src: &[Self], dst: &mut [H], sr: Option<(SrKey, u64)>);
     fn add_widened_impl<H: HalfFloat>(src: &[H], dst: &mut [Self], scale: Option<Self>);
-    fn update_fused_impl<
-        const N: usize,
-        const K: usize,
-        F: Fn(&mut [[Self; LANES]; N], &[[Self; LANES]; K]),
-    >(
+    fn update_fused_impl<const N: usize, const K: usize, F: LaneRule<Self, N, K>>(
         arrays: [FusedArray<'_, Self>; N],
         inputs: [&[Self]; K],
         first: u64,
@@ -253,11 +243,7 @@ impl HalfConvert for f32 {
         half::add_widened(src, dst, scale)
     }
     #[track_caller]
-    fn update_fused_impl<
-        const N: usize,
-        const K: usize,
-        F: Fn(&mut [[f32; LANES]; N], &[[f32; LANES]; K]),
-    >(
+    fn update_fused_impl<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
         arrays: [FusedArray<'_, f32>; N],
         inputs: [&[f32]; K],
         first: u64,
@@ -294,11 +280,7 @@ impl HalfConvert for f64 {
         }
     }
     #[track_caller]
-    fn update_fused_impl<
-        const N: usize,
-        const K: usize,
-        F: Fn(&mut [[f64; LANES]; N], &[[f64; LANES]; K]),
-    >(
+    fn update_fused_impl<const N: usize, const K: usize, F: LaneRule<f64, N, K>>(
         _: [FusedArray<'_, f64>; N],
         _: [&[f64]; K],
         _: u64,

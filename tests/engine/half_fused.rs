@@ -245,7 +245,7 @@ fn the_chosen_path_runs_the_rule_once_per_element() {
         [FusedArray::Bf16(&mut p, None), FusedArray::Full(&mut m)],
         [&g],
         0,
-        |[p, m], [g]| {
+        |[p, m]: &mut [Lanes; 2], [g]: &[Lanes; 1]| {
             for l in 0..LANES {
                 p[l] += 1.0;
                 m[l] += g[l];
@@ -260,7 +260,12 @@ fn the_chosen_path_runs_the_rule_once_per_element() {
 #[should_panic(expected = "update_fused: the source has 3 elements and the destination 2")]
 fn arrays_of_another_length_panic() {
     let mut p = vec![0.0f32; 2];
-    update_fused([FusedArray::Full(&mut p)], [&[0.0; 3]], 0, |_, _| {});
+    update_fused(
+        [FusedArray::Full(&mut p)],
+        [&[0.0; 3]],
+        0,
+        |_: &mut [Lanes; 1], _: &[Lanes; 1]| {},
+    );
 }
 
 #[test]
@@ -271,7 +276,7 @@ fn a_second_input_of_another_length_panics() {
         [FusedArray::Full(&mut p)],
         [&[0.0; 2], &[0.0; 3]],
         0,
-        |_, _| {},
+        |_: &mut [Lanes; 1], _: &[Lanes; 2]| {},
     );
 }
 

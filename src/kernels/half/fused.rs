@@ -38,6 +38,30 @@ pub const LANES: usize = 32;
 /// One block's values of one array, widened.
 pub type Lanes = [f32; LANES];
 
+/// The element rule [`update_fused`] runs on each block: `arrays` holds
+/// the block's lanes of every array (what it leaves there is stored),
+/// `inputs` those of every input. Every closure
+/// `Fn(&mut [[T; LANES]; N], &[[T; LANES]; K])` is one (its arguments'
+/// types written out: the compiler does not infer them through the
+/// trait). A type that
+/// implements it with an `#[inline(always)]` method is compiled into the
+/// vector kernels whatever its size, where the compiler may leave a large
+/// closure out of line, compiled for baseline x86-64 (four lanes an
+/// instruction): the optimisers' rules are such types.
+pub trait LaneRule<T, const N: usize, const K: usize> {
+    /// The rule on one block.
+    fn apply(&self, arrays: &mut [[T; LANES]; N], inputs: &[[T; LANES]; K]);
+}
+
+impl<T, const N: usize, const K: usize, F: Fn(&mut [[T; LANES]; N], &[[T; LANES]; K])>
+    LaneRule<T, N, K> for F
+{
+    #[inline(always)]
+    fn apply(&self, arrays: &mut [[T; LANES]; N], inputs: &[[T; LANES]; K]) {
+        self(arrays, inputs)
+    }
+}
+
 /// One array of [`update_fused`]: kept as `T` (updated in place), or in
 /// half precision with the key its store rounds with stochastically
 /// (`None`: to nearest, ties to even). The kernels compute in f32; `T` is
@@ -135,18 +159,20 @@ impl FusedArray<'_> {
 ///
 /// ```
 /// use half::bf16;
-/// use splitgrad::kernels::half::{FusedArray, LANES, SrKey, update_fused};
+/// use splitgrad::kernels::half::{FusedArray, LANES, Lanes, SrKey, update_fused};
 /// let mut p = vec![bf16::from_f32(1.0); 20];
 /// let mut m = vec![0.0f32; 20];
 /// let key = SrKey::new(0, 1, SrKey::param_hash("p"));
 /// let g = vec![0.5f32; 20];
 /// // m ← m + g; p ← p − m, the new p stored stochastically.
-/// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], [&g], 0, |[p, m], [g]| {
+/// // (A closure's arguments are written with their types.)
+/// let rule = |[p, m]: &mut [Lanes; 2], [g]: &[Lanes; 1]| {
 ///     for l in 0..LANES {
 ///         m[l] += g[l];
 ///         p[l] -= m[l];
 ///     }
-/// });
+/// };
+/// update_fused([FusedArray::Bf16(&mut p, Some(key)), FusedArray::Full(&mut m)], [&g], 0, rule);
 /// assert!(p.iter().all(|&x| x == bf16::from_f32(0.5)));
 /// assert_eq!(m, vec![0.5; 20]);
 /// ```
@@ -155,7 +181,7 @@ pub fn update_fused<const N: usize, const K: usize>(
     arrays: [FusedArray<'_>; N],
     inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
+    f: impl LaneRule<f32, N, K>,
 ) {
     update_fused_on(HalfPath::chosen(), arrays, inputs, first, f)
 }
@@ -169,7 +195,7 @@ pub fn update_fused_on<const N: usize, const K: usize>(
     mut arrays: [FusedArray<'_>; N],
     inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
+    f: impl LaneRule<f32, N, K>,
 ) {
     let len = common_length(&arrays, &inputs);
     path.check();
@@ -207,7 +233,7 @@ fn common_length<const N: usize, const K: usize>(
 
 /// The blocks of elements `[from, to)` in the plain code: the reference
 /// the vector paths' tails, and their blocks with a NaN input, run.
-fn blocks_scalar<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
+fn blocks_scalar<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
@@ -226,7 +252,7 @@ fn blocks_scalar<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes;
         for (i, l) in inputs.iter().zip(il.iter_mut()) {
             l[..n].copy_from_slice(&i[at..at + n]);
         }
-        f(&mut lanes, &il);
+        f.apply(&mut lanes, &il);
         let index = first.wrapping_add(at as u64);
         for (a, l) in arrays.iter_mut().zip(lanes.iter()) {
             a.store(at, &l[..n], index);
@@ -247,7 +273,7 @@ pub fn update_fused_naive<const N: usize, const K: usize>(
     arrays: [FusedArray<'_>; N],
     inputs: [&[f32]; K],
     first: u64,
-    f: impl Fn(&mut [Lanes; N], &[Lanes; K]),
+    f: impl LaneRule<f32, N, K>,
 ) {
     let len = common_length(&arrays, &inputs);
     let mut wide: Vec<Vec<f32>> = arrays
@@ -272,7 +298,7 @@ pub fn update_fused_naive<const N: usize, const K: usize>(
         for (i, l) in inputs.iter().zip(il.iter_mut()) {
             l[..n].copy_from_slice(&i[at..at + n]);
         }
-        f(&mut lanes, &il);
+        f.apply(&mut lanes, &il);
         for (w, l) in wide.iter_mut().zip(lanes.iter()) {
             w[at..at + n].copy_from_slice(&l[..n]);
         }

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::half::{FusedArray, LANES, SrKey};
+use crate::kernels::half::{FusedArray, LANES, LaneRule, SrKey};
 use crate::param::{
     Part, Rounding, RowForm, RowGradient, Stored, StoredMut, WIDEN_CHUNK, update_widened_in,
 };
@@ -125,12 +125,7 @@ fn update_run<T: Real, R: Rule<T>>(
     bufs: &mut Option<Box<Bufs<T>>>,
 ) {
     if T::FUSED {
-        let lanes = |[p, m, v]: &mut [[T; LANES]; 3], [g]: &[[T; LANES]; 1]| {
-            for l in 0..LANES {
-                rule.apply(&mut p[l], &mut m[l], &mut v[l], g[l]);
-            }
-        };
-        T::update_fused([fused(p), fused(m), fused(v)], [g], first, lanes);
+        T::update_fused([fused(p), fused(m), fused(v)], [g], first, Given(rule));
     } else {
         let bufs = bufs.get_or_insert_with(|| Box::new([[T::zero(); WIDEN_CHUNK]; 3]));
         update_widened_in([p, m, v], first, bufs, |[p, m, v], off| {
@@ -164,24 +159,64 @@ fn update_formed<T: Real, R: Rule<T>>(
 ) {
     let arrays = [fused(p), fused(m), fused(v)];
     match form {
-        RowForm::Zero => {
-            let zero = |[p, m, v]: &mut [[T; LANES]; 3], _: &[[T; LANES]; 0]| {
-                for l in 0..LANES {
-                    rule.apply(&mut p[l], &mut m[l], &mut v[l], T::zero());
-                }
-            };
-            T::update_fused(arrays, [], first, zero);
-        }
+        RowForm::Zero => T::update_fused(arrays, [], first, Zero(rule)),
         RowForm::Deviation { k, c, s } => {
-            let deviation = |[p, m, v]: &mut [[T; LANES]; 3], [c, s]: &[[T; LANES]; 2]| {
-                for l in 0..LANES {
-                    let g = k * (p[l] - c[l]) - s[l];
-                    rule.apply(&mut p[l], &mut m[l], &mut v[l], g);
-                }
-            };
-            T::update_fused(arrays, [c, s], first, deviation);
+            T::update_fused(arrays, [c, s], first, Deviation { rule, k })
         }
         RowForm::Written => unreachable!("a written row is updated from its buffer"),
+    }
+}
+
+/// `rule` on every lane of a block, lane l's gradient `g(l, p[l])` from
+/// the parameter's lane before the update. (One loop: a gradient formed
+/// in a loop of its own first goes through the stack, measurably slower.)
+#[inline(always)]
+fn lanes<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [&mut [T; LANES]; 3],
+    g: impl Fn(usize, T) -> T,
+) {
+    for l in 0..LANES {
+        let g = g(l, p[l]);
+        rule.apply(&mut p[l], &mut m[l], &mut v[l], g);
+    }
+}
+
+/// The rule on a block whose gradient is the kernel's one input. (These
+/// rules are types with `#[inline(always)]` methods, not closures, so
+/// that the kernels compile them for their vector unit: a closure this
+/// large may be left out of line, compiled for baseline x86-64.)
+struct Given<'a, R>(&'a R);
+
+impl<T: Real, R: Rule<T>> LaneRule<T, 3, 1> for Given<'_, R> {
+    #[inline(always)]
+    fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], [g]: &[[T; LANES]; 1]) {
+        lanes(self.0, [p, m, v], |l, _| g[l]);
+    }
+}
+
+/// The rule on a block of a zero gradient.
+struct Zero<'a, R>(&'a R);
+
+impl<T: Real, R: Rule<T>> LaneRule<T, 3, 0> for Zero<'_, R> {
+    #[inline(always)]
+    fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], _: &[[T; LANES]; 0]) {
+        lanes(self.0, [p, m, v], |_, _| T::zero());
+    }
+}
+
+/// The rule on a block of a [`RowForm::Deviation`] row, the inputs its
+/// `c` and `s`: the gradient `k·(x − c) − s` from the parameter's lanes.
+struct Deviation<'a, R, T> {
+    rule: &'a R,
+    k: T,
+}
+
+impl<T: Real, R: Rule<T>> LaneRule<T, 3, 2> for Deviation<'_, R, T> {
+    #[inline(always)]
+    fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], [c, s]: &[[T; LANES]; 2]) {
+        let k = self.k;
+        lanes(self.rule, [p, m, v], |l, x| k * (x - c[l]) - s[l]);
     }
 }
 

@@ -8,7 +8,7 @@ use super::super::x86::{
     bf16_stochastic_avx512, f16_stochastic_avx2, f16_stochastic_avx512, key_word, mix32_avx2,
     mix32_avx512, pack16_avx2,
 };
-use super::{FusedArray, LANES, Lanes, blocks_scalar};
+use super::{FusedArray, LANES, LaneRule, Lanes, blocks_scalar};
 
 /// Whether the indices of the block from `index` share their high word,
 /// and so do their pairs `index >> 1` (bf16's words): the vector code adds
@@ -91,7 +91,7 @@ fn prefetch_ahead(a: &FusedArray<'_>, at: usize) {
 /// indices cross a high word, or with a NaN input, runs in the plain code
 /// instead. Returns the elements done.
 #[inline(always)]
-fn blocks<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
+fn blocks<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
@@ -112,7 +112,7 @@ fn blocks<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
                 for (i, l) in inputs.iter().zip(il.iter_mut()) {
                     load_input(i, at, l);
                 }
-                f(&mut lanes, &il);
+                f.apply(&mut lanes, &il);
                 store(arrays, at, index, &word, &lanes);
             }
             _ => blocks_scalar(arrays, inputs, first, at, at + LANES, f),
@@ -128,11 +128,7 @@ fn blocks<const N: usize, const K: usize, F: Fn(&mut [Lanes; N], &[Lanes; K])>(
 /// The CPU must have AVX-512F; there is an array, and every array and
 /// input has its length.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn update_avx512<
-    const N: usize,
-    const K: usize,
-    F: Fn(&mut [Lanes; N], &[Lanes; K]),
->(
+pub(super) unsafe fn update_avx512<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
@@ -285,11 +281,7 @@ fn vector(i: [i32; 16]) -> __m512i {
 /// The CPU must have AVX-512F; there is an array, and every array and
 /// input has its length; no array is kept in f16.
 #[target_feature(enable = "avx512f")]
-unsafe fn update_avx512_paired<
-    const N: usize,
-    const K: usize,
-    F: Fn(&mut [Lanes; N], &[Lanes; K]),
->(
+unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
@@ -430,11 +422,7 @@ unsafe fn update_avx512_paired<
 /// The CPU must have AVX2 and F16C; there is an array, and every array
 /// and input has its length.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn update_avx2<
-    const N: usize,
-    const K: usize,
-    F: Fn(&mut [Lanes; N], &[Lanes; K]),
->(
+pub(super) unsafe fn update_avx2<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
@@ -595,11 +583,7 @@ fn join_pairs_avx2(e: __m256, o: __m256) -> (__m256, __m256) {
 /// The CPU must have AVX2 and F16C; there is an array, and every array
 /// and input has its length; no array is kept in f16.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn update_avx2_paired<
-    const N: usize,
-    const K: usize,
-    F: Fn(&mut [Lanes; N], &[Lanes; K]),
->(
+unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N, K>>(
     arrays: &mut [FusedArray<'_>; N],
     inputs: &[&[f32]; K],
     first: u64,
