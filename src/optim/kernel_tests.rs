@@ -357,6 +357,7 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
         (Dtype::BF16, Dtype::BF16),
         (Dtype::BF16, Dtype::F32),
         (Dtype::F16, Dtype::F32),
+        (Dtype::F16, Dtype::BF16),
         (Dtype::F32, Dtype::BF16),
     ];
     for (n, w) in [(4099, 37), (7, 5), (300, 64)] {

@@ -294,6 +294,14 @@ fn write_seed_corpora() {
                 ][k as usize];
                 (name, random_bytes(u64::from(k), 400, k))
             })
+            // Selectors 240 and up: the optimisers on half-precision arrays.
+            .chain((0..4u8).map(|k| {
+                let name = ["half-adam-0", "half-adam-1", "half-adam-2", "half-adam-3"];
+                (
+                    name[k as usize],
+                    random_bytes(u64::from(k) + 100, 2000, 240 + k),
+                )
+            }))
             .collect(),
     );
 }

@@ -10,6 +10,7 @@ use splitgrad::ops::fused_ce::{
 };
 use splitgrad::ops::gated_mix::gated_mix_forward;
 use splitgrad::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer};
+use splitgrad::param::{Dtype, Rounding, RowForm, RowGradient};
 use splitgrad::{ParamGrad, Parameter, Real, RowSparse, Tape};
 
 use super::Bytes;
@@ -39,17 +40,22 @@ fn assert_close<'a>(
 
 /// Bytes: a kernel selector, then the sizes and values of a small case.
 /// Each fast kernel is run against its naive twin: scatter coalescing and
-/// the optimisers bit for bit, the fused cross-entropy, the gated mix and
-/// the fusion penalty (forward and backward) within a tolerance.
+/// the optimisers bit for bit (in f64, and in f32 on half-precision
+/// parameters and moments: selectors 240 and up), the fused cross-entropy,
+/// the gated mix and the fusion penalty (forward and backward) within a
+/// tolerance.
 pub fn differential(data: &[u8]) {
     let mut b = Bytes::new(data);
-    match b.u8() % 6 {
-        0 => diff_coalesce(&mut b),
-        1 => diff_fused_ce(&mut b),
-        2 => diff_lazy_adam(&mut b),
-        3 => diff_adam(&mut b),
-        4 => diff_gated_mix(&mut b),
-        _ => diff_fusion_penalty(&mut b),
+    match b.u8() {
+        240.. => diff_half_adam(&mut b),
+        s => match s % 6 {
+            0 => diff_coalesce(&mut b),
+            1 => diff_fused_ce(&mut b),
+            2 => diff_lazy_adam(&mut b),
+            3 => diff_adam(&mut b),
+            4 => diff_gated_mix(&mut b),
+            _ => diff_fusion_penalty(&mut b),
+        },
     }
 }
 
@@ -249,6 +255,202 @@ fn diff_adam(b: &mut Bytes) {
     };
     let mut opts = [(); 2].map(|_| Adam::new(config).expect("valid config"));
     same_updates("Adam", &mut opts, optimiser_case(b, true));
+}
+
+/// A gradient given row by row from the bytes: each row zero, of the
+/// fusion penalty's form `k·(x − c) − s` (one c and s for every such row,
+/// a k per row), or written (`x·a − w`).
+struct FuzzRows {
+    width: usize,
+    /// Per row: 0 zero, 1 the form, 2 written.
+    kind: Vec<u8>,
+    k: Vec<f32>,
+    c: Vec<f32>,
+    s: Vec<f32>,
+    a: f32,
+    w: Vec<f32>,
+}
+
+impl RowGradient<f32> for FuzzRows {
+    fn write(&self, r: usize, x: &[f32], g: &mut [f32]) {
+        assert_eq!((x.len(), g.len()), (self.width, self.width), "row {r}");
+        match self.form(r) {
+            RowForm::Zero => g.fill(0.0),
+            RowForm::Deviation { k, c, s } => {
+                for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+                    *g = k * (x - c[j]) - s[j];
+                }
+            }
+            RowForm::Written => {
+                for ((g, &x), &w) in g.iter_mut().zip(x).zip(&self.w) {
+                    *g = x * self.a - w;
+                }
+            }
+        }
+    }
+
+    fn form(&self, r: usize) -> RowForm<'_, f32> {
+        match self.kind[r] {
+            0 => RowForm::Zero,
+            1 => RowForm::Deviation {
+                k: self.k[r],
+                c: &self.c,
+                s: &self.s,
+            },
+            _ => RowForm::Written,
+        }
+    }
+}
+
+/// The dense gradient of `grad` for `p` as it is now: each row written
+/// from the row widened (the definition `update_by_rows` must match).
+fn dense_rows(p: &Parameter<f32>, grad: &FuzzRows) -> ParamGrad<f32> {
+    let x = p.widened().into_owned();
+    let x = x.into_dimensionality::<ndarray::Ix2>().expect("2-D");
+    let mut g = Array2::<f32>::zeros(x.dim());
+    for (r, (x, mut g)) in x.rows().into_iter().zip(g.rows_mut()).enumerate() {
+        let x = x.to_vec();
+        let mut out = vec![0.0; x.len()];
+        grad.write(r, &x, &mut out);
+        g.assign(&Array1::from(out));
+    }
+    ParamGrad::Dense(g.into_dyn())
+}
+
+/// Adam or lazy Adam in f32 on a bf16, f16 or f32 parameter with f32 or
+/// bf16 moments (at least one of the two in half precision), its stores
+/// rounded stochastically or to nearest: `update` against `update_naive`
+/// on dense and row-sparse gradients, and `update_by_rows` (rows of every
+/// [`RowForm`]) against `update_naive` of the dense gradient, parameter
+/// and state bit for bit after every step. Widths up to 80 cross the
+/// fused kernels' 32-element blocks and their tails.
+fn diff_half_adam(b: &mut Bytes) {
+    let (dtype, state) = match b.below(5) {
+        0 => (Dtype::BF16, Dtype::BF16),
+        1 => (Dtype::BF16, Dtype::F32),
+        2 => (Dtype::F16, Dtype::F32),
+        3 => (Dtype::F16, Dtype::BF16),
+        _ => (Dtype::F32, Dtype::BF16),
+    };
+    let rounding = if b.bool() {
+        Rounding::Stochastic {
+            seed: b.u16() as u64,
+        }
+    } else {
+        Rounding::Nearest
+    };
+    let rows = b.below(4) + 1;
+    let width = b.below(80) + 1;
+    let init = Array2::from_shape_fn((rows, width), |_| b.real(4.0) as f32).into_dyn();
+    let lazy = b.bool();
+    let by_rows = b.bool();
+    let steps = b.below(3) + 1;
+    let grads: Vec<ParamGrad<f32>> = (0..steps)
+        .map(|_| {
+            if b.bool() {
+                let mask = b.u8();
+                let picked: Vec<usize> = (0..rows).filter(|r| mask & (1 << r) != 0).collect();
+                let values = Array2::from_shape_fn((picked.len(), width), |_| b.real(10.0) as f32);
+                ParamGrad::RowSparse(RowSparse {
+                    n_rows: rows,
+                    rows: picked,
+                    values,
+                })
+            } else {
+                ParamGrad::Dense(
+                    Array2::from_shape_fn((rows, width), |_| b.real(10.0) as f32).into_dyn(),
+                )
+            }
+        })
+        .collect();
+    let row_grad = FuzzRows {
+        width,
+        kind: (0..rows).map(|_| b.below(3) as u8).collect(),
+        k: (0..rows).map(|_| b.real(2.0) as f32).collect(),
+        c: (0..width).map(|_| b.real(4.0) as f32).collect(),
+        s: (0..width).map(|_| b.real(1.0) as f32).collect(),
+        a: b.real(1.0) as f32,
+        w: (0..width).map(|_| b.real(1.0) as f32).collect(),
+    };
+    let fresh = || {
+        let mut p = Parameter::new("t", init.clone());
+        p.set_dtype(dtype).expect("a float dtype");
+        p
+    };
+    let (mut fast_p, mut naive_p) = (fresh(), fresh());
+    let what = format!(
+        "{} {dtype} {state} {rounding:?} ({rows}, {width}){}",
+        if lazy { "lazy Adam" } else { "Adam" },
+        if by_rows { " by rows" } else { "" }
+    );
+    // The first element whose bits differ, with both values.
+    let first_diff = |a: &Parameter<f32>, b: &Parameter<f32>| {
+        let (a, b) = (a.widened().into_owned(), b.widened().into_owned());
+        a.iter()
+            .zip(b.iter())
+            .enumerate()
+            .find(|(_, (x, y))| x.to_bits() != y.to_bits())
+            .map(|(i, (x, y))| {
+                format!(
+                    "element {i}: update {x:e} ({:#010x}), naive {y:e} ({:#010x})",
+                    x.to_bits(),
+                    y.to_bits()
+                )
+            })
+    };
+    macro_rules! run {
+        ($new:expr) => {{
+            let mut opts = [(); 2].map(|_| {
+                let mut o = $new;
+                o.set_state_dtype(state).expect("f32 or bf16 state");
+                o.set_rounding(rounding);
+                o
+            });
+            for g in &grads {
+                if by_rows {
+                    let dense = dense_rows(&naive_p, &row_grad);
+                    opts[0]
+                        .update_by_rows(&mut fast_p, &row_grad)
+                        .expect("update_by_rows");
+                    opts[1]
+                        .update_naive(&mut naive_p, &dense)
+                        .expect("update_naive");
+                } else {
+                    opts[0].update(&mut fast_p, g).expect("update");
+                    opts[1].update_naive(&mut naive_p, g).expect("update_naive");
+                }
+                if let Some(d) = first_diff(&fast_p, &naive_p) {
+                    let kind = match g {
+                        _ if by_rows => "by rows",
+                        ParamGrad::Dense(_) => "dense",
+                        ParamGrad::RowSparse(_) => "row-sparse",
+                    };
+                    panic!("{what}, a {kind} gradient: the parameter differs, {d}");
+                }
+                assert!(
+                    opts[0].state() == opts[1].state(),
+                    "{what}: the state differs"
+                );
+            }
+        }};
+    }
+    // The configuration is drawn once, for both optimisers.
+    let lr = [1e-3, 0.1][b.below(2)];
+    if lazy {
+        let config = LazyAdamConfig {
+            lr,
+            ..LazyAdamConfig::default()
+        };
+        run!(LazyAdam::new(config).expect("valid config"));
+    } else {
+        let config = AdamConfig {
+            lr,
+            weight_decay: [0.0, 1e-2][b.below(2)],
+            decoupled_weight_decay: b.bool(),
+            ..AdamConfig::default()
+        };
+        run!(Adam::new(config).expect("valid config"));
+    }
 }
 
 /// The layer's rows, (n_rows, D).
