@@ -43,11 +43,11 @@ pub type Lanes = [f32; LANES];
 /// `inputs` those of every input. Every closure
 /// `Fn(&mut [[T; LANES]; N], &[[T; LANES]; K])` is one (its arguments'
 /// types written out: the compiler does not infer them through the
-/// trait). A type that
-/// implements it with an `#[inline(always)]` method is compiled into the
-/// vector kernels whatever its size, where the compiler may leave a large
-/// closure out of line, compiled for baseline x86-64 (four lanes an
-/// instruction): the optimisers' rules are such types.
+/// trait). A type that implements it with an `#[inline(always)]` method
+/// is compiled into the vector kernels whatever its size, where the
+/// compiler may leave a large closure out of line, compiled for baseline
+/// x86-64 (four lanes an instruction): the optimisers' rules are such
+/// types.
 pub trait LaneRule<T, const N: usize, const K: usize> {
     /// The rule on one block.
     fn apply(&self, arrays: &mut [[T; LANES]; N], inputs: &[[T; LANES]; K]);
