@@ -10,6 +10,8 @@ use super::super::x86::{
 };
 use super::{FusedArray, LANES, LaneRule, Lanes, blocks_scalar};
 
+mod layouts;
+
 /// Whether the indices of the block from `index` share their high word,
 /// and so do their pairs `index >> 1` (bf16's words): the vector code adds
 /// the lane to the low word. False twice in 2³³.
@@ -134,6 +136,17 @@ pub(super) unsafe fn update_avx512<const N: usize, const K: usize, F: LaneRule<f
     first: u64,
     f: &F,
 ) -> usize {
+    // SAFETY (the three calls): as this function's; `layout` found the
+    // layout each kernel takes.
+    match layouts::layout(arrays, first) {
+        Some(false) => {
+            return unsafe { layouts::update_avx512::<false, N, K, F>(arrays, inputs, first, f) };
+        }
+        Some(true) => {
+            return unsafe { layouts::update_avx512::<true, N, K, F>(arrays, inputs, first, f) };
+        }
+        None => {}
+    }
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.
         return unsafe { update_avx512_paired(arrays, inputs, first, f) };
@@ -428,6 +441,17 @@ pub(super) unsafe fn update_avx2<const N: usize, const K: usize, F: LaneRule<f32
     first: u64,
     f: &F,
 ) -> usize {
+    // SAFETY (the three calls): as this function's; `layout` found the
+    // layout each kernel takes.
+    match layouts::layout(arrays, first) {
+        Some(false) => {
+            return unsafe { layouts::update_avx2::<false, N, K, F>(arrays, inputs, first, f) };
+        }
+        Some(true) => {
+            return unsafe { layouts::update_avx2::<true, N, K, F>(arrays, inputs, first, f) };
+        }
+        None => {}
+    }
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.
         return unsafe { update_avx2_paired(arrays, inputs, first, f) };

@@ -1,0 +1,343 @@
+//! The paired kernels of the two layouts the optimisers run most: every
+//! array in bf16 rounded stochastically (a bf16 parameter with bf16
+//! moments), or only the first (a bf16 parameter with f32 moments), from
+//! an even first index. Each array's kind is a constant of the
+//! monomorphised loop, so the per-array loops unroll, no enum is matched
+//! between the vector instructions and a block's lanes stay in registers:
+//! on a Zen 4 core the Adam rule's block runs in about two thirds of the
+//! general paired kernel's time, which matches each array at run time
+//! (`docs/bench.md`). The bits are the general kernel's: the same pairing,
+//! the same random words, and the same fallbacks (a block with a NaN
+//! input, or whose indices cross a high word, in the plain code; a bf16
+//! output block with a NaN by the full rounding kernel, in the natural
+//! order).
+
+use std::arch::x86_64::*;
+
+use super::super::super::x86::{
+    bf16_bits_avx2, bf16_bits_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512, mix32_avx2,
+    mix32_avx512, pack16_avx2,
+};
+use super::super::{FusedArray, LANES, LaneRule, blocks_scalar};
+use super::{AHEAD, EVEN, HIGH, LOW, ODD, Words, join_pairs_avx2, split_pairs_avx2, vector};
+
+/// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
+/// every array is bf16 rounded stochastically, `Some(true)` when only the
+/// first is and the others are f32; `None` otherwise, or for an odd
+/// `first` (a word's two elements then belong to two pairs).
+pub(super) fn layout<const N: usize>(arrays: &[FusedArray<'_>; N], first: u64) -> Option<bool> {
+    let stochastic = |a: &FusedArray<'_>| matches!(a, FusedArray::Bf16(_, Some(_)));
+    let full = |a: &FusedArray<'_>| matches!(a, FusedArray::Full(_));
+    match arrays.split_first() {
+        _ if first & 1 == 1 => None,
+        Some((a, rest)) if stochastic(a) && rest.iter().all(stochastic) => Some(false),
+        Some((a, rest)) if stochastic(a) && rest.iter().all(full) => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether array `i` is bf16 in the layout (otherwise f32).
+#[inline(always)]
+const fn bf16_at<const FIRST_ONLY: bool>(i: usize) -> bool {
+    !FIRST_ONLY || i == 0
+}
+
+/// Each array's first element, as bytes.
+#[inline(always)]
+fn bases<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
+    arrays.each_mut().map(|a| match a {
+        FusedArray::Full(s) => s.as_mut_ptr().cast(),
+        FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
+        FusedArray::F16(s, _) => s.as_mut_ptr().cast(),
+    })
+}
+
+/// The AVX-512 kernel of the layout (`FIRST_ONLY`: [`layout`]'s answer)
+/// over the whole blocks, in `update_avx512_paired`'s order; returns the
+/// elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX-512F; every array and input has the first array's
+/// length; `arrays` is the layout from `first` ([`layout`]).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn update_avx512<
+    const FIRST_ONLY: bool,
+    const N: usize,
+    const K: usize,
+    F: LaneRule<f32, N, K>,
+>(
+    arrays: &mut [FusedArray<'_>; N],
+    inputs: &[&[f32]; K],
+    first: u64,
+    f: &F,
+) -> usize {
+    let (even, odd) = (vector(EVEN), vector(ODD));
+    let (low, high) = (vector(LOW), vector(HIGH));
+    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let bottom = _mm512_set1_epi32(0xFFFF);
+    let len = arrays[0].len();
+    let body = len - len % LANES;
+    let mut words = Words::new(arrays, first);
+    for at in (0..body).step_by(LANES) {
+        let index = first.wrapping_add(at as u64);
+        let Some(word) = words.of(arrays, index) else {
+            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
+            continue;
+        };
+        let base = bases(arrays);
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan: __mmask16 = 0;
+        for (i, l) in lanes.iter_mut().enumerate() {
+            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's length,
+            // the array of the kind the layout says; unaligned loads; a
+            // prefetch never faults; `l` holds 32 floats.
+            unsafe {
+                let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
+                    let p = base[i].cast::<u16>().add(at);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                    let x = _mm512_loadu_si512(p.cast());
+                    // The widening of every value but NaN.
+                    let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                    let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
+                    (e, o)
+                } else {
+                    let p = base[i].cast::<f32>().add(at);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                    let x0 = _mm512_loadu_ps(p);
+                    let x1 = _mm512_loadu_ps(p.add(16));
+                    (
+                        _mm512_permutex2var_ps(x0, even, x1),
+                        _mm512_permutex2var_ps(x0, odd, x1),
+                    )
+                };
+                _mm512_storeu_ps(l.as_mut_ptr(), e);
+                _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
+            }
+        }
+        if nan != 0 {
+            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
+            continue;
+        }
+        let mut il = [[0.0f32; LANES]; K];
+        for (i, l) in inputs.iter().zip(il.iter_mut()) {
+            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length;
+            // `l` holds 32 floats.
+            unsafe {
+                let i0 = _mm512_loadu_ps(i.as_ptr().add(at));
+                let i1 = _mm512_loadu_ps(i.as_ptr().add(at + 16));
+                _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, even, i1));
+                _mm512_storeu_ps(l.as_mut_ptr().add(16), _mm512_permutex2var_ps(i0, odd, i1));
+            }
+        }
+        f.apply(&mut lanes, &il);
+        // Lane j's pair is index/2 + j: its word's top half rounds the even
+        // element, its bottom half the odd one.
+        let pair = _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
+        for (i, l) in lanes.iter().enumerate() {
+            // SAFETY: as the loads.
+            unsafe {
+                let e = _mm512_loadu_ps(l.as_ptr());
+                let o = _mm512_loadu_ps(l.as_ptr().add(16));
+                if bf16_at::<FIRST_ONLY>(i) {
+                    let dst = base[i].cast::<u16>().add(at);
+                    if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
+                        // `bf16_stochastic` of every value but NaN: each lane
+                        // plus its 16 random bits, the high half of the sum
+                        // kept; the odd lane's in place, the even lane's
+                        // shifted under it.
+                        let r =
+                            mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(word[i] as i32)));
+                        let ue =
+                            _mm512_add_epi32(_mm512_castps_si512(e), _mm512_srli_epi32::<16>(r));
+                        let uo =
+                            _mm512_add_epi32(_mm512_castps_si512(o), _mm512_and_si512(r, bottom));
+                        let both =
+                            _mm512_ternarylogic_epi32::<0xCA>(top, uo, _mm512_srli_epi32::<16>(ue));
+                        _mm512_storeu_si512(dst.cast(), both);
+                    } else {
+                        store_nan_avx512(dst, e, o, index, word[i]);
+                    }
+                } else {
+                    let dst = base[i].cast::<f32>().add(at);
+                    _mm512_storeu_ps(dst, _mm512_permutex2var_ps(e, low, o));
+                    _mm512_storeu_ps(dst.add(16), _mm512_permutex2var_ps(e, high, o));
+                }
+            }
+        }
+    }
+    body
+}
+
+/// A bf16 block whose rounded lanes (`e`, `o`, in paired order) hold a
+/// NaN: put back in the natural order and rounded by the full kernel.
+/// Out of line: it is rare, and inline it would hold registers the loop
+/// needs.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 32 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_nan_avx512(dst: *mut u16, e: __m512, o: __m512, index: u64, w: u32) {
+    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let halves = [
+        _mm512_permutex2var_ps(e, vector(LOW), o),
+        _mm512_permutex2var_ps(e, vector(HIGH), o),
+    ];
+    for (v, x) in halves.into_iter().enumerate() {
+        let offs = _mm512_add_epi32(natural, _mm512_set1_epi32(16 * v as i32));
+        let h = bf16_stochastic_avx512(_mm512_castps_si512(x), bf16_bits_avx512(index, w, offs));
+        // SAFETY: the caller's.
+        unsafe { _mm256_storeu_si256(dst.add(16 * v).cast(), h) };
+    }
+}
+
+/// The AVX2 kernel of the layout over the whole blocks, in
+/// `update_avx2_paired`'s order (for each 16 elements, 8 lanes of even
+/// elements and 8 of odd ones); returns the elements done.
+///
+/// # Safety
+///
+/// The CPU must have AVX2; every array and input has the first array's
+/// length; `arrays` is the layout from `first` ([`layout`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn update_avx2<
+    const FIRST_ONLY: bool,
+    const N: usize,
+    const K: usize,
+    F: LaneRule<f32, N, K>,
+>(
+    arrays: &mut [FusedArray<'_>; N],
+    inputs: &[&[f32]; K],
+    first: u64,
+    f: &F,
+) -> usize {
+    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let bottom = _mm256_set1_epi32(0xFFFF);
+    let len = arrays[0].len();
+    let body = len - len % LANES;
+    let mut words = Words::new(arrays, first);
+    for at in (0..body).step_by(LANES) {
+        let index = first.wrapping_add(at as u64);
+        let Some(word) = words.of(arrays, index) else {
+            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
+            continue;
+        };
+        let base = bases(arrays);
+        let mut lanes = [[0.0f32; LANES]; N];
+        let mut nan = _mm256_setzero_ps();
+        for (i, l) in lanes.iter_mut().enumerate() {
+            for h in [0, 16] {
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's
+                // length, the array of the kind the layout says; unaligned
+                // loads; a prefetch never faults; `l` holds 32 floats.
+                unsafe {
+                    let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
+                        let p = base[i].cast::<u16>().add(at + h);
+                        if h == 0 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                        }
+                        let x = _mm256_loadu_si256(p.cast());
+                        // The widening of every value but NaN.
+                        let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+                        let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
+                        (e, o)
+                    } else {
+                        let p = base[i].cast::<f32>().add(at + h);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                        split_pairs_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                    };
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
+                }
+            }
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
+            continue;
+        }
+        let mut il = [[0.0f32; LANES]; K];
+        for (i, l) in inputs.iter().zip(il.iter_mut()) {
+            for h in [0, 16] {
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's
+                // length; `l` holds 32 floats.
+                unsafe {
+                    let (e, o) = split_pairs_avx2(
+                        _mm256_loadu_ps(i.as_ptr().add(at + h)),
+                        _mm256_loadu_ps(i.as_ptr().add(at + h + 8)),
+                    );
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
+                }
+            }
+        }
+        f.apply(&mut lanes, &il);
+        for (i, l) in lanes.iter().enumerate() {
+            for h in [0, 16] {
+                // The first of these 16 elements (even) and its lanes' pairs.
+                let index = index.wrapping_add(h as u64);
+                let pair = _mm256_add_epi32(_mm256_set1_epi32((index >> 1) as u32 as i32), natural);
+                // SAFETY: as the loads.
+                unsafe {
+                    let e = _mm256_loadu_ps(l.as_ptr().add(h));
+                    let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
+                    if bf16_at::<FIRST_ONLY>(i) {
+                        let dst = base[i].cast::<u16>().add(at + h);
+                        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
+                            // As the AVX-512 kernel's store.
+                            let r = mix32_avx2(_mm256_xor_si256(
+                                pair,
+                                _mm256_set1_epi32(word[i] as i32),
+                            ));
+                            let ue = _mm256_add_epi32(
+                                _mm256_castps_si256(e),
+                                _mm256_srli_epi32::<16>(r),
+                            );
+                            let uo = _mm256_add_epi32(
+                                _mm256_castps_si256(o),
+                                _mm256_and_si256(r, bottom),
+                            );
+                            let both =
+                                _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(ue), uo);
+                            _mm256_storeu_si256(dst.cast(), both);
+                        } else {
+                            store_nan_avx2(dst, e, o, index, word[i]);
+                        }
+                    } else {
+                        let dst = base[i].cast::<f32>().add(at + h);
+                        let (x0, x1) = join_pairs_avx2(e, o);
+                        _mm256_storeu_ps(dst, x0);
+                        _mm256_storeu_ps(dst.add(8), x1);
+                    }
+                }
+            }
+        }
+    }
+    body
+}
+
+/// [`store_nan_avx512`] for 16 elements on AVX2.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 16 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn store_nan_avx2(dst: *mut u16, e: __m256, o: __m256, index: u64, w: u32) {
+    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let (x0, x1) = join_pairs_avx2(e, o);
+    let round = |x: __m256, from: i32| {
+        let offs = _mm256_add_epi32(natural, _mm256_set1_epi32(from));
+        bf16_stochastic_avx2(_mm256_castps_si256(x), bf16_bits_avx2(index, w, offs))
+    };
+    let h = pack16_avx2(round(x0, 0), round(x1, 8));
+    // SAFETY: the caller's.
+    unsafe { _mm256_storeu_si256(dst.cast(), h) };
+}
