@@ -170,3 +170,89 @@ fn logits_in_the_thousands_one_token() {
     assert!((f.loss[[0]] - want).abs() < 1e-3, "{}", f.loss);
     fused_equals_naive::<f32>(&c, f32::EPSILON as f64).unwrap();
 }
+
+/// Logits that overflow to −∞ in f32 (h·W ≈ −10⁴⁰ for every row of the
+/// first split, which come first, so whole tiles and vocabulary blocks of
+/// them come before any finite logit): they weigh nothing in the softmax,
+/// as in the naive head (and torch's cross-entropy), where the fused head
+/// once took e^{−∞ − (−∞)} = NaN. Loss and every gradient finite and equal
+/// to the naive pass's, for several chunkings.
+#[test]
+fn logits_of_minus_infinity_weigh_nothing() {
+    let (sizes, h, n) = ([40usize, 40], 8usize, 40usize);
+    let mut w0 = ndarray::Array2::<f64>::from_elem((sizes[0], h), 0.5);
+    w0.column_mut(0).fill(-1e20);
+    let w1 = ndarray::Array2::<f64>::from_shape_fn((sizes[1], h), |(i, j)| {
+        if j == 0 {
+            0.0
+        } else {
+            ((i * 7 + j * 3) % 11) as f64 * 0.1 - 0.5
+        }
+    });
+    let weights = vec![w0.into_dyn(), w1.into_dyn()];
+    let hidden = ndarray::Array2::<f64>::from_shape_fn((n, h), |(t, j)| {
+        if j == 0 {
+            1e20
+        } else {
+            ((t + j) % 5) as f64 * 0.2 - 0.4
+        }
+    })
+    .into_dyn();
+    let labels =
+        ndarray::Array1::<i64>::from_shape_fn(n, |t| (sizes[0] + (t * 3) % sizes[1]) as i64)
+            .into_dyn();
+    let upstream = ndarray::Array1::<f64>::from_shape_fn(n, |t| 1.0 + (t % 3) as f64).into_dyn();
+    for chunks in [
+        ChunkSizes {
+            tokens: 4096,
+            vocab: 4096,
+        },
+        ChunkSizes {
+            tokens: 16,
+            vocab: 12,
+        },
+        ChunkSizes {
+            tokens: 7,
+            vocab: 41,
+        },
+    ] {
+        let c = Case {
+            sizes: sizes.to_vec(),
+            hidden_size: h,
+            weights: weights.clone(),
+            hidden: hidden.clone(),
+            labels: labels.clone(),
+            upstream: upstream.clone(),
+            chunks,
+            frozen: None,
+        };
+        let (fused, naive) = (pass::<f32>(&c, false), pass::<f32>(&c, true));
+        let pairs = std::iter::once((&fused.loss, &naive.loss, "loss".to_string())).chain(
+            fused
+                .grads
+                .iter()
+                .zip(&naive.grads)
+                .enumerate()
+                .map(|(k, (a, b))| {
+                    (
+                        a,
+                        b,
+                        if k == 0 {
+                            "∂hidden".into()
+                        } else {
+                            format!("∂W_{}", k - 1)
+                        },
+                    )
+                }),
+        );
+        for (a, b, what) in pairs {
+            let scale = b.iter().fold(1f64, |m, &x| m.max(x.abs()));
+            for (i, (&x, &y)) in a.iter().zip(b.iter()).enumerate() {
+                assert!(
+                    x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-4 * scale,
+                    "{chunks:?} {what} element {i}: fused {x}, naive {y}"
+                );
+            }
+        }
+    }
+}

@@ -302,7 +302,14 @@ fn forward_tile<const STORE: bool>(
     for (r, row) in t.iter().enumerate().take(rows) {
         let mut x = [0.0f32; NR];
         for (((x, sum), &z), &s) in x.iter_mut().zip(ts.iter_mut()).zip(row).zip(&c.s) {
-            *x = exp_fma(z - s);
+            // A column with no logit above −∞ yet keeps its shift at −∞:
+            // its −∞ logits weigh e^{−∞} = 0, not e^{NaN} (a NaN logit still
+            // gives NaN).
+            *x = if z == f32::NEG_INFINITY && s == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp_fma(z - s)
+            };
             *sum += *x;
         }
         if STORE {
@@ -318,7 +325,8 @@ fn forward_tile<const STORE: bool>(
 /// operations in the same order on 8-lane vectors (so the same bits), with
 /// the column state, the exponentials and their sums in registers. A tile
 /// that raises a shift (rare: only when a logit exceeds the row's shift by
-/// [`MARGIN`]) takes [`forward_tile`].
+/// [`MARGIN`]), or with a column whose shift is still −∞, takes
+/// [`forward_tile`].
 ///
 /// # Safety
 ///
@@ -360,7 +368,14 @@ unsafe fn forward_tile6_avx2<const STORE: bool>(
             _mm256_cmp_ps::<_CMP_GT_OQ>(cm.0, _mm256_add_ps(s.0, margin)),
             _mm256_cmp_ps::<_CMP_GT_OQ>(cm.1, _mm256_add_ps(s.1, margin)),
         );
-        if _mm256_movemask_ps(raise) != 0 {
+        // A column whose shift is still −∞ (every logit so far −∞) takes
+        // the plain code too, which weighs its −∞ logits 0.
+        let never = _mm256_set1_ps(f32::NEG_INFINITY);
+        let unshifted = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_EQ_OQ>(s.0, never),
+            _mm256_cmp_ps::<_CMP_EQ_OQ>(s.1, never),
+        );
+        if _mm256_movemask_ps(_mm256_or_ps(raise, unshifted)) != 0 {
             forward_tile::<STORE>(t, MR, c, e, vrow);
             return;
         }
