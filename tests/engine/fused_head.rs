@@ -227,6 +227,17 @@ fn logits_of_minus_infinity_weigh_nothing() {
             frozen: None,
         };
         let (fused, naive) = (pass::<f32>(&c, false), pass::<f32>(&c, true));
+        // The summed forward walks the same tiles.
+        let mut head = split_head::<f32>(&c.sizes, h, &c.weights, &[true, true]);
+        head.set_chunks(chunks);
+        let mut tape = Tape::new();
+        let x = tape.input(c.hidden.mapv(|v| v as f32));
+        let sum = head.forward_sum(&mut tape, x, c.labels.view()).unwrap();
+        let (got, want) = (tape.value(sum).sum() as f64, naive.loss.sum());
+        assert!(
+            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+            "{chunks:?} forward_sum {got}, the naive losses' sum {want}"
+        );
         let pairs = std::iter::once((&fused.loss, &naive.loss, "loss".to_string())).chain(
             fused
                 .grads
