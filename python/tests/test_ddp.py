@@ -3,6 +3,7 @@ DistributedDataParallel train the same weights as one process on the combined
 batch: embeddings (sparse gradients), split vocabulary and head; and with the
 embeddings and the split vocabulary on fused_adam, after prepare_distributed."""
 
+import gc
 import os
 
 import numpy as np
@@ -90,6 +91,11 @@ def worker(rank, world, store, index_path, out):
     if rank == 0:
         state = {k: v.clone() for k, v in m.state_dict().items()}
         torch.save({"state": state, "fused_refused": refused}, out)
+    # The DDP wrapper and its reducer go while the group is alive, not
+    # after it at the function's return (gloo work outliving its group
+    # can abort a process as it exits).
+    del ddp
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -157,6 +163,11 @@ def fused_worker(rank, world, store, index_path, out, cut):
         ddp(tokens[part], langs[part], labels[part]).backward()
         opt.step()
     torch.save({k: v.clone() for k, v in m.state_dict().items()}, f"{out}.{rank}")
+    # The DDP wrapper and its reducer go while the group is alive, not
+    # after it at the function's return (gloo work outliving its group
+    # can abort a process as it exits).
+    del ddp
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

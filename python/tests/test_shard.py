@@ -8,6 +8,7 @@ for bit) and on another; a killed process, and one stopped (SIGSTOP)
 between or inside exchanges, make the others stop with an error naming it
 within the timeout."""
 
+import gc
 import os
 import signal
 import time
@@ -123,6 +124,11 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
         torch.save({"state": state, "sent": sent}, out)
     else:
         assert state is None
+    # The DDP wrapper and its reducer go while the group is alive, not
+    # after it at the function's return (gloo work outliving its group
+    # can abort a process as it exits).
+    del ddp
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
