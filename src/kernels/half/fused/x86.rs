@@ -1,5 +1,9 @@
 //! The AVX-512 and AVX2 (with F16C) paths of [`super::update_fused`]: whole
 //! blocks of [`LANES`] elements; the caller runs the tail in the plain code.
+//! Every array bf16 rounded stochastically, or only the first with the
+//! others f32, from an even first index, runs the kernels of `layouts`,
+//! compiled for that layout; any other, the kernels here, which match each
+//! array's kind as they go. Both give the same bits.
 
 use std::arch::x86_64::*;
 
