@@ -240,6 +240,47 @@ pub(super) unsafe fn update_avx512<const N: usize, const K: usize, F: LaneRule<f
     )
 }
 
+/// An input's block from `at` in the AVX-512 paired order: its even
+/// elements, then its odd ones.
+///
+/// **Panics** if the input has fewer than `at + 32` elements.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn input_paired_avx512(i: &[f32], at: usize, l: &mut Lanes) {
+    let i = &i[at..at + LANES];
+    // SAFETY: `i` holds 32 floats, and so does `l`.
+    unsafe {
+        let i0 = _mm512_loadu_ps(i.as_ptr());
+        let i1 = _mm512_loadu_ps(i.as_ptr().add(16));
+        _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, vector(EVEN), i1));
+        _mm512_storeu_ps(
+            l.as_mut_ptr().add(16),
+            _mm512_permutex2var_ps(i0, vector(ODD), i1),
+        );
+    }
+}
+
+/// An input's block from `at` in the AVX2 paired order: for each 16
+/// elements, their 8 even ones, then their 8 odd ones.
+///
+/// **Panics** if the input has fewer than `at + 32` elements.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn input_paired_avx2(i: &[f32], at: usize, l: &mut Lanes) {
+    let i = &i[at..at + LANES];
+    for h in (0..LANES).step_by(16) {
+        // SAFETY: `i` and `l` hold 32 floats.
+        unsafe {
+            let (e, o) = split_pairs_avx2(
+                _mm256_loadu_ps(i.as_ptr().add(h)),
+                _mm256_loadu_ps(i.as_ptr().add(h + 8)),
+            );
+            _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+            _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
+        }
+    }
+}
+
 /// The element of each lane of the even vector (0, 2, …, 30) and of the
 /// odd one (1, 3, …, 31) of a block in the paired order.
 const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
@@ -345,16 +386,7 @@ unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, 
             }
             nan == 0
         },
-        |i, at, l| {
-            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length; `l` holds 32
-            // floats.
-            unsafe {
-                let i0 = _mm512_loadu_ps(i.as_ptr().add(at));
-                let i1 = _mm512_loadu_ps(i.as_ptr().add(at + 16));
-                _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, even, i1));
-                _mm512_storeu_ps(l.as_mut_ptr().add(16), _mm512_permutex2var_ps(i0, odd, i1));
-            }
-        },
+        |i, at, l| input_paired_avx512(i, at, l),
         |arrays, at, index, word, lanes| {
             // The 16 random bits (`bf16_sr_bits`' top half) of the even
             // lanes and of the odd ones, `w` the array's word: from an even
@@ -656,20 +688,7 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
             }
             _mm256_movemask_ps(nan) == 0
         },
-        |i, at, l| {
-            for h in (0..LANES).step_by(16) {
-                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length; `l` holds 32
-                // floats.
-                unsafe {
-                    let (e, o) = split_pairs_avx2(
-                        _mm256_loadu_ps(i.as_ptr().add(at + h)),
-                        _mm256_loadu_ps(i.as_ptr().add(at + h + 8)),
-                    );
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
-                }
-            }
-        },
+        |i, at, l| input_paired_avx2(i, at, l),
         |arrays, at, index, word, lanes| {
             for ((a, l), &w) in arrays.iter_mut().zip(lanes.iter()).zip(word.iter()) {
                 for h in (0..LANES).step_by(16) {

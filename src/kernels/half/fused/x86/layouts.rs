@@ -18,8 +18,11 @@ use super::super::super::x86::{
     bf16_bits_avx2, bf16_bits_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512, mix32_avx2,
     mix32_avx512, pack16_avx2,
 };
-use super::super::{FusedArray, LANES, LaneRule, blocks_scalar};
-use super::{AHEAD, EVEN, HIGH, LOW, ODD, Words, join_pairs_avx2, split_pairs_avx2, vector};
+use super::super::{FusedArray, LaneRule};
+use super::{
+    AHEAD, EVEN, HIGH, LOW, ODD, blocks, input_paired_avx2, input_paired_avx512, join_pairs_avx2,
+    split_pairs_avx2, vector,
+};
 
 /// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
 /// every array is bf16 rounded stochastically, `Some(true)` when only the
@@ -42,9 +45,19 @@ const fn bf16_at<const FIRST_ONLY: bool>(i: usize) -> bool {
     !FIRST_ONLY || i == 0
 }
 
-/// Each array's first element, as bytes.
+/// Each array's first element, as bytes, to read.
 #[inline(always)]
-fn bases<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
+fn bases<const N: usize>(arrays: &[FusedArray<'_>; N]) -> [*const u8; N] {
+    arrays.each_ref().map(|a| match a {
+        FusedArray::Full(s) => s.as_ptr().cast(),
+        FusedArray::Bf16(s, _) => s.as_ptr().cast(),
+        FusedArray::F16(s, _) => s.as_ptr().cast(),
+    })
+}
+
+/// Each array's first element, as bytes, to write.
+#[inline(always)]
+fn bases_mut<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
     arrays.each_mut().map(|a| match a {
         FusedArray::Full(s) => s.as_mut_ptr().cast(),
         FusedArray::Bf16(s, _) => s.as_mut_ptr().cast(),
@@ -53,8 +66,8 @@ fn bases<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
 }
 
 /// The AVX-512 kernel of the layout (`FIRST_ONLY`: [`layout`]'s answer)
-/// over the whole blocks, in `update_avx512_paired`'s order; returns the
-/// elements done.
+/// over the whole blocks, in `update_avx512_paired`'s order and loop
+/// ([`blocks`]); returns the elements done.
 ///
 /// # Safety
 ///
@@ -77,98 +90,92 @@ pub(super) unsafe fn update_avx512<
     let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     let bottom = _mm512_set1_epi32(0xFFFF);
-    let len = arrays[0].len();
-    let body = len - len % LANES;
-    let mut words = Words::new(arrays, first);
-    for at in (0..body).step_by(LANES) {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
-            continue;
-        };
-        let base = bases(arrays);
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan: __mmask16 = 0;
-        for (i, l) in lanes.iter_mut().enumerate() {
-            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's length,
-            // the array of the kind the layout says; unaligned loads; a
-            // prefetch never faults; `l` holds 32 floats.
-            unsafe {
-                let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
-                    let p = base[i].cast::<u16>().add(at);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                    let x = _mm512_loadu_si512(p.cast());
-                    // The widening of every value but NaN.
-                    let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
-                    let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
-                    nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
-                    (e, o)
-                } else {
-                    let p = base[i].cast::<f32>().add(at);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                    let x0 = _mm512_loadu_ps(p);
-                    let x1 = _mm512_loadu_ps(p.add(16));
-                    (
-                        _mm512_permutex2var_ps(x0, even, x1),
-                        _mm512_permutex2var_ps(x0, odd, x1),
-                    )
-                };
-                _mm512_storeu_ps(l.as_mut_ptr(), e);
-                _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
-            }
-        }
-        if nan != 0 {
-            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
-            continue;
-        }
-        let mut il = [[0.0f32; LANES]; K];
-        for (i, l) in inputs.iter().zip(il.iter_mut()) {
-            // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's length;
-            // `l` holds 32 floats.
-            unsafe {
-                let i0 = _mm512_loadu_ps(i.as_ptr().add(at));
-                let i1 = _mm512_loadu_ps(i.as_ptr().add(at + 16));
-                _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, even, i1));
-                _mm512_storeu_ps(l.as_mut_ptr().add(16), _mm512_permutex2var_ps(i0, odd, i1));
-            }
-        }
-        f.apply(&mut lanes, &il);
-        // Lane j's pair is index/2 + j: its word's top half rounds the even
-        // element, its bottom half the odd one.
-        let pair = _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
-        for (i, l) in lanes.iter().enumerate() {
-            // SAFETY: as the loads.
-            unsafe {
-                let e = _mm512_loadu_ps(l.as_ptr());
-                let o = _mm512_loadu_ps(l.as_ptr().add(16));
-                if bf16_at::<FIRST_ONLY>(i) {
-                    let dst = base[i].cast::<u16>().add(at);
-                    if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
-                        // `bf16_stochastic` of every value but NaN: each lane
-                        // plus its 16 random bits, the high half of the sum
-                        // kept; the odd lane's in place, the even lane's
-                        // shifted under it.
-                        let r =
-                            mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(word[i] as i32)));
-                        let ue =
-                            _mm512_add_epi32(_mm512_castps_si512(e), _mm512_srli_epi32::<16>(r));
-                        let uo =
-                            _mm512_add_epi32(_mm512_castps_si512(o), _mm512_and_si512(r, bottom));
-                        let both =
-                            _mm512_ternarylogic_epi32::<0xCA>(top, uo, _mm512_srli_epi32::<16>(ue));
-                        _mm512_storeu_si512(dst.cast(), both);
+    blocks(
+        arrays,
+        inputs,
+        first,
+        f,
+        |arrays, at, lanes| {
+            let base = bases(arrays);
+            let mut nan: __mmask16 = 0;
+            for (i, l) in lanes.iter_mut().enumerate() {
+                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's
+                // length, the array of the kind the layout says; unaligned
+                // loads; a prefetch never faults; `l` holds 32 floats.
+                unsafe {
+                    let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
+                        let p = base[i].cast::<u16>().add(at);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                        let x = _mm512_loadu_si512(p.cast());
+                        // The widening of every value but NaN.
+                        let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                        let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
+                        (e, o)
                     } else {
-                        store_nan_avx512(dst, e, o, index, word[i]);
-                    }
-                } else {
-                    let dst = base[i].cast::<f32>().add(at);
-                    _mm512_storeu_ps(dst, _mm512_permutex2var_ps(e, low, o));
-                    _mm512_storeu_ps(dst.add(16), _mm512_permutex2var_ps(e, high, o));
+                        let p = base[i].cast::<f32>().add(at);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                        let x0 = _mm512_loadu_ps(p);
+                        let x1 = _mm512_loadu_ps(p.add(16));
+                        (
+                            _mm512_permutex2var_ps(x0, even, x1),
+                            _mm512_permutex2var_ps(x0, odd, x1),
+                        )
+                    };
+                    _mm512_storeu_ps(l.as_mut_ptr(), e);
+                    _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
                 }
             }
-        }
-    }
-    body
+            nan == 0
+        },
+        |i, at, l| input_paired_avx512(i, at, l),
+        |arrays, at, index, word, lanes| {
+            let base = bases_mut(arrays);
+            // Lane j's pair is index/2 + j: its word's top half rounds the
+            // even element, its bottom half the odd one.
+            let pair = _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
+            for (i, l) in lanes.iter().enumerate() {
+                // SAFETY: as the loads.
+                unsafe {
+                    let e = _mm512_loadu_ps(l.as_ptr());
+                    let o = _mm512_loadu_ps(l.as_ptr().add(16));
+                    if bf16_at::<FIRST_ONLY>(i) {
+                        let dst = base[i].cast::<u16>().add(at);
+                        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
+                            // `bf16_stochastic` of every value but NaN: each
+                            // lane plus its 16 random bits, the high half of
+                            // the sum kept; the odd lane's in place, the even
+                            // lane's shifted under it.
+                            let r = mix32_avx512(_mm512_xor_si512(
+                                pair,
+                                _mm512_set1_epi32(word[i] as i32),
+                            ));
+                            let ue = _mm512_add_epi32(
+                                _mm512_castps_si512(e),
+                                _mm512_srli_epi32::<16>(r),
+                            );
+                            let uo = _mm512_add_epi32(
+                                _mm512_castps_si512(o),
+                                _mm512_and_si512(r, bottom),
+                            );
+                            let both = _mm512_ternarylogic_epi32::<0xCA>(
+                                top,
+                                uo,
+                                _mm512_srli_epi32::<16>(ue),
+                            );
+                            _mm512_storeu_si512(dst.cast(), both);
+                        } else {
+                            store_nan_avx512(dst, e, o, index, word[i]);
+                        }
+                    } else {
+                        let dst = base[i].cast::<f32>().add(at);
+                        _mm512_storeu_ps(dst, _mm512_permutex2var_ps(e, low, o));
+                        _mm512_storeu_ps(dst.add(16), _mm512_permutex2var_ps(e, high, o));
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// A bf16 block whose rounded lanes (`e`, `o`, in paired order) hold a
@@ -198,7 +205,8 @@ unsafe fn store_nan_avx512(dst: *mut u16, e: __m512, o: __m512, index: u64, w: u
 
 /// The AVX2 kernel of the layout over the whole blocks, in
 /// `update_avx2_paired`'s order (for each 16 elements, 8 lanes of even
-/// elements and 8 of odd ones); returns the elements done.
+/// elements and 8 of odd ones) and loop ([`blocks`]); returns the elements
+/// done.
 ///
 /// # Safety
 ///
@@ -219,107 +227,93 @@ pub(super) unsafe fn update_avx2<
     let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     let bottom = _mm256_set1_epi32(0xFFFF);
-    let len = arrays[0].len();
-    let body = len - len % LANES;
-    let mut words = Words::new(arrays, first);
-    for at in (0..body).step_by(LANES) {
-        let index = first.wrapping_add(at as u64);
-        let Some(word) = words.of(arrays, index) else {
-            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
-            continue;
-        };
-        let base = bases(arrays);
-        let mut lanes = [[0.0f32; LANES]; N];
-        let mut nan = _mm256_setzero_ps();
-        for (i, l) in lanes.iter_mut().enumerate() {
-            for h in [0, 16] {
-                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's
-                // length, the array of the kind the layout says; unaligned
-                // loads; a prefetch never faults; `l` holds 32 floats.
-                unsafe {
-                    let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
-                        let p = base[i].cast::<u16>().add(at + h);
-                        if h == 0 {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                        }
-                        let x = _mm256_loadu_si256(p.cast());
-                        // The widening of every value but NaN.
-                        let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
-                        let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
-                        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
-                        (e, o)
-                    } else {
-                        let p = base[i].cast::<f32>().add(at + h);
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                        split_pairs_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-                    };
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
-                }
-            }
-        }
-        if _mm256_movemask_ps(nan) != 0 {
-            blocks_scalar(arrays, inputs, first, at, at + LANES, f);
-            continue;
-        }
-        let mut il = [[0.0f32; LANES]; K];
-        for (i, l) in inputs.iter().zip(il.iter_mut()) {
-            for h in [0, 16] {
-                // SAFETY: at + 32 ≤ the whole blocks' end ≤ the input's
-                // length; `l` holds 32 floats.
-                unsafe {
-                    let (e, o) = split_pairs_avx2(
-                        _mm256_loadu_ps(i.as_ptr().add(at + h)),
-                        _mm256_loadu_ps(i.as_ptr().add(at + h + 8)),
-                    );
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
-                    _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
-                }
-            }
-        }
-        f.apply(&mut lanes, &il);
-        for (i, l) in lanes.iter().enumerate() {
-            for h in [0, 16] {
-                // The first of these 16 elements (even) and its lanes' pairs.
-                let index = index.wrapping_add(h as u64);
-                let pair = _mm256_add_epi32(_mm256_set1_epi32((index >> 1) as u32 as i32), natural);
-                // SAFETY: as the loads.
-                unsafe {
-                    let e = _mm256_loadu_ps(l.as_ptr().add(h));
-                    let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
-                    if bf16_at::<FIRST_ONLY>(i) {
-                        let dst = base[i].cast::<u16>().add(at + h);
-                        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
-                            // As the AVX-512 kernel's store.
-                            let r = mix32_avx2(_mm256_xor_si256(
-                                pair,
-                                _mm256_set1_epi32(word[i] as i32),
-                            ));
-                            let ue = _mm256_add_epi32(
-                                _mm256_castps_si256(e),
-                                _mm256_srli_epi32::<16>(r),
-                            );
-                            let uo = _mm256_add_epi32(
-                                _mm256_castps_si256(o),
-                                _mm256_and_si256(r, bottom),
-                            );
-                            let both =
-                                _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(ue), uo);
-                            _mm256_storeu_si256(dst.cast(), both);
+    blocks(
+        arrays,
+        inputs,
+        first,
+        f,
+        |arrays, at, lanes| {
+            let base = bases(arrays);
+            let mut nan = _mm256_setzero_ps();
+            for (i, l) in lanes.iter_mut().enumerate() {
+                for h in [0, 16] {
+                    // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's
+                    // length, the array of the kind the layout says;
+                    // unaligned loads; a prefetch never faults; `l` holds 32
+                    // floats.
+                    unsafe {
+                        let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
+                            let p = base[i].cast::<u16>().add(at + h);
+                            if h == 0 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                            }
+                            let x = _mm256_loadu_si256(p.cast());
+                            // The widening of every value but NaN.
+                            let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+                            let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
+                            (e, o)
                         } else {
-                            store_nan_avx2(dst, e, o, index, word[i]);
-                        }
-                    } else {
-                        let dst = base[i].cast::<f32>().add(at + h);
-                        let (x0, x1) = join_pairs_avx2(e, o);
-                        _mm256_storeu_ps(dst, x0);
-                        _mm256_storeu_ps(dst.add(8), x1);
+                            let p = base[i].cast::<f32>().add(at + h);
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                            split_pairs_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                        };
+                        _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
+                        _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
                     }
                 }
             }
-        }
-    }
-    body
+            _mm256_movemask_ps(nan) == 0
+        },
+        |i, at, l| input_paired_avx2(i, at, l),
+        |arrays, at, index, word, lanes| {
+            let base = bases_mut(arrays);
+            for (i, l) in lanes.iter().enumerate() {
+                for h in [0, 16] {
+                    // The first of these 16 elements (even) and its lanes'
+                    // pairs.
+                    let index = index.wrapping_add(h as u64);
+                    let pair =
+                        _mm256_add_epi32(_mm256_set1_epi32((index >> 1) as u32 as i32), natural);
+                    // SAFETY: as the loads.
+                    unsafe {
+                        let e = _mm256_loadu_ps(l.as_ptr().add(h));
+                        let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
+                        if bf16_at::<FIRST_ONLY>(i) {
+                            let dst = base[i].cast::<u16>().add(at + h);
+                            if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
+                                // As the AVX-512 kernel's store.
+                                let r = mix32_avx2(_mm256_xor_si256(
+                                    pair,
+                                    _mm256_set1_epi32(word[i] as i32),
+                                ));
+                                let ue = _mm256_add_epi32(
+                                    _mm256_castps_si256(e),
+                                    _mm256_srli_epi32::<16>(r),
+                                );
+                                let uo = _mm256_add_epi32(
+                                    _mm256_castps_si256(o),
+                                    _mm256_and_si256(r, bottom),
+                                );
+                                let both = _mm256_blend_epi16::<0b1010_1010>(
+                                    _mm256_srli_epi32::<16>(ue),
+                                    uo,
+                                );
+                                _mm256_storeu_si256(dst.cast(), both);
+                            } else {
+                                store_nan_avx2(dst, e, o, index, word[i]);
+                            }
+                        } else {
+                            let dst = base[i].cast::<f32>().add(at + h);
+                            let (x0, x1) = join_pairs_avx2(e, o);
+                            _mm256_storeu_ps(dst, x0);
+                            _mm256_storeu_ps(dst.add(8), x1);
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// [`store_nan_avx512`] for 16 elements on AVX2.
