@@ -281,6 +281,52 @@ fn input_paired_avx2(i: &[f32], at: usize, l: &mut Lanes) {
     }
 }
 
+/// A bf16 block whose rounded lanes (`e`, `o`, in paired order) hold a
+/// NaN: put back in the natural order and rounded stochastically by the
+/// full kernel (`w` the array's word, [`Words`]).
+/// Out of line: it is rare, and inline it would hold registers the loop
+/// needs.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 32 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store_nan_avx512(dst: *mut u16, e: __m512, o: __m512, index: u64, w: u32) {
+    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let halves = [
+        _mm512_permutex2var_ps(e, vector(LOW), o),
+        _mm512_permutex2var_ps(e, vector(HIGH), o),
+    ];
+    for (v, x) in halves.into_iter().enumerate() {
+        let offs = _mm512_add_epi32(natural, _mm512_set1_epi32(16 * v as i32));
+        let h = bf16_stochastic_avx512(_mm512_castps_si512(x), bf16_bits_avx512(index, w, offs));
+        // SAFETY: the caller's.
+        unsafe { _mm256_storeu_si256(dst.add(16 * v).cast(), h) };
+    }
+}
+
+/// [`store_nan_avx512`] for 16 elements on AVX2.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 16 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn store_nan_avx2(dst: *mut u16, e: __m256, o: __m256, index: u64, w: u32) {
+    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let (x0, x1) = join_pairs_avx2(e, o);
+    let round = |x: __m256, from: i32| {
+        let offs = _mm256_add_epi32(natural, _mm256_set1_epi32(from));
+        bf16_stochastic_avx2(_mm256_castps_si256(x), bf16_bits_avx2(index, w, offs))
+    };
+    let h = pack16_avx2(round(x0, 0), round(x1, 8));
+    // SAFETY: the caller's.
+    unsafe { _mm256_storeu_si256(dst.cast(), h) };
+}
+
 /// The element of each lane of the even vector (0, 2, …, 30) and of the
 /// odd one (1, 3, …, 31) of a block in the paired order.
 const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
@@ -434,25 +480,16 @@ unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, 
                                     _mm512_srli_epi32::<16>(ue),
                                 );
                                 _mm512_storeu_si512(dst.cast(), both);
+                            } else if key.is_some() {
+                                // A NaN among the lanes.
+                                store_nan_avx512(dst, e, o, index, w);
                             } else {
-                                // Nearest, or a NaN among the lanes: in the
-                                // natural order, by the full kernels.
-                                let narrow = |x: __m512, v: i32| {
-                                    let xi = _mm512_castps_si512(x);
-                                    match key {
-                                        Some(_) => bf16_stochastic_avx512(
-                                            xi,
-                                            bf16_bits_avx512(
-                                                index,
-                                                w,
-                                                _mm512_add_epi32(natural, _mm512_set1_epi32(v)),
-                                            ),
-                                        ),
-                                        None => bf16_nearest_avx512(xi),
-                                    }
-                                };
-                                _mm256_storeu_si256(dst.cast(), narrow(x0(), 0));
-                                _mm256_storeu_si256(dst.add(16).cast(), narrow(x1(), 16));
+                                // Nearest: in the natural order, by the full
+                                // kernel.
+                                let nearest =
+                                    |x: __m512| bf16_nearest_avx512(_mm512_castps_si512(x));
+                                _mm256_storeu_si256(dst.cast(), nearest(x0()));
+                                _mm256_storeu_si256(dst.add(16).cast(), nearest(x1()));
                             }
                         }
                         FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
@@ -725,7 +762,7 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
                                 let dst: *mut u16 = s.as_mut_ptr().add(at + h).cast();
                                 let no_nan =
                                     _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0;
-                                let h16 = if key.is_some() && no_nan {
+                                if key.is_some() && no_nan {
                                     // `bf16_stochastic` of every value but NaN:
                                     // each lane plus its random bits' top half,
                                     // the high half of the sum kept; the odd
@@ -736,38 +773,24 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
                                         _mm256_add_epi32(_mm256_castps_si256(x), r)
                                     };
                                     let (ue, uo) = (round(e, re), round(o, ro));
-                                    _mm256_blend_epi16::<0b1010_1010>(
+                                    let h16 = _mm256_blend_epi16::<0b1010_1010>(
                                         _mm256_srli_epi32::<16>(ue),
                                         uo,
-                                    )
+                                    );
+                                    _mm256_storeu_si256(dst.cast(), h16);
+                                } else if key.is_some() {
+                                    // A NaN among the lanes.
+                                    store_nan_avx2(dst, e, o, index, w);
                                 } else {
-                                    // Nearest, or a NaN among the lanes: in the
-                                    // natural order, by the full kernels.
+                                    // Nearest: in the natural order, by the
+                                    // full kernel.
                                     let (x0, x1) = join_pairs_avx2(e, o);
-                                    let (i0, i1) =
-                                        (_mm256_castps_si256(x0), _mm256_castps_si256(x1));
-                                    match key {
-                                        Some(_) => pack16_avx2(
-                                            bf16_stochastic_avx2(
-                                                i0,
-                                                bf16_bits_avx2(index, w, natural),
-                                            ),
-                                            bf16_stochastic_avx2(
-                                                i1,
-                                                bf16_bits_avx2(
-                                                    index,
-                                                    w,
-                                                    _mm256_add_epi32(natural, _mm256_set1_epi32(8)),
-                                                ),
-                                            ),
-                                        ),
-                                        None => pack16_avx2(
-                                            bf16_nearest_avx2(i0),
-                                            bf16_nearest_avx2(i1),
-                                        ),
-                                    }
-                                };
-                                _mm256_storeu_si256(dst.cast(), h16);
+                                    let h16 = pack16_avx2(
+                                        bf16_nearest_avx2(_mm256_castps_si256(x0)),
+                                        bf16_nearest_avx2(_mm256_castps_si256(x1)),
+                                    );
+                                    _mm256_storeu_si256(dst.cast(), h16);
+                                }
                             }
                             FusedArray::F16(..) => {
                                 unreachable!("no f16 array (the caller's check)")

@@ -14,14 +14,11 @@
 
 use std::arch::x86_64::*;
 
-use super::super::super::x86::{
-    bf16_bits_avx2, bf16_bits_avx512, bf16_stochastic_avx2, bf16_stochastic_avx512, mix32_avx2,
-    mix32_avx512, pack16_avx2,
-};
+use super::super::super::x86::{mix32_avx2, mix32_avx512};
 use super::super::{FusedArray, LaneRule};
 use super::{
     AHEAD, EVEN, HIGH, LOW, ODD, blocks, input_paired_avx2, input_paired_avx512, join_pairs_avx2,
-    split_pairs_avx2, vector,
+    split_pairs_avx2, store_nan_avx2, store_nan_avx512, vector,
 };
 
 /// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
@@ -178,31 +175,6 @@ pub(super) unsafe fn update_avx512<
     )
 }
 
-/// A bf16 block whose rounded lanes (`e`, `o`, in paired order) hold a
-/// NaN: put back in the natural order and rounded by the full kernel.
-/// Out of line: it is rare, and inline it would hold registers the loop
-/// needs.
-///
-/// # Safety
-///
-/// `dst` is valid for writing 32 bf16.
-#[cold]
-#[inline(never)]
-#[target_feature(enable = "avx512f")]
-unsafe fn store_nan_avx512(dst: *mut u16, e: __m512, o: __m512, index: u64, w: u32) {
-    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let halves = [
-        _mm512_permutex2var_ps(e, vector(LOW), o),
-        _mm512_permutex2var_ps(e, vector(HIGH), o),
-    ];
-    for (v, x) in halves.into_iter().enumerate() {
-        let offs = _mm512_add_epi32(natural, _mm512_set1_epi32(16 * v as i32));
-        let h = bf16_stochastic_avx512(_mm512_castps_si512(x), bf16_bits_avx512(index, w, offs));
-        // SAFETY: the caller's.
-        unsafe { _mm256_storeu_si256(dst.add(16 * v).cast(), h) };
-    }
-}
-
 /// The AVX2 kernel of the layout over the whole blocks, in
 /// `update_avx2_paired`'s order (for each 16 elements, 8 lanes of even
 /// elements and 8 of odd ones) and loop ([`blocks`]); returns the elements
@@ -314,24 +286,4 @@ pub(super) unsafe fn update_avx2<
             }
         },
     )
-}
-
-/// [`store_nan_avx512`] for 16 elements on AVX2.
-///
-/// # Safety
-///
-/// `dst` is valid for writing 16 bf16.
-#[cold]
-#[inline(never)]
-#[target_feature(enable = "avx2")]
-unsafe fn store_nan_avx2(dst: *mut u16, e: __m256, o: __m256, index: u64, w: u32) {
-    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let (x0, x1) = join_pairs_avx2(e, o);
-    let round = |x: __m256, from: i32| {
-        let offs = _mm256_add_epi32(natural, _mm256_set1_epi32(from));
-        bf16_stochastic_avx2(_mm256_castps_si256(x), bf16_bits_avx2(index, w, offs))
-    };
-    let h = pack16_avx2(round(x0, 0), round(x1, 8));
-    // SAFETY: the caller's.
-    unsafe { _mm256_storeu_si256(dst.cast(), h) };
 }
