@@ -10,7 +10,7 @@ use splitgrad::app::corpus::{Corpus, load_corpus};
 use splitgrad::app::tokenize::fnv1a64;
 use tokenizers::Tokenizer;
 
-use crate::common::cli::{self, BIN, lang_args, last_json, one_line_error, run_ok, s};
+use crate::common::cli::{self, BIN, error_after_progress, lang_args, last_json, run_ok, s};
 
 /// The languages of the test data, in the order they are given.
 const LANGS: [&str; 5] = ["en", "fr", "de", "ru", "ja"];
@@ -139,6 +139,39 @@ fn the_test_data_becomes_a_corpus_that_decodes_back_to_its_text() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Standard error is not a terminal here, so the progress is plain lines:
+/// one after the first bytes and one at the end, whose counts agree with
+/// the input's size; `--quiet` writes none, and the summary stays.
+#[test]
+fn progress_is_plain_lines_in_a_log_and_nothing_with_quiet() {
+    let dir = scratch("progress");
+    let dirs = text_dirs();
+    let langs: Vec<(&str, &Path)> = dirs.iter().map(|(l, d)| (*l, d.as_path())).collect();
+    let run = tokenize(&tokenizer_json(), &langs, &dir.join("a.npz"), &[]);
+    cli::assert_ok(&run);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("splitgrad tokenize: tokenizing "))
+        .collect();
+    assert!(lines.len() >= 2, "a first and a last line: {stderr}");
+    // The last line: every byte done ("X of X").
+    let last = lines.last().unwrap();
+    let counts = last
+        .trim_start_matches("splitgrad tokenize: tokenizing ")
+        .split(" (")
+        .next()
+        .unwrap();
+    let (done, total) = counts.split_once(" of ").expect("'done of total'");
+    assert_eq!(done, total, "{stderr}");
+
+    let quiet = tokenize(&tokenizer_json(), &langs, &dir.join("b.npz"), &["--quiet"]);
+    cli::assert_ok(&quiet);
+    assert_eq!(String::from_utf8_lossy(&quiet.stderr), "", "--quiet");
+    let summary = String::from_utf8_lossy(&quiet.stdout);
+    assert!(summary.contains("15 files"), "the summary stays: {summary}");
+}
+
 #[test]
 fn folders_are_walked_sorted_recursively_without_hidden_or_empty_files() {
     let dir = scratch("walk");
@@ -203,7 +236,7 @@ fn a_file_that_is_not_utf8_is_named_with_its_line() {
     std::fs::write(lang.join("a.txt"), "fine\n").unwrap();
     std::fs::write(lang.join("b.txt"), b"line one\nline two\nbad \xff here\n").unwrap();
     let out = dir.join("corpus.npz");
-    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &lang)], &out, &[]));
+    let err = error_after_progress(&tokenize(&tokenizer_json(), &[("en", &lang)], &out, &[]));
     let bad = lang.join("b.txt");
     assert!(err.contains(&bad.display().to_string()), "{err}");
     assert!(err.contains("not UTF-8"), "{err}");
@@ -219,7 +252,7 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
     let out = dir.join("corpus.npz");
 
     let missing = dir.join("no-such-folder");
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &tokenizer_json(),
         &[("en", &en), ("xx", &missing)],
         &out,
@@ -230,12 +263,12 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
 
     let bad_json = dir.join("tokenizer.json");
     std::fs::write(&bad_json, "{\"model\": {\"type\": \"BPE\", \"vocab\": 7}}").unwrap();
-    let err = one_line_error(&tokenize(&bad_json, &[("en", &en)], &out, &[]));
+    let err = error_after_progress(&tokenize(&bad_json, &[("en", &en)], &out, &[]));
     assert!(err.contains(&bad_json.display().to_string()), "{err}");
     assert!(err.contains("not a tokenizer.json"), "{err}");
     assert!(!out.exists());
 
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &dir.join("absent.json"),
         &[("en", &en)],
         &out,
@@ -243,7 +276,7 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
     ));
     assert!(err.contains("absent.json"), "{err}");
 
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &tokenizer_json(),
         &[("en", &en), ("fr", &en), ("en", &en)],
         &out,
@@ -261,20 +294,20 @@ fn bad_arguments_and_inputs_are_one_line_errors_that_leave_no_file() {
             .arg(&out)
             .output()
             .unwrap();
-        let err = one_line_error(&run);
+        let err = error_after_progress(&run);
         assert!(err.contains(&format!("language `{arg}`")), "{err}");
     }
     assert!(!out.exists());
 
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &empty)], &out, &[]));
+    let err = error_after_progress(&tokenize(&tokenizer_json(), &[("en", &empty)], &out, &[]));
     assert!(err.contains("no file under"), "{err}");
     assert!(!out.exists());
 
     // An existing --out is kept unless --force.
     std::fs::write(&out, b"keep me").unwrap();
-    let err = one_line_error(&tokenize(&tokenizer_json(), &[("en", &en)], &out, &[]));
+    let err = error_after_progress(&tokenize(&tokenizer_json(), &[("en", &en)], &out, &[]));
     assert!(err.contains("--force"), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
     cli::assert_ok(&tokenize(

@@ -11,7 +11,7 @@ use splitgrad::app::corpus::load_corpus;
 use splitgrad::app::eval::split_heldout;
 use tokenizers::Tokenizer;
 
-use crate::common::cli::{self, BIN, lang_args, one_line_error};
+use crate::common::cli::{self, BIN, error_after_progress, lang_args};
 
 fn scratch(name: &str) -> PathBuf {
     cli::scratch("tokenize_train", name)
@@ -238,7 +238,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     };
 
     for v in ["0", "256"] {
-        let err = one_line_error(&tokenize(&langs, &out, &["--train-vocab", v]));
+        let err = error_after_progress(&tokenize(&langs, &out, &["--train-vocab", v]));
         assert!(
             err.contains(&format!("--train-vocab {v} is too small")),
             "{err}"
@@ -246,7 +246,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
         assert!(err.contains("at least 257"), "{err}");
         gone(v);
     }
-    let err = one_line_error(&tokenize(&langs, &out, &["--train-vocab", "99999999999"]));
+    let err = error_after_progress(&tokenize(&langs, &out, &["--train-vocab", "99999999999"]));
     assert!(err.contains("too large"), "{err}");
     gone("huge");
 
@@ -265,7 +265,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     }
     gone("neither or both");
 
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &langs,
         &out,
         &["--train-vocab", "300", "--heldout-fraction", "1.5"],
@@ -276,7 +276,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     // Folders of empty files; an empty folder.
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &[("xx", &empty)],
         &out,
         &["--train-vocab", "300"],
@@ -284,7 +284,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     assert!(err.contains("no file under"), "{err}");
     std::fs::write(empty.join("a.txt"), "").unwrap();
     std::fs::write(empty.join("b.txt"), "").unwrap();
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &[("xx", &empty)],
         &out,
         &["--train-vocab", "300"],
@@ -300,7 +300,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     std::fs::write(&bad, bytes).unwrap();
     let both = dirs[1].1.join("f01.txt");
     std::fs::copy(&bad, &both).unwrap();
-    let err = one_line_error(&tokenize(&langs, &out, &["--train-vocab", "300"]));
+    let err = error_after_progress(&tokenize(&langs, &out, &["--train-vocab", "300"]));
     assert!(err.contains("not UTF-8") && err.contains("line 5"), "{err}");
     assert!(err.contains(&dirs[1].1.display().to_string()), "{err}");
     gone("utf8");
@@ -310,7 +310,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
     // A tokenizer.json already beside --out is kept unless --force.
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     std::fs::write(&tok, "keep me").unwrap();
-    let err = one_line_error(&tokenize(&langs, &out, &["--train-vocab", "300"]));
+    let err = error_after_progress(&tokenize(&langs, &out, &["--train-vocab", "300"]));
     assert!(
         err.contains("tokenizer.json: exists") && err.contains("--force"),
         "{err}"
@@ -323,7 +323,7 @@ fn bad_vocabularies_and_inputs_are_one_line_errors_that_leave_no_file() {
         &["--train-vocab", "300", "--force"],
     ));
     assert!(Tokenizer::from_file(&tok).is_ok());
-    let err = one_line_error(&tokenize(
+    let err = error_after_progress(&tokenize(
         &langs,
         &tok,
         &["--train-vocab", "300", "--force"],

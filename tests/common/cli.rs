@@ -21,6 +21,9 @@ pub const ERROR: &str = "splitgrad: error: ";
 /// What a plain progress line begins with.
 pub const PROGRESS: &str = "splitgrad: step ";
 
+/// What a plain progress line of `tokenize` begins with.
+pub const TOKENIZE_PROGRESS: &str = "splitgrad tokenize: ";
+
 /// A fresh, empty folder `group/name` under the target's temporary folder.
 pub fn scratch(group: &str, name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -186,6 +189,24 @@ pub fn lang_args(langs: &[(&str, &Path)]) -> Vec<String> {
         .iter()
         .flat_map(|(name, dir)| ["--lang".to_string(), format!("{name}={}", dir.display())])
         .collect()
+}
+
+/// [`one_line_error`] of a `tokenize` run that may have written plain
+/// progress lines ([`TOKENIZE_PROGRESS`]) before it failed: those lines
+/// are set aside, and the rest must be the one-line error.
+#[track_caller]
+pub fn error_after_progress(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let rest: String = err
+        .lines()
+        .filter(|l| !l.starts_with(TOKENIZE_PROGRESS))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    one_line_error(&Output {
+        status: out.status,
+        stdout: out.stdout.clone(),
+        stderr: rest.into_bytes(),
+    })
 }
 
 /// The error line of a failed run, checked to be one line with status 1

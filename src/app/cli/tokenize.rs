@@ -101,14 +101,17 @@ pub struct TokenizeArgs {
 }
 
 /// Progress over a number of bytes: a bar on a terminal (for inputs over
-/// [`PROGRESS_BYTES`]), else a plain line every [`PROGRESS_EVERY`].
+/// [`PROGRESS_BYTES`]); otherwise (a log, a pipe) a plain line after the
+/// first bytes, then every [`PROGRESS_EVERY`], then at the end of a phase
+/// that succeeded, as `train` writes its steps. Nothing with `--quiet`.
 struct Progress {
     what: &'static str,
     total: u64,
     done: AtomicU64,
     bar: Option<ProgressBar>,
     started: Instant,
-    last_line: Mutex<Instant>,
+    /// When the last plain line was written (`None`: none yet).
+    last_line: Mutex<Option<Instant>>,
     lines: bool,
 }
 
@@ -133,7 +136,7 @@ impl Progress {
             done: AtomicU64::new(0),
             bar,
             started: now,
-            last_line: Mutex::new(now),
+            last_line: Mutex::new(None),
             lines: !quiet && !terminal,
         }
     }
@@ -145,25 +148,38 @@ impl Progress {
         }
         if self.lines {
             let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
-            if last.elapsed() >= PROGRESS_EVERY {
-                *last = Instant::now();
-                let secs = self.started.elapsed().as_secs_f64();
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "splitgrad tokenize: {} {} of {} ({:.1} MB/s, {secs:.0} s)",
-                    self.what,
-                    human_bytes(done),
-                    human_bytes(self.total),
-                    done as f64 / secs.max(1e-9) / 1e6
-                );
+            if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                *last = Some(Instant::now());
+                self.line(done);
             }
         }
     }
 
-    fn finish(&self) {
+    /// Clears the bar, or, for a phase that `succeeded`, writes the last
+    /// plain line (where a first one was written). A phase that failed
+    /// ends on its error instead.
+    fn finish(&self, succeeded: bool) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        let last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
+        if self.lines && succeeded && last.is_some() {
+            self.line(self.done.load(Ordering::Relaxed));
+        }
+    }
+
+    /// One plain line: `done` bytes of the total, the rate, the time gone.
+    fn line(&self, done: u64) {
+        let secs = self.started.elapsed().as_secs_f64();
+        // A failed write to standard error has nowhere to be reported.
+        let _ = writeln!(
+            std::io::stderr(),
+            "splitgrad tokenize: {} {} of {} ({:.1} MB/s, {secs:.0} s)",
+            self.what,
+            human_bytes(done),
+            human_bytes(self.total),
+            done as f64 / secs.max(1e-9) / 1e6
+        );
     }
 }
 
@@ -216,7 +232,7 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
             let progress =
                 Progress::new("training the tokenizer on", text.total_bytes(), args.quiet);
             let json = train_byte_level_bpe(&plan, &text, v, &|b| progress.add(b));
-            progress.finish();
+            progress.finish(json.is_ok());
             let json = json?;
             (HfTokenizer::from_bytes(&json)?, Some((json, text, v)))
         }
@@ -224,7 +240,7 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
     };
     let progress = Progress::new("tokenizing", plan.total_bytes(), args.quiet);
     let result = plan.tokenize(&tokenizer, &|bytes| progress.add(bytes));
-    progress.finish();
+    progress.finish(result.is_ok());
     let tokenized = result?;
     if trained.is_some() {
         check_heldout_agrees(&plan, &tokenized, args.heldout_fraction, args.seed)?;
