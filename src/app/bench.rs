@@ -208,6 +208,12 @@ pub struct BenchReport {
     /// to the loss), backward (gradients taken, the tape dropped) and the
     /// optimiser update.
     pub phase_median_s: [f64; 3],
+    /// Medians of the step's operations, in the order they run, where the
+    /// workload times them apart (`splitvocab`; empty for the others):
+    /// (what, seconds). They cover the three phases; the median of a sum
+    /// is not the sum of the medians, so they need not add up to
+    /// `median_s` exactly.
+    pub op_median_s: Vec<(&'static str, f64)>,
     /// Seconds on a CPU per timed step, summed over the process's threads
     /// (rayon's spinning included); `None` without `/proc/self/task`.
     pub cpu_s_per_step: Option<f64>,
@@ -317,6 +323,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let mut step_s = Vec::with_capacity(cfg.steps);
     let mut reference_step_s = Vec::new();
     let mut phases: [Vec<f64>; 3] = Default::default();
+    let mut ops: Vec<(&'static str, Vec<f64>)> = Vec::new();
     let mut loss = 0.0;
     let sched0 = sched_ns();
     for i in 0..cfg.steps {
@@ -338,6 +345,17 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         loss = out.loss;
         for (p, s) in phases.iter_mut().zip(out.phase_s) {
             p.push(s);
+        }
+        if ops.is_empty() {
+            ops = out
+                .op_s
+                .iter()
+                .map(|&(what, _)| (what, Vec::new()))
+                .collect();
+        }
+        for ((what, all), (now, s)) in ops.iter_mut().zip(out.op_s) {
+            debug_assert_eq!(*what, now, "a step's operations, in order");
+            all.push(s);
         }
     }
     let per_step = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e9 / cfg.steps as f64;
@@ -373,6 +391,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         min_s,
         step_s,
         phase_median_s: phases.map(|p| median(&p)),
+        op_median_s: ops.iter().map(|(what, s)| (*what, median(s))).collect(),
         cpu_s_per_step,
         wait_s_per_step,
         peak_rss_mib,

@@ -23,6 +23,18 @@ fn every_workload_runs_and_reports_finite_figures() {
             "{w}"
         );
         assert!(r.loss.is_finite(), "{w}: loss {}", r.loss);
+        // The split vocabulary's step is timed operation by operation.
+        let ops: Vec<&str> = r.op_median_s.iter().map(|o| o.0).collect();
+        if w == Workload::SplitVocab {
+            assert_eq!(ops.len(), 10, "{ops:?}");
+            assert!(ops.contains(&"lazy Adam by rows, split rows"), "{ops:?}");
+        } else {
+            assert!(ops.is_empty(), "{w}: {ops:?}");
+        }
+        assert!(
+            r.op_median_s.iter().all(|o| o.1.is_finite() && o.1 >= 0.0),
+            "{w}"
+        );
         for x in [r.cpu_s_per_step, r.wait_s_per_step] {
             assert!(x.is_none_or(|x| x.is_finite() && x >= 0.0), "{w}");
         }

@@ -258,13 +258,17 @@ impl Built {
     }
 }
 
-/// One step's loss and the seconds of its three phases.
-#[derive(Clone, Copy, Debug, Default)]
+/// One step's loss and the seconds of its three phases, and of its
+/// operations where the workload times them apart.
+#[derive(Clone, Debug, Default)]
 pub(super) struct StepOut {
     pub(super) loss: f64,
     /// Forward (tape built up to the loss), backward (gradients taken, the
     /// tape dropped), optimiser update.
     pub(super) phase_s: [f64; 3],
+    /// The step's operations in order, (what, seconds), covering the
+    /// three phases; empty where a workload does not time them apart.
+    pub(super) op_s: Vec<(&'static str, f64)>,
 }
 
 /// Seconds between successive calls to [`Laps::lap`].
@@ -280,6 +284,25 @@ impl Laps {
         let s = (now - self.0).as_secs_f64();
         self.0 = now;
         s
+    }
+}
+
+/// Seconds of each named operation of a step, in order ([`StepOut::op_s`]).
+struct Ops(Laps, Vec<(&'static str, f64)>);
+
+impl Ops {
+    fn start() -> Self {
+        Ops(Laps::start(), Vec::with_capacity(16))
+    }
+
+    /// The operation `what` ended now.
+    fn lap(&mut self, what: &'static str) {
+        let s = self.0.lap();
+        self.1.push((what, s));
+    }
+
+    fn done(self) -> Vec<(&'static str, f64)> {
+        self.1
     }
 }
 
@@ -329,6 +352,7 @@ impl Backward {
         StepOut {
             loss: loss as f64,
             phase_s: [forward_s, backward_s, laps.lap()],
+            op_s: Vec::new(),
         }
     }
 }
@@ -427,6 +451,7 @@ impl EmbedBench {
         Ok(StepOut {
             loss: loss as f64,
             phase_s: [forward_s, backward_s, laps.lap()],
+            op_s: Vec::new(),
         })
     }
 

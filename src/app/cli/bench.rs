@@ -229,6 +229,12 @@ fn table(r: &BenchReport) -> String {
     for (what, b) in &r.bytes_terms {
         out += &format!("  {:>10}  {what}\n", mb(*b));
     }
+    if !r.op_median_s.is_empty() {
+        out += "time per step (medians):\n";
+        for (what, s) in &r.op_median_s {
+            out += &format!("  {:>7.2} ms  {what}\n", s * 1e3);
+        }
+    }
     out
 }
 
@@ -246,6 +252,7 @@ fn to_json(r: &BenchReport) -> Value {
         "forward_s": r.phase_median_s[0],
         "backward_s": r.phase_median_s[1],
         "update_s": r.phase_median_s[2],
+        "op_s": r.op_median_s.iter().map(|&(k, s)| json!([k, s])).collect::<Vec<Value>>(),
         "cpu_s_per_step": r.cpu_s_per_step,
         "wait_s_per_step": r.wait_s_per_step,
         "peak_rss_mib": r.peak_rss_mib,

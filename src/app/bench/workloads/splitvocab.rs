@@ -5,7 +5,7 @@
 use ndarray::{ArrayD, IxDyn};
 
 use super::{
-    F32, Laps, StepOut, Widths, adam, div, flat, give_back, keep, lazy_adam, n_unique, normal,
+    F32, Laps, Ops, StepOut, Widths, adam, div, flat, give_back, keep, lazy_adam, n_unique, normal,
     state_bytes_of, zipf_ids,
 };
 use crate::error::Result;
@@ -87,10 +87,13 @@ impl SplitVocabBench {
     pub(super) fn step(&mut self) -> Result<StepOut> {
         let pool = &self.pool;
         let mut laps = Laps::start();
+        let mut ops = Ops::start();
         let (shared, esaved) = self.shared.forward_saved_stored(pool, &self.tokens)?;
+        ops.lap("shared gather");
         let (out, vsaved) =
             self.sv
                 .forward_saved_stored(pool, &self.tokens, &self.langs, shared.view(), true)?;
+        ops.lap("gate and gated mix");
         let fit: f32 = match (&out, &self.r) {
             (Stored::Full(o), Stored::Full(r)) => dot_slices(flat(o), flat(r)),
             (Stored::BF16(o), Stored::BF16(r)) => dot_half(flat(o), flat(r)),
@@ -98,9 +101,11 @@ impl SplitVocabBench {
             _ => unreachable!("the output and r share the tables' dtype"),
         };
         give_back(pool, out);
+        ops.lap("loss: Σ out ⊙ R");
         // The penalty and its gradient terms in one pass over the rows.
         let (fusion, _, fusion_grads) = self.sv.fusion_penalty_row_grads(pool, FUSION);
         let loss = fit + PENALTY * self.sv.penalty() + FUSION * fusion;
+        ops.lap("fusion penalty and its gradient terms; gate penalty");
         let forward_s = laps.lap();
 
         let g = self.sv.backward_saved_stored(
@@ -112,9 +117,11 @@ impl SplitVocabBench {
             true,
         )?;
         give_back(pool, shared);
+        ops.lap("gated mix backward");
         let dshared = g.input.expect("∂shared was asked for");
         let eg = self.shared.backward_saved(pool, &esaved, dshared.view())?;
         give_back(pool, dshared);
+        ops.lap("shared backward: coalesce ∂shared");
         // The gate logits: the mix's gradient plus the penalty's.
         let mut gates = {
             let mut tape = Tape::with_pool(pool);
@@ -131,12 +138,15 @@ impl SplitVocabBench {
                 _ => unreachable!("the vocabulary's two parameters"),
             }
         }
+        ops.lap("gate logits' gradient");
         let backward_s = laps.lap();
 
         self.tables.step(self.shared.parameters_mut(), &eg)?;
+        ops.lap("lazy Adam, shared table");
         let parts: Vec<&RowSparse<f32>> = mix_rows.iter().collect();
         let grad = RowsGrad::new(self.sv.n_rows(), Some(&fusion_grads), &parts);
         self.tables.update_by_rows(self.sv.rows_mut(), &grad)?;
+        ops.lap("lazy Adam by rows, split rows");
         self.dense
             .update(self.sv.gate_logit_mut(), &ParamGrad::Dense(gates))?;
         for named in eg.params {
@@ -146,9 +156,11 @@ impl SplitVocabBench {
             pool.give(rs.values);
         }
         fusion_grads.give_back(pool);
+        ops.lap("Adam, gate logits; buffers returned");
         Ok(StepOut {
             loss: loss as f64,
             phase_s: [forward_s, backward_s, laps.lap()],
+            op_s: ops.done(),
         })
     }
 
