@@ -37,6 +37,8 @@ use crate::app::model::{BigramModel, ModelConfig};
 use crate::app::report::{Agreement, agreement};
 use crate::checkpoint::{Snapshot, save_state};
 use crate::io::SplitIndex;
+use crate::param::Dtype;
+use crate::state::Module;
 use crate::{Error, Real, Result};
 
 /// One (language, token) pair with its interference score.
@@ -234,6 +236,8 @@ pub fn select(scores: &[PairScore], how: Selection) -> Result<SplitIndex> {
 
 /// The name of the shared table in a checkpoint.
 const TABLE: &str = "token_embedding.vocab.weight";
+/// The shared-only model's head, as its state dict names it.
+const HEAD: &str = "lm_head.vocab.weight";
 
 /// The shared-only model of a checkpoint (of `train` or of an earlier
 /// `select`) for the corpus of `data`: its shared table, of any width, and
@@ -255,6 +259,18 @@ pub fn shared_from_checkpoint(path: &Path, data: &Data) -> Result<BigramModel<f3
     data.plan(dim, 0, 0).check("")?;
     let config = ModelConfig::new(data.vocab_size, data.n_languages, dim);
     let mut model = BigramModel::<f32>::shared_only(config)?;
+    // A model trained in half precision is read as it was kept.
+    let kept = |name: &str| match snap.state.get(name).map(|t| t.dtype()) {
+        Some("BF16") => Some(Dtype::BF16),
+        Some("F16") => Some(Dtype::F16),
+        _ => None,
+    };
+    if let Some(d) = kept(TABLE) {
+        model.embeddings.set_dtype(d)?;
+    }
+    if let Some(d) = kept(HEAD) {
+        model.head.set_dtype(d)?;
+    }
     snap.restore(&mut [&mut model.embeddings, &mut model.head], None)?;
     Ok(model)
 }

@@ -3,7 +3,8 @@
 //! the bytes; the precision is part of the checkpoint, so a resume with
 //! other flags is refused naming both; a resumed half-precision run
 //! continues bit for bit, on any number of threads; the flags the
-//! optimiser cannot honour are refused.
+//! optimiser cannot honour are refused; `select` and `sweep` train in
+//! half precision too.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -233,7 +234,7 @@ fn precisions_the_run_cannot_keep_are_refused() {
     );
     assert_eq!(
         fails(&["--dtype", "f64"]),
-        "--dtype f64: train keeps its parameters as f32, bf16 or f16"
+        "--dtype f64: the model keeps its parameters as f32, bf16 or f16"
     );
     assert_eq!(
         fails(&["--rounding", "nearest"]),
@@ -245,5 +246,125 @@ fn precisions_the_run_cannot_keep_are_refused() {
         cli::clap_fails(&dir, &args),
         "error: invalid value 'int8' for '--dtype <DTYPE>': unknown dtype `int8` (expected f32, f64, bf16 or f16)"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `select` trains its shared-only model in the precision asked for, says
+/// so, and writes it as it was kept; reading that model back with
+/// `--checkpoint` scores it the same, and precision flags beside
+/// `--checkpoint` (which trains nothing) are refused.
+#[test]
+fn select_trains_its_shared_model_in_bf16_and_reads_it_back() {
+    let dir = scratch("select");
+    let first = dir.join("a").join("index.npz");
+    let run = run_ok(
+        &dir,
+        &[
+            "select",
+            "--dtype",
+            "bf16",
+            "--state-dtype",
+            "bf16",
+            "--steps",
+            "300",
+            "--out",
+            s(&first),
+            "--quiet",
+            "--json",
+        ],
+    );
+    let v = last_json(&run);
+    assert_eq!(
+        (&v["dtype"], &v["state_dtype"], &v["rounding"]),
+        (
+            &serde_json::json!("bf16"),
+            &serde_json::json!("bf16"),
+            &serde_json::json!("stochastic")
+        )
+    );
+    assert!(v["planted"]["f1"].as_f64().unwrap() >= 0.8, "{v}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        stdout.contains("parameters in bf16, moments in bf16"),
+        "{stdout}"
+    );
+    let shared = first.with_file_name("shared.safetensors");
+    let ck = Checkpoint::open(&shared).unwrap();
+    for name in ["token_embedding.vocab.weight", "lm_head.vocab.weight"] {
+        assert_eq!(ck.get(name).unwrap().dtype(), "BF16", "{name}");
+    }
+    // The bf16 model read back selects the same pairs.
+    let again = dir.join("b").join("index.npz");
+    let reread = run_ok(
+        &dir,
+        &[
+            "select",
+            "--checkpoint",
+            s(&shared),
+            "--out",
+            s(&again),
+            "--quiet",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        last_json(&reread)["dtype"],
+        serde_json::Value::Null,
+        "nothing trained"
+    );
+    assert_eq!(
+        std::fs::read(&first).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    let err = cli::fails(
+        &dir,
+        &[
+            "select",
+            "--checkpoint",
+            s(&shared),
+            "--dtype",
+            "bf16",
+            "--out",
+            s(&dir.join("c.npz")),
+        ],
+        None,
+    );
+    assert!(err.contains("with --checkpoint it trains none"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sweep --dtype bf16` trains every weight's model in bf16, records the
+/// precision in sweep.json, and the fusion penalty still merges the
+/// languages' rows.
+#[test]
+fn sweep_runs_in_bf16_and_records_it() {
+    let dir = scratch("sweep");
+    let out = dir.join("sweep");
+    run_ok(
+        &dir,
+        &[
+            "sweep",
+            "--dtype",
+            "bf16",
+            "--steps",
+            "200",
+            "--weights",
+            "0,0.3",
+            "--out",
+            s(&out),
+            "--quiet",
+        ],
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(v["dtype"], "bf16");
+    assert_eq!(v["state_dtype"], "f32");
+    let eff: Vec<f64> = v["sweep"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["effective_vocabularies"].as_f64().unwrap())
+        .collect();
+    assert!(eff[1] < eff[0] - 1.0, "the penalty merges rows: {eff:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

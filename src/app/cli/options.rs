@@ -7,7 +7,8 @@ use clap::Args;
 
 use crate::app::data::{self, Data, DataSource};
 use crate::app::run::RunConfig;
-use crate::app::train::TrainConfig;
+use crate::app::train::{Precision, RoundingMode, TrainConfig};
+use crate::param::Dtype;
 
 use super::{CliResult, set_threads};
 
@@ -58,6 +59,90 @@ impl ModelArgs {
             seed,
             ..TrainConfig::default()
         }
+    }
+}
+
+/// How a training command keeps the model's parameters and the
+/// optimisers' moments, and how it rounds what it keeps in half precision.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct PrecisionArgs {
+    /// How the model's parameters are kept: f32, bf16 or f16 (the math is
+    /// f32).
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
+    /// How the optimisers keep their moments: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub state_dtype: Dtype,
+    /// How values stored in bf16 or f16 are rounded: stochastic or nearest
+    /// [default: stochastic]; only with --dtype or --state-dtype in half
+    /// precision.
+    #[arg(long)]
+    pub rounding: Option<RoundingMode>,
+}
+
+impl Default for PrecisionArgs {
+    /// The flags' defaults: f32 parameters and state, no `--rounding`.
+    fn default() -> Self {
+        PrecisionArgs {
+            dtype: Dtype::F32,
+            state_dtype: Dtype::F32,
+            rounding: None,
+        }
+    }
+}
+
+impl PrecisionArgs {
+    /// `--dtype`, `--state-dtype` and `--rounding`, checked.
+    pub fn precision(&self) -> CliResult<Precision> {
+        if !matches!(self.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(format!(
+                "--dtype {}: the model keeps its parameters as f32, bf16 or f16",
+                self.dtype
+            )
+            .into());
+        }
+        match self.state_dtype {
+            Dtype::F32 | Dtype::BF16 => {}
+            Dtype::F16 => {
+                return Err(
+                    "--state-dtype f16: f16 cannot keep Adam's second moment (a squared gradient below 6e-8 is lost); keep the optimiser state in bf16 or f32"
+                        .into(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "--state-dtype {other}: the optimiser state is kept as f32 or bf16"
+                )
+                .into());
+            }
+        }
+        let precision = Precision {
+            dtype: self.dtype,
+            state_dtype: self.state_dtype,
+            rounding: self.rounding.unwrap_or_default(),
+        };
+        if let Some(r) = self.rounding
+            && !precision.is_half()
+        {
+            return Err(format!(
+                "--rounding {r} rounds values kept in half precision, and this run keeps none: give --dtype bf16 or f16, or --state-dtype bf16, or leave --rounding out"
+            )
+            .into());
+        }
+        Ok(precision)
+    }
+}
+
+/// `", parameters in bf16, moments in f32 (stochastic rounding)"` for a
+/// run that keeps something in half precision; nothing for f32.
+pub fn kept_as(p: &Precision) -> String {
+    if p.is_half() {
+        format!(
+            ", parameters in {}, moments in {} ({} rounding)",
+            p.dtype, p.state_dtype, p.rounding
+        )
+    } else {
+        String::new()
     }
 }
 

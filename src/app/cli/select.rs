@@ -8,13 +8,15 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::json;
 
+use crate::app::plan::Plan;
 use crate::app::select::{
     Selection, interference, planted_agreement, save_shared, select, shared_from_checkpoint,
 };
+use crate::app::train::TrainConfig;
 use crate::io::save_index;
 
 use super::CliResult;
-use super::options::{ModelArgs, RunArgs, defaults};
+use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::progress::run_to_end;
 use super::report::fmt3;
@@ -56,6 +58,10 @@ pub struct SelectArgs {
     pub steps: u64,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// How the shared-only model is kept while it trains (without
+    /// --checkpoint); the scores are computed in f64 either way.
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     #[command(flatten)]
     pub run: RunArgs,
     /// Print the result as one JSON object on the last line of standard output.
@@ -85,6 +91,13 @@ fn selection(args: &SelectArgs) -> CliResult<Selection> {
 /// `splitgrad select`.
 pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
     args.model.check()?;
+    let precision = args.precision.precision()?;
+    if args.checkpoint.is_some() && args.precision != PrecisionArgs::default() {
+        return Err(
+            "--dtype, --state-dtype and --rounding set how select trains the shared-only model; with --checkpoint it trains none (it reads the model as the checkpoint keeps it)"
+                .into(),
+        );
+    }
     let how = selection(&args)?;
     let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -111,9 +124,16 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
         Some(path) => shared_from_checkpoint(path, &data)?,
         None => {
             let dim = args.model.dim;
-            data.plan(dim, 0, args.model.batch)
-                .check("--dim or --batch")?;
-            let train = args.model.train(args.steps, args.run.seed);
+            Plan {
+                param_dtype: Some(precision.dtype),
+                state_dtype: Some(precision.state_dtype),
+                ..data.plan(dim, 0, args.model.batch)
+            }
+            .check("--dim or --batch")?;
+            let train = TrainConfig {
+                precision,
+                ..args.model.train(args.steps, args.run.seed)
+            };
             let mut trainer = data.trainer(None, dim, train)?;
             run_to_end(&mut trainer, "shared-only model", args.run.quiet)?;
             save_shared(trainer.model(), &shared_path)?;
@@ -126,10 +146,15 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
     let elapsed = started.elapsed().as_secs_f64();
 
     println!(
-        "splitgrad select: {} pairs scored on {}, {} selected ({how}) in {elapsed:.1} s on {threads} threads",
+        "splitgrad select: {} pairs scored on {}, {} selected ({how}) in {elapsed:.1} s on {threads} threads{}",
         scores.len(),
         data.name,
-        index.token_index.len()
+        index.token_index.len(),
+        if args.checkpoint.is_none() {
+            super::options::kept_as(&precision)
+        } else {
+            String::new()
+        }
     );
     println!("  score = ‖Wᵀ(p_t − q_lt)‖₂, the mean gradient the pair sends its shared row");
     println!("  highest:");
@@ -148,6 +173,11 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
         "highest_score": scores.first().map(|p| p.score),
         "seconds": elapsed,
     });
+    if args.checkpoint.is_none() {
+        summary["dtype"] = json!(precision.dtype.name());
+        summary["state_dtype"] = json!(precision.state_dtype.name());
+        summary["rounding"] = json!(precision.rounding.name());
+    }
     if let Some(truth) = &data.truth {
         let a = planted_agreement(&scores, &index, truth);
         println!(

@@ -7,12 +7,13 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::json;
 
+use crate::app::plan::Plan;
 use crate::app::report::SAME_EMBEDDING;
 use crate::app::sweep::{measure, sweep_index};
 use crate::app::train::TrainConfig;
 
 use super::CliResult;
-use super::options::{ModelArgs, RunArgs, defaults};
+use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::plots;
 use super::progress::run_to_end;
@@ -40,6 +41,8 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = SAME_EMBEDDING)]
     pub tolerance: f64,
     #[command(flatten)]
+    pub precision: PrecisionArgs,
+    #[command(flatten)]
     pub run: RunArgs,
     /// Output folder for sweep.json and sweep.svg (default `sweep/` in the
     /// corpus's run folder).
@@ -56,6 +59,7 @@ pub struct SweepArgs {
 /// `splitgrad sweep`.
 pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     args.model.check()?;
+    let precision = args.precision.precision()?;
     if args.weights.is_empty() {
         return Err("--weights needs at least one weight".into());
     }
@@ -68,8 +72,12 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let index = sweep_index(&data, args.min_count)?;
     let dim = args.model.dim;
-    data.plan(dim, index.token_index.len(), args.model.batch)
-        .check("--dim or --batch")?;
+    Plan {
+        param_dtype: Some(precision.dtype),
+        state_dtype: Some(precision.state_dtype),
+        ..data.plan(dim, index.token_index.len(), args.model.batch)
+    }
+    .check("--dim or --batch")?;
     let out = args
         .out
         .clone()
@@ -82,11 +90,12 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         args.force,
     )?;
     println!(
-        "splitgrad sweep: fusion mode on {}, {} rows (every pair seen ≥ {} times), {} steps per weight, {threads} threads",
+        "splitgrad sweep: fusion mode on {}, {} rows (every pair seen ≥ {} times), {} steps per weight, {threads} threads{}",
         data.name,
         index.token_index.len(),
         args.min_count,
-        args.steps
+        args.steps,
+        super::options::kept_as(&precision)
     );
     println!(
         "  {:>8}  {:>10}  {:>8}  {:>8}  languages apart (mean fraction of tokens on which a language differs from the others)",
@@ -100,6 +109,7 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         let train = TrainConfig {
             fusion_penalty: w,
             use_gate: false,
+            precision,
             ..args.model.train(args.steps, args.run.seed)
         };
         let mut trainer = data.trainer(Some(&index), dim, train)?;
@@ -140,6 +150,9 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
         "n_languages": data.n_languages,
         "steps": args.steps,
         "tolerance": args.tolerance,
+        "dtype": precision.dtype.name(),
+        "state_dtype": precision.state_dtype.name(),
+        "rounding": precision.rounding.name(),
         "heldout": data.heldout_source,
         "sweep": rows,
     });

@@ -11,10 +11,9 @@ use crate::app::data::{self, Data, DataSource};
 use crate::app::plan::Plan;
 use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
-use crate::app::train::{Precision, RoundingMode, TrainConfig, Trainer};
-use crate::param::Dtype;
+use crate::app::train::{TrainConfig, Trainer};
 
-use super::options::{ModelArgs, RunArgs, defaults};
+use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
 use super::outdir::{
     RunLock, default_run_folder, prepare_default_run_folder, prepare_run_folder, report_removed,
 };
@@ -81,18 +80,8 @@ pub struct TrainArgs {
     /// Print the report as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
-    /// How the model's parameters are kept: f32, bf16 or f16 (the math is
-    /// f32).
-    #[arg(long, default_value = "f32")]
-    pub dtype: Dtype,
-    /// How the optimisers keep their moments: f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    pub state_dtype: Dtype,
-    /// How values stored in bf16 or f16 are rounded: stochastic or nearest
-    /// [default: stochastic]; only with --dtype or --state-dtype in half
-    /// precision.
-    #[arg(long)]
-    pub rounding: Option<RoundingMode>,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
 }
 
 impl TrainArgs {
@@ -113,48 +102,8 @@ impl TrainArgs {
         if self.steps == 0 {
             return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
         }
-        self.precision()?;
+        self.precision.precision()?;
         Ok(())
-    }
-
-    /// `--dtype`, `--state-dtype` and `--rounding`, checked.
-    fn precision(&self) -> CliResult<Precision> {
-        if !matches!(self.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-            return Err(format!(
-                "--dtype {}: train keeps its parameters as f32, bf16 or f16",
-                self.dtype
-            )
-            .into());
-        }
-        match self.state_dtype {
-            Dtype::F32 | Dtype::BF16 => {}
-            Dtype::F16 => {
-                return Err(
-                    "--state-dtype f16: f16 cannot keep Adam's second moment (a squared gradient below 6e-8 is lost); keep the optimiser state in bf16 or f32"
-                        .into(),
-                );
-            }
-            other => {
-                return Err(format!(
-                    "--state-dtype {other}: the optimiser state is kept as f32 or bf16"
-                )
-                .into());
-            }
-        }
-        let precision = Precision {
-            dtype: self.dtype,
-            state_dtype: self.state_dtype,
-            rounding: self.rounding.unwrap_or_default(),
-        };
-        if let Some(r) = self.rounding
-            && !precision.is_half()
-        {
-            return Err(format!(
-                "--rounding {r} rounds values kept in half precision, and this run keeps none: give --dtype bf16 or f16, or --state-dtype bf16, or leave --rounding out"
-            )
-            .into());
-        }
-        Ok(precision)
     }
 
     /// The output folder for a run on `data`, made ready and locked for
@@ -197,7 +146,7 @@ impl TrainArgs {
                 gate_penalty: self.gate_penalty,
                 fusion_penalty: self.fusion_penalty,
                 use_gate: !self.no_gate,
-                precision: self.precision()?,
+                precision: self.precision.precision()?,
                 ..self.model.train(self.steps, self.run.seed)
             },
             dim: self.model.dim,
