@@ -252,7 +252,9 @@ fn precisions_the_run_cannot_keep_are_refused() {
 /// `select` trains its shared-only model in the precision asked for, says
 /// so, and writes it as it was kept; reading that model back with
 /// `--checkpoint` scores it the same, and precision flags beside
-/// `--checkpoint` (which trains nothing) are refused.
+/// `--checkpoint` (which trains nothing) are refused. The checkpoint of a
+/// bf16 `train` run is read as kept (it was refused as "dtype BF16,
+/// expected F32").
 #[test]
 fn select_trains_its_shared_model_in_bf16_and_reads_it_back() {
     let dir = scratch("select");
@@ -330,6 +332,20 @@ fn select_trains_its_shared_model_in_bf16_and_reads_it_back() {
         None,
     );
     assert!(err.contains("with --checkpoint it trains none"), "{err}");
+    // A bf16 run of `train` is read as it was kept too.
+    let run_dir = dir.join("run");
+    train(&run_dir, 20, &["--dtype", "bf16"]);
+    run_ok(
+        &dir,
+        &[
+            "select",
+            "--checkpoint",
+            s(&run_dir.join("model.safetensors")),
+            "--out",
+            s(&dir.join("d").join("index.npz")),
+            "--quiet",
+        ],
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
