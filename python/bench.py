@@ -110,6 +110,9 @@ import torch.nn.functional as F  # noqa: E402
 import splitgrad  # noqa: E402
 import splitgrad.torch as sgt  # noqa: E402
 
+# "release", or "debug" for a development build (an older extension has no BUILD).
+BUILD = getattr(splitgrad._splitgrad, "BUILD", "unknown")
+
 torch.set_num_threads(ARGS.threads)
 try:
     splitgrad.set_num_threads(ARGS.threads)
@@ -500,13 +503,21 @@ def main():
         "upstream": ARGS.upstream,
         "dtype": ARGS.dtype,
         "torch": torch.__version__,
+        "splitgrad_build": BUILD,
         "workloads": {},
     }
+    if BUILD != "release":
+        print(
+            f"bench.py: warning: splitgrad's extension is a {BUILD} build, many times slower than "
+            "what `pip install ./python` builds; its timings do not stand for splitgrad",
+            file=sys.stderr,
+        )
     if not ARGS.json:
         print(
             f"torch {torch.__version__}, {ARGS.threads} threads, upstream {ARGS.upstream}"
             + (", heap kept" if ARGS.heap_kept else "")
             + (", OMP_WAIT_POLICY=PASSIVE" if ARGS.omp_passive else "")
+            + ("" if BUILD == "release" else f", splitgrad {BUILD} build")
         )
     for name in ARGS.workloads.split(","):
         sides, check, *after = WORKLOADS[name]()

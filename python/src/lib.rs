@@ -60,5 +60,16 @@ fn _splitgrad(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::golden_evaluate_dir, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    // How the extension was compiled: "release" (what `pip install ./python`
+    // builds) or "debug" (a development build, many times slower), so that
+    // a timing can say which it measured.
+    m.add(
+        "BUILD",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
     Ok(())
 }

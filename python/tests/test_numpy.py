@@ -560,3 +560,10 @@ def test_golden_generate_then_evaluate(layer, tmp_path):
 def test_bad_dtype_names():
     with pytest.raises(ValueError, match="dtype must be float32 or float64, got int32"):
         sg.SplitTokenEmbeddings({"a": 1}, ["a"], 2, dtype="int32")
+
+
+def test_the_extension_says_how_it_was_compiled():
+    """`_splitgrad.BUILD` names the build a timing measured (python/bench.py reports it)."""
+    import splitgrad._splitgrad as ext
+
+    assert ext.BUILD in ("debug", "release")
