@@ -2,10 +2,14 @@
 //! the dtype and shape the caller expects.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use ndarray::{ArrayD, IxDyn};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensorError};
 
 use super::{Element, TensorData};
 use crate::error::{Error, ErrorKind, Result};
@@ -23,9 +27,13 @@ struct Entry {
     end: usize,
 }
 
-/// An opened safetensors checkpoint: its bytes, validated header and
-/// metadata. Tensors are decoded on request, checked against the dtype and
-/// shape the caller expects.
+/// An opened safetensors checkpoint: its validated header and metadata,
+/// and the file itself. Opening reads only the header; each tensor is read
+/// from the file when it is asked for, checked against the dtype and shape
+/// the caller expects, so that decoding a checkpoint holds the arrays
+/// decoded so far and one tensor's bytes, never the whole file beside
+/// them. The file stays open: a checkpoint replaced (renamed over) after
+/// it was opened is still read as it was.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -46,10 +54,15 @@ struct Entry {
 #[derive(Debug)]
 pub struct Checkpoint {
     path: PathBuf,
-    bytes: Vec<u8>,
+    /// The file, read at an entry's offsets (a lock, as a read is a seek
+    /// and a read).
+    file: Mutex<File>,
     entries: BTreeMap<String, Entry>,
     metadata: BTreeMap<String, String>,
 }
+
+/// The largest header safetensors 0.8 reads (its `MAX_HEADER_SIZE`).
+const MAX_HEADER: u64 = 100_000_000;
 
 impl Checkpoint {
     /// Reads and validates the safetensors file at `path`.
@@ -74,18 +87,53 @@ impl Checkpoint {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let bytes = crate::io::read_regular(path, "the checkpoint")?;
+        let len = crate::io::regular_file(path)?.len();
+        let mut file = File::open(path).map_err(|e| Error::from(e).in_file(path))?;
         let bad = |message: String| Error::format(message).in_file(path);
-        if offsets_could_overflow(&bytes) {
+        let invalid = |e: SafeTensorError| bad(format!("not a valid safetensors file: {e}"));
+        // The header, checked as `SafeTensors::read_metadata` checks it,
+        // which needs the whole file in memory: the length prefix, the
+        // header's bounds, UTF-8, the JSON and its tensors' byte ranges
+        // (`Metadata`'s validation), and a data section of exactly the
+        // length they describe.
+        if len < N_LEN as u64 {
+            return Err(invalid(SafeTensorError::HeaderTooSmall));
+        }
+        let mut prefix = [0u8; N_LEN];
+        file.read_exact(&mut prefix)
+            .map_err(|e| Error::from(e).in_file(path))?;
+        let n = u64::from_le_bytes(prefix);
+        if n > MAX_HEADER {
+            return Err(invalid(SafeTensorError::HeaderTooLarge));
+        }
+        if n > len - N_LEN as u64 {
+            return Err(invalid(SafeTensorError::InvalidHeaderLength));
+        }
+        let mut head = prefix.to_vec();
+        head.resize(N_LEN + n as usize, 0);
+        file.read_exact(&mut head[N_LEN..])
+            .map_err(|e| Error::from(e).in_file(path))?;
+        if offsets_could_overflow(&head) {
             return Err(bad(
                 "not a safetensors file: a byte offset in the header is too large".into(),
             ));
         }
-        let (n, header) = SafeTensors::read_metadata(&bytes)
-            .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-        let base = N_LEN + n;
-        let entries = header
-            .tensors()
+        let text = std::str::from_utf8(&head[N_LEN..])
+            .map_err(|e| invalid(SafeTensorError::InvalidHeader(e)))?;
+        let header: Metadata = serde_json::from_str(text)
+            .map_err(|e| invalid(SafeTensorError::InvalidHeaderDeserialization(e)))?;
+        let tensors = header.tensors();
+        // The validated ranges tile 0..data_len in offset order.
+        let data_len = tensors
+            .values()
+            .map(|info| info.data_offsets.1)
+            .max()
+            .unwrap_or(0);
+        if (data_len as u64).checked_add(N_LEN as u64 + n) != Some(len) {
+            return Err(invalid(SafeTensorError::MetadataIncompleteBuffer));
+        }
+        let base = N_LEN + n as usize;
+        let entries = tensors
             .into_iter()
             .map(|(name, info)| {
                 let (start, end) = info.data_offsets;
@@ -105,10 +153,37 @@ impl Checkpoint {
             .unwrap_or_default();
         Ok(Checkpoint {
             path: path.to_path_buf(),
-            bytes,
+            file: Mutex::new(file),
             entries,
             metadata,
         })
+    }
+
+    /// The bytes of entry `e` (of tensor `name`), read from the file once
+    /// their size fits in memory.
+    fn read(&self, name: &str, e: &Entry) -> Result<Vec<u8>> {
+        let size = (e.end - e.start) as u64;
+        // Its bytes, and the array the caller decodes them into.
+        crate::io::check_memory(|| format!("reading tensor `{name}`"), 2 * size, "")
+            .map_err(|err| err.in_file(&self.path).in_array(name))?;
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(e.end - e.start).map_err(|_| {
+            self.err(
+                name,
+                ErrorKind::TooLarge {
+                    what: format!("reading tensor `{name}`"),
+                    bytes: size,
+                    available: crate::io::memory_available(),
+                    hint: String::new(),
+                },
+            )
+        })?;
+        bytes.resize(e.end - e.start, 0);
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        file.seek(SeekFrom::Start(e.start as u64))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|err| Error::from(err).in_file(&self.path).in_array(name))?;
+        Ok(bytes)
     }
 }
 
@@ -283,7 +358,7 @@ impl Checkpoint {
 
     /// The raw bytes of `name` if its dtype is `dtype` and its shape is
     /// `expected_shape`.
-    fn checked(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<&[u8]> {
+    fn checked(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<Vec<u8>> {
         let e = self.entry(name)?;
         if e.dtype != dtype {
             let kind = ErrorKind::Dtype {
@@ -296,7 +371,7 @@ impl Checkpoint {
             let err = Error::shape("tensor", fmt_shape(expected_shape), &e.shape);
             return Err(err.in_file(&self.path).in_array(name));
         }
-        Ok(&self.bytes[e.start..e.end])
+        self.read(name, e)
     }
 
     fn decode<A: Element>(
@@ -458,7 +533,7 @@ impl Checkpoint {
     /// ```
     pub fn check_finite(&self, name: &str) -> Result<()> {
         let e = self.entry(name)?;
-        let data = &self.bytes[e.start..e.end];
+        let data = &self.read(name, e)?[..];
         let first_bad = match e.dtype {
             Dtype::F32 => data
                 .chunks_exact(4)
@@ -554,6 +629,48 @@ mod tests {
         bytes.extend_from_slice(&[0; 8]);
         assert!(!offsets_could_overflow(&bytes));
         assert!(!offsets_could_overflow(&[1, 2, 3]));
+    }
+
+    /// Tensors are read from the file opened: one replaced by a rename
+    /// (how every checkpoint is written) still reads as it was, and one
+    /// cut short afterwards is an error naming the file and the tensor.
+    #[test]
+    fn tensors_come_from_the_file_as_it_was_opened() {
+        use ndarray::Array1;
+        let dir = temp_dir("reopen");
+        let path = dir.join("model.safetensors");
+        let old = Array1::from(vec![1.0f32, 2.0, 3.0]);
+        let new = Array1::from(vec![7.0f32, 8.0, 9.0]);
+        super::super::save(&path, &[("w", (&old).into())], &BTreeMap::new()).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let other = dir.join("next.safetensors");
+        super::super::save(&other, &[("w", (&new).into())], &BTreeMap::new()).unwrap();
+        fs::rename(&other, &path).unwrap();
+        assert_eq!(
+            ck.get_real::<f32>("w", &[3]).unwrap(),
+            old.clone().into_dyn()
+        );
+        assert_eq!(
+            Checkpoint::open(&path)
+                .unwrap()
+                .get_real::<f32>("w", &[3])
+                .unwrap(),
+            new.into_dyn()
+        );
+
+        let ck = Checkpoint::open(&path).unwrap();
+        let len = fs::metadata(&path).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 4)
+            .unwrap();
+        let err = ck.get_real::<f32>("w", &[3]).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Io { .. }), "{err}");
+        assert_eq!(err.file(), Some(path.as_path()));
+        assert_eq!(err.array(), Some("w"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
