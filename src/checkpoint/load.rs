@@ -159,33 +159,73 @@ impl Checkpoint {
         })
     }
 
-    /// The bytes of entry `e` (of tensor `name`), read from the file once
-    /// their size fits in memory.
-    fn read(&self, name: &str, e: &Entry) -> Result<Vec<u8>> {
-        let size = (e.end - e.start) as u64;
-        // Its bytes, and the array the caller decodes them into.
-        crate::io::check_memory(|| format!("reading tensor `{name}`"), 2 * size, "")
-            .map_err(|err| err.in_file(&self.path).in_array(name))?;
-        let mut bytes = Vec::new();
-        bytes.try_reserve_exact(e.end - e.start).map_err(|_| {
+    /// The elements of entry `e` (of tensor `name`), `size` bytes each,
+    /// decoded by `read`: the vector is reserved once its bytes fit in
+    /// memory, then filled from the file a block at a time, so that the
+    /// raw bytes never take more than [`READ_BLOCK`] beside it.
+    fn values<A>(
+        &self,
+        name: &str,
+        e: &Entry,
+        size: usize,
+        read: impl Fn(&[u8]) -> A,
+    ) -> Result<Vec<A>> {
+        let bytes = (e.end - e.start) as u64;
+        let too_large = || {
             self.err(
                 name,
                 ErrorKind::TooLarge {
                     what: format!("reading tensor `{name}`"),
-                    bytes: size,
+                    bytes,
                     available: crate::io::memory_available(),
                     hint: String::new(),
                 },
             )
+        };
+        crate::io::check_memory(|| format!("reading tensor `{name}`"), bytes, "")
+            .map_err(|err| err.in_file(&self.path).in_array(name))?;
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact((e.end - e.start) / size)
+            .map_err(|_| too_large())?;
+        self.blocks(name, e, size, |block, _| {
+            values.extend(block.chunks_exact(size).map(&read));
+            true
         })?;
-        bytes.resize(e.end - e.start, 0);
+        Ok(values)
+    }
+
+    /// Reads entry `e` (of tensor `name`) from the file in blocks of at
+    /// most [`READ_BLOCK`] bytes, whole elements of `size` bytes each, and
+    /// hands each to `each` with the index of its first element; stops
+    /// early where `each` returns false.
+    fn blocks(
+        &self,
+        name: &str,
+        e: &Entry,
+        size: usize,
+        mut each: impl FnMut(&[u8], usize) -> bool,
+    ) -> Result<()> {
+        let io = |err: std::io::Error| Error::from(err).in_file(&self.path).in_array(name);
+        let block_len = (READ_BLOCK / size).max(1) * size;
+        let mut block = vec![0u8; block_len.min(e.end - e.start)];
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        file.seek(SeekFrom::Start(e.start as u64))
-            .and_then(|_| file.read_exact(&mut bytes))
-            .map_err(|err| Error::from(err).in_file(&self.path).in_array(name))?;
-        Ok(bytes)
+        file.seek(SeekFrom::Start(e.start as u64)).map_err(io)?;
+        let mut at = e.start;
+        while at < e.end {
+            let n = block_len.min(e.end - at);
+            file.read_exact(&mut block[..n]).map_err(io)?;
+            if !each(&block[..n], (at - e.start) / size) {
+                break;
+            }
+            at += n;
+        }
+        Ok(())
     }
 }
+
+/// The most bytes of a tensor read from the file at once.
+const READ_BLOCK: usize = 1 << 20;
 
 /// The index of the first little-endian 16-bit element of `data` whose
 /// bits under `exponent` are all set.
@@ -356,9 +396,9 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// The raw bytes of `name` if its dtype is `dtype` and its shape is
+    /// The entry of `name` if its dtype is `dtype` and its shape is
     /// `expected_shape`.
-    fn checked(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<Vec<u8>> {
+    fn checked(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<&Entry> {
         let e = self.entry(name)?;
         if e.dtype != dtype {
             let kind = ErrorKind::Dtype {
@@ -371,7 +411,7 @@ impl Checkpoint {
             let err = Error::shape("tensor", fmt_shape(expected_shape), &e.shape);
             return Err(err.in_file(&self.path).in_array(name));
         }
-        self.read(name, e)
+        Ok(e)
     }
 
     fn decode<A: Element>(
@@ -380,8 +420,8 @@ impl Checkpoint {
         expected_shape: &[usize],
         read: fn(&[u8]) -> A,
     ) -> Result<ArrayD<A>> {
-        let bytes = self.checked(name, A::DTYPE, expected_shape)?;
-        let values: Vec<A> = bytes.chunks_exact(A::SIZE).map(read).collect();
+        let e = self.checked(name, A::DTYPE, expected_shape)?;
+        let values = self.values(name, e, A::SIZE, read)?;
         ArrayD::from_shape_vec(IxDyn(expected_shape), values).map_err(|e| {
             self.err(
                 name,
@@ -423,9 +463,8 @@ impl Checkpoint {
         } else {
             Dtype::F64
         };
-        let bytes = self.checked(name, dtype, expected_shape)?;
-        let size = std::mem::size_of::<T>();
-        let values: Vec<T> = bytes.chunks_exact(size).map(T::read_le).collect();
+        let e = self.checked(name, dtype, expected_shape)?;
+        let values = self.values(name, e, std::mem::size_of::<T>(), T::read_le)?;
         ArrayD::from_shape_vec(IxDyn(expected_shape), values).map_err(|e| {
             self.err(
                 name,
@@ -533,28 +572,31 @@ impl Checkpoint {
     /// ```
     pub fn check_finite(&self, name: &str) -> Result<()> {
         let e = self.entry(name)?;
-        let data = &self.read(name, e)?[..];
-        let first_bad = match e.dtype {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|b| f64::from(f32::get_le(b)))
-                .enumerate()
-                .find(|(_, x)| !x.is_finite()),
-            Dtype::F64 => data
-                .chunks_exact(8)
-                .map(f64::get_le)
-                .enumerate()
-                .find(|(_, x)| !x.is_finite()),
+        // The first non-finite element of a block: its index there, and
+        // its value.
+        let scan: fn(&[u8]) -> Option<(usize, f64)> = match e.dtype {
+            Dtype::F32 => |data| {
+                data.chunks_exact(4)
+                    .map(|b| f64::from(f32::get_le(b)))
+                    .enumerate()
+                    .find(|(_, x)| !x.is_finite())
+            },
+            Dtype::F64 => |data| {
+                data.chunks_exact(8)
+                    .map(f64::get_le)
+                    .enumerate()
+                    .find(|(_, x)| !x.is_finite())
+            },
             // On the bits: a half value is not finite when its exponent
             // bits are all ones (only that one is widened, for the message).
-            Dtype::BF16 => first_all_ones(data, 0x7F80).map(|i| {
-                let b = half::bf16::get_le(&data[2 * i..2 * i + 2]);
-                (i, b.to_f64())
-            }),
-            Dtype::F16 => first_all_ones(data, 0x7C00).map(|i| {
-                let b = half::f16::get_le(&data[2 * i..2 * i + 2]);
-                (i, b.to_f64())
-            }),
+            Dtype::BF16 => |data| {
+                first_all_ones(data, 0x7F80)
+                    .map(|i| (i, half::bf16::get_le(&data[2 * i..2 * i + 2]).to_f64()))
+            },
+            Dtype::F16 => |data| {
+                first_all_ones(data, 0x7C00)
+                    .map(|i| (i, half::f16::get_le(&data[2 * i..2 * i + 2]).to_f64()))
+            },
             other => {
                 let kind = ErrorKind::Dtype {
                     expected: "F32, F64, BF16 or F16".into(),
@@ -563,6 +605,12 @@ impl Checkpoint {
                 return Err(self.err(name, kind));
             }
         };
+        let size = e.dtype.bitsize() / 8;
+        let mut first_bad = None;
+        self.blocks(name, e, size, |block, first| {
+            first_bad = scan(block).map(|(i, v)| (first + i, v));
+            first_bad.is_none()
+        })?;
         match first_bad {
             None => Ok(()),
             Some((flat, value)) => {
@@ -670,6 +718,44 @@ mod tests {
         assert!(matches!(err.kind(), ErrorKind::Io { .. }), "{err}");
         assert_eq!(err.file(), Some(path.as_path()));
         assert_eq!(err.array(), Some("w"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A tensor larger than a read block: its values and the position of
+    /// a non-finite element past the first block come out as written.
+    #[test]
+    fn tensors_past_one_block_read_whole_and_place_their_first_non_finite() {
+        use ndarray::Array2;
+        let dir = temp_dir("blocks");
+        let path = dir.join("model.safetensors");
+        let cols = 1000;
+        let rows = 3 * READ_BLOCK / (4 * cols) + 1;
+        let mut w = Array2::from_shape_fn((rows, cols), |(i, j)| (i * cols + j) as f32);
+        let last = rows - 1;
+        w[[last, 7]] = f32::INFINITY;
+        w[[last, 9]] = f32::NAN;
+        let h = w.mapv(half::bf16::from_f32);
+        super::super::save(
+            &path,
+            &[("w", (&w).into()), ("h", (&h).into())],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let back = ck.get_real::<f32>("w", &[rows, cols]).unwrap();
+        assert!(
+            back.iter()
+                .zip(w.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        for name in ["w", "h"] {
+            let err = ck.check_finite(name).unwrap_err();
+            assert!(
+                matches!(err.kind(), ErrorKind::NonFinite { position, value }
+                    if position == &[last, 7] && *value == f64::INFINITY),
+                "{name}: {err}"
+            );
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 
