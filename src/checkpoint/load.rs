@@ -175,14 +175,14 @@ impl Checkpoint {
             self.err(
                 name,
                 ErrorKind::TooLarge {
-                    what: format!("reading tensor `{name}`"),
+                    what: "reading the tensor".to_string(),
                     bytes,
                     available: crate::io::memory_available(),
                     hint: String::new(),
                 },
             )
         };
-        crate::io::check_memory(|| format!("reading tensor `{name}`"), bytes, "")
+        crate::io::check_memory(|| "reading the tensor".to_string(), bytes, "")
             .map_err(|err| err.in_file(&self.path).in_array(name))?;
         let mut values = Vec::new();
         values
