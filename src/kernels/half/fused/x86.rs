@@ -364,6 +364,77 @@ fn odd_pair_bits_avx2(index: u64, w: u32) -> (__m256i, __m256i) {
     )
 }
 
+/// The random bits of a paired block's lanes from an even `index` under
+/// the array's word `w` (`bf16_sr_bits`' top halves): lane j of both
+/// vectors comes from one `sr_bits` word, pair index/2 + j's, its top half
+/// (the even element's) in the first and its bottom half (the odd one's)
+/// in the second.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn even_pair_bits_avx512(index: u64, w: u32) -> (__m512i, __m512i) {
+    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let pair = _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
+    let r = mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(w as i32)));
+    (
+        _mm512_srli_epi32::<16>(r),
+        _mm512_and_si512(r, _mm512_set1_epi32(0xFFFF)),
+    )
+}
+
+/// [`even_pair_bits_avx512`] for the 16 elements of a half block on AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn even_pair_bits_avx2(index: u64, w: u32) -> (__m256i, __m256i) {
+    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let pair = _mm256_add_epi32(_mm256_set1_epi32((index >> 1) as u32 as i32), natural);
+    let r = mix32_avx2(_mm256_xor_si256(pair, _mm256_set1_epi32(w as i32)));
+    (
+        _mm256_srli_epi32::<16>(r),
+        _mm256_and_si256(r, _mm256_set1_epi32(0xFFFF)),
+    )
+}
+
+/// `bf16_stochastic` of a bf16 block's lanes (`e`, `o`, in paired order,
+/// no NaN among them) with their random bits (`re` of the even lanes, `ro`
+/// of the odd ones), stored in the natural order: each lane plus its bits,
+/// the high half of the sum kept; the odd lane's in place, the even lane's
+/// shifted under it.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 32 bf16.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_stochastic_avx512(
+    dst: *mut u16,
+    e: __m512,
+    o: __m512,
+    (re, ro): (__m512i, __m512i),
+) {
+    let ue = _mm512_add_epi32(_mm512_castps_si512(e), re);
+    let uo = _mm512_add_epi32(_mm512_castps_si512(o), ro);
+    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let both = _mm512_ternarylogic_epi32::<0xCA>(top, uo, _mm512_srli_epi32::<16>(ue));
+    // SAFETY: the caller's.
+    unsafe { _mm512_storeu_si512(dst.cast(), both) };
+}
+
+/// [`store_stochastic_avx512`] for the 16 elements of a half block on
+/// AVX2.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 16 bf16.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_stochastic_avx2(dst: *mut u16, e: __m256, o: __m256, (re, ro): (__m256i, __m256i)) {
+    let ue = _mm256_add_epi32(_mm256_castps_si256(e), re);
+    let uo = _mm256_add_epi32(_mm256_castps_si256(o), ro);
+    let both = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(ue), uo);
+    // SAFETY: the caller's.
+    unsafe { _mm256_storeu_si256(dst.cast(), both) };
+}
+
 #[inline(always)]
 fn vector(i: [i32; 16]) -> __m512i {
     // SAFETY: an unaligned load of 16 i32 from an array of 16.
@@ -393,7 +464,6 @@ unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, 
 ) -> usize {
     let (even, odd) = (vector(EVEN), vector(ODD));
     let (low, high) = (vector(LOW), vector(HIGH));
-    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
@@ -435,17 +505,10 @@ unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, 
         |i, at, l| input_paired_avx512(i, at, l),
         |arrays, at, index, word, lanes| {
             // The 16 random bits (`bf16_sr_bits`' top half) of the even
-            // lanes and of the odd ones, `w` the array's word: from an even
-            // index, lane j of both is one `sr_bits` word, pair index/2 +
-            // j's, its top half the even element's and its bottom half the
-            // odd one's.
-            let bottom = _mm512_set1_epi32(0xFFFF);
+            // lanes and of the odd ones, `w` the array's word.
             let pair_bits = |index: u64, w: u32| {
                 if index & 1 == 0 {
-                    let pair =
-                        _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
-                    let r = mix32_avx512(_mm512_xor_si512(pair, _mm512_set1_epi32(w as i32)));
-                    (_mm512_srli_epi32::<16>(r), _mm512_and_si512(r, bottom))
+                    even_pair_bits_avx512(index, w)
                 } else {
                     odd_pair_bits_avx512(index, w)
                 }
@@ -465,21 +528,7 @@ unsafe fn update_avx512_paired<const N: usize, const K: usize, F: LaneRule<f32, 
                         FusedArray::Bf16(s, key) => {
                             let dst: *mut u16 = s.as_mut_ptr().add(at).cast();
                             if key.is_some() && _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
-                                // `bf16_stochastic` of every value but NaN: each
-                                // lane plus its random bits' top half, the high
-                                // half of the sum kept; the odd lane's in place,
-                                // the even lane's shifted under it.
-                                let (re, ro) = pair_bits(index, w);
-                                let round = |x: __m512, r: __m512i| {
-                                    _mm512_add_epi32(_mm512_castps_si512(x), r)
-                                };
-                                let (ue, uo) = (round(e, re), round(o, ro));
-                                let both = _mm512_ternarylogic_epi32::<0xCA>(
-                                    top,
-                                    uo,
-                                    _mm512_srli_epi32::<16>(ue),
-                                );
-                                _mm512_storeu_si512(dst.cast(), both);
+                                store_stochastic_avx512(dst, e, o, pair_bits(index, w));
                             } else if key.is_some() {
                                 // A NaN among the lanes.
                                 store_nan_avx512(dst, e, o, index, w);
@@ -686,7 +735,6 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
     first: u64,
     f: &F,
 ) -> usize {
-    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
@@ -735,15 +783,7 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
                     // ones, as the AVX-512 path makes them.
                     let pair_bits = || {
                         if index & 1 == 0 {
-                            let pair = _mm256_add_epi32(
-                                _mm256_set1_epi32((index >> 1) as u32 as i32),
-                                natural,
-                            );
-                            let r = mix32_avx2(_mm256_xor_si256(pair, _mm256_set1_epi32(w as i32)));
-                            (
-                                _mm256_srli_epi32::<16>(r),
-                                _mm256_and_si256(r, _mm256_set1_epi32(0xFFFF)),
-                            )
+                            even_pair_bits_avx2(index, w)
                         } else {
                             odd_pair_bits_avx2(index, w)
                         }
@@ -763,21 +803,7 @@ unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneRule<f32, N,
                                 let no_nan =
                                     _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0;
                                 if key.is_some() && no_nan {
-                                    // `bf16_stochastic` of every value but NaN:
-                                    // each lane plus its random bits' top half,
-                                    // the high half of the sum kept; the odd
-                                    // lane's in place, the even lane's shifted
-                                    // under it.
-                                    let (re, ro) = pair_bits();
-                                    let round = |x: __m256, r: __m256i| {
-                                        _mm256_add_epi32(_mm256_castps_si256(x), r)
-                                    };
-                                    let (ue, uo) = (round(e, re), round(o, ro));
-                                    let h16 = _mm256_blend_epi16::<0b1010_1010>(
-                                        _mm256_srli_epi32::<16>(ue),
-                                        uo,
-                                    );
-                                    _mm256_storeu_si256(dst.cast(), h16);
+                                    store_stochastic_avx2(dst, e, o, pair_bits());
                                 } else if key.is_some() {
                                     // A NaN among the lanes.
                                     store_nan_avx2(dst, e, o, index, w);

@@ -14,11 +14,11 @@
 
 use std::arch::x86_64::*;
 
-use super::super::super::x86::{mix32_avx2, mix32_avx512};
 use super::super::{FusedArray, LaneRule};
 use super::{
-    AHEAD, EVEN, HIGH, LOW, ODD, blocks, input_paired_avx2, input_paired_avx512, join_pairs_avx2,
-    split_pairs_avx2, store_nan_avx2, store_nan_avx512, vector,
+    AHEAD, EVEN, HIGH, LOW, ODD, blocks, even_pair_bits_avx2, even_pair_bits_avx512,
+    input_paired_avx2, input_paired_avx512, join_pairs_avx2, split_pairs_avx2, store_nan_avx2,
+    store_nan_avx512, store_stochastic_avx2, store_stochastic_avx512, vector,
 };
 
 /// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
@@ -84,9 +84,7 @@ pub(super) unsafe fn update_avx512<
 ) -> usize {
     let (even, odd) = (vector(EVEN), vector(ODD));
     let (low, high) = (vector(LOW), vector(HIGH));
-    let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-    let bottom = _mm512_set1_epi32(0xFFFF);
     blocks(
         arrays,
         inputs,
@@ -128,9 +126,6 @@ pub(super) unsafe fn update_avx512<
         |i, at, l| input_paired_avx512(i, at, l),
         |arrays, at, index, word, lanes| {
             let base = bases_mut(arrays);
-            // Lane j's pair is index/2 + j: its word's top half rounds the
-            // even element, its bottom half the odd one.
-            let pair = _mm512_add_epi32(_mm512_set1_epi32((index >> 1) as u32 as i32), natural);
             for (i, l) in lanes.iter().enumerate() {
                 // SAFETY: as the loads.
                 unsafe {
@@ -139,28 +134,9 @@ pub(super) unsafe fn update_avx512<
                     if bf16_at::<FIRST_ONLY>(i) {
                         let dst = base[i].cast::<u16>().add(at);
                         if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
-                            // `bf16_stochastic` of every value but NaN: each
-                            // lane plus its 16 random bits, the high half of
-                            // the sum kept; the odd lane's in place, the even
-                            // lane's shifted under it.
-                            let r = mix32_avx512(_mm512_xor_si512(
-                                pair,
-                                _mm512_set1_epi32(word[i] as i32),
-                            ));
-                            let ue = _mm512_add_epi32(
-                                _mm512_castps_si512(e),
-                                _mm512_srli_epi32::<16>(r),
-                            );
-                            let uo = _mm512_add_epi32(
-                                _mm512_castps_si512(o),
-                                _mm512_and_si512(r, bottom),
-                            );
-                            let both = _mm512_ternarylogic_epi32::<0xCA>(
-                                top,
-                                uo,
-                                _mm512_srli_epi32::<16>(ue),
-                            );
-                            _mm512_storeu_si512(dst.cast(), both);
+                            // `index` is even (the layout's).
+                            let bits = even_pair_bits_avx512(index, word[i]);
+                            store_stochastic_avx512(dst, e, o, bits);
                         } else {
                             store_nan_avx512(dst, e, o, index, word[i]);
                         }
@@ -196,9 +172,7 @@ pub(super) unsafe fn update_avx2<
     first: u64,
     f: &F,
 ) -> usize {
-    let natural = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
-    let bottom = _mm256_set1_epi32(0xFFFF);
     blocks(
         arrays,
         inputs,
@@ -242,11 +216,8 @@ pub(super) unsafe fn update_avx2<
             let base = bases_mut(arrays);
             for (i, l) in lanes.iter().enumerate() {
                 for h in [0, 16] {
-                    // The first of these 16 elements (even) and its lanes'
-                    // pairs.
+                    // The first of these 16 elements (even).
                     let index = index.wrapping_add(h as u64);
-                    let pair =
-                        _mm256_add_epi32(_mm256_set1_epi32((index >> 1) as u32 as i32), natural);
                     // SAFETY: as the loads.
                     unsafe {
                         let e = _mm256_loadu_ps(l.as_ptr().add(h));
@@ -254,24 +225,8 @@ pub(super) unsafe fn update_avx2<
                         if bf16_at::<FIRST_ONLY>(i) {
                             let dst = base[i].cast::<u16>().add(at + h);
                             if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
-                                // As the AVX-512 kernel's store.
-                                let r = mix32_avx2(_mm256_xor_si256(
-                                    pair,
-                                    _mm256_set1_epi32(word[i] as i32),
-                                ));
-                                let ue = _mm256_add_epi32(
-                                    _mm256_castps_si256(e),
-                                    _mm256_srli_epi32::<16>(r),
-                                );
-                                let uo = _mm256_add_epi32(
-                                    _mm256_castps_si256(o),
-                                    _mm256_and_si256(r, bottom),
-                                );
-                                let both = _mm256_blend_epi16::<0b1010_1010>(
-                                    _mm256_srli_epi32::<16>(ue),
-                                    uo,
-                                );
-                                _mm256_storeu_si256(dst.cast(), both);
+                                let bits = even_pair_bits_avx2(index, word[i]);
+                                store_stochastic_avx2(dst, e, o, bits);
                             } else {
                                 store_nan_avx2(dst, e, o, index, word[i]);
                             }
