@@ -15,11 +15,12 @@
 use std::arch::x86_64::*;
 
 use super::super::{FusedArray, LaneRule};
-use super::{
-    AHEAD, EVEN, HIGH, LOW, ODD, blocks, even_pair_bits_avx2, even_pair_bits_avx512,
-    input_paired_avx2, input_paired_avx512, join_pairs_avx2, split_pairs_avx2, store_nan_avx2,
-    store_nan_avx512, store_stochastic_avx2, store_stochastic_avx512, vector,
+use super::paired::{
+    EVEN, HIGH, LOW, ODD, even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx2,
+    input_paired_avx512, join_pairs_avx2, split_pairs_avx2, store_nan_avx2, store_nan_avx512,
+    store_stochastic_avx2, store_stochastic_avx512, vector,
 };
+use super::{AHEAD, blocks};
 
 /// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
 /// every array is bf16 rounded stochastically, `Some(true)` when only the
