@@ -87,8 +87,11 @@ impl Checkpoint {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let len = crate::io::regular_file(path)?.len();
-        let mut file = File::open(path).map_err(|e| Error::from(e).in_file(path))?;
+        let mut file = crate::io::open_regular(path)?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::from(e).in_file(path))?
+            .len();
         let bad = |message: String| Error::format(message).in_file(path);
         let invalid = |e: SafeTensorError| bad(format!("not a valid safetensors file: {e}"));
         // The header, checked as `SafeTensors::read_metadata` checks it,
