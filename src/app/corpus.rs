@@ -4,8 +4,6 @@
 use std::ops::Range;
 use std::path::Path;
 
-use ndarray::Array1;
-
 pub use crate::io::{Column, Width};
 use crate::io::{NpzReader, NpzWriter};
 use crate::{Error, ErrorKind, Result};
@@ -710,19 +708,22 @@ pub fn save_corpus(path: impl AsRef<Path>, corpus: &Corpus) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn save_corpus_as(path: impl AsRef<Path>, corpus: &Corpus, format: CorpusFormat) -> Result<()> {
-    let starts: Array1<i64> = corpus
+    // The columns are borrowed and written a block at a time: a corpus of
+    // a billion tokens is not held twice while it is saved.
+    let starts: Vec<i64> = corpus
         .sequence_starts
         .iter()
         .map(|&s| i64::try_from(s).unwrap_or(i64::MAX))
         .collect();
+    let per_sequence = languages_per_sequence(corpus).filter(|_| format.per_sequence_languages);
     let mut npz = NpzWriter::new(path);
     npz.deflate(format.deflate);
     npz.add_column("token_ids", &corpus.token_ids);
-    match languages_per_sequence(corpus).filter(|_| format.per_sequence_languages) {
-        Some(per_sequence) => npz.add_column(PER_SEQUENCE, &per_sequence),
+    match &per_sequence {
+        Some(per_sequence) => npz.add_column(PER_SEQUENCE, per_sequence),
         None => npz.add_column("language_ids", &corpus.language_ids),
     };
-    npz.add("sequence_starts", &starts);
+    npz.add_slice("sequence_starts", &starts);
     let meta = &corpus.meta;
     for (array, size) in [
         ("vocab_size", meta.vocab_size),

@@ -96,9 +96,12 @@ fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
 /// bytes.
 ///
 /// [`finish`](Self::finish) replaces the target file atomically (see
-/// [`write_atomic`]). Arrays are encoded when added, in logical (row-major)
-/// order whatever their memory layout; 0-d arrays become numpy scalars
-/// (shape `()`).
+/// [`write_atomic`]). Arrays given to [`add`](Self::add) are encoded when
+/// added, in logical (row-major) order whatever their memory layout; 0-d
+/// arrays become numpy scalars (shape `()`). Slices and columns
+/// ([`add_slice`](Self::add_slice), [`add_column`](Self::add_column)) are
+/// borrowed instead, for as long as the writer lives, and encoded a block
+/// at a time as the archive is written: a large one is never held twice.
 ///
 /// ```
 /// # fn main() -> splitgrad::Result<()> {
@@ -117,14 +120,57 @@ fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
 /// # std::fs::remove_file(&path)?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
-pub struct NpzWriter {
+pub struct NpzWriter<'a> {
     path: PathBuf,
-    members: Vec<(String, Vec<u8>)>,
+    members: Vec<(String, Member<'a>)>,
     deflate: bool,
 }
 
-impl NpzWriter {
+/// Writes a streamed member's values to the archive.
+type WriteValues<'a> = Box<dyn Fn(&mut dyn Write) -> std::io::Result<()> + 'a>;
+
+/// A member of the archive: its `.npy` bytes encoded when added, or its
+/// header and a borrowed slice encoded a block at a time as the archive is
+/// written ([`NpzWriter::add_slice`]), never whole.
+enum Member<'a> {
+    Encoded(Vec<u8>),
+    Streamed {
+        header: Vec<u8>,
+        /// Bytes of the values, after the header.
+        len: u64,
+        values: WriteValues<'a>,
+    },
+}
+
+impl Member<'_> {
+    /// Bytes of the `.npy` member: header and values.
+    fn len(&self) -> u64 {
+        match self {
+            Member::Encoded(bytes) => bytes.len() as u64,
+            Member::Streamed { header, len, .. } => header.len() as u64 + len,
+        }
+    }
+}
+
+impl std::fmt::Debug for NpzWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let members: Vec<(&str, u64)> = self
+            .members
+            .iter()
+            .map(|(name, m)| (name.as_str(), m.len()))
+            .collect();
+        f.debug_struct("NpzWriter")
+            .field("path", &self.path)
+            .field("members (name, bytes)", &members)
+            .field("deflate", &self.deflate)
+            .finish()
+    }
+}
+
+/// Bytes of values a streamed member encodes and writes at a time.
+const BLOCK_BYTES: usize = 1 << 20;
+
+impl<'a> NpzWriter<'a> {
     /// A writer that [`finish`](Self::finish) will write to `path`. Nothing
     /// is touched until then.
     pub fn new(path: impl AsRef<Path>) -> Self {
@@ -157,20 +203,73 @@ impl NpzWriter {
     }
 
     /// Adds the values of `column` as a 1-D array `name` of its width
-    /// (`uint8`, `uint16` or `uint32`).
+    /// (`uint8`, `uint16` or `uint32`), borrowed and encoded as the
+    /// archive is written ([`add_slice`](Self::add_slice)).
     ///
     /// **Panics** if an array called `name` was already added.
     #[track_caller]
-    pub fn add_column(&mut self, name: &str, column: &super::Column) -> &mut Self {
-        use ndarray::ArrayView1;
+    pub fn add_column(&mut self, name: &str, column: &'a super::Column) -> &mut Self {
         if let Some(v) = column.as_u8() {
-            self.add(name, &ArrayView1::from(v))
+            self.add_slice(name, v)
         } else if let Some(v) = column.as_u16() {
-            self.add(name, &ArrayView1::from(v))
+            self.add_slice(name, v)
         } else {
-            let v = column.as_u32().unwrap_or_default();
-            self.add(name, &ArrayView1::from(v))
+            self.add_slice(name, column.as_u32().unwrap_or_default())
         }
+    }
+
+    /// Adds `values` as the 1-D array `name`, borrowed: its bytes are
+    /// encoded a block at a time (1 MiB) as the archive is written, so
+    /// writing a large array (a corpus's token ids) holds no second copy
+    /// of it. The archive's bytes are those [`add`](Self::add) gives.
+    ///
+    /// **Panics** if an array called `name` was already added.
+    ///
+    /// ```
+    /// # fn main() -> splitgrad::Result<()> {
+    /// use splitgrad::io::{NpzReader, NpzWriter};
+    /// let ids: Vec<u32> = (0..300_000).collect();
+    /// let mut w = NpzWriter::new("unused.npz");
+    /// w.add_slice("ids", &ids);
+    /// let mut bytes = std::io::Cursor::new(Vec::new());
+    /// w.write_to(&mut bytes)?;
+    /// let mut r = NpzReader::from_bytes("memory", bytes.into_inner())?;
+    /// assert_eq!(r.ints_1d("ids")?[299_999], 299_999);
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn add_slice<A: NpyElement + Sync>(&mut self, name: &str, values: &'a [A]) -> &mut Self {
+        self.check_new(name);
+        let size = std::mem::size_of::<A>();
+        let write = move |out: &mut dyn Write| -> std::io::Result<()> {
+            let mut block = Vec::with_capacity(BLOCK_BYTES.min(std::mem::size_of_val(values)));
+            for chunk in values.chunks((BLOCK_BYTES / size).max(1)) {
+                block.clear();
+                for &x in chunk {
+                    x.put(&mut block);
+                }
+                out.write_all(&block)?;
+            }
+            Ok(())
+        };
+        self.members.push((
+            name.to_string(),
+            Member::Streamed {
+                header: npy_header(A::DESCR, &[values.len()]),
+                len: std::mem::size_of_val(values) as u64,
+                values: Box::new(write),
+            },
+        ));
+        self
+    }
+
+    /// **Panics** if an array called `name` was already added.
+    #[track_caller]
+    fn check_new(&self, name: &str) {
+        assert!(
+            !self.members.iter().any(|(n, _)| n == name),
+            "NpzWriter::add: array `{name}` added twice"
+        );
     }
 
     /// Adds `array` as `name` (stored as `name.npy`).
@@ -183,16 +282,14 @@ impl NpzWriter {
         S: Data<Elem = A>,
         D: Dimension,
     {
-        assert!(
-            !self.members.iter().any(|(n, _)| n == name),
-            "NpzWriter::add: array `{name}` added twice"
-        );
+        self.check_new(name);
         let mut bytes = npy_header(A::DESCR, array.shape());
         bytes.reserve(array.len() * std::mem::size_of::<A>());
         for &x in array.iter() {
             x.put(&mut bytes);
         }
-        self.members.push((name.to_string(), bytes));
+        self.members
+            .push((name.to_string(), Member::Encoded(bytes)));
         self
     }
 
@@ -250,10 +347,7 @@ impl NpzWriter {
         shape: &[usize],
         strings: &[S],
     ) -> &mut Self {
-        assert!(
-            !self.members.iter().any(|(n, _)| n == name),
-            "NpzWriter::add: array `{name}` added twice"
-        );
+        self.check_new(name);
         let width = strings
             .iter()
             .map(|s| s.as_ref().chars().count())
@@ -270,7 +364,8 @@ impl NpzWriter {
             }
             bytes.resize(bytes.len() + (width - chars) * 4, 0);
         }
-        self.members.push((name.to_string(), bytes));
+        self.members
+            .push((name.to_string(), Member::Encoded(bytes)));
         self
     }
 
@@ -300,7 +395,7 @@ impl NpzWriter {
     /// ```
     pub fn write_to<W: Write + Seek>(&self, out: W) -> Result<()> {
         let mut zip = ZipWriter::new(out);
-        for (name, bytes) in &self.members {
+        for (name, member) in &self.members {
             let options = FileOptions::default()
                 .compression_method(if self.deflate {
                     CompressionMethod::Deflated
@@ -309,10 +404,16 @@ impl NpzWriter {
                 })
                 .last_modified_time(DateTime::default())
                 .unix_permissions(0o644)
-                .large_file(bytes.len() as u64 >= u64::from(u32::MAX));
+                .large_file(member.len() >= u64::from(u32::MAX));
             zip.start_file(npyz::npz::file_name_from_array_name(name), options)
                 .map_err(|e| zip_error(e, "cannot write the archive"))?;
-            zip.write_all(bytes)?;
+            match member {
+                Member::Encoded(bytes) => zip.write_all(bytes)?,
+                Member::Streamed { header, values, .. } => {
+                    zip.write_all(header)?;
+                    values(&mut zip)?;
+                }
+            }
         }
         zip.finish()
             .map_err(|e| zip_error(e, "cannot write the archive"))?;
@@ -350,6 +451,45 @@ mod tests {
         assert!(String::from_utf8_lossy(&matrix).contains("'shape': (2, 30), }"));
     }
 
+    /// A slice streamed in blocks gives the archive `add` gives, bit for
+    /// bit: an empty slice, one of a block and a few elements more, and a
+    /// column of each width.
+    #[test]
+    fn streamed_slices_are_the_added_arrays_bytes() {
+        let archive = |w: &NpzWriter<'_>| {
+            let mut out = std::io::Cursor::new(Vec::new());
+            w.write_to(&mut out).unwrap();
+            out.into_inner()
+        };
+        let long: Vec<u32> = (0..(BLOCK_BYTES / 4 + 3) as u32).collect();
+        let wide: Vec<i64> = vec![-3, 1 << 40];
+        let none: Vec<u16> = Vec::new();
+        for deflate in [false, true] {
+            let mut a = NpzWriter::new("a.npz");
+            a.deflate(deflate)
+                .add("long", &ndarray::ArrayView1::from(&long))
+                .add("wide", &ndarray::ArrayView1::from(&wide))
+                .add("none", &ndarray::ArrayView1::from(&none));
+            let mut b = NpzWriter::new("b.npz");
+            b.deflate(deflate)
+                .add_slice("long", &long)
+                .add_slice("wide", &wide)
+                .add_slice("none", &none);
+            assert_eq!(archive(&a), archive(&b), "deflate {deflate}");
+        }
+        use crate::io::{Column, Width};
+        for width in [Width::U8, Width::U16, Width::U32] {
+            let mut column = Column::with_width(width, 4);
+            for x in [0u32, 7, 255] {
+                column.push(x);
+            }
+            let mut a = NpzWriter::new("a.npz");
+            a.add_column("c", &column);
+            let mut r = crate::io::NpzReader::from_bytes("c", archive(&a)).unwrap();
+            assert_eq!(r.ints_1d("c").unwrap(), [0, 7, 255], "{width:?}");
+        }
+    }
+
     /// The bytes numpy 2.4 writes for `np.save(f, np.array(['en', 'fr', 'é']))`
     /// and `np.save(f, np.array('ab'))`.
     #[test]
@@ -359,7 +499,10 @@ mod tests {
             .add_string_scalar("s", "ab")
             .add_strings("none", &[] as &[&str])
             .add_strings("empty", &[""]);
-        let member = |name: &str| &w.members.iter().find(|(n, _)| n == name).unwrap().1;
+        let member = |name: &str| match &w.members.iter().find(|(n, _)| n == name).unwrap().1 {
+            Member::Encoded(bytes) => bytes,
+            Member::Streamed { .. } => unreachable!("strings are encoded when added"),
+        };
         let l = member("l");
         assert_eq!(&l[..128], npy_header("<U2", &[3]).as_slice());
         let text = String::from_utf8_lossy(&l[..128]);

@@ -129,13 +129,13 @@ impl FromStr for CaseDtype {
 /// Where a generated case's inputs go: the real arrays are drawn in f64
 /// and stored in the case's dtype (rounded to nearest), ids as they are.
 pub(super) struct Inputs<'w> {
-    w: &'w mut NpzWriter,
+    w: &'w mut NpzWriter<'static>,
     dtype: CaseDtype,
 }
 
 impl<'w> Inputs<'w> {
     /// Inputs written to `w` in `dtype`.
-    pub(super) fn new(w: &'w mut NpzWriter, dtype: CaseDtype) -> Self {
+    pub(super) fn new(w: &'w mut NpzWriter<'static>, dtype: CaseDtype) -> Self {
         Inputs { w, dtype }
     }
 

@@ -591,7 +591,7 @@ impl FuzzCase {
     }
 
     /// The inputs as an npz writer.
-    pub(super) fn writer(&self) -> Result<NpzWriter> {
+    pub(super) fn writer(&self) -> Result<NpzWriter<'static>> {
         let mut w = NpzWriter::new("case.npz");
         match &self.inputs {
             Inputs::Embeddings(c) => c.write(&mut w, self.dtype)?,
