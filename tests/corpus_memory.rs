@@ -36,6 +36,7 @@ fn a_corpus_is_saved_a_block_at_a_time() {
         let path = dir.join("corpus.npz");
         let (peak, largest, saved) = measure(|| save_corpus_as(&path, &corpus, format));
         saved.unwrap();
+        eprintln!("{format:?}: peak {peak} bytes, largest allocation {largest}");
         assert!(
             std::fs::metadata(&path).unwrap().len() as usize > ids_bytes,
             "{format:?}"
