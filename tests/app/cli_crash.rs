@@ -1,6 +1,8 @@
 //! Crash safety: `train` killed with SIGKILL at many random moments always
 //! leaves a checkpoint that loads (or none yet), `--resume` goes on from
-//! it, and the run ends with the weights of a run that was never killed.
+//! it, and the run ends with the weights of a run that was never killed:
+//! in f32, and with bf16 tables and moments rounded stochastically (whose
+//! random bits must come back the same after every resume).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,11 +21,12 @@ fn scratch(name: &str) -> PathBuf {
     cli::scratch("cli_crash", name)
 }
 
-fn command(out: &Path, resume: bool) -> Command {
+fn command(out: &Path, resume: bool, precision: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(["train", "--steps", &STEPS.to_string(), "--out"])
         .arg(out)
-        .args(ARGS);
+        .args(ARGS)
+        .args(precision);
     if resume {
         c.arg("--resume");
     }
@@ -32,10 +35,29 @@ fn command(out: &Path, resume: bool) -> Command {
 
 #[test]
 fn sigkill_at_random_moments_never_loses_the_last_checkpoint() {
-    let dir = scratch("kill");
+    kill_at_random_moments("kill", &[]);
+}
+
+#[test]
+fn sigkill_at_random_moments_never_loses_a_bf16_run() {
+    kill_at_random_moments(
+        "kill-bf16",
+        &[
+            "--dtype",
+            "bf16",
+            "--state-dtype",
+            "bf16",
+            "--rounding",
+            "stochastic",
+        ],
+    );
+}
+
+fn kill_at_random_moments(name: &str, precision: &[&str]) {
+    let dir = scratch(name);
     let whole = dir.join("whole");
     let started = std::time::Instant::now();
-    let status = command(&whole, false)
+    let status = command(&whole, false, precision)
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -52,7 +74,7 @@ fn sigkill_at_random_moments_never_loses_the_last_checkpoint() {
     let mut mid_run = 0;
     while kills < 24 {
         let resume = ckpt.exists();
-        let mut child = command(&cut, resume)
+        let mut child = command(&cut, resume, precision)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -86,7 +108,7 @@ fn sigkill_at_random_moments_never_loses_the_last_checkpoint() {
         "{kills} kills, {mid_run} after a checkpoint and before the end, last checkpoint at step {last_step}"
     );
     assert!(mid_run >= 10, "only {mid_run} kills landed mid-run");
-    let status = command(&cut, ckpt.exists())
+    let status = command(&cut, ckpt.exists(), precision)
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -95,6 +117,8 @@ fn sigkill_at_random_moments_never_loses_the_last_checkpoint() {
         Checkpoint::open(whole.join("model.safetensors")).unwrap(),
         Checkpoint::open(&ckpt).unwrap(),
     );
+    let dtype = if precision.is_empty() { "f32" } else { "bf16" };
+    assert_eq!(b.metadata()["dtype"], dtype);
     for name in a.names() {
         assert_eq!(a.get(name).unwrap(), b.get(name).unwrap(), "{name}");
     }
