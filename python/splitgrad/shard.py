@@ -988,40 +988,55 @@ def _read_shards(directory):
         p = os.path.join(directory, f"shard-{r}-of-{world}.pt")
         if not os.path.exists(p):
             raise FileNotFoundError(f"{p}: missing (the checkpoint has {world} shards)")
-        shards.append(torch.load(p, weights_only=True))
+        shards.append(_load_mapped(p))
     return shards
 
 
-def _full_tensors(shards):
-    """{layer prefix: {name: full tensor}} and the full fused states."""
-    out, fused = {}, {}
+def _load_mapped(path):
+    """A shard file, its tensors mapped from the file rather than read: a
+    process then reads only the rows it takes (torch < 2.1, which cannot map
+    a file, reads it whole)."""
+    try:
+        return torch.load(path, weights_only=True, mmap=True)
+    except TypeError:
+        return torch.load(path, weights_only=True)
+
+
+def _my_rows(directory, what, n_rows, mine, parts):
+    """This process's rows ``mine`` (row ids of a table of ``n_rows`` rows;
+    None: every row) gathered from ``parts`` [(the rows a shard holds, or None
+    for all; its tensor)], in the order of ``mine``, without building the
+    table: the memory is this process's rows and one id per table row. A row
+    no shard holds is an error naming the table."""
+    n_mine = n_rows if mine is None else len(mine)
+    where = torch.full((n_rows,), -1, dtype=torch.int64)
+    where[slice(None) if mine is None else torch.as_tensor(np.asarray(mine), dtype=torch.int64)] = torch.arange(n_mine)
+    out, got = None, torch.zeros(n_mine, dtype=torch.bool)
+    for rows, t in parts:
+        held = torch.arange(t.shape[0]) if rows is None else torch.as_tensor(np.asarray(rows), dtype=torch.int64)
+        pos = where[held]
+        sel = pos >= 0
+        if out is None:
+            out = t.new_zeros((n_mine,) + tuple(t.shape[1:]))
+        if bool(sel.any()):
+            out[pos[sel]] = t[sel]
+            got[pos[sel]] = True
+    if out is None or not bool(got.all()):
+        missing = int(torch.nonzero(~got)[0]) if n_mine else 0
+        row = missing if mine is None else int(np.asarray(mine)[missing])
+        raise ValueError(f"{directory}: `{what}`: no shard holds row {row} of its {n_rows}")
+    return out
+
+
+def _full_tensors(directory, shards):
+    """{layer prefix: {name: full tensor}}, for ``consolidate``."""
+    out = {}
     for prefix in shards[0]["layers"]:
-        tensors, states = {}, {}
-        for name in shards[0]["layers"][prefix]["tensors"]:
-            shape = shards[0]["layers"][prefix]["tensors"][name][0]
-            full = None
-            for s in shards:
-                _, rows, t = s["layers"][prefix]["tensors"][name]
-                if full is None:
-                    full = t.new_zeros(shape)
-                full[rows] = t
-            tensors[name] = full
-        for key in shards[0]["layers"][prefix]["fused"]:
-            parts = [s["layers"][prefix]["fused"].get(key) for s in shards]
-            v0 = next(p for p in parts if p is not None)
-            if v0.ndim == 0:
-                states[key] = v0
-                continue
-            param = key.split(":", 1)[-1].rsplit(".", 1)[0]
-            local_name = param.split(".", 1)[1] if param.startswith("split_vocabulary.") else param
-            shape = shards[0]["layers"][prefix]["tensors"][local_name][0]
-            full = v0.new_zeros(tuple(shape))
-            for s, p in zip(shards, parts):
-                if p is not None:
-                    full[s["layers"][prefix]["tensors"][local_name][1]] = p
-            states[key] = full
-        out[prefix], fused[prefix] = tensors, states
-    return out, fused
+        out[prefix] = {}
+        for name, (shape, _, _) in shards[0]["layers"][prefix]["tensors"].items():
+            held = [s["layers"][prefix]["tensors"][name][1:] for s in shards]
+            out[prefix][name] = _my_rows(directory, _key(prefix, name), shape[0], None, held)
+    return out
 
 
 def _optimizer_state_of(directory, shards, model, mods, optimizer, comm):
@@ -1067,11 +1082,9 @@ def _optimizer_state_of(directory, shards, model, mods, optimizer, comm):
                     raise ValueError(f"{directory}: optimiser state `{k}` of `{_key(prefix, local)}` differs between the shards and is not row-wise; it cannot be re-strided to {comm.world} processes")
             for k in parts[0]["rows"]:
                 shape = shards[0]["layers"][prefix]["tensors"][local][0]
-                v0 = parts[0]["rows"][k]
-                full = v0.new_zeros((shape[0],) + tuple(v0.shape[1:]))
-                for s, x in zip(shards, parts):
-                    full[s["layers"][prefix]["tensors"][local][1]] = x["rows"][k]
-                st[k] = full[torch.from_numpy(np.asarray(here[prefix].local_state()[local][1]))]
+                held = [(s["layers"][prefix]["tensors"][local][1], x["rows"][k]) for s, x in zip(shards, parts)]
+                mine = here[prefix].local_state()[local][1]
+                st[k] = _my_rows(directory, f"{_key(prefix, local)}: {k}", shape[0], mine, held)
             state[i] = st
     sd["state"] = state
     for g, sg in zip(sd["param_groups"], saved["groups"]):
@@ -1085,25 +1098,56 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     fused optimiser state. With ``optimizer`` (built over the same
     parameters, in the same groups, as the one given to ``save_shards``)
     its state is restored too: the sharded parameters' rows re-strided to
-    this process, the rest as saved, the groups' settings (``lr``, ...) as saved."""
+    this process, the rest as saved, the groups' settings (``lr``, ...) as saved.
+    The shard files are mapped, not read whole, and each process copies out
+    its own rows only: no process builds a whole table."""
     shards = _read_shards(directory)
     mods = _sharded_modules(model)
     for prefix, _ in mods:
         if prefix not in shards[0]["layers"]:
             raise KeyError(f"{directory}: no shard of layer `{prefix}`")
     optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
-    full, fused = _full_tensors(shards)
     for prefix, mod in mods:
+        local = mod.local_state()
+        saved = shards[0]["layers"][prefix]["tensors"]
         with torch.no_grad():
-            for name, (_, rows, t) in mod.local_state().items():
-                t.copy_(full[prefix][name][torch.from_numpy(np.asarray(rows))])
-        st = {k: v.numpy() for k, v in fused[prefix].items()}
+            for name, (shape, rows, t) in local.items():
+                if name not in saved:
+                    raise KeyError(f"{directory}: no shard of `{_key(prefix, name)}`")
+                held = [s["layers"][prefix]["tensors"][name][1:] for s in shards]
+                t.copy_(_my_rows(directory, _key(prefix, name), shape[0], rows, held))
+        st = {k: v.numpy() for k, v in _my_fused(directory, shards, prefix, local).items()}
         if isinstance(mod, ShardedVocabulary):
-            mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=True)
+            mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=False)
         elif isinstance(mod, ShardedTokenEmbeddings):
-            mod._load_fused(st, full=True)
+            mod._load_fused(st, full=False)
     if optim_sd is not None:
         optimizer.load_state_dict(optim_sd)
+
+
+def _my_fused(directory, shards, prefix, local):
+    """Layer ``prefix``'s fused optimiser state for this process's rows
+    (``local``: its ``local_state()``): the row-wise entries gathered from
+    every shard (``_my_rows``), the others (step counts) as saved."""
+    out = {}
+    for key in shards[0]["layers"][prefix]["fused"]:
+        parts = [s["layers"][prefix]["fused"].get(key) for s in shards]
+        v0 = next(p for p in parts if p is not None)
+        if v0.ndim == 0:
+            out[key] = v0
+            continue
+        name = _fused_param(key)
+        tensors = [s["layers"][prefix]["tensors"][name] for s in shards]
+        held = [(t[1], p) for t, p in zip(tensors, parts) if p is not None]
+        out[key] = _my_rows(directory, f"{_key(prefix, name)}: {key}", tensors[0][0][0], local[name][1], held)
+    return out
+
+
+def _fused_param(key):
+    """The ``local_state`` name of the parameter a fused state entry
+    (``[i:]<param>.<field>``) belongs to."""
+    param = key.split(":", 1)[-1].rsplit(".", 1)[0]
+    return param.split(".", 1)[1] if param.startswith("split_vocabulary.") else param
 
 
 def consolidate(directory, path) -> dict:
@@ -1111,7 +1155,7 @@ def consolidate(directory, path) -> dict:
     weights under d9d's names), written to ``path`` atomically (torch.save
     format; ``model.load_state_dict(torch.load(path))`` on the unsharded
     model). Needs no process group. Returns the state dict."""
-    full, _ = _full_tensors(_read_shards(directory))
+    full = _full_tensors(directory, _read_shards(directory))
     out = {_key(p, n): t for p, ts in full.items() for n, t in ts.items()}
     _atomic_save(out, path)
     return out

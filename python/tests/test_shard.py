@@ -196,6 +196,25 @@ def test_sharded_training_equals_one_process_and_resumes_on_another_p(tmp_path):
             check(resumed, m, start)
 
 
+def test_a_process_takes_its_rows_from_the_shards_without_the_whole_table():
+    """``load_shards``' gathering: this process's rows, in its order, from
+    shards strided over another number of processes (one of them empty, one
+    replicated), and an error naming the table and the row no shard holds."""
+    import splitgrad.torch  # noqa: F401  (splitgrad.shard is loaded through it)
+    from splitgrad.shard import _my_rows
+
+    full = torch.arange(40.0).reshape(10, 4)
+    parts = [(np.arange(r, 10, 3), full[r::3]) for r in range(3)] + [(np.arange(0), full[:0])]
+    mine = np.array([7, 2, 9, 0])
+    assert torch.equal(_my_rows("dir", "w", 10, mine, parts), full[mine])
+    assert torch.equal(_my_rows("dir", "w", 10, None, parts), full)
+    assert torch.equal(_my_rows("dir", "w", 10, mine, [(None, full)]), full[mine])
+    assert _my_rows("dir", "w", 10, np.arange(0), parts).shape == (0, 4)
+    # Without the third shard, rows 2, 5 and 8 are held by none.
+    with pytest.raises(ValueError, match=r"^dir: `w`: no shard holds row 2 of its 10$"):
+        _my_rows("dir", "w", 10, mine, parts[:2])
+
+
 def head_worker(rank, world, store, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
