@@ -241,10 +241,9 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
             }
         }
         // The unique rows cut into ranges of about equal contribution
-        // counts, one task each. Each task walks its contributions in
-        // position order: every row of the result still sums its
-        // contributions in increasing k, so the cut changes no bit, and
-        // the sources are read front to back rather than group by group.
+        // counts, one task each. Every row of the result sums its
+        // contributions in increasing k whatever the cut and whichever of
+        // the two walks below a task takes, so neither changes a bit.
         let n_parts = if ids.len() * width >= super::PAR_MIN_ELEMS {
             4 * rayon::current_num_threads()
         } else {
@@ -259,14 +258,30 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
             }
         }
         cuts.push(n_unique);
-        let mut part_of = vec![0u32; n_unique];
-        for (q, w) in cuts.windows(2).enumerate() {
-            part_of[w[0]..w[1]].fill(q as u32);
-        }
-        let mut mine: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() - 1];
-        for (k, &j) in slot.iter().enumerate() {
-            mine[part_of[j as usize] as usize].push(k as u32);
-        }
+        // A task's contributions, walked in one of two orders. While the
+        // rows a task sums into stay in its core's cache, in position
+        // order: the sources are read front to back. Past that, row by
+        // row (each row's contributions in increasing k, `order`'s own
+        // order): a row is summed in cache and written once, where the
+        // position order would fetch and write it back from memory for
+        // each of its contributions (`embed_full`'s backward: 1,600 rows
+        // of 4 KiB, 0.68× the time in bf16, 0.89× in f32).
+        let part_bytes = (n_unique / (cuts.len() - 1)).saturating_mul(width * size_of::<T>());
+        let mine: Vec<Vec<u32>> = if part_bytes <= CACHED_ROWS_BYTES {
+            let mut part_of = vec![0u32; n_unique];
+            for (q, w) in cuts.windows(2).enumerate() {
+                part_of[w[0]..w[1]].fill(q as u32);
+            }
+            let mut mine = vec![Vec::new(); cuts.len() - 1];
+            for (k, &j) in slot.iter().enumerate() {
+                mine[part_of[j as usize] as usize].push(k as u32);
+            }
+            mine
+        } else {
+            cuts.windows(2)
+                .map(|w| order[starts[w[0]]..starts[w[1]]].to_vec())
+                .collect()
+        };
         let mut parts: Vec<(usize, &mut [MaybeUninit<T>])> = Vec::with_capacity(mine.len());
         let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
         for w in cuts.windows(2) {
@@ -313,6 +328,11 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
     let values = unsafe { out.assume_init() };
     Coalesced { rows, values }
 }
+
+/// The bytes of result rows a task of [`coalesce_sources_in`] sums into
+/// up to which it walks its contributions in position order (they stay in
+/// a core's cache: half of Zen 3's 512 KiB L2), and row by row past it.
+const CACHED_ROWS_BYTES: usize = 256 << 10;
 
 /// The positions `0..ids.len()` in increasing id, equal ids in increasing
 /// position (a stable order): an LSD radix sort on 8-bit digits, one pass
