@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use splitgrad::checkpoint::Checkpoint;
+use splitgrad::state::TensorData;
 
 use crate::common::cli::{self, assert_same_tensors, last_json, run_ok, s};
 
@@ -118,6 +119,37 @@ fn a_bf16_run_finds_the_planted_pairs_in_half_the_bytes() {
     ] {
         assert_eq!(r[k], c[k], "{k}");
     }
+    // `export` writes each language's table as the run kept its
+    // parameters: the f32 table rounded once to nearest bf16, in half the
+    // bytes; `--dtype f32` writes it whole.
+    let table = |out: &str, extra: &[&str]| {
+        let out = dir.join(out);
+        run_ok(
+            &dir,
+            &[&["export", s(&ckpt), "--out", s(&out)][..], extra].concat(),
+        );
+        let c = Checkpoint::open(out.join("language-1.safetensors")).unwrap();
+        c.get("token_embedding.vocab.weight").unwrap()
+    };
+    let (kept, wide) = (
+        table("export", &[]),
+        table("export-f32", &["--dtype", "f32"]),
+    );
+    assert_eq!(kept.dtype(), "BF16");
+    assert_eq!(wide.dtype(), "F32");
+    let (TensorData::BF16(kept), TensorData::F32(wide)) = (kept, wide) else {
+        unreachable!("the dtypes were checked")
+    };
+    assert_eq!(kept, wide.mapv(half::bf16::from_f32));
+    let refused = cli::fails(
+        &dir,
+        &["export", s(&ckpt), "--out", "x", "--dtype", "f64"],
+        None,
+    );
+    assert_eq!(
+        refused,
+        "--dtype f64: export writes tables as f32, bf16 or f16"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -5,7 +5,10 @@
 //! embedding table that language sees (the shared row, or the gated mix
 //! where the pair has a row) as `token_embedding.vocab.weight`, d9d's name
 //! for a one-split embedding, with the metadata `language` (its name, or
-//! its index where the corpus names none) and `language_index`. `DIR/kept.json` lists the rows the decision
+//! its index where the corpus names none) and `language_index`, in the
+//! dtype the run kept its parameters in (`--dtype` chooses another; a
+//! half-precision table is the f32 table rounded once to nearest, as a
+//! layer's output is). `DIR/kept.json` lists the rows the decision
 //! rule keeps, with their gates and held-out gains (and the language names
 //! and decoded token strings where the corpus had them), and every row
 //! besides.
@@ -24,6 +27,7 @@ use crate::app::export::language_table;
 use crate::app::report::{Report, ReportInput};
 use crate::app::train::load_model;
 use crate::checkpoint::save;
+use crate::param::{Dtype, Stored};
 use crate::state::TensorRef;
 
 /// Options of `splitgrad export`.
@@ -37,6 +41,26 @@ pub struct ExportArgs {
     /// Replace files already in the folder.
     #[arg(long)]
     pub force: bool,
+    /// How the tables are written: f32, bf16 or f16 (rounded to nearest
+    /// once) [default: as the checkpoint keeps its parameters].
+    #[arg(long)]
+    pub dtype: Option<Dtype>,
+}
+
+/// The dtype of the exported tables: `--dtype`, else the checkpoint's
+/// (`dtype` in its metadata; f32 when it has none).
+fn table_dtype(args: &ExportArgs, metadata: &BTreeMap<String, String>) -> CliResult<Dtype> {
+    let dtype = match args.dtype {
+        Some(d) => d,
+        None => match metadata.get("dtype").map(String::as_str) {
+            Some(d @ ("bf16" | "f16")) => d.parse().map_err(|e: crate::Error| e.to_string())?,
+            _ => Dtype::F32,
+        },
+    };
+    if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        return Err(format!("--dtype {dtype}: export writes tables as f32, bf16 or f16").into());
+    }
+    Ok(dtype)
 }
 
 /// A file name for a language: its name where the corpus has one (letters,
@@ -74,6 +98,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         )
         .into());
     };
+    let dtype = table_dtype(&args, &saved.metadata)?;
     let use_gate = saved.use_gate();
     let model = &saved.model;
     let l = model.config().n_languages;
@@ -101,7 +126,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         )
     })?;
     for (lang, path) in files.iter().take(l).enumerate() {
-        let table = language_table(model, lang, use_gate)?;
+        let table = Stored::from_full(language_table(model, lang, use_gate)?.into_dyn(), dtype)?;
         let meta = BTreeMap::from([
             // The language's name where the corpus has one, and its index.
             (
@@ -116,7 +141,10 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         ]);
         save(
             path,
-            &[("token_embedding.vocab.weight", TensorRef::from(&table))],
+            &[(
+                "token_embedding.vocab.weight",
+                TensorRef::from_stored(table.view()),
+            )],
             &meta,
         )?;
     }
@@ -136,7 +164,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
     let text = serde_json::to_string_pretty(&kept)? + "\n";
     crate::io::write_atomic(&files[l], |w| Ok(w.write_all(text.as_bytes())?))?;
     println!(
-        "splitgrad export: {l} embedding tables ({} × {}) and kept.json ({} kept of {} rows) in {}",
+        "splitgrad export: {l} embedding tables ({} × {}, {dtype}) and kept.json ({} kept of {} rows) in {}",
         model.config().vocab_size,
         model.config().dim,
         gated.map_or(0, |g| g.kept.len()),
