@@ -995,11 +995,20 @@ def _read_shards(directory):
 def _load_mapped(path):
     """A shard file, its tensors mapped from the file rather than read: a
     process then reads only the rows it takes (torch < 2.1, which cannot map
-    a file, reads it whole)."""
+    a file, reads it whole). A file torch cannot read is a ValueError naming
+    it."""
     try:
-        return torch.load(path, weights_only=True, mmap=True)
-    except TypeError:
-        return torch.load(path, weights_only=True)
+        try:
+            return torch.load(path, weights_only=True, mmap=True)
+        except TypeError:
+            return torch.load(path, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":
+            raise ValueError(f"{path}: not a shard file (not an archive of torch.save)") from e
+        reason = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: cannot read the shard: {reason}") from e
 
 
 def _my_rows(directory, what, n_rows, mine, parts):

@@ -215,6 +215,24 @@ def test_a_process_takes_its_rows_from_the_shards_without_the_whole_table():
         _my_rows("dir", "w", 10, mine, parts[:2])
 
 
+def test_an_unreadable_shard_file_is_named(tmp_path):
+    """A shard file cut short, or not torch's at all, is a ValueError naming it."""
+    import splitgrad.torch  # noqa: F401  (splitgrad.shard is loaded through it)
+    from splitgrad.shard import _load_mapped
+
+    good = tmp_path / "shard-0-of-1.pt"
+    torch.save({"rank": 0, "world": 1, "layers": {"": {"tensors": {"w": ((4, 2), torch.arange(4), torch.ones(4, 2))}}}}, good)
+    assert torch.equal(_load_mapped(str(good))["layers"][""]["tensors"]["w"][2], torch.ones(4, 2))
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cut\.pt: cannot read the shard: "):
+        _load_mapped(str(cut))
+    for name, data in (("garbage.pt", b"x" * 100), ("empty.pt", b"")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=rf"{name}: not a shard file \(not an archive of torch\.save\)"):
+            _load_mapped(str(tmp_path / name))
+
+
 def head_worker(rank, world, store, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
