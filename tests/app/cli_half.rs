@@ -102,6 +102,13 @@ fn a_bf16_run_finds_the_planted_pairs_in_half_the_bytes() {
         text.contains("  memory: parameters 270.3 KiB in f32, optimiser state 540.7 KiB in f32\n"),
         "{text}"
     );
+    // And the loss plot's title (an f32 run's says nothing of it).
+    let plot = |run: &str| std::fs::read_to_string(dir.join(run).join("loss.svg")).unwrap();
+    assert!(
+        plot("both")
+            .contains("cross-entropy (parameters in bf16, moments in bf16, stochastic rounding)")
+    );
+    assert!(!plot("f32").contains("parameters in"));
     // And so does `report` of the checkpoint.
     let ckpt = dir.join("both/model.safetensors");
     assert_eq!(metadata(&ckpt, "dtype"), "bf16");

@@ -126,12 +126,18 @@ fn legend<'a, CT: CoordTranslate>(
 
 /// Draws the training cross-entropy with the held-out cross-entropy at each
 /// evaluation (the model, and every gate closed), and below it each
-/// penalty on its own axis.
+/// penalty on its own axis. `precision`, when given, follows the first
+/// panel's title (a run that keeps values in half precision says how).
 pub fn loss_curve(
     path: &Path,
     history: &[StepStats],
     heldout: &[(u64, f64, f64)],
+    precision: Option<&str>,
 ) -> CliResult<()> {
+    let title = match precision {
+        Some(p) => format!("cross-entropy ({p})"),
+        None => "cross-entropy".to_string(),
+    };
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (820, 760)).into_drawing_area();
@@ -147,7 +153,7 @@ pub fn loss_curve(
         let closed: Vec<(f64, f64)> = heldout.iter().map(|c| (at(c.0), c.2)).collect();
         panel(
             &top,
-            "cross-entropy",
+            &title,
             max_step,
             &[("training batch", RGBColor(31, 119, 180), ce)],
             &[
