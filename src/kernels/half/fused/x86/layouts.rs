@@ -16,9 +16,10 @@ use std::arch::x86_64::*;
 
 use super::super::{FusedArray, LaneRule};
 use super::paired::{
-    EVEN, HIGH, LOW, ODD, even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx2,
-    input_paired_avx512, join_pairs_avx2, split_pairs_avx2, store_nan_avx2, store_nan_avx512,
-    store_stochastic_avx2, store_stochastic_avx512, vector,
+    even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx2, input_paired_avx512,
+    join_pairs_avx2, join_pairs_avx512, split_pairs_avx2, split_pairs_avx512, store_nan_avx2,
+    store_nan_avx512, store_stochastic_avx2, store_stochastic_avx512, widen_pairs_avx2,
+    widen_pairs_avx512,
 };
 use super::{AHEAD, blocks};
 
@@ -83,9 +84,6 @@ pub(super) unsafe fn update_avx512<
     first: u64,
     f: &F,
 ) -> usize {
-    let (even, odd) = (vector(EVEN), vector(ODD));
-    let (low, high) = (vector(LOW), vector(HIGH));
-    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
         inputs,
@@ -102,21 +100,13 @@ pub(super) unsafe fn update_avx512<
                     let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
                         let p = base[i].cast::<u16>().add(at);
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                        let x = _mm512_loadu_si512(p.cast());
-                        // The widening of every value but NaN.
-                        let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
-                        let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                        let (e, o) = widen_pairs_avx512(_mm512_loadu_si512(p.cast()));
                         nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
                         (e, o)
                     } else {
                         let p = base[i].cast::<f32>().add(at);
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                        let x0 = _mm512_loadu_ps(p);
-                        let x1 = _mm512_loadu_ps(p.add(16));
-                        (
-                            _mm512_permutex2var_ps(x0, even, x1),
-                            _mm512_permutex2var_ps(x0, odd, x1),
-                        )
+                        split_pairs_avx512(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
                     };
                     _mm512_storeu_ps(l.as_mut_ptr(), e);
                     _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
@@ -143,8 +133,9 @@ pub(super) unsafe fn update_avx512<
                         }
                     } else {
                         let dst = base[i].cast::<f32>().add(at);
-                        _mm512_storeu_ps(dst, _mm512_permutex2var_ps(e, low, o));
-                        _mm512_storeu_ps(dst.add(16), _mm512_permutex2var_ps(e, high, o));
+                        let (x0, x1) = join_pairs_avx512(e, o);
+                        _mm512_storeu_ps(dst, x0);
+                        _mm512_storeu_ps(dst.add(16), x1);
                     }
                 }
             }
@@ -173,7 +164,6 @@ pub(super) unsafe fn update_avx2<
     first: u64,
     f: &F,
 ) -> usize {
-    let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
         inputs,
@@ -194,10 +184,7 @@ pub(super) unsafe fn update_avx2<
                             if h == 0 {
                                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
                             }
-                            let x = _mm256_loadu_si256(p.cast());
-                            // The widening of every value but NaN.
-                            let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
-                            let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                            let (e, o) = widen_pairs_avx2(_mm256_loadu_si256(p.cast()));
                             nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
                             (e, o)
                         } else {

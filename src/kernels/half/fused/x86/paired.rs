@@ -25,13 +25,12 @@ pub(super) fn input_paired_avx512(i: &[f32], at: usize, l: &mut Lanes) {
     let i = &i[at..at + LANES];
     // SAFETY: `i` holds 32 floats, and so does `l`.
     unsafe {
-        let i0 = _mm512_loadu_ps(i.as_ptr());
-        let i1 = _mm512_loadu_ps(i.as_ptr().add(16));
-        _mm512_storeu_ps(l.as_mut_ptr(), _mm512_permutex2var_ps(i0, vector(EVEN), i1));
-        _mm512_storeu_ps(
-            l.as_mut_ptr().add(16),
-            _mm512_permutex2var_ps(i0, vector(ODD), i1),
+        let (e, o) = split_pairs_avx512(
+            _mm512_loadu_ps(i.as_ptr()),
+            _mm512_loadu_ps(i.as_ptr().add(16)),
         );
+        _mm512_storeu_ps(l.as_mut_ptr(), e);
+        _mm512_storeu_ps(l.as_mut_ptr().add(16), o);
     }
 }
 
@@ -70,11 +69,8 @@ pub(super) fn input_paired_avx2(i: &[f32], at: usize, l: &mut Lanes) {
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn store_nan_avx512(dst: *mut u16, e: __m512, o: __m512, index: u64, w: u32) {
     let natural = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let halves = [
-        _mm512_permutex2var_ps(e, vector(LOW), o),
-        _mm512_permutex2var_ps(e, vector(HIGH), o),
-    ];
-    for (v, x) in halves.into_iter().enumerate() {
+    let (x0, x1) = join_pairs_avx512(e, o);
+    for (v, x) in [x0, x1].into_iter().enumerate() {
         let offs = _mm512_add_epi32(natural, _mm512_set1_epi32(16 * v as i32));
         let h = bf16_stochastic_avx512(_mm512_castps_si512(x), bf16_bits_avx512(index, w, offs));
         // SAFETY: the caller's.
@@ -104,15 +100,15 @@ pub(super) unsafe fn store_nan_avx2(dst: *mut u16, e: __m256, o: __m256, index: 
 
 /// The element of each lane of the even vector (0, 2, …, 30) and of the
 /// odd one (1, 3, …, 31) of a block in the paired order.
-pub(super) const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
-pub(super) const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
+const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
+const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
 
 /// The block's elements 0–15 and 16–31 from its even and odd vectors
 /// (the inverse of the pairing), as `vpermt2ps` indices: lane j of the
 /// result is lane `idx & 15` of the even vector (`idx < 16`) or of the
 /// odd one.
-pub(super) const LOW: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
-pub(super) const HIGH: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
+const LOW: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
+const HIGH: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
 
 /// The 16 random bits of the even lanes and of the odd ones of a block in
 /// paired order from an odd `index`: there a word's two elements belong to
@@ -216,9 +212,56 @@ pub(super) unsafe fn store_stochastic_avx2(
 }
 
 #[inline(always)]
-pub(super) fn vector(i: [i32; 16]) -> __m512i {
+fn vector(i: [i32; 16]) -> __m512i {
     // SAFETY: an unaligned load of 16 i32 from an array of 16.
     unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }
+}
+
+/// The even and odd elements of 32 f32 in `x0`, `x1` (elements 0–15 and
+/// 16–31): the block in the AVX-512 paired order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn split_pairs_avx512(x0: __m512, x1: __m512) -> (__m512, __m512) {
+    (
+        _mm512_permutex2var_ps(x0, vector(EVEN), x1),
+        _mm512_permutex2var_ps(x0, vector(ODD), x1),
+    )
+}
+
+/// The inverse of [`split_pairs_avx512`]: elements 0–15 and 16–31 from the
+/// even and odd ones.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn join_pairs_avx512(e: __m512, o: __m512) -> (__m512, __m512) {
+    (
+        _mm512_permutex2var_ps(e, vector(LOW), o),
+        _mm512_permutex2var_ps(e, vector(HIGH), o),
+    )
+}
+
+/// 32 bf16 (16 words) widened into the paired order: the even elements
+/// (each word's low half, shifted up) and the odd ones (its high half, the
+/// low half cleared). Exact for every value but NaN, whose payload the
+/// caller checks for (`_CMP_UNORD_Q` of the two).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn widen_pairs_avx512(x: __m512i) -> (__m512, __m512) {
+    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    (
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x)),
+        _mm512_castsi512_ps(_mm512_and_si512(x, top)),
+    )
+}
+
+/// [`widen_pairs_avx512`] for 16 bf16 (8 words) on AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn widen_pairs_avx2(x: __m256i) -> (__m256, __m256) {
+    let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    (
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)),
+        _mm256_castsi256_ps(_mm256_and_si256(x, top)),
+    )
 }
 
 /// The AVX-512 path when no array is kept in f16, with the block's
@@ -246,9 +289,6 @@ pub(super) unsafe fn update_avx512_paired<
     first: u64,
     f: &F,
 ) -> usize {
-    let (even, odd) = (vector(EVEN), vector(ODD));
-    let (low, high) = (vector(LOW), vector(HIGH));
-    let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
         inputs,
@@ -262,19 +302,13 @@ pub(super) unsafe fn update_avx512_paired<
                 // and `l` holds 32 floats.
                 unsafe {
                     let (e, o) = match a {
-                        FusedArray::Full(s) => {
-                            let x0 = _mm512_loadu_ps(s.as_ptr().add(at));
-                            let x1 = _mm512_loadu_ps(s.as_ptr().add(at + 16));
-                            (
-                                _mm512_permutex2var_ps(x0, even, x1),
-                                _mm512_permutex2var_ps(x0, odd, x1),
-                            )
-                        }
+                        FusedArray::Full(s) => split_pairs_avx512(
+                            _mm512_loadu_ps(s.as_ptr().add(at)),
+                            _mm512_loadu_ps(s.as_ptr().add(at + 16)),
+                        ),
                         FusedArray::Bf16(s, _) => {
-                            let x = _mm512_loadu_si512(s.as_ptr().add(at).cast());
-                            // The widening of every value but NaN.
-                            let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
-                            let o = _mm512_castsi512_ps(_mm512_and_si512(x, top));
+                            let (e, o) =
+                                widen_pairs_avx512(_mm512_loadu_si512(s.as_ptr().add(at).cast()));
                             nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o);
                             (e, o)
                         }
@@ -302,12 +336,11 @@ pub(super) unsafe fn update_avx512_paired<
                 unsafe {
                     let e = _mm512_loadu_ps(l.as_ptr());
                     let o = _mm512_loadu_ps(l.as_ptr().add(16));
-                    let x0 = || _mm512_permutex2var_ps(e, low, o);
-                    let x1 = || _mm512_permutex2var_ps(e, high, o);
                     match a {
                         FusedArray::Full(s) => {
-                            _mm512_storeu_ps(s.as_mut_ptr().add(at), x0());
-                            _mm512_storeu_ps(s.as_mut_ptr().add(at + 16), x1());
+                            let (x0, x1) = join_pairs_avx512(e, o);
+                            _mm512_storeu_ps(s.as_mut_ptr().add(at), x0);
+                            _mm512_storeu_ps(s.as_mut_ptr().add(at + 16), x1);
                         }
                         FusedArray::Bf16(s, key) => {
                             let dst: *mut u16 = s.as_mut_ptr().add(at).cast();
@@ -321,8 +354,9 @@ pub(super) unsafe fn update_avx512_paired<
                                 // kernel.
                                 let nearest =
                                     |x: __m512| bf16_nearest_avx512(_mm512_castps_si512(x));
-                                _mm256_storeu_si256(dst.cast(), nearest(x0()));
-                                _mm256_storeu_si256(dst.add(16).cast(), nearest(x1()));
+                                let (x0, x1) = join_pairs_avx512(e, o);
+                                _mm256_storeu_si256(dst.cast(), nearest(x0));
+                                _mm256_storeu_si256(dst.add(16).cast(), nearest(x1));
                             }
                         }
                         FusedArray::F16(..) => unreachable!("no f16 array (the caller's check)"),
@@ -379,7 +413,6 @@ pub(super) unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneR
     first: u64,
     f: &F,
 ) -> usize {
-    let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     blocks(
         arrays,
         inputs,
@@ -399,10 +432,9 @@ pub(super) unsafe fn update_avx2_paired<const N: usize, const K: usize, F: LaneR
                                 _mm256_loadu_ps(s.as_ptr().add(at + h + 8)),
                             ),
                             FusedArray::Bf16(s, _) => {
-                                let x = _mm256_loadu_si256(s.as_ptr().add(at + h).cast());
-                                // The widening of every value but NaN.
-                                let e = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
-                                let o = _mm256_castsi256_ps(_mm256_and_si256(x, top));
+                                let (e, o) = widen_pairs_avx2(_mm256_loadu_si256(
+                                    s.as_ptr().add(at + h).cast(),
+                                ));
                                 nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
                                 (e, o)
                             }
