@@ -106,7 +106,7 @@ fn a_bf16_run_finds_the_planted_pairs_in_half_the_bytes() {
     let plot = |run: &str| std::fs::read_to_string(dir.join(run).join("loss.svg")).unwrap();
     assert!(
         plot("both")
-            .contains("cross-entropy (parameters in bf16, moments in bf16, stochastic rounding)")
+            .contains("cross-entropy, parameters in bf16, moments in bf16 (stochastic rounding)")
     );
     assert!(!plot("f32").contains("parameters in"));
     // And so does `report` of the checkpoint.

@@ -47,16 +47,10 @@ pub struct ExportArgs {
     pub dtype: Option<Dtype>,
 }
 
-/// The dtype of the exported tables: `--dtype`, else the checkpoint's
-/// (`dtype` in its metadata; f32 when it has none).
-fn table_dtype(args: &ExportArgs, metadata: &BTreeMap<String, String>) -> CliResult<Dtype> {
-    let dtype = match args.dtype {
-        Some(d) => d,
-        None => match metadata.get("dtype").map(String::as_str) {
-            Some(d @ ("bf16" | "f16")) => d.parse().map_err(|e: crate::Error| e.to_string())?,
-            _ => Dtype::F32,
-        },
-    };
+/// The dtype of the exported tables: `--dtype`, else the one `kept` (the
+/// checkpoint's shared table, as it was read).
+fn table_dtype(args: &ExportArgs, kept: Dtype) -> CliResult<Dtype> {
+    let dtype = args.dtype.unwrap_or(kept);
     if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
         return Err(format!("--dtype {dtype}: export writes tables as f32, bf16 or f16").into());
     }
@@ -98,7 +92,7 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         )
         .into());
     };
-    let dtype = table_dtype(&args, &saved.metadata)?;
+    let dtype = table_dtype(&args, saved.model.shared_table().dtype())?;
     let use_gate = saved.use_gate();
     let model = &saved.model;
     let l = model.config().n_languages;

@@ -126,18 +126,16 @@ fn legend<'a, CT: CoordTranslate>(
 
 /// Draws the training cross-entropy with the held-out cross-entropy at each
 /// evaluation (the model, and every gate closed), and below it each
-/// penalty on its own axis. `precision`, when given, follows the first
-/// panel's title (a run that keeps values in half precision says how).
+/// penalty on its own axis. `kept_as` follows the first panel's title (a
+/// run that keeps values in half precision says how,
+/// [`kept_as`](super::options::kept_as); empty for f32).
 pub fn loss_curve(
     path: &Path,
     history: &[StepStats],
     heldout: &[(u64, f64, f64)],
-    precision: Option<&str>,
+    kept_as: &str,
 ) -> CliResult<()> {
-    let title = match precision {
-        Some(p) => format!("cross-entropy ({p})"),
-        None => "cross-entropy".to_string(),
-    };
+    let title = format!("cross-entropy{kept_as}");
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (820, 760)).into_drawing_area();

@@ -304,20 +304,12 @@ fn train_to_end(run: &mut Run<'_>, stop: &Stop, quiet: bool) -> CliResult<Option
 /// Writes `report.json` and the two plots of a finished run into `out`.
 fn write_run(out: &Path, report: &Report, trainer: &Trainer<f32>) -> CliResult<()> {
     write_json(&out.join("report.json"), &to_json(report))?;
-    // A run that keeps anything in half precision says so on its plot.
-    let precision = report.memory.as_ref().and_then(|m| {
-        (m.dtype.is_half() || m.state_dtype.is_half()).then(|| {
-            format!(
-                "parameters in {}, moments in {}, {} rounding",
-                m.dtype, m.state_dtype, m.rounding
-            )
-        })
-    });
     plots::loss_curve(
         &out.join("loss.svg"),
         trainer.history(),
         trainer.heldout_curve(),
-        precision.as_deref(),
+        // A run that keeps anything in half precision says so.
+        &super::options::kept_as(&trainer.config().precision),
     )?;
     plots::gate_histogram(
         &out.join("gates.svg"),
