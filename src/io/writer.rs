@@ -238,7 +238,7 @@ impl<'a> NpzWriter<'a> {
     /// # Ok(()) }
     /// ```
     #[track_caller]
-    pub fn add_slice<A: NpyElement + Sync>(&mut self, name: &str, values: &'a [A]) -> &mut Self {
+    pub fn add_slice<A: NpyElement>(&mut self, name: &str, values: &'a [A]) -> &mut Self {
         self.check_new(name);
         let size = std::mem::size_of::<A>();
         let write = move |out: &mut dyn Write| -> std::io::Result<()> {
