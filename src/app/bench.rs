@@ -31,7 +31,10 @@
 //! sgemm) in the same process and on the same threads, and relates the
 //! step to them. With [`BenchConfig::reference`], `lmhead` alternates its
 //! steps with steps of the same head on `matrixmultiply`, the reference
-//! kernel, and reports both. [`sweep()`] times the bigram model's training
+//! kernel, and reports both. With [`BenchConfig::versus_f32`], a workload
+//! kept in half precision alternates its steps with those of the same
+//! workload in f32, built beside it, and reports the two ([`Versus`]).
+//! [`sweep()`] times the bigram model's training
 //! step over vocabulary sizes and widths. The bytes a step must move are counted term by term in
 //! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
 //!
@@ -170,6 +173,10 @@ pub struct BenchConfig {
     pub dtype: Dtype,
     /// How the optimisers keep their moments (f32 or bf16).
     pub state_dtype: Dtype,
+    /// With a half-precision `dtype` or `state_dtype`: also build the
+    /// workload in f32 and time its steps alternating with these, step by
+    /// step, the order swapped every step ([`BenchReport::versus_f32`]).
+    pub versus_f32: bool,
 }
 
 impl BenchConfig {
@@ -183,8 +190,37 @@ impl BenchConfig {
             reference: false,
             dtype: Dtype::F32,
             state_dtype: Dtype::F32,
+            versus_f32: false,
         }
     }
+}
+
+/// The same workload in f32, timed alternating with the run's steps
+/// ([`BenchConfig::versus_f32`]), and the run against it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Versus {
+    /// Seconds of each f32 step, in order (each right after the run's step
+    /// of the same index, or right before it: the order alternates).
+    pub step_s: Vec<f64>,
+    /// The median of `step_s`.
+    pub median_s: f64,
+    /// The run's median over the f32 median.
+    pub median_ratio: f64,
+    /// The median of the run's step over the f32 step beside it, pair by
+    /// pair: the ratio a load that drifts during the run disturbs least.
+    pub pair_ratio: f64,
+    /// Bytes of the f32 parameters.
+    pub params_bytes: u64,
+    /// Bytes of the f32 optimisers' state after the steps.
+    pub state_bytes: u64,
+    /// The run's parameters and state over the f32 ones.
+    pub bytes_ratio: f64,
+    /// Bytes an f32 step must move.
+    pub bytes_moved: u64,
+    /// `bytes_moved / median_s / memcpy rate` of the f32 steps.
+    pub bandwidth_fraction: f64,
+    /// The loss of the last f32 step (before its update).
+    pub loss: f64,
 }
 
 /// What [`run`] measured.
@@ -266,6 +302,9 @@ pub struct BenchReport {
     pub reference_step_s: Vec<f64>,
     /// The median of `reference_step_s`.
     pub reference_median_s: Option<f64>,
+    /// With [`BenchConfig::versus_f32`]: the f32 steps beside the run's.
+    /// (`peak_rss_mib` is then of both workloads.)
+    pub versus_f32: Option<Versus>,
     /// The loss of the last step (before its update).
     pub loss: f64,
 }
@@ -282,7 +321,8 @@ impl BenchReport {
 /// the memory copy (and sgemm) it is compared with.
 ///
 /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)): 0 steps, scale
-/// 0, 0 threads or a thread pool that cannot start.
+/// 0, 0 threads or a thread pool that cannot start; `versus_f32` with no
+/// array in half precision, or with `reference`.
 ///
 /// ```
 /// use splitgrad::app::bench::{run, BenchConfig, Workload};
@@ -298,6 +338,16 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
     }
     if cfg.scale == 0 {
         return Err(Error::config("scale must be at least 1"));
+    }
+    if cfg.versus_f32 && !(cfg.dtype.is_half() || cfg.state_dtype.is_half()) {
+        return Err(Error::config(
+            "versus f32: the run keeps everything in f32 already (give a half-precision dtype or state dtype)",
+        ));
+    }
+    if cfg.versus_f32 && cfg.reference {
+        return Err(Error::config(
+            "versus f32 and the reference kernel cannot alternate in one run: ask for one of them",
+        ));
     }
     match cfg.threads {
         Some(0) => Err(Error::config("threads must be at least 1")),
@@ -320,6 +370,15 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         w.set_kernel(HeadKernel::Auto);
     }
     w.step()?;
+    let mut base = match cfg.versus_f32 {
+        true => Some(build(cfg.workload, cfg.scale, Dtype::F32, Dtype::F32)?),
+        false => None,
+    };
+    if let Some(b) = &mut base {
+        b.step()?;
+    }
+    let mut base_step_s = Vec::new();
+    let mut base_loss = 0.0;
     let mut step_s = Vec::with_capacity(cfg.steps);
     let mut reference_step_s = Vec::new();
     let mut phases: [Vec<f64>; 3] = Default::default();
@@ -337,8 +396,23 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         if reference && i % 2 == 1 {
             reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
         }
+        // The f32 workload: every other step first.
+        let mut f32_step = |base: &mut Option<workloads::Built>| -> Result<()> {
+            if let Some(b) = base {
+                let (s, out) = timed(b, HeadKernel::Auto)?;
+                base_step_s.push(s);
+                base_loss = out.loss;
+            }
+            Ok(())
+        };
+        if i % 2 == 1 {
+            f32_step(&mut base)?;
+        }
         let (s, out) = timed(&mut w, HeadKernel::Auto)?;
         step_s.push(s);
+        if i % 2 == 0 {
+            f32_step(&mut base)?;
+        }
         if reference && i % 2 == 0 {
             reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
         }
@@ -371,12 +445,38 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
     let params_bytes = w.params_bytes();
     let state_bytes = w.state_bytes();
+    let (params_bytes_run, state_bytes_run) = (params_bytes, state_bytes);
     let workspace_bytes = w.workspace_bytes();
     let flops = w.flops();
     let useful_flops = w.useful_flops();
     let sgemm_shape = w.sgemm_shape();
     drop(w);
+    let base = base.map(|b| {
+        let bytes_moved: u64 = b.bytes_terms().iter().map(|t| t.1).sum();
+        (bytes_moved, b.params_bytes(), b.state_bytes())
+    });
     let memcpy_gbps = memcpy_gbps((64 << 20) / cfg.scale);
+    let versus_f32 = base.map(|(bytes_moved, params_bytes, state_bytes)| {
+        let median_f32 = median(&base_step_s);
+        let pairs: Vec<f64> = step_s
+            .iter()
+            .zip(&base_step_s)
+            .map(|(a, b)| a / b)
+            .collect();
+        Versus {
+            median_s: median_f32,
+            median_ratio: median_s / median_f32,
+            pair_ratio: median(&pairs),
+            params_bytes,
+            state_bytes,
+            bytes_ratio: (params_bytes_run + state_bytes_run) as f64
+                / (params_bytes + state_bytes) as f64,
+            bytes_moved,
+            bandwidth_fraction: bytes_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
+            loss: base_loss,
+            step_s: std::mem::take(&mut base_step_s),
+        }
+    });
     let sgemm_rate = sgemm_shape.map(|(m, k, n)| sgemm_gflops(m, k, n, None));
     let tile_sgemm_gflops = sgemm_shape.and_then(|(m, k, n)| {
         crate::kernels::gemm::Isa::fast().map(|isa| sgemm_gflops(m, k, n, Some(isa)))
@@ -415,6 +515,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         tile_sgemm_gflops,
         reference_median_s: (!reference_step_s.is_empty()).then(|| median(&reference_step_s)),
         reference_step_s,
+        versus_f32,
         loss,
     })
 }
@@ -604,6 +705,57 @@ mod tests {
         assert!(run(&c).unwrap_err().to_string().contains("bf16"));
     }
 
+    /// Versus f32: the f32 workload beside the run takes its own steps,
+    /// neither disturbing the other (each ends on the loss it reaches
+    /// alone, bit for bit), and the ratios are of the two.
+    #[test]
+    fn versus_f32_times_the_f32_workload_beside_the_run() {
+        for w in Workload::ALL {
+            let c = BenchConfig {
+                steps: 3,
+                scale: 64,
+                ..BenchConfig::new(w)
+            };
+            let f32_alone = run(&c).unwrap();
+            let half = BenchConfig {
+                dtype: Dtype::BF16,
+                state_dtype: Dtype::BF16,
+                ..c
+            };
+            let half_alone = run(&half).unwrap();
+            let r = run(&BenchConfig {
+                versus_f32: true,
+                ..half
+            })
+            .unwrap();
+            let v = r.versus_f32.as_ref().expect("the f32 steps");
+            assert_eq!((r.step_s.len(), v.step_s.len()), (3, 3), "{w}");
+            assert_eq!(v.loss.to_bits(), f32_alone.loss.to_bits(), "{w}: f32");
+            assert_eq!(r.loss.to_bits(), half_alone.loss.to_bits(), "{w}: bf16");
+            assert_eq!(
+                (v.params_bytes, v.state_bytes, v.bytes_moved),
+                (
+                    f32_alone.params_bytes,
+                    f32_alone.state_bytes,
+                    f32_alone.bytes_moved
+                ),
+                "{w}"
+            );
+            assert_eq!(v.median_s, median(&v.step_s));
+            assert_eq!(v.median_ratio, r.median_s / v.median_s);
+            let pairs: Vec<f64> = r.step_s.iter().zip(&v.step_s).map(|(a, b)| a / b).collect();
+            assert_eq!(v.pair_ratio, median(&pairs));
+            let bytes = (r.params_bytes + r.state_bytes) as f64;
+            assert_eq!(
+                v.bytes_ratio,
+                bytes / (v.params_bytes + v.state_bytes) as f64
+            );
+            assert!(v.bytes_ratio < 0.55, "{w}: {}", v.bytes_ratio);
+            assert!(v.bandwidth_fraction > 0.0);
+            assert!(run(&c).unwrap().versus_f32.is_none());
+        }
+    }
+
     #[test]
     fn bad_configs_are_errors() {
         let c = BenchConfig::new(Workload::EmbedFull);
@@ -617,5 +769,20 @@ mod tests {
         ] {
             assert!(run(&bad).is_err(), "{bad:?}");
         }
+        // Versus f32 needs something in half precision, and no reference.
+        let e = run(&BenchConfig {
+            versus_f32: true,
+            ..c
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("everything in f32 already"), "{e}");
+        let e = run(&BenchConfig {
+            versus_f32: true,
+            reference: true,
+            dtype: Dtype::BF16,
+            ..BenchConfig::new(Workload::LmHead)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("one of them"), "{e}");
     }
 }

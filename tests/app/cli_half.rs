@@ -160,6 +160,72 @@ fn a_bf16_run_finds_the_planted_pairs_in_half_the_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `bench --versus-f32`: the f32 workload's steps beside the run's, in
+/// the report and its JSON; refused with nothing in half precision or
+/// beside `--reference` (bad-inputs rows 69 and 70).
+#[test]
+fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
+    let dir = scratch("versus");
+    let args = [
+        "bench",
+        "embed_full",
+        "--dtype",
+        "bf16",
+        "--state-dtype",
+        "bf16",
+        "--scale",
+        "64",
+        "--steps",
+        "4",
+        "--versus-f32",
+        "--json",
+    ];
+    let out = run_ok(&dir, &args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("in f32, alternating step by step: this run takes"),
+        "{text}"
+    );
+    let j = last_json(&out);
+    let v = &j["versus_f32"];
+    assert_eq!(v["step_s"].as_array().unwrap().len(), 4);
+    let ratio = j["median_s"].as_f64().unwrap() / v["median_s"].as_f64().unwrap();
+    assert_eq!(v["median_ratio"].as_f64().unwrap(), ratio);
+    assert!(v["bytes_ratio"].as_f64().unwrap() < 0.55, "{v}");
+    assert!(v["pair_ratio"].as_f64().unwrap() > 0.0);
+    // Without the flag: null.
+    let plain = run_ok(
+        &dir,
+        &args[..args.len() - 2]
+            .iter()
+            .chain(&["--json"])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    assert!(last_json(&plain)["versus_f32"].is_null());
+    assert_eq!(
+        cli::fails(&dir, &["bench", "embed_full", "--versus-f32"], None),
+        "--versus-f32 sets a run kept in half precision beside the same run in f32, and this \
+         one keeps everything in f32: give --dtype bf16 or f16, or --state-dtype bf16"
+    );
+    assert_eq!(
+        cli::fails(
+            &dir,
+            &[
+                "bench",
+                "lmhead",
+                "--dtype",
+                "bf16",
+                "--reference",
+                "--versus-f32"
+            ],
+            None
+        ),
+        "--versus-f32 and --reference each alternate the steps with another run's: give one of them"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_resume_with_another_precision_is_refused_naming_both() {
     let dir = scratch("refuse");

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::app::bench::{
-    BenchConfig, BenchReport, SweepConfig, SweepRow, Workload, run as run_bench, sweep,
+    BenchConfig, BenchReport, SweepConfig, SweepRow, Versus, Workload, run as run_bench, sweep,
 };
 use crate::param::Dtype;
 use clap::Args;
@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// How the optimisers keep their moments: f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub state_dtype: Dtype,
+    /// With --dtype or --state-dtype in half precision: also build the workload in f32 and time
+    /// its steps alternating with these, step by step, and report the ratios.
+    #[arg(long)]
+    pub versus_f32: bool,
     /// Instead of a workload: the bigram model's training step on the synthetic corpus for every
     /// V of --sweep-v and D of --sweep-d (time per step, tokens per second, fractions of the
     /// sgemm and copy rates measured beside them).
@@ -83,6 +87,20 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
     if args.svg.is_some() {
         return Err("--svg plots the sweep: use it with --sweep".into());
     }
+    if args.versus_f32 && !(args.dtype.is_half() || args.state_dtype.is_half()) {
+        return Err(
+            "--versus-f32 sets a run kept in half precision beside the same run in f32, \
+                    and this one keeps everything in f32: give --dtype bf16 or f16, or \
+                    --state-dtype bf16"
+                .into(),
+        );
+    }
+    if args.versus_f32 && args.reference {
+        return Err(
+            "--versus-f32 and --reference each alternate the steps with another run's: give one of them"
+                .into(),
+        );
+    }
     set_threads(args.threads)?;
     let cfg = BenchConfig {
         workload,
@@ -92,6 +110,7 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         reference: args.reference,
         dtype: args.dtype,
         state_dtype: args.state_dtype,
+        versus_f32: args.versus_f32,
     };
     let r = run_bench(&cfg)?;
     print!("{}", table(&r));
@@ -215,6 +234,27 @@ fn table(r: &BenchReport) -> String {
             ),
         ));
     }
+    if let Some(v) = &r.versus_f32 {
+        rows.push((
+            "versus f32".into(),
+            format!(
+                "median {} in f32, alternating step by step: this run takes {:.2}× its time \
+                 (median of the paired steps' ratios {:.2}×); parameters + state {:.2}× its bytes",
+                ms(v.median_s),
+                v.median_ratio,
+                v.pair_ratio,
+                v.bytes_ratio
+            ),
+        ));
+        rows.push((
+            "f32 bytes".into(),
+            format!(
+                "{} per step: {:.0} % of the copy rate",
+                mb(v.bytes_moved),
+                100.0 * v.bandwidth_fraction
+            ),
+        ));
+    }
     if let Some(w) = r.workspace_bytes {
         rows.push((
             "workspace".into(),
@@ -274,9 +314,26 @@ fn to_json(r: &BenchReport) -> Value {
         "tile_sgemm_gflops": r.tile_sgemm_gflops,
         "reference_median_s": r.reference_median_s,
         "reference_step_s": r.reference_step_s,
+        "versus_f32": r.versus_f32.as_ref().map(versus_json),
         "pytorch_s": r.workload.pytorch_s(),
         "speedup_vs_pytorch": r.speedup_vs_pytorch(),
         "loss": r.loss,
+    })
+}
+
+/// [`BenchReport::versus_f32`] as a JSON object.
+fn versus_json(v: &Versus) -> Value {
+    json!({
+        "median_s": v.median_s,
+        "step_s": v.step_s,
+        "median_ratio": v.median_ratio,
+        "pair_ratio": v.pair_ratio,
+        "params_bytes": v.params_bytes,
+        "state_bytes": v.state_bytes,
+        "bytes_ratio": v.bytes_ratio,
+        "bytes_moved": v.bytes_moved,
+        "bandwidth_fraction": v.bandwidth_fraction,
+        "loss": v.loss,
     })
 }
 
