@@ -260,10 +260,9 @@ pub fn shared_from_checkpoint(path: &Path, data: &Data) -> Result<BigramModel<f3
     let config = ModelConfig::new(data.vocab_size, data.n_languages, dim);
     let mut model = BigramModel::<f32>::shared_only(config)?;
     // A model trained in half precision is read as it was kept.
-    let kept = |name: &str| match snap.state.get(name).map(|t| t.dtype()) {
-        Some("BF16") => Some(Dtype::BF16),
-        Some("F16") => Some(Dtype::F16),
-        _ => None,
+    let kept = |name: &str| {
+        let d = Dtype::from_safetensors(snap.state.get(name)?.dtype())?;
+        d.is_half().then_some(d)
     };
     if let Some(d) = kept(TABLE) {
         model.embeddings.set_dtype(d)?;

@@ -75,6 +75,20 @@ impl Dtype {
         }
     }
 
+    /// The dtype of a safetensors dtype string ([`Dtype::safetensors`]'s
+    /// inverse); `None` for any other (`"U64"`, …).
+    ///
+    /// ```
+    /// use splitgrad::param::Dtype;
+    /// for d in Dtype::ALL {
+    ///     assert_eq!(Dtype::from_safetensors(d.safetensors()), Some(d));
+    /// }
+    /// assert_eq!(Dtype::from_safetensors("U64"), None);
+    /// ```
+    pub fn from_safetensors(s: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.safetensors() == s)
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {

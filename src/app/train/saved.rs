@@ -48,11 +48,8 @@ impl<T> SavedModel<T> {
 
 /// The bytes of a tensor as a checkpoint keeps it.
 fn tensor_bytes(t: &TensorData) -> u64 {
-    let size: u64 = match t.dtype() {
-        "BF16" | "F16" => 2,
-        "F32" => 4,
-        _ => 8,
-    };
+    // Anything else (a step count, U64) is 8 bytes an element.
+    let size = Dtype::from_safetensors(t.dtype()).map_or(8, Dtype::size) as u64;
     size.saturating_mul(t.shape().iter().product::<usize>() as u64)
 }
 
