@@ -50,16 +50,12 @@ pub struct BenchArgs {
     /// sgemm and copy rates measured beside them).
     #[arg(long)]
     pub sweep: bool,
-    /// The sweep's vocabulary sizes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "500,2000,8000,32000,128000"
-    )]
-    pub sweep_v: Vec<usize>,
-    /// The sweep's widths D.
-    #[arg(long, value_delimiter = ',', default_value = "64,512")]
-    pub sweep_d: Vec<usize>,
+    /// The sweep's vocabulary sizes [default: 500,2000,8000,32000,128000].
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_v: Option<Vec<usize>>,
+    /// The sweep's widths D [default: 64,512].
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_d: Option<Vec<usize>>,
     /// The sweep's plot (SVG): tokens per second and the two fractions against V.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -77,7 +73,11 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         if args.workload.is_some() {
             return Err("--sweep times the bigram model: give no workload with it".into());
         }
+        refuse_with_sweep(&args)?;
         return run_sweep(&args);
+    }
+    if args.sweep_v.is_some() || args.sweep_d.is_some() {
+        return Err("--sweep-v and --sweep-d are the sizes of --sweep: use them with it".into());
     }
     let Some(workload) = args.workload else {
         return Err(
@@ -86,6 +86,13 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
     };
     if args.svg.is_some() {
         return Err("--svg plots the sweep: use it with --sweep".into());
+    }
+    if args.reference && workload != Workload::LmHead {
+        return Err(format!(
+            "--reference times lmhead's matrix products on matrixmultiply too, and {workload} has none: \
+             use it with lmhead"
+        )
+        .into());
     }
     if args.versus_f32 && !(args.dtype.is_half() || args.state_dtype.is_half()) {
         return Err(
@@ -337,13 +344,47 @@ fn versus_json(v: &Versus) -> Value {
     })
 }
 
+/// The options of a workload that `--sweep` would not honour, refused by
+/// name rather than ignored.
+fn refuse_with_sweep(args: &BenchArgs) -> CliResult<()> {
+    let not = |what: &str, why: &str| -> CliResult<()> {
+        Err(format!("{what} with --sweep: {why}").into())
+    };
+    for (flag, d) in [("--dtype", args.dtype), ("--state-dtype", args.state_dtype)] {
+        if d != Dtype::F32 {
+            return not(
+                &format!("{flag} {d}"),
+                "the sweep times the bigram model's step in f32 (the workloads time bf16 and \
+                 f16, with --versus-f32 beside f32)",
+            );
+        }
+    }
+    if args.versus_f32 {
+        return not(
+            "--versus-f32",
+            "it compares a workload's steps: give a workload instead",
+        );
+    }
+    if args.reference {
+        return not("--reference", "it times lmhead's step: give lmhead instead");
+    }
+    if args.scale != 1 {
+        return not(
+            "--scale",
+            "it divides a workload's sizes; the sweep's are --sweep-v and --sweep-d",
+        );
+    }
+    Ok(())
+}
+
 /// `bench --sweep`: the table, row by row as each is done, then the JSON
 /// and the plot.
 fn run_sweep(args: &BenchArgs) -> CliResult<ExitCode> {
     set_threads(args.threads)?;
+    let defaults = SweepConfig::default();
     let cfg = SweepConfig {
-        vocab_sizes: args.sweep_v.clone(),
-        dims: args.sweep_d.clone(),
+        vocab_sizes: args.sweep_v.clone().unwrap_or(defaults.vocab_sizes),
+        dims: args.sweep_d.clone().unwrap_or(defaults.dims),
         steps: args.steps.unwrap_or(3),
         ..SweepConfig::default()
     };
