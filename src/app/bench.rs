@@ -106,6 +106,20 @@ impl Workload {
         }
     }
 
+    /// Its largest size (a vocabulary), which [`BenchConfig::scale`] may
+    /// divide down to 1 at most.
+    ///
+    /// ```
+    /// use splitgrad::app::bench::Workload;
+    /// assert_eq!(Workload::EmbedPrompt.largest_size(), 151936);
+    /// ```
+    pub fn largest_size(self) -> usize {
+        match self {
+            Workload::EmbedPrompt => 151936,
+            Workload::EmbedFull | Workload::SplitVocab | Workload::LmHead => 32000,
+        }
+    }
+
     /// PyTorch 2.15's seconds per step on the reference 2-core machine
     /// (MKL, 2 threads, best of dense Adam and SparseAdam), as issue 6
     /// quotes them: the figure the speed targets are ratios of.
@@ -321,7 +335,7 @@ impl BenchReport {
 /// the memory copy (and sgemm) it is compared with.
 ///
 /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)): 0 steps, scale
-/// 0, 0 threads or a thread pool that cannot start; `versus_f32` with no
+/// 0 or above the workload's largest size, 0 threads or a thread pool that cannot start; `versus_f32` with no
 /// array in half precision, or with `reference`.
 ///
 /// ```
@@ -338,6 +352,13 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
     }
     if cfg.scale == 0 {
         return Err(Error::config("scale must be at least 1"));
+    }
+    let largest = cfg.workload.largest_size();
+    if cfg.scale > largest {
+        return Err(Error::config(format!(
+            "scale {} is above {}'s largest size ({largest}): every size would be 1",
+            cfg.scale, cfg.workload
+        )));
     }
     if cfg.versus_f32 && !(cfg.dtype.is_half() || cfg.state_dtype.is_half()) {
         return Err(Error::config(

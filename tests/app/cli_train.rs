@@ -228,3 +228,105 @@ fn progress_is_plain_lines_off_a_terminal_and_quiet_silences_it() {
     assert!(!err.contains(cli::PROGRESS), "{err}");
     assert!(String::from_utf8_lossy(&quiet.stdout).contains("wrote"));
 }
+
+/// Options a command would not honour are refused by name, where they were
+/// once taken and ignored (bad-inputs rows 77–86).
+#[test]
+fn options_a_command_would_not_honour_are_refused() {
+    let dir = scratch("not-honoured");
+    let corpus = cli::small_corpus(&dir);
+    let run = dir.join("run");
+    train(&run, 5, &[]);
+    let tok_dir = dir.join("text");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    std::fs::write(tok_dir.join("a.txt"), "some text").unwrap();
+    let lang = format!("en={}", s(&tok_dir));
+    let cases: Vec<(Vec<&str>, String)> =
+        vec![
+        (
+            vec!["train", "--no-gate", "--gate-penalty", "0.1"],
+            "--gate-penalty with --no-gate: it weighs the gates, and fusion mode has none; leave \
+             it out (fusion mode's penalty is --fusion-penalty)"
+                .into(),
+        ),
+        (
+            vec!["train", "--min-count", "3"],
+            "--min-count without --corpus: the synthetic corpus brings its own index (its 40 \
+             planted pairs and 40 decoys); give --corpus, or leave it out"
+                .into(),
+        ),
+        (
+            vec!["train", "--corpus", s(&corpus), "--min-count", "0"],
+            "--min-count must be at least 1: a pair never seen has nothing to learn from".into(),
+        ),
+        (
+            vec!["train", "--heldout", s(&corpus)],
+            "--heldout without --corpus: a held-out corpus must come from the training corpus's \
+             tokenizer, and the synthetic corpus has none; give --corpus, or --heldout-fraction"
+                .into(),
+        ),
+        (
+            vec![
+                "train", "--resume", "--steps", "3", "--batch", "256", "--dim", "8", "--out",
+                s(&run),
+            ],
+            format!(
+                "--steps 3 with --resume: {} is at step 5 already; give --steps above it to \
+                 train on, or read it with `splitgrad report`",
+                run.join("model.safetensors").display()
+            ),
+        ),
+        (
+            vec![
+                "select",
+                "--checkpoint",
+                "run/model.safetensors",
+                "--dim",
+                "9",
+                "--lr",
+                "0.5",
+            ],
+            "--dim and --lr set how select trains the shared-only model; with --checkpoint it \
+             trains none (its width D is the checkpoint's)"
+                .into(),
+        ),
+        (
+            vec!["select", "--steps", "0"],
+            "--steps must be at least 1: a run of 0 steps trains nothing; to score a trained \
+             model, give --checkpoint"
+                .into(),
+        ),
+        (
+            vec!["sweep", "--steps", "0"],
+            "--steps must be at least 1: a run of 0 steps trains nothing".into(),
+        ),
+        (
+            vec![
+                "tokenize",
+                "--tokenizer",
+                "tok.json",
+                "--lang",
+                &lang,
+                "--out",
+                "c.npz",
+                "--seed",
+                "3",
+                "--heldout-fraction",
+                "0.2",
+            ],
+            "--heldout-fraction and --seed with --tokenizer: they choose the text a tokenizer is \
+             trained on here (--train-vocab), and this one is given; leave them out"
+                .into(),
+        ),
+        (
+            vec!["bench", "lmhead", "--scale", "100000"],
+            "--scale 100000 is above lmhead's largest size (32000): every size would be 1".into(),
+        ),
+    ];
+    for (args, want) in cases {
+        assert_eq!(cli::fails(&dir, &args, None), want, "{args:?}");
+    }
+    // The run refused a resume below its step and is as it was.
+    assert_eq!(step_of(&run.join("model.safetensors")), Some(5));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -443,11 +443,16 @@ fn a_second_ctrl_c_stops_at_once_with_the_last_checkpoint_intact() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130));
     // Whichever checkpoint is there, periodic or the one the first signal
-    // asked for, is whole: it resumes.
+    // asked for, is whole: it resumes, for one step more.
+    let report = cli::run_ok(&dir, &["report", "run/model.safetensors", "--json"]);
+    let at = crate::common::cli::last_json(&report)["steps"]
+        .as_u64()
+        .unwrap();
+    let steps = (at + 1).to_string();
     cli::run_ok(
         &dir,
         &[
-            "train", "--steps", "1", "--batch", "256", "--dim", "8", "--out", "run", "--resume",
+            "train", "--steps", &steps, "--batch", "256", "--dim", "8", "--out", "run", "--resume",
         ],
     );
     let _ = fs::remove_dir_all(&dir);

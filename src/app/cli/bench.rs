@@ -87,6 +87,14 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
     if args.svg.is_some() {
         return Err("--svg plots the sweep: use it with --sweep".into());
     }
+    if args.scale > workload.largest_size() {
+        return Err(format!(
+            "--scale {} is above {workload}'s largest size ({}): every size would be 1",
+            args.scale,
+            workload.largest_size()
+        )
+        .into());
+    }
     if args.reference && workload != Workload::LmHead {
         return Err(format!(
             "--reference times lmhead's matrix products on matrixmultiply too, and {workload} has none: \

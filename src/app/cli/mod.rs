@@ -177,9 +177,13 @@ pub fn command() -> clap::Command {
 /// 2) on a bad command line; a negative number given to an option that
 /// takes none is named as such.
 fn parse_args() -> Cli {
-    let parsed = command()
-        .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m));
+    let parsed = command().try_get_matches().and_then(|m| {
+        let mut cli = Cli::from_arg_matches(&m)?;
+        if let Some((_, sub)) = m.subcommand() {
+            cli.command.set_given(options::Given::of(sub));
+        }
+        Ok(cli)
+    });
     match parsed {
         Ok(cli) => cli,
         Err(e) => match negative_value(&e) {
@@ -208,6 +212,20 @@ fn negative_value(e: &clap::Error) -> Option<(String, String)> {
     };
     let negative = value.starts_with('-') && value[1..].parse::<f64>().is_ok_and(|x| x > 0.0);
     negative.then_some((arg, value))
+}
+
+impl Command {
+    /// Records which of a command's options were given on the command line
+    /// (for the commands that refuse an option they would not honour).
+    fn set_given(&mut self, given: options::Given) {
+        match self {
+            Command::Train(a) => a.given = given,
+            Command::Select(a) => a.given = given,
+            Command::Sweep(a) => a.given = given,
+            Command::Tokenize(a) => a.given = given,
+            _ => {}
+        }
+    }
 }
 
 /// Runs a parsed command line.

@@ -1,9 +1,11 @@
 //! Options several commands share, each set flattened into the commands
 //! that have it. Their defaults are those of [`RunConfig`].
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 
 use crate::app::data::{self, Data, DataSource};
 use crate::app::run::RunConfig;
@@ -171,4 +173,53 @@ impl RunArgs {
         let data = data::load(&DataSource::of_corpus(corpus, min_count, self.seed))?;
         Ok((threads, data))
     }
+}
+
+/// The options given on the command line rather than left at their
+/// defaults (clap's ids: the fields' names), so that a command can refuse
+/// an option it would not honour even when the option has a default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Given(BTreeSet<String>);
+
+impl Given {
+    /// The options of `m` (one subcommand's matches) given on the command
+    /// line.
+    pub fn of(m: &ArgMatches) -> Given {
+        Given(
+            m.ids()
+                .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                .map(|id| id.as_str().to_string())
+                .collect(),
+        )
+    }
+
+    /// Whether the option with this id (its field's name) was given.
+    pub fn has(&self, id: &str) -> bool {
+        self.0.contains(id)
+    }
+
+    /// The flags (`--name`) of those of `ids` that were given, as a list
+    /// in words (`--steps, --dim and --lr`); `None` when none was.
+    pub fn flags(&self, ids: &[&str]) -> Option<String> {
+        let flags: Vec<String> = ids
+            .iter()
+            .filter(|id| self.has(id))
+            .map(|id| format!("--{}", id.replace('_', "-")))
+            .collect();
+        match flags.as_slice() {
+            [] => None,
+            [one] => Some(one.clone()),
+            [rest @ .., last] => Some(format!("{} and {last}", rest.join(", "))),
+        }
+    }
+}
+
+/// `--min-count`, which must be at least 1.
+pub fn check_min_count(min_count: usize) -> CliResult<()> {
+    if min_count == 0 {
+        return Err(
+            "--min-count must be at least 1: a pair never seen has nothing to learn from".into(),
+        );
+    }
+    Ok(())
 }

@@ -16,7 +16,7 @@ use crate::app::train::TrainConfig;
 use crate::io::save_index;
 
 use super::CliResult;
-use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
+use super::options::{Given, ModelArgs, PrecisionArgs, RunArgs, check_min_count, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::progress::run_to_end;
 use super::report::fmt3;
@@ -67,6 +67,9 @@ pub struct SelectArgs {
     /// Print the result as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
+    /// The options given on the command line (filled after parsing).
+    #[arg(skip)]
+    pub given: Given,
 }
 
 fn selection(args: &SelectArgs) -> CliResult<Selection> {
@@ -98,6 +101,23 @@ pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
                 .into(),
         );
     }
+    if args.checkpoint.is_some()
+        && let Some(flags) = args.given.flags(&["steps", "batch", "dim", "lr"])
+    {
+        return Err(format!(
+            "{flags} set how select trains the shared-only model; with --checkpoint it trains \
+             none (its width D is the checkpoint's)"
+        )
+        .into());
+    }
+    if args.steps == 0 {
+        return Err(
+            "--steps must be at least 1: a run of 0 steps trains nothing; to score a \
+                    trained model, give --checkpoint"
+                .into(),
+        );
+    }
+    check_min_count(args.min_count)?;
     let how = selection(&args)?;
     let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let out = args.out.clone().unwrap_or_else(|| {

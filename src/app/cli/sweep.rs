@@ -13,7 +13,7 @@ use crate::app::sweep::{measure, sweep_index};
 use crate::app::train::TrainConfig;
 
 use super::CliResult;
-use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
+use super::options::{Given, ModelArgs, PrecisionArgs, RunArgs, check_min_count, defaults};
 use super::outdir::{default_run_folder, refuse_existing, report_removed};
 use super::plots;
 use super::progress::run_to_end;
@@ -54,6 +54,9 @@ pub struct SweepArgs {
     /// Print the table as one JSON object on the last line of standard output.
     #[arg(long)]
     pub json: bool,
+    /// The options given on the command line (filled after parsing).
+    #[arg(skip)]
+    pub given: Given,
 }
 
 /// `splitgrad sweep`.
@@ -69,6 +72,10 @@ pub fn run(args: SweepArgs) -> CliResult<ExitCode> {
     if !(args.tolerance.is_finite() && args.tolerance >= 0.0) {
         return Err(format!("--tolerance must be ≥ 0, got {}", args.tolerance).into());
     }
+    if args.steps == 0 {
+        return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
+    }
+    check_min_count(args.min_count)?;
     let (threads, data) = args.run.start(args.corpus.clone(), args.min_count)?;
     let index = sweep_index(&data, args.min_count)?;
     let dim = args.model.dim;

@@ -20,7 +20,7 @@ use crate::app::tokenize::{
 };
 use crate::error::human_bytes;
 
-use super::options::defaults;
+use super::options::{Given, defaults};
 use super::{CliResult, set_threads};
 
 /// Inputs larger than this get a progress bar (on a terminal).
@@ -98,6 +98,9 @@ pub struct TokenizeArgs {
     /// No progress on standard error (the summary on standard output stays).
     #[arg(long)]
     pub quiet: bool,
+    /// The options given on the command line (filled after parsing).
+    #[arg(skip)]
+    pub given: Given,
 }
 
 /// Progress over a number of bytes: a bar on a terminal (for inputs over
@@ -206,6 +209,17 @@ pub fn run(args: TokenizeArgs) -> CliResult<ExitCode> {
         .map(|a| LanguageSource::parse(a))
         .collect::<crate::Result<Vec<_>>>()?;
     crate::app::tokenize::check_languages(&languages)?;
+    if args.tokenizer.is_some()
+        && let Some(flags) = args
+            .given
+            .flags(&["heldout_fraction", "seed", "train_vocab_bytes"])
+    {
+        return Err(format!(
+            "{flags} with --tokenizer: they choose the text a tokenizer is trained on here \
+             (--train-vocab), and this one is given; leave them out"
+        )
+        .into());
+    }
     refuse_existing(&args.out, args.force)?;
     let trained_path = args.train_vocab.map(|_| tokenizer_beside(&args.out));
     if let (Some(v), Some(path)) = (args.train_vocab, &trained_path) {

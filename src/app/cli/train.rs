@@ -13,7 +13,7 @@ use crate::app::report::Report;
 use crate::app::run::{Run, RunConfig, Stopped};
 use crate::app::train::{TrainConfig, Trainer};
 
-use super::options::{ModelArgs, PrecisionArgs, RunArgs, defaults};
+use super::options::{Given, ModelArgs, PrecisionArgs, RunArgs, check_min_count, defaults};
 use super::outdir::{
     RunLock, default_run_folder, prepare_default_run_folder, prepare_run_folder, report_removed,
 };
@@ -82,6 +82,9 @@ pub struct TrainArgs {
     pub json: bool,
     #[command(flatten)]
     pub precision: PrecisionArgs,
+    /// The options given on the command line (filled after parsing).
+    #[arg(skip)]
+    pub given: Given,
 }
 
 impl TrainArgs {
@@ -101,6 +104,29 @@ impl TrainArgs {
         }
         if self.steps == 0 {
             return Err("--steps must be at least 1: a run of 0 steps trains nothing".into());
+        }
+        check_min_count(self.min_count)?;
+        if self.no_gate && self.given.has("gate_penalty") {
+            return Err(
+                "--gate-penalty with --no-gate: it weighs the gates, and fusion mode has \
+                        none; leave it out (fusion mode's penalty is --fusion-penalty)"
+                    .into(),
+            );
+        }
+        if self.given.has("min_count") && self.corpus.is_none() {
+            return Err(
+                "--min-count without --corpus: the synthetic corpus brings its own index \
+                        (its 40 planted pairs and 40 decoys); give --corpus, or leave it out"
+                    .into(),
+            );
+        }
+        if self.heldout.is_some() && self.corpus.is_none() {
+            return Err(
+                "--heldout without --corpus: a held-out corpus must come from the \
+                        training corpus's tokenizer, and the synthetic corpus has none; give \
+                        --corpus, or --heldout-fraction"
+                    .into(),
+            );
         }
         self.precision.precision()?;
         Ok(())
@@ -247,6 +273,16 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let (out, _lock) = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
     let mut run = Run::start(&data, &config, ckpt.clone(), args.resume)?;
+    if args.resume && run.trainer().step_index() > args.steps {
+        return Err(format!(
+            "--steps {} with --resume: {} is at step {} already; give --steps above it to train \
+             on, or read it with `splitgrad report`",
+            args.steps,
+            ckpt.display(),
+            run.trainer().step_index()
+        )
+        .into());
+    }
     if args.resume {
         println!(
             "splitgrad: resumed {} from step {} of {}",
