@@ -1,8 +1,9 @@
 """Typed checkpoint metadata.
 
 safetensors stores metadata as strings only. ``save_checkpoint`` writes each
-value as its ``str`` and, for the values that were ``bool``, ``int`` or
-``float``, records their types under the key ``splitgrad.metadata_types`` (a
+value (a ``str``, ``bool``, ``int`` or ``float``, numpy's scalars too; anything
+else is refused rather than stored as its ``str``) and, for the values that were
+``bool``, ``int`` or ``float``, records their types under the key ``splitgrad.metadata_types`` (a
 JSON object from key to ``"bool"``, ``"int"`` or ``"float"``);
 ``load_checkpoint`` turns those values back and drops the key. A checkpoint of
 ``splitgrad train`` (``format`` ``splitgrad-bigram-1``) gets its settings
@@ -64,6 +65,11 @@ def encode(metadata):
         if key == TYPES_KEY:
             raise ValueError(f"metadata key {TYPES_KEY!r} is reserved")
         t = _type_of(value)
+        if t is None and not isinstance(value, str):
+            raise TypeError(
+                f"metadata {key!r}: a {type(value).__name__} is not stored (expected str, bool, int or float; "
+                "safetensors metadata are strings: put arrays in the tensors)"
+            )
         if t == "float":
             value = repr(float(value))  # round-trips exactly
         elif t == "int":

@@ -286,6 +286,22 @@ def _local_rows(sizes, order, world, rank):
 class _Sharded(nn.Module):
     """What the three sharded layers share: the group, their parameters on the local kernels' buffers."""
 
+    def _apply(self, fn, recurse=True):
+        # .half(), .to(dtype), .double(), .cuda(), .share_memory(): the kernels train their own
+        # buffers, which torch's copies would leave behind (and save_shards would write stale rows).
+        probe = torch.zeros(1, dtype=self._dtype)
+        try:
+            out = fn(probe)
+        except Exception:  # noqa: BLE001 - torch's own _apply then raises what fn raises
+            out = None
+        if isinstance(out, torch.Tensor) and (out.dtype != self._dtype or out.device.type != "cpu" or out.is_shared()):
+            what = f"to {out.device}" if out.device.type != "cpu" else "to shared memory" if out.is_shared() else f"to {out.dtype}"
+            raise TypeError(
+                f"{type(self).__name__} cannot be converted {what}: the sharded layers keep their rows as "
+                f"{self._dtype} in the kernels' buffers, on the CPU (convert the layer before shard)"
+            )
+        return super()._apply(fn, recurse)
+
     def _init_comm(self, group, timeout):
         self._comm = _Comm(group, timeout)
         self.world, self.rank = self._comm.world, self._comm.rank
@@ -772,6 +788,20 @@ _KINDS = {
 }
 
 
+_SAME_DTYPE = {torch.float32: {"float32", "f32", "float"}, torch.float64: {"float64", "f64", "double"}}
+
+
+def _default_fused(opts, dtype) -> bool:
+    """Whether ``fused_adam``'s options (``None``: none given) are what the
+    sharded layers do anyway: the state in the layer's own dtype, and the
+    rounding options at their defaults (they round no store of that dtype)."""
+    if opts is None:
+        return True
+    sd = opts["state_dtype"]
+    same = sd is None or str(sd).removeprefix("torch.") in _SAME_DTYPE.get(dtype, ())
+    return same and opts["rounding"] == "stochastic" and opts["seed"] == 0
+
+
 def _refuse_half(module: nn.Module) -> None:
     """Sharded layers keep their rows in float32 or float64, with the fused
     optimiser's defaults: a layer in bf16 / f16 (or with ``fused_adam``'s
@@ -783,7 +813,7 @@ def _refuse_half(module: nn.Module) -> None:
                 f"shard: {type(m).__name__} keeps its parameters as {m._dtype}; the sharded layers "
                 "support float32 and float64 only (convert it with .float() before sharding)"
             )
-        if getattr(m, "_fused_opts", None) is not None:
+        if not _default_fused(getattr(m, "_fused_opts", None), m._dtype):
             raise TypeError(
                 f"shard: {type(m).__name__}'s fused_adam sets state_dtype / rounding / seed, which the "
                 "sharded layers do not support (they keep the optimiser state in the layer's dtype)"
@@ -818,11 +848,18 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     kind = _KINDS.get(type(module))
     if kind is not None:
         return kind(module, group, timeout)
+    found = False
     for prefix, parent in list(module.named_modules()):
         for name, child in list(parent.named_children()):
             kind = _KINDS.get(type(child))
             if kind is not None:
                 setattr(parent, name, kind(child, group, timeout))
+                found = True
+    if not found:
+        raise ValueError(
+            f"shard: no SplitTokenEmbeddings, SplitVocabulary or SplitLanguageModellingHead in this "
+            f"{type(module).__name__} (a subclass of them is not sharded)"
+        )
     ignored = [n for n, _ in _sharded_params(module)]
     if ignored:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignored)
@@ -858,6 +895,9 @@ def gather_state_dict(sharded: nn.Module, dst: int = 0):
     mods = _sharded_modules(sharded)
     if not mods:
         raise ValueError("gather_state_dict: no sharded layer in this module")
+    world = mods[0][1]._comm.world
+    if isinstance(dst, bool) or not isinstance(dst, (int, np.integer)) or not 0 <= int(dst) < world:
+        raise ValueError(f"gather_state_dict: dst {dst!r} is not a rank of the layers' group (expected 0 <= dst < {world})")
     out = {}
     rank_is_dst = None
     for prefix, mod in mods:
@@ -1112,9 +1152,21 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     its own rows only: no process builds a whole table."""
     shards = _read_shards(directory)
     mods = _sharded_modules(model)
+    held = sorted(shards[0]["layers"])
+    if not mods:
+        raise ValueError(
+            f"load_shards: no sharded layer in this {type(model).__name__} (call shard(model) first; "
+            f"{directory} holds layers {', '.join(f'`{h}`' for h in held) or 'none'})"
+        )
     for prefix, _ in mods:
         if prefix not in shards[0]["layers"]:
             raise KeyError(f"{directory}: no shard of layer `{prefix}`")
+    extra = sorted(set(held) - {prefix for prefix, _ in mods})
+    if extra:
+        raise ValueError(
+            f"load_shards: {directory} holds layers this model lacks: {', '.join(f'`{e}`' for e in extra)} "
+            f"(its sharded layers: {', '.join(f'`{p}`' for p, _ in mods)})"
+        )
     optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
     for prefix, mod in mods:
         local = mod.local_state()

@@ -340,6 +340,11 @@ class _Bound:
             return None
         if out.device.type != "cpu":
             raise ValueError(f"{type(self).__name__} cannot move to {out.device}; splitgrad's kernels run on the CPU")
+        if out.is_shared():
+            raise ValueError(
+                f"{type(self).__name__} cannot move to shared memory: its parameters live in the kernels' "
+                "buffers, which the next forward would take back"
+            )
         return None if out.dtype == self._dtype else out.dtype
 
     def _convert(self, dtype: torch.dtype) -> None:
@@ -405,6 +410,14 @@ def _fused_config(fused_adam):
 _STATE_DTYPES = {
     torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16",
 }
+
+
+def _integer(x, what: str) -> int:
+    """``x`` as an int, if it is one (a float such as 4.0 is not taken: it
+    would be cut, not checked)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{what}: expected an integer, got {x!r}")
+    return int(x)
 
 
 def _fused_options(fused_adam):
@@ -693,7 +706,7 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
         sizes = dict(split_vocab_size)
         # Half-precision tables are allocated as such (never as f32 first).
         self._core = _sg.SplitTokenEmbeddings(
-            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
+            sizes, list(split_order), _integer(hidden_size, "hidden_size"), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
         )
         self.token_embedding = nn.ModuleDict()
         for name, size in sizes.items():
@@ -850,7 +863,7 @@ class SplitLanguageModellingHead(_Bound, nn.Module):
         self._dtype, self._engine = dtype, _engine_dtype(dtype)
         sizes = dict(split_vocab_size)
         self._core = _sg.SplitLanguageModellingHead(
-            sizes, list(split_order), int(hidden_size), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
+            sizes, list(split_order), _integer(hidden_size, "hidden_size"), dtype=_np_dtype(self._engine), storage=_HALF.get(dtype)
         )
         self.lm_head = nn.ModuleDict(
             {name: _linear(self._core, f"lm_head.{name}.weight", hidden_size, size) for name, size in sizes.items()}
@@ -1006,9 +1019,9 @@ class SplitVocabulary(_Bound, nn.Module):
         self._engine = _engine_dtype(dtype)
         self._core = _sg.SplitVocabulary.from_npz(
             str(index_path),
-            int(vocab_size),
-            int(dim),
-            int(n_languages),
+            _integer(vocab_size, "vocab_size"),
+            _integer(dim, "dim"),
+            _integer(n_languages, "n_languages"),
             float(gate_init),
             _np_dtype(self._engine),
             storage=_HALF.get(dtype),
