@@ -240,7 +240,15 @@ impl PyOptimizer {
                 )));
             }
         };
-        crate::each!(&mut *self.write(py)?, o => o.set_rounding(r));
+        let kept = crate::each!(&mut *self.write(py)?, o => { o.set_rounding(r); o.rounding() });
+        if kept != r {
+            // An optimiser that stores nothing in half precision keeps none.
+            return Err(PyValueError::new_err(format!(
+                "set_rounding: {} stores no value in half precision (it refuses bf16/f16 \
+                 parameters), so it has no rounding to set",
+                self.kind
+            )));
+        }
         Ok(())
     }
 

@@ -501,6 +501,16 @@ fn step_rows_and_gates<T: PyReal>(
     let norms = norms_arg(norms)?;
     let rows_name = sv.rows().name().to_string();
     let entries = || pieces.iter().flat_map(|p| p.iter());
+    // Gradients of another layer would be skipped without a word (matched
+    // by parameter), or, by name, taken for this layer's rows.
+    let own_ids = [sv.rows().id(), sv.gate_logit().id()];
+    if let Some(e) = entries().find(|e| !own_ids.contains(&e.id)) {
+        return Err(PyValueError::new_err(format!(
+            "fused_step: the gradients hold `{}` of another layer, not this SplitVocabulary's; \
+             pass the gradients of its own backward",
+            e.name
+        )));
+    }
     // With the distances known and every forward's rows gradient row-sparse,
     // the rows' gradient is formed row by row inside their update: the
     // fusion penalty's row, then each forward's row where it has one, in

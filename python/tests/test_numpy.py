@@ -567,3 +567,27 @@ def test_the_extension_says_how_it_was_compiled():
     import splitgrad._splitgrad as ext
 
     assert ext.BUILD in ("debug", "release")
+
+
+def test_fused_step_refuses_another_layers_gradients():
+    # They were skipped without a word (matched by parameter) and, on the
+    # path that forms the rows' gradient by rows, taken by name.
+    tokens, langs = np.array([2, 1]), np.array([0, 1])
+    a, b = vocab(), vocab()
+    shared, up = np.ones((2, 3)), np.ones((2, 3))
+    _, gb = b.backward(tokens, langs, shared, up)
+    opts = (sg.LazyAdam(lr=0.05, dtype="float64"), sg.Optimizer.adam(0.05, dtype="float64"))
+    before = a.parameter("split_vocabulary.rows").copy()
+    for norms in (None, a.fusion_penalty_norms()[1]):
+        with pytest.raises(ValueError, match="fused_step: the gradients hold `split_vocabulary.rows` of another layer"):
+            a.fused_step([gb], 0.5, 0.7, *opts, norms)
+    assert np.array_equal(a.parameter("split_vocabulary.rows"), before)
+
+
+def test_set_rounding_on_an_optimiser_that_rounds_nothing_is_refused():
+    opt = sg.SGD(lr=0.1)
+    with pytest.raises(ValueError, match="set_rounding: SGD stores no value in half precision"):
+        opt.set_rounding("nearest", 5)
+    lazy = sg.LazyAdam(lr=0.1)
+    lazy.set_rounding("nearest")
+    assert lazy.rounding == ("nearest", None)
