@@ -181,6 +181,8 @@ def test_numpy_fused_steps_and_optimiser_loads_from_threads_are_whole():
     for _ in range(2 * ROUNDS):
         ref.fused_step([grads], 0.3, 0.2, ref_r, ref_g)
     voc, r, g = make()
+    # The same gradients, as voc's own (a layer's fused_step takes no other's).
+    _, grads = voc.backward(ids, langs, shared, up)
 
     def work(k):
         for _ in range(ROUNDS):
