@@ -990,7 +990,12 @@ def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     parameter's in this rank's shard (the tensors of the parameter's shape
     as rows, re-strided on loading like the weights), the other parameters'
     (the same on every process under DistributedDataParallel) and the
-    groups' settings in rank 0's. ``load_shards(..., optimizer=)`` restores it."""
+    groups' settings in rank 0's. ``load_shards(..., optimizer=)`` restores it.
+
+    The model's other parameters and buffers (its state dict without the
+    sharded layers', the same on every process under DistributedDataParallel)
+    go into rank 0's shard too, so that the directory is a whole checkpoint:
+    ``load_shards`` restores them."""
     mods = _sharded_modules(model)
     if not mods:
         raise ValueError("save_shards: no sharded layer in this module")
@@ -1010,9 +1015,39 @@ def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     if optimizer is not None:
         blob["has_optimizer"] = True
         blob["optimizer"] = optim
+    if comm.rank == 0:
+        blob["dense"] = {k: v.detach().clone() for k, v in _dense_state(model, mods).items()}
     _atomic_save(blob, path)
     comm._run("barrier", dist.barrier)
     return path
+
+
+def _dense_state(model, mods):
+    """``model``'s state dict without its sharded layers' entries."""
+    if isinstance(model, _Sharded):
+        return {}
+    under = tuple(f"{p}." for p, _ in mods)
+    return {k: v for k, v in model.state_dict().items() if not k.startswith(under)}
+
+
+def _load_dense(directory, model, mods, saved):
+    """Restores the non-sharded state ``save_shards`` kept in rank 0's
+    shard (absent from shards written before it kept it), refusing a model
+    whose other parameters are not the saved ones."""
+    if saved is None or isinstance(model, _Sharded):
+        return
+    own = _dense_state(model, mods)
+    missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    if missing or extra:
+        raise ValueError(
+            f"load_shards: {directory} holds other non-sharded parameters than this model's: "
+            f"missing {missing or 'none'}, not in the model {extra or 'none'}"
+        )
+    for k, v in own.items():
+        if tuple(v.shape) != tuple(saved[k].shape):
+            raise ValueError(f"load_shards: {directory}: `{k}` has shape {tuple(saved[k].shape)}, the model's {tuple(v.shape)}")
+    # Through load_state_dict, so that every module takes its entries its own way.
+    model.load_state_dict({k: saved[k] for k in own}, strict=False)
 
 
 def _read_shards(directory):
@@ -1148,6 +1183,9 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     parameters, in the same groups, as the one given to ``save_shards``)
     its state is restored too: the sharded parameters' rows re-strided to
     this process, the rest as saved, the groups' settings (``lr``, ...) as saved.
+    The model's other parameters and buffers come back as rank 0's shard
+    keeps them (shards written before it kept them leave them as they are);
+    a model whose other parameters differ from the saved ones is refused.
     The shard files are mapped, not read whole, and each process copies out
     its own rows only: no process builds a whole table."""
     shards = _read_shards(directory)
@@ -1182,6 +1220,7 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
             mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=False)
         elif isinstance(mod, ShardedTokenEmbeddings):
             mod._load_fused(st, full=False)
+    _load_dense(directory, model, mods, shards[0].get("dense"))
     if optim_sd is not None:
         optimizer.load_state_dict(optim_sd)
 

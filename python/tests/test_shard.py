@@ -416,3 +416,49 @@ def test_a_stalled_store_host_is_reported_within_twice_the_timeout(tmp_path):
     for r, (elapsed, msg) in run_stalled(tmp_path, 2, 0, inside=False, tcp=True).items():
         assert 2 * STALL_TIMEOUT * 0.9 < elapsed < 2 * STALL_TIMEOUT + 3.0, (r, elapsed, msg)
         assert msg.startswith(f"rank {r}:") and "store did not answer within 2 s" in msg and "rank 0" in msg, msg
+
+
+def dense_worker(rank, world, store, directory, out):
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+    from splitgrad.torch import SplitTokenEmbeddings, load_shards, save_shards, shard
+
+    class Net(torch.nn.Module):
+        def __init__(self, width=D):
+            super().__init__()
+            torch.manual_seed(5)
+            self.emb = SplitTokenEmbeddings(SIZES, list(SIZES), D, fused_adam=FUSED)
+            self.lin = torch.nn.Linear(D, width)
+            self.register_buffer("calls", torch.zeros(()))
+
+    m = shard(Net())
+    with torch.no_grad():
+        m.lin.weight.add_(1.0)
+        m.calls.fill_(7)
+    saved = {k: v.clone() for k, v in m.state_dict().items()}
+    save_shards(m, directory)
+    back = shard(Net())  # other weights: a fresh model
+    load_shards(back, directory)
+    got = {"same": all(torch.equal(saved[k], v) for k, v in back.state_dict().items())}
+    try:
+        load_shards(shard(Net(width=D + 1)), directory)
+        got["other"] = None
+    except ValueError as e:
+        got["other"] = str(e)
+    if rank == 0:
+        torch.save(got, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_shard_directory_restores_the_models_other_parameters(tmp_path, world):
+    # The dense layer and the buffer beside the sharded table come back from
+    # rank 0's shard, on any P; a model whose other parameters differ is refused.
+    out, directory = tmp_path / "got.pt", tmp_path / "shards"
+    mp.spawn(dense_worker, args=(world, str(tmp_path / "store"), str(directory), str(out)), nprocs=world, join=True)
+    got = torch.load(out)
+    assert got["same"]
+    assert got["other"] == f"load_shards: {directory}: `lin.weight` has shape (8, 8), the model's (9, 8)"
