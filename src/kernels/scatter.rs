@@ -376,6 +376,16 @@ fn add_row<T: Real>(dst: &mut [T], src: &[T], next: Option<&[T]>, f: impl Fn(T) 
     }
 }
 
+/// Hints to load every cache line of the `bytes` bytes from address `at`
+/// (an address, not a reference: the span may be another task's row, and
+/// a prefetch reads nothing the program sees and never faults).
+#[inline]
+pub(crate) fn prefetch_span(at: usize, bytes: usize) {
+    for off in (0..bytes).step_by(64) {
+        prefetch(at.wrapping_add(off) as *const u8);
+    }
+}
+
 /// A hint to load the cache line at `p` (no effect elsewhere than x86-64).
 #[inline(always)]
 pub(crate) fn prefetch<T>(p: *const T) {

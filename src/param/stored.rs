@@ -499,6 +499,16 @@ impl<'a, T: Real> StoredView<'a, T> {
 }
 
 impl<'a, T: Real> StoredMut<'a, T> {
+    /// The address of its first element and the bytes of one element (for
+    /// prefetching rows of a table another task holds).
+    pub(crate) fn address(&self) -> (usize, usize) {
+        match self {
+            StoredMut::Full(s) => (s.as_ptr() as usize, std::mem::size_of::<T>()),
+            StoredMut::BF16(s) => (s.as_ptr() as usize, 2),
+            StoredMut::F16(s) => (s.as_ptr() as usize, 2),
+        }
+    }
+
     /// The number of elements.
     pub fn len(&self) -> usize {
         match self {

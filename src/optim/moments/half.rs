@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
+use crate::kernels::scatter::prefetch_span;
 use crate::kernels::half::{FusedArray, LANES, LaneRule, SrKey};
 use crate::param::{
     Part, Rounding, RowForm, RowGradient, Stored, StoredMut, WIDEN_CHUNK, update_widened_in,
@@ -250,6 +251,11 @@ fn dense_half<T: Real, R: Rule<T>>(
     }
 }
 
+/// Elements at the head of the next touched row that a sparse update
+/// fetches while it updates a row: as far as the fused kernel reaches ahead
+/// within a row.
+const ROW_HEAD_ELEMS: usize = 256;
+
 /// Only the gradient's rows, in parallel over rows (batched to a few
 /// thousand elements a task).
 fn rows_half<T: Real, R: Rule<T>>(
@@ -264,21 +270,30 @@ fn rows_half<T: Real, R: Rule<T>>(
     }
     let values = s.values.as_standard_layout();
     let values = values.as_slice().expect("standard layout is contiguous");
+    let bases = [&p, &m, &v].map(|a| a.address());
     let jobs = p
         .pick_rows(width, &s.rows)
         .into_iter()
         .zip(m.pick_rows(width, &s.rows))
         .zip(v.pick_rows(width, &s.rows))
         .zip(values.chunks(width))
-        .zip(&s.rows);
+        .zip(s.rows.iter().enumerate());
     type Job<'a, T> = (
         (
             ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
             &'a [T],
         ),
-        &'a usize,
+        (usize, &'a usize),
     );
-    let run = |b: &mut Option<Box<Bufs<T>>>, ((((p, m), v), g), &r): Job<'_, T>| {
+    let run = |b: &mut Option<Box<Bufs<T>>>, ((((p, m), v), g), (j, &r)): Job<'_, T>| {
+        // The head of the next row, which the kernel's own reach ahead
+        // (into the memory after this row) does not fetch.
+        if let Some(&next) = s.rows.get(j + 1) {
+            for &(at, bytes) in &bases {
+                let head = (width * bytes).min(ROW_HEAD_ELEMS * bytes);
+                prefetch_span(at.wrapping_add(next * width * bytes), head);
+            }
+        }
         update_run(rule, parts([p, m, v], keys), g, (r * width) as u64, b);
     };
     if values.len() < PAR_MIN_ELEMS {
