@@ -8,8 +8,8 @@ use rayon::prelude::*;
 
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::scatter::prefetch_span;
 use crate::kernels::half::{FusedArray, LANES, LaneRule, SrKey};
+use crate::kernels::scatter::prefetch_span;
 use crate::param::{
     Part, Rounding, RowForm, RowGradient, Stored, StoredMut, WIDEN_CHUNK, update_widened_in,
 };
