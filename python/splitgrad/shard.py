@@ -39,6 +39,7 @@ from .torch import (
     SplitLanguageModellingHead,
     SplitTokenEmbeddings,
     SplitVocabulary,
+    _applied,
     _first_order,
     _np_dtype,
 )
@@ -289,12 +290,8 @@ class _Sharded(nn.Module):
     def _apply(self, fn, recurse=True):
         # .half(), .to(dtype), .double(), .cuda(), .share_memory(): the kernels train their own
         # buffers, which torch's copies would leave behind (and save_shards would write stale rows).
-        probe = torch.zeros(1, dtype=self._dtype)
-        try:
-            out = fn(probe)
-        except Exception:  # noqa: BLE001 - torch's own _apply then raises what fn raises
-            out = None
-        if isinstance(out, torch.Tensor) and (out.dtype != self._dtype or out.device.type != "cpu" or out.is_shared()):
+        out = _applied(fn, self._dtype)
+        if out is not None and (out.dtype != self._dtype or out.device.type != "cpu" or out.is_shared()):
             what = f"to {out.device}" if out.device.type != "cpu" else "to shared memory" if out.is_shared() else f"to {out.dtype}"
             raise TypeError(
                 f"{type(self).__name__} cannot be converted {what}: the sharded layers keep their rows as "
@@ -914,11 +911,7 @@ def gather_state_dict(sharded: nn.Module, dst: int = 0):
                 out[_key(prefix, name)] = full
     if not rank_is_dst:
         return None
-    if not isinstance(sharded, _Sharded):
-        sharded_names = {n for n, _ in _sharded_params(sharded)}
-        for k, v in sharded.state_dict().items():
-            if k not in sharded_names:
-                out[k] = v.clone()
+    out.update({k: v.clone() for k, v in _dense_state(sharded, mods).items()})
     return out
 
 

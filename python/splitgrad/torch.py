@@ -331,12 +331,8 @@ class _Bound:
         """The dtype ``fn`` (what ``nn.Module._apply`` applies to each
         tensor) turns this layer's parameters into, if it changes it; an
         error for a move off the CPU."""
-        probe = torch.zeros(1, dtype=self._dtype)
-        try:
-            out = fn(probe)
-        except Exception:  # noqa: BLE001 - torch's own _apply then raises what fn raises
-            return None
-        if not isinstance(out, torch.Tensor):
+        out = _applied(fn, self._dtype)
+        if out is None:
             return None
         if out.device.type != "cpu":
             raise ValueError(f"{type(self).__name__} cannot move to {out.device}; splitgrad's kernels run on the CPU")
@@ -410,6 +406,18 @@ def _fused_config(fused_adam):
 _STATE_DTYPES = {
     torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16",
 }
+
+
+def _applied(fn, dtype):
+    """What ``fn`` (what ``nn.Module._apply`` applies to each tensor) makes
+    of a tensor of ``dtype`` on the CPU, to tell a conversion, a move or
+    ``share_memory_`` apart; ``None`` when it gives no tensor (torch's own
+    ``_apply`` then raises what ``fn`` raises)."""
+    try:
+        out = fn(torch.zeros(1, dtype=dtype))
+    except Exception:  # noqa: BLE001 - torch's own _apply then raises what fn raises
+        return None
+    return out if isinstance(out, torch.Tensor) else None
 
 
 def _integer(x, what: str) -> int:
