@@ -246,10 +246,7 @@ impl<T: Real> FusionRowGrads<T> {
             && s != u32::MAX
         {
             let t = self.slot_terms(s);
-            let step = (64 / std::mem::size_of::<T>()).max(1);
-            for k in (0..t.len()).step_by(step) {
-                crate::kernels::scatter::prefetch(t[k..].as_ptr());
-            }
+            crate::kernels::scatter::prefetch_span(t.as_ptr() as usize, std::mem::size_of_val(t));
         }
     }
 
