@@ -50,15 +50,14 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
-use ndarray::Array2;
-use rayon::prelude::*;
-
 use crate::param::Dtype;
-use crate::{Error, Real, Result, Rng};
+use crate::{Error, Result};
 
+mod rates;
 pub mod sweep;
 mod workloads;
 
+use rates::{copy_rate_gbps, peak_rss_mib, sched_ns, sgemm_gflops};
 pub use sweep::{SweepConfig, SweepRow, sweep};
 use workloads::build;
 
@@ -466,7 +465,6 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
     let params_bytes = w.params_bytes();
     let state_bytes = w.state_bytes();
-    let (params_bytes_run, state_bytes_run) = (params_bytes, state_bytes);
     let workspace_bytes = w.workspace_bytes();
     let flops = w.flops();
     let useful_flops = w.useful_flops();
@@ -476,8 +474,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         let bytes_moved: u64 = b.bytes_terms().iter().map(|t| t.1).sum();
         (bytes_moved, b.params_bytes(), b.state_bytes())
     });
-    let memcpy_gbps = memcpy_gbps((64 << 20) / cfg.scale);
-    let versus_f32 = base.map(|(bytes_moved, params_bytes, state_bytes)| {
+    let memcpy_gbps = copy_rate_gbps((64 << 20) / cfg.scale);
+    let versus_f32 = base.map(|(f32_moved, f32_params, f32_state)| {
         let median_f32 = median(&base_step_s);
         let pairs: Vec<f64> = step_s
             .iter()
@@ -488,12 +486,11 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             median_s: median_f32,
             median_ratio: median_s / median_f32,
             pair_ratio: median(&pairs),
-            params_bytes,
-            state_bytes,
-            bytes_ratio: (params_bytes_run + state_bytes_run) as f64
-                / (params_bytes + state_bytes) as f64,
-            bytes_moved,
-            bandwidth_fraction: bytes_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
+            params_bytes: f32_params,
+            state_bytes: f32_state,
+            bytes_ratio: (params_bytes + state_bytes) as f64 / (f32_params + f32_state) as f64,
+            bytes_moved: f32_moved,
+            bandwidth_fraction: f32_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
             loss: base_loss,
             step_s: std::mem::take(&mut base_step_s),
         }
@@ -551,95 +548,6 @@ fn median(xs: &[f64]) -> f64 {
     } else {
         0.5 * (v[n / 2 - 1] + v[n / 2])
     }
-}
-
-/// `VmHWM` of `/proc/self/status` in MiB.
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-/// Nanoseconds (on a CPU, waiting for one) summed over the threads of the
-/// process, from `/proc/self/task/*/schedstat`.
-fn sched_ns() -> Option<(u64, u64)> {
-    let mut total = (0u64, 0u64);
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
-            continue;
-        };
-        let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
-        total.0 += f.next()??;
-        total.1 += f.next()??;
-    }
-    Some(total)
-}
-
-/// Best of five parallel copies of `n` `f32` (after one that faults the
-/// pages in), counting bytes read plus bytes written, GB/s.
-pub(crate) fn copy_rate_gbps(n: usize) -> f64 {
-    memcpy_gbps(n)
-}
-
-/// Best of five parallel copies of `n` `f32` (after one that faults the
-/// pages in), counting bytes read plus bytes written, GB/s.
-///
-/// Both buffers start on a page boundary: a destination a few bytes past
-/// the source modulo 4096 makes every load wait on the store before it (4K
-/// aliasing) and halves the rate, whichever way the allocator placed them.
-fn memcpy_gbps(n: usize) -> f64 {
-    const CHUNK: usize = 1 << 16;
-    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
-    let n = n.max(CHUNK);
-    let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
-    let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
-    let mut dst_buf = vec![0.0f32; n + PAGE];
-    let s0 = page_aligned(&src_buf);
-    let d0 = page_aligned(&dst_buf);
-    let src = &src_buf[s0..s0 + n];
-    let dst = &mut dst_buf[d0..d0 + n];
-    let mut best = f64::INFINITY;
-    for rep in 0..6 {
-        let t0 = Instant::now();
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        let t = t0.elapsed().as_secs_f64();
-        if rep > 0 {
-            best = best.min(t);
-        }
-    }
-    std::hint::black_box(&dst_buf);
-    (2 * n as u64 * F32) as f64 / best / 1e9
-}
-
-/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s:
-/// through `matrixmultiply` (`f32::gemm`), or the tile kernel `isa`.
-pub(crate) fn sgemm_gflops(
-    m: usize,
-    k: usize,
-    n: usize,
-    isa: Option<crate::kernels::gemm::Isa>,
-) -> f64 {
-    let mut rng = Rng::new(11);
-    let a = Array2::from_shape_fn((m, k), |_| rng.normal() as f32);
-    let b = Array2::from_shape_fn((k, n), |_| rng.normal() as f32);
-    let mut c = Array2::<f32>::zeros((m, n));
-    let mut best = f64::INFINITY;
-    for rep in 0..4 {
-        let t0 = Instant::now();
-        match isa {
-            None => f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut()),
-            Some(isa) => crate::kernels::gemm::gemm(isa, a.view(), b.view(), c.view_mut(), false),
-        }
-        let t = t0.elapsed().as_secs_f64();
-        if rep > 0 {
-            best = best.min(t);
-        }
-    }
-    std::hint::black_box(&c);
-    2.0 * (m * k * n) as f64 / best / 1e9
 }
 
 #[cfg(test)]

@@ -1,0 +1,94 @@
+//! What a benchmark step is related to, measured in the same process: the
+//! machine's copy and sgemm rates, and the process's peak memory and CPU
+//! time.
+
+use std::time::Instant;
+
+use ndarray::Array2;
+use rayon::prelude::*;
+
+use super::F32;
+use crate::{Real, Rng};
+
+/// `VmHWM` of `/proc/self/status` in MiB.
+pub(super) fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Nanoseconds (on a CPU, waiting for one) summed over the threads of the
+/// process, from `/proc/self/task/*/schedstat`.
+pub(super) fn sched_ns() -> Option<(u64, u64)> {
+    let mut total = (0u64, 0u64);
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+        total.0 += f.next()??;
+        total.1 += f.next()??;
+    }
+    Some(total)
+}
+
+/// Best of five parallel copies of `n` `f32` (after one that faults the
+/// pages in), counting bytes read plus bytes written, GB/s.
+///
+/// Both buffers start on a page boundary: a destination a few bytes past
+/// the source modulo 4096 makes every load wait on the store before it (4K
+/// aliasing) and halves the rate, whichever way the allocator placed them.
+pub(super) fn copy_rate_gbps(n: usize) -> f64 {
+    const CHUNK: usize = 1 << 16;
+    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
+    let n = n.max(CHUNK);
+    let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
+    let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
+    let mut dst_buf = vec![0.0f32; n + PAGE];
+    let s0 = page_aligned(&src_buf);
+    let d0 = page_aligned(&dst_buf);
+    let src = &src_buf[s0..s0 + n];
+    let dst = &mut dst_buf[d0..d0 + n];
+    let mut best = f64::INFINITY;
+    for rep in 0..6 {
+        let t0 = Instant::now();
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&dst_buf);
+    (2 * n as u64 * F32) as f64 / best / 1e9
+}
+
+/// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s:
+/// through `matrixmultiply` (`f32::gemm`), or the tile kernel `isa`.
+pub(super) fn sgemm_gflops(
+    m: usize,
+    k: usize,
+    n: usize,
+    isa: Option<crate::kernels::gemm::Isa>,
+) -> f64 {
+    let mut rng = Rng::new(11);
+    let a = Array2::from_shape_fn((m, k), |_| rng.normal() as f32);
+    let b = Array2::from_shape_fn((k, n), |_| rng.normal() as f32);
+    let mut c = Array2::<f32>::zeros((m, n));
+    let mut best = f64::INFINITY;
+    for rep in 0..4 {
+        let t0 = Instant::now();
+        match isa {
+            None => f32::gemm(1.0, a.view(), b.view(), 0.0, c.view_mut()),
+            Some(isa) => crate::kernels::gemm::gemm(isa, a.view(), b.view(), c.view_mut(), false),
+        }
+        let t = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    std::hint::black_box(&c);
+    2.0 * (m * k * n) as f64 / best / 1e9
+}
