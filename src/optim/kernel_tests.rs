@@ -244,7 +244,7 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
 /// precision: each row widened, its gradient computed and the row updated
 /// as it is reached; the same bits as the naive update of the dense
 /// gradient, under 1, 2 and 4 threads, with stochastic and nearest
-/// rounding, in bf16 and f16.
+/// rounding, in bf16 and f16 (and in f32).
 /// Every fourth row zero, a quarter of rows written, the rest of the
 /// fusion penalty's form (two factors, five pairs of terms; k = 0 too).
 struct Formed<T> {
@@ -359,6 +359,8 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
         (Dtype::F16, Dtype::F32),
         (Dtype::F16, Dtype::BF16),
         (Dtype::F32, Dtype::BF16),
+        // And all in f32, whose path writes every row, forms too.
+        (Dtype::F32, Dtype::F32),
     ];
     for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
         let (init, _) = case(n, w);
