@@ -20,7 +20,7 @@ use crate::kernels::scatter::Coalesced;
 mod row_gradient;
 mod stored;
 
-pub use row_gradient::{RowForm, RowGradient};
+pub use row_gradient::{RowForm, RowGradient, SparseRowGradient};
 pub use stored::{
     Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened_in,
 };

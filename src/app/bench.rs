@@ -1,7 +1,10 @@
 //! The four benchmark workloads of `docs/spec.md#5-benchmark-workloads`, timed step by step.
 //!
-//! One step is a forward pass on a [`Tape`], the backward pass and the
-//! optimiser update, in `f32`, with the real layers and optimisers:
+//! One step is a forward pass, the backward pass and the optimiser
+//! update, with the real layers and optimisers (on a [`Tape`], or through
+//! the layers' tape-free saved pairs, which give the tape's bits; the
+//! embedding workloads sum each touched row's gradient inside the update,
+//! [`SplitTokenEmbeddings::backward_update_saved`]):
 //!
 //! | workload | layer | sizes | trainable (optimiser) | loss |
 //! |---|---|---|---|---|
@@ -39,6 +42,7 @@
 //! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
 //!
 //! [`SplitTokenEmbeddings`]: crate::layers::SplitTokenEmbeddings
+//! [`SplitTokenEmbeddings::backward_update_saved`]: crate::layers::SplitTokenEmbeddings::backward_update_saved
 //! [`SplitVocabulary`]: crate::layers::SplitVocabulary
 //! [`SplitLanguageModellingHead`]: crate::layers::SplitLanguageModellingHead
 //! [`LazyAdam`]: crate::optim::LazyAdam

@@ -173,65 +173,12 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
     ids: &[usize],
     sources: &[RowSource<'_, T, S>],
 ) -> Coalesced<T> {
-    let total: usize = sources.iter().map(RowSource::len).sum();
-    assert_eq!(
-        ids.len(),
-        total,
-        "coalesce_sources: {} ids for {total} rows",
-        ids.len()
-    );
-    if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
-        panic!("coalesce_rows: id {bad} is out of range 0..{n_rows}");
-    }
-    assert!(
-        ids.len() <= u32::MAX as usize,
-        "coalesce_rows: more than 2^32 contributions"
-    );
-    // Contribution k → (source, row of its values).
-    let mut at: Vec<(u32, u32)> = Vec::with_capacity(ids.len());
-    for (s, src) in sources.iter().enumerate() {
-        assert_eq!(
-            src.values.ncols(),
-            width,
-            "coalesce_sources: source {s} has width {}, expected {width}",
-            src.values.ncols()
-        );
-        let n = src.values.nrows();
-        match src.rows {
-            Some(rows) => {
-                if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
-                    panic!("coalesce_sources: row {bad} of source {s} is out of range 0..{n}");
-                }
-                at.extend(rows.iter().map(|&r| (s as u32, r as u32)));
-            }
-            None => at.extend((0..n).map(|r| (s as u32, r as u32))),
-        }
-    }
-    let order = order_by_id(ids, n_rows);
-    // Group boundaries: starts[j]..starts[j + 1] is the j-th unique id.
-    let mut starts = Vec::with_capacity(ids.len() + 1);
-    for (p, &k) in order.iter().enumerate() {
-        if p == 0 || ids[k as usize] != ids[order[p - 1] as usize] {
-            starts.push(p);
-        }
-    }
-    starts.push(order.len());
-    let n_unique = starts.len() - 1;
-    let rows: Vec<usize> = starts[..n_unique]
-        .iter()
-        .map(|&p| ids[order[p] as usize])
-        .collect();
+    let plan = Coalescing::new(n_rows, width, ids, sources);
+    let (order, starts) = (&plan.order, &plan.starts);
+    let n_unique = plan.rows.len();
     // Each row is zeroed when its first contribution arrives (in cache,
     // just before it is added), so the buffer is written once.
     let mut out = pool.uninit_2d((n_unique, width));
-    // Contiguous source rows are summed as slices (the loop vectorises);
-    // other layouts go through ndarray's row views.
-    let flat: Vec<Option<&[S]>> = sources.iter().map(|s| s.values.to_slice()).collect();
-    // The contiguous row of contribution k, if its source is contiguous.
-    let row_slice = |k: u32| {
-        let (s, r) = at[k as usize];
-        flat[s as usize].map(|v| &v[r as usize * width..(r as usize + 1) * width])
-    };
     if width > 0 && n_unique > 0 {
         // slot[k]: the unique row that contribution k adds into.
         let mut slot = vec![0u32; ids.len()];
@@ -301,20 +248,11 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
                 // contribution, which comes first in position order, and
                 // `MaybeUninit<T>` has `T`'s layout.
                 let dst: &mut [T] = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
-                let (s, r) = at[k as usize];
-                let (src, r) = (&sources[s as usize], r as usize);
                 // Rows are often one page each, where the hardware
                 // prefetcher starts over: ask for the next row while this
                 // one is summed.
-                let next = ks.get(p + 1).and_then(|&k| row_slice(k));
-                match flat[s as usize] {
-                    Some(v) => S::add_row(dst, &v[r * width..(r + 1) * width], src.scale, next),
-                    None => {
-                        for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
-                            S::add_one(d, x, src.scale);
-                        }
-                    }
-                }
+                let next = ks.get(p + 1).and_then(|&k| plan.row_slice(k));
+                plan.add(dst, k, next);
             }
         };
         if parts.len() > 1 {
@@ -326,7 +264,188 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
     // SAFETY: every unique row has at least one contribution, whose task
     // wrote the row (zeros, then its sums); with width 0 there is nothing.
     let values = unsafe { out.assume_init() };
-    Coalesced { rows, values }
+    Coalesced {
+        rows: plan.rows,
+        values,
+    }
+}
+
+/// A coalescing prepared but not summed: the contributions ordered by
+/// destination row, and the unique rows ([`Coalescing::rows`]), whose sums
+/// [`Coalescing::sum_row`] forms one at a time, each in increasing k (the
+/// bits of [`coalesce_sources`]'s row). It is a
+/// [`SparseRowGradient`](crate::param::SparseRowGradient), so an optimiser
+/// can update each row just after it is summed, in cache
+/// ([`Optimizer::update_sparse_by_rows`](crate::optim::Optimizer::update_sparse_by_rows)),
+/// and the sums are never stored together.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::kernels::scatter::{Coalescing, RowSource, coalesce_rows};
+/// let values = array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]];
+/// let ids = [4, 1, 4];
+/// let sources = [RowSource::all(values.view())];
+/// let plan = Coalescing::new(6, 2, &ids, &sources);
+/// assert_eq!(plan.rows(), &[1, 4]);
+/// let mut row = [0.0f32; 2];
+/// plan.sum_row(1, &mut row);
+/// assert_eq!(row, [6.0, 8.0]);
+/// assert_eq!(coalesce_rows(6, &ids, values.view()).values.row(1).to_vec(), row);
+/// ```
+#[derive(Debug)]
+pub struct Coalescing<'s, 'a, T, S = T> {
+    n_rows: usize,
+    width: usize,
+    sources: &'s [RowSource<'a, T, S>],
+    /// Each source's values as one slice, where they are contiguous.
+    flat: Vec<Option<&'a [S]>>,
+    /// Contribution k → (source, row of its values).
+    at: Vec<(u32, u32)>,
+    /// The contributions in increasing id, equal ids in increasing k.
+    order: Vec<u32>,
+    /// `order[starts[j]..starts[j + 1]]` are the j-th unique row's.
+    starts: Vec<usize>,
+    /// The sorted unique rows.
+    rows: Vec<usize>,
+}
+
+impl<'s, 'a, T: Real, S: SourceElem<T>> Coalescing<'s, 'a, T, S> {
+    /// The plan of [`coalesce_sources`] for the same arguments.
+    ///
+    /// **Panics** as [`coalesce_sources`].
+    #[track_caller]
+    pub fn new(
+        n_rows: usize,
+        width: usize,
+        ids: &[usize],
+        sources: &'s [RowSource<'a, T, S>],
+    ) -> Self {
+        let total: usize = sources.iter().map(RowSource::len).sum();
+        assert_eq!(
+            ids.len(),
+            total,
+            "coalesce_sources: {} ids for {total} rows",
+            ids.len()
+        );
+        if let Some(&bad) = ids.iter().find(|&&i| i >= n_rows) {
+            panic!("coalesce_rows: id {bad} is out of range 0..{n_rows}");
+        }
+        assert!(
+            ids.len() <= u32::MAX as usize,
+            "coalesce_rows: more than 2^32 contributions"
+        );
+        let mut at: Vec<(u32, u32)> = Vec::with_capacity(ids.len());
+        for (s, src) in sources.iter().enumerate() {
+            assert_eq!(
+                src.values.ncols(),
+                width,
+                "coalesce_sources: source {s} has width {}, expected {width}",
+                src.values.ncols()
+            );
+            let n = src.values.nrows();
+            match src.rows {
+                Some(rows) => {
+                    if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+                        panic!("coalesce_sources: row {bad} of source {s} is out of range 0..{n}");
+                    }
+                    at.extend(rows.iter().map(|&r| (s as u32, r as u32)));
+                }
+                None => at.extend((0..n).map(|r| (s as u32, r as u32))),
+            }
+        }
+        let order = order_by_id(ids, n_rows);
+        let mut starts = Vec::with_capacity(ids.len() + 1);
+        for (p, &k) in order.iter().enumerate() {
+            if p == 0 || ids[k as usize] != ids[order[p - 1] as usize] {
+                starts.push(p);
+            }
+        }
+        starts.push(order.len());
+        let rows = starts[..starts.len() - 1]
+            .iter()
+            .map(|&p| ids[order[p] as usize])
+            .collect();
+        // Contiguous source rows are summed as slices (the loop
+        // vectorises); other layouts go through ndarray's row views.
+        let flat = sources.iter().map(|s| s.values.to_slice()).collect();
+        Coalescing {
+            n_rows,
+            width,
+            sources,
+            flat,
+            at,
+            order,
+            starts,
+            rows,
+        }
+    }
+
+    /// The sorted unique rows that receive a contribution.
+    pub fn rows(&self) -> &[usize] {
+        &self.rows
+    }
+
+    /// The rows of the table the contributions go to.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    /// The contiguous row of contribution k, if its source is contiguous.
+    fn row_slice(&self, k: u32) -> Option<&'a [S]> {
+        let (s, r) = self.at[k as usize];
+        let w = self.width;
+        self.flat[s as usize].map(|v| &v[r as usize * w..(r as usize + 1) * w])
+    }
+
+    /// Adds contribution k into `dst` (a row of the sums), fetching `next`
+    /// (the row added after it) meanwhile.
+    fn add(&self, dst: &mut [T], k: u32, next: Option<&[S]>) {
+        let (s, r) = self.at[k as usize];
+        let (src, r) = (&self.sources[s as usize], r as usize);
+        match self.flat[s as usize] {
+            Some(v) => S::add_row(
+                dst,
+                &v[r * self.width..(r + 1) * self.width],
+                src.scale,
+                next,
+            ),
+            None => {
+                for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
+                    S::add_one(d, x, src.scale);
+                }
+            }
+        }
+    }
+
+    /// The sum of the contributions to `rows()[j]` into `dst` (a row of
+    /// `width`, every element written): zeros, then each contribution
+    /// added in increasing k. Fetches the first contribution of the next
+    /// row while it adds its last.
+    ///
+    /// **Panics** if j is out of range or `dst` is not a row long.
+    #[track_caller]
+    pub fn sum_row(&self, j: usize, dst: &mut [T]) {
+        assert_eq!(
+            dst.len(),
+            self.width,
+            "Coalescing::sum_row: a row of {}",
+            self.width
+        );
+        dst.fill(T::zero());
+        let ks = &self.order[self.starts[j]..self.starts[j + 1]];
+        let after = self
+            .starts
+            .get(j + 2)
+            .map(|_| self.order[self.starts[j + 1]]);
+        for (p, &k) in ks.iter().enumerate() {
+            let next = ks
+                .get(p + 1)
+                .copied()
+                .or(after)
+                .and_then(|k| self.row_slice(k));
+            self.add(dst, k, next);
+        }
+    }
 }
 
 /// The bytes of result rows a task of [`coalesce_sources_in`] sums into

@@ -29,7 +29,7 @@ use ndarray::{ArrayBase, ArrayViewD, CowArray, Data, Dimension, Ix2};
 
 pub use grads::{LayerGrads, NamedGrad};
 pub use lm_head::{HeadSaved, SplitLanguageModellingHead};
-pub use split_embeddings::{EmbeddingsSaved, SplitTokenEmbeddings};
+pub use split_embeddings::{EmbeddingsSaved, SplitTokenEmbeddings, TableUpdate};
 pub use split_vocabulary::{
     NO_ROW, RowsGrad, SplitVocabulary, SplitVocabularyConfig, VocabularyGrads, VocabularySaved,
 };

@@ -13,9 +13,9 @@ use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::routing::Routed;
-use crate::kernels::scatter::{RowSource, SourceElem, coalesce_sources_in};
+use crate::kernels::scatter::{Coalescing, RowSource, SourceElem, coalesce_sources_in};
 use crate::ops::split_gather::{split_gather_half_in, split_gather_stored_in};
-use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, Stored, StoredView};
+use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, SparseRowGradient, Stored, StoredView};
 use crate::rng::Rng;
 use crate::state::Module;
 use crate::tape::{Tape, Var};
@@ -259,15 +259,97 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         }
     }
 
-    fn backward_from_source<S: SourceElem<T>>(
-        &self,
-        ws: &Workspace<T>,
+    /// [`Self::backward_saved`] and the update of every table it reaches,
+    /// in one pass: `update` gets each trainable table the ids reach, in
+    /// split order, with its gradient given row by row
+    /// ([`SparseRowGradient`], a [`Coalescing`]), each row summed when it
+    /// is asked for. With an optimiser's
+    /// [`update_sparse_by_rows`](crate::optim::Optimizer::update_sparse_by_rows),
+    /// each touched row's gradient is summed into a buffer of the task that
+    /// then updates the row, while it is in cache, and the tables'
+    /// gradients are never stored; the result is the optimiser's `update`
+    /// of each gradient `backward_saved` returns, bit for bit. Errors as
+    /// `backward_saved` (before any table moves) and as `update`.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// use splitgrad::layers::{SplitTokenEmbeddings, Workspace};
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+    /// use splitgrad::state::Module;
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let mut a = SplitTokenEmbeddings::<f32>::new(&[("orig", 6), ("prompt", 2)], &["orig", "prompt"], 3)?;
+    /// let mut b = a.clone();
+    /// let ids = [0i64, 6, 3, 6];
+    /// let g = Array2::from_shape_fn((4, 3), |(i, j)| (i + j) as f32 * 0.5);
+    /// let (mut oa, mut ob) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
+    /// // Summed and updated in one pass…
+    /// let saved = a.route(&ids)?;
+    /// a.backward_update_saved(&saved, g.view().into_dyn(), &mut |p, g| oa.update_sparse_by_rows(p, g))?;
+    /// // …or the gradients first, then the update.
+    /// let grads = b.backward_saved(&Workspace::new(), &b.route(&ids)?, g.view().into_dyn())?;
+    /// for named in grads.params {
+    ///     let p = b.parameters_mut().into_iter().find(|p| p.name() == named.name).unwrap();
+    ///     ob.update(p, &named.grad)?;
+    /// }
+    /// assert_eq!(a.parameters()[0].value(), b.parameters()[0].value());
+    /// assert_eq!(a.parameters()[1].value(), b.parameters()[1].value());
+    /// # Ok(()) }
+    /// ```
+    pub fn backward_update_saved<'g>(
+        &mut self,
+        saved: &EmbeddingsSaved,
+        grad_output: impl Into<StoredView<'g, T>>,
+        update: &mut TableUpdate<'_, T>,
+    ) -> Result<()>
+    where
+        T: 'g,
+    {
+        match grad_output.into() {
+            StoredView::Full(g) => self.backward_update_from_source(saved, g, update),
+            StoredView::BF16(g) => self.backward_update_from_source(saved, g, update),
+            StoredView::F16(g) => self.backward_update_from_source(saved, g, update),
+        }
+    }
+
+    fn backward_update_from_source<S: SourceElem<T>>(
+        &mut self,
         saved: &EmbeddingsSaved,
         grad_output: ArrayViewD<'_, S>,
-    ) -> Result<LayerGrads<T>> {
+        update: &mut TableUpdate<'_, T>,
+    ) -> Result<()> {
         let h = self.hidden_size();
+        self.check_grad_output(saved, &grad_output)?;
+        let g = grad_output.as_standard_layout();
+        let routed = &saved.routed;
+        let g2 = g
+            .view()
+            .into_shape_with_order((routed.n_ids(), h))
+            .expect("standard layout reshapes");
+        for (k, p) in self.splits.tables_mut().iter_mut().enumerate() {
+            if !p.is_trainable() || routed.positions[k].is_empty() {
+                continue;
+            }
+            let source: RowSource<'_, T, S> = RowSource {
+                values: g2.view(),
+                rows: Some(&routed.positions[k]),
+                scale: None,
+            };
+            let sources = [source];
+            let plan = Coalescing::new(p.shape()[0], h, &routed.local[k], &sources);
+            update(p, &plan)?;
+        }
+        Ok(())
+    }
+
+    /// Errors unless `grad_output` is `(*ids.shape, H)` for the ids of
+    /// `saved`.
+    fn check_grad_output<S>(
+        &self,
+        saved: &EmbeddingsSaved,
+        grad_output: &ArrayViewD<'_, S>,
+    ) -> Result<()> {
         let mut want = saved.ids_shape.clone();
-        want.push(h);
+        want.push(self.hidden_size());
         if grad_output.shape() != want {
             let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
             return Err(Error::shape(
@@ -276,6 +358,17 @@ impl<T: Real> SplitTokenEmbeddings<T> {
                 grad_output.shape(),
             ));
         }
+        Ok(())
+    }
+
+    fn backward_from_source<S: SourceElem<T>>(
+        &self,
+        ws: &Workspace<T>,
+        saved: &EmbeddingsSaved,
+        grad_output: ArrayViewD<'_, S>,
+    ) -> Result<LayerGrads<T>> {
+        let h = self.hidden_size();
+        self.check_grad_output(saved, &grad_output)?;
         let g = grad_output.as_standard_layout();
         let routed = &saved.routed;
         let g2 = g
@@ -305,6 +398,12 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         })
     }
 }
+
+/// What [`SplitTokenEmbeddings::backward_update_saved`] calls for each
+/// table it reaches: the table and its gradient given row by row (an
+/// optimiser's [`update_sparse_by_rows`](crate::optim::Optimizer::update_sparse_by_rows)).
+pub type TableUpdate<'u, T> =
+    dyn FnMut(&mut Parameter<T>, &dyn SparseRowGradient<T>) -> Result<()> + 'u;
 
 super::splits::split_layer_api!(SplitTokenEmbeddings);
 

@@ -6,7 +6,7 @@ use ndarray::{Array2, ArrayD, IxDyn};
 
 use super::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
 use crate::Real;
-use crate::param::{RowForm, RowGradient};
+use crate::param::{RowForm, RowGradient, SparseRowGradient};
 use crate::{ParamGrad, Parameter, RowSparse};
 
 /// Which path to run: the naive reference, or the parallel update in a
@@ -409,4 +409,175 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
             }
         }
     }
+}
+
+/// A stored row-sparse gradient given row by row, each row copied out on
+/// demand (and counted, to see every row asked for once).
+struct ByRows<'a> {
+    s: &'a RowSparse<f32>,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl SparseRowGradient<f32> for ByRows<'_> {
+    fn n_rows(&self) -> usize {
+        self.s.n_rows
+    }
+    fn rows(&self) -> &[usize] {
+        &self.s.rows
+    }
+    fn write(&self, j: usize, g: &mut [f32]) {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        g.iter_mut()
+            .zip(self.s.values.row(j))
+            .for_each(|(g, &v)| *g = v);
+    }
+}
+
+/// `update_sparse_by_rows` equals `update` of the stored row-sparse
+/// gradient, bit for bit, every row asked for once: lazy Adam (its own
+/// path) in every layout of parameter and state, stochastic and nearest
+/// rounding, 1, 2 and 4 threads, and the default of Adam and SGD; a
+/// frozen parameter is left alone and gets no state.
+#[test]
+fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
+    use crate::optim::{Sgd, SgdConfig};
+    use crate::param::{Dtype, Rounding};
+    let layouts = [
+        (Dtype::F32, Dtype::F32),
+        (Dtype::BF16, Dtype::BF16),
+        (Dtype::BF16, Dtype::F32),
+        (Dtype::F16, Dtype::F32),
+        (Dtype::F32, Dtype::BF16),
+    ];
+    type Make = fn(Dtype, Rounding) -> Box<dyn Optimizer<f32> + Send>;
+    let lazy: Make = |state, rounding| {
+        let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+        o.set_state_dtype(state).unwrap();
+        o.set_rounding(rounding);
+        Box::new(o)
+    };
+    let adam: Make = |state, rounding| {
+        let mut o = Adam::new(AdamConfig::default()).unwrap();
+        o.set_state_dtype(state).unwrap();
+        o.set_rounding(rounding);
+        Box::new(o)
+    };
+    let sgd: Make = |_, _| Box::new(Sgd::new(SgdConfig::default()).unwrap());
+    for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
+        let (init, grads) = case(n, w);
+        let sparse: Vec<&RowSparse<f32>> = grads
+            .iter()
+            .filter_map(|g| match g {
+                ParamGrad::RowSparse(s) => Some(s),
+                ParamGrad::Dense(_) => None,
+            })
+            .collect();
+        for ((dtype, state), rounding, (kind, make)) in layouts.into_iter().flat_map(|l| {
+            [Rounding::Stochastic { seed: 3 }, Rounding::Nearest]
+                .into_iter()
+                .flat_map(move |r| {
+                    [("lazy", lazy), ("adam", adam), ("sgd", sgd)].map(move |k| (l, r, k))
+                })
+        }) {
+            if kind == "sgd" && dtype != Dtype::F32 {
+                continue; // SGD refuses half-precision parameters
+            }
+            let fresh = || {
+                let mut p = Parameter::new("t", init.clone());
+                p.set_dtype(dtype).unwrap();
+                (p, make(state, rounding))
+            };
+            for s in &sparse {
+                let mut want = fresh();
+                for _ in 0..3 {
+                    want.1
+                        .update(&mut want.0, &ParamGrad::RowSparse((*s).clone()))
+                        .unwrap();
+                }
+                for t in [1, 2, 4] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(t)
+                        .build()
+                        .unwrap();
+                    let mut got = fresh();
+                    let by = ByRows {
+                        s,
+                        asked: Default::default(),
+                    };
+                    pool.install(|| {
+                        for _ in 0..3 {
+                            got.1.update_sparse_by_rows(&mut got.0, &by).unwrap();
+                        }
+                    });
+                    let what = format!(
+                        "{kind} ({n}, {w}) {} rows, {dtype} {state} {rounding:?}, {t} threads",
+                        s.rows.len()
+                    );
+                    assert_eq!(
+                        got.0.widened().mapv(f32::to_bits),
+                        want.0.widened().mapv(f32::to_bits),
+                        "{what}"
+                    );
+                    assert!(got.1.state() == want.1.state(), "{what}: state");
+                    let asked = by.asked.into_inner();
+                    assert_eq!(asked, 3 * s.rows.len(), "{what}: rows asked for");
+                }
+            }
+        }
+    }
+    // Frozen: no update, no state, no row asked for.
+    let (init, grads) = case(7, 5);
+    let ParamGrad::RowSparse(s) = &grads[0] else {
+        panic!("the first case is row-sparse")
+    };
+    let mut p = Parameter::new("t", init.clone());
+    p.set_trainable(false);
+    let by = ByRows {
+        s,
+        asked: Default::default(),
+    };
+    let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+    o.update_sparse_by_rows(&mut p, &by).unwrap();
+    assert_eq!(p.value(), &init);
+    assert!(o.state().is_empty());
+    assert_eq!(by.asked.into_inner(), 0);
+}
+
+/// A gradient by rows for another shape, or reaching a row out of range,
+/// is an error before any state is made; rows out of order panic.
+#[test]
+fn update_sparse_by_rows_checks_the_gradient() {
+    struct Rows(usize, Vec<usize>);
+    impl SparseRowGradient<f32> for Rows {
+        fn n_rows(&self) -> usize {
+            self.0
+        }
+        fn rows(&self) -> &[usize] {
+            &self.1
+        }
+        fn write(&self, _: usize, g: &mut [f32]) {
+            g.fill(1.0);
+        }
+    }
+    let opt = || LazyAdam::new(LazyAdamConfig::default()).unwrap();
+    let table = || Parameter::new("t", ArrayD::<f32>::zeros(IxDyn(&[4, 3])));
+    for (bad, says) in [
+        (Rows(5, vec![0]), "row-sparse gradient"),
+        (Rows(4, vec![1, 4]), "out of range"),
+    ] {
+        let mut o = opt();
+        let err = o.update_sparse_by_rows(&mut table(), &bad).unwrap_err();
+        assert!(err.to_string().contains(says), "{err}");
+        assert!(o.state().is_empty());
+    }
+    let mut flat = Parameter::new("b", ArrayD::<f32>::zeros(IxDyn(&[4])));
+    let err = opt()
+        .update_sparse_by_rows(&mut flat, &Rows(4, vec![0]))
+        .unwrap_err();
+    assert!(err.to_string().contains("2-D"), "{err}");
+    let unsorted = std::panic::catch_unwind(|| {
+        opt().update_sparse_by_rows(&mut table(), &Rows(4, vec![2, 1]))
+    });
+    assert!(unsorted.is_err());
 }

@@ -3,10 +3,10 @@
 use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
-use super::moments::{Kernel, MomentTable, Rule, apply_zip};
-use super::{Optimizer, StateValue, check_beta, check_lr, flat_mut, rows_width};
+use super::moments::{Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip};
+use super::{Optimizer, StateValue, check_beta, check_lr, check_sparse_rows, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::param::{Dtype, RowGradient};
+use crate::param::{Dtype, RowGradient, SparseRowGradient};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
@@ -135,27 +135,9 @@ impl<T: Real> Rule<T> for Coeffs<T> {
     /// Only the gradient's rows move, in parallel.
     fn apply_sparse(&self, p: &mut [T], m: &mut [T], v: &mut [T], s: &RowSparse<T>) {
         let width = s.values.ncols();
-        if width == 0 || s.rows.is_empty() {
-            return;
-        }
         let values = s.values.as_standard_layout();
         let values = values.as_slice().expect("standard layout is contiguous");
-        let rows = pick_rows(p, width, &s.rows)
-            .into_iter()
-            .zip(pick_rows(m, width, &s.rows))
-            .zip(pick_rows(v, width, &s.rows))
-            .zip(values.chunks(width))
-            .map(|(((p, m), v), g)| RowJob { p, m, v, g });
-        let run = |r: RowJob<'_, T>| self.apply_run(r.p, r.m, r.v, Some(r.g));
-        if values.len() < PAR_MIN_ELEMS {
-            rows.for_each(run);
-        } else {
-            // Rows of a narrow table are batched so that a task has a few
-            // thousand elements.
-            let min_rows = (4096 / width).max(1);
-            let rows: Vec<_> = rows.collect();
-            rows.into_par_iter().with_min_len(min_rows).for_each(run);
-        }
+        self.apply_rows(p, m, v, &s.rows, width, &Stacked(values, width));
     }
 
     /// Row by row through `ndarray` views.
@@ -167,16 +149,48 @@ impl<T: Real> Rule<T> for Coeffs<T> {
     }
 }
 
+impl<T: Real> Coeffs<T> {
+    /// The rows `rows` (sorted, unique) of the parameter and its moments,
+    /// kept as `T`, updated in parallel, the j-th row's gradient from
+    /// `grads`.
+    fn apply_rows(
+        &self,
+        p: &mut [T],
+        m: &mut [T],
+        v: &mut [T],
+        rows: &[usize],
+        width: usize,
+        grads: &impl SparseRows<T>,
+    ) {
+        if width == 0 || rows.is_empty() {
+            return;
+        }
+        let jobs = pick_rows(p, width, rows)
+            .into_iter()
+            .zip(pick_rows(m, width, rows))
+            .zip(pick_rows(v, width, rows))
+            .enumerate();
+        let run = |buf: &mut Vec<T>, (j, ((p, m), v)): RowOf<'_, T>| {
+            let g = grads.row(j, width, buf);
+            self.apply_run(p, m, v, Some(g));
+        };
+        if rows.len() * width < PAR_MIN_ELEMS {
+            let mut buf = Vec::new();
+            jobs.for_each(|job| run(&mut buf, job));
+        } else {
+            // Rows of a narrow table are batched so that a task has a few
+            // thousand elements.
+            let min_rows = (4096 / width).max(1);
+            let jobs: Vec<_> = jobs.collect();
+            jobs.into_par_iter()
+                .with_min_len(min_rows)
+                .for_each_init(Vec::new, run);
+        }
+    }
+}
+
 /// Row r of the parameter and of its two moments.
 type RowOf<'a, T> = (usize, ((&'a mut [T], &'a mut [T]), &'a mut [T]));
-
-/// One touched row: the parameter's, its two moments', its gradient's.
-struct RowJob<'a, T> {
-    p: &'a mut [T],
-    m: &'a mut [T],
-    v: &'a mut [T],
-    g: &'a [T],
-}
 
 /// The disjoint rows `rows` (sorted, unique, in range) of a row-major
 /// table of row length `width`.
@@ -243,6 +257,36 @@ impl<T: Real> LazyAdam<T> {
 
 impl<T: Real> Optimizer<T> for LazyAdam<T> {
     adam_family_methods!(Coeffs<T>, true);
+
+    /// Rows in parallel, each row's gradient written into a buffer of the
+    /// task just before the row is updated (in cache): the update of the
+    /// stored row-sparse gradient, bit for bit.
+    fn update_sparse_by_rows(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad: &dyn SparseRowGradient<T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        let width = check_sparse_rows(param, grad)?;
+        if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
+            return self.moments.update_half_sparse_by_rows::<Coeffs<T>>(
+                &self.config,
+                param,
+                width,
+                grad,
+            );
+        }
+        let slot = self.moments.step(param)?;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        let p = flat_mut(param);
+        let (m, v) = slot
+            .slices_mut()
+            .expect("moments of a parameter kept as T are kept as T");
+        c.apply_rows(p, m, v, grad.rows(), width, &Summed(grad));
+        Ok(())
+    }
 
     /// Rows in parallel, each row's gradient computed into a buffer of
     /// the task just before the row is updated; in `f32` with the

@@ -196,10 +196,13 @@ pub use lazy_adam::{LazyAdam, LazyAdamConfig};
 pub use sgd::{Sgd, SgdConfig};
 
 use ndarray::ArrayD;
+use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{Dtype, GradSource, ParamGrad, Parameter, RowGradient, Stored, StoredView};
+use crate::param::{
+    Dtype, GradSource, ParamGrad, Parameter, RowGradient, SparseRowGradient, Stored, StoredView,
+};
 use crate::state::{StateDict, TensorData};
 
 /// An optimiser: updates parameters from their gradients and keeps its
@@ -255,6 +258,31 @@ pub trait Optimizer<T: Real> {
         }
         let g = dense_by_rows(param, grad)?;
         self.update(param, &ParamGrad::Dense(g))
+    }
+
+    /// [`update`](Self::update) with a row-sparse gradient given row by
+    /// row ([`SparseRowGradient`]): the rows of a coalesced scatter-add,
+    /// each summed from its contributions on demand
+    /// ([`Coalescing`](crate::kernels::scatter::Coalescing)), need never be
+    /// stored together. [`LazyAdam`] forms each row in a buffer of its task
+    /// just before it updates the row. This default builds the row-sparse
+    /// gradient and calls `update`; an override must give the same result
+    /// bit for bit. `grad` is asked for each row once, from any thread, in
+    /// any order.
+    ///
+    /// Errors as `update`, and if the parameter is not 2-D or `grad` is of
+    /// another number of rows; **panics** if its rows are not sorted and
+    /// unique.
+    fn update_sparse_by_rows(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad: &dyn SparseRowGradient<T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        let g = sparse_by_rows(param, grad)?;
+        self.update(param, &ParamGrad::RowSparse(g))
     }
 
     /// Named state entries for a checkpoint: `("<param name>.exp_avg",
@@ -580,40 +608,55 @@ fn check_grad<T: Real>(param: &Parameter<T>, grad: &ParamGrad<T>) -> Result<()> 
         .in_array(param.name())),
         ParamGrad::Dense(_) => Ok(()),
         ParamGrad::RowSparse(s) => {
-            let width = s.values.ncols();
-            if shape != [s.n_rows, width] {
-                return Err(Error::shape(
-                    "row-sparse gradient",
-                    format!("{shape:?} (the parameter's)"),
-                    &[s.n_rows, width],
-                )
-                .in_array(param.name()));
-            }
-            if s.values.nrows() != s.rows.len() {
-                return Err(Error::shape(
-                    "row-sparse gradient values",
-                    format!("({}, {width}), one row per gradient row", s.rows.len()),
-                    s.values.shape(),
-                )
-                .in_array(param.name()));
-            }
-            assert!(
-                s.rows.windows(2).all(|w| w[0] < w[1]),
-                "row-sparse gradient of `{}`: rows are not sorted and unique",
-                param.name()
-            );
-            match s.rows.last() {
-                Some(&last) if last >= s.n_rows => Err(Error::out_of_range(
-                    "gradient row",
-                    vec![s.rows.len() - 1],
-                    last as i64,
-                    0,
-                    s.n_rows as i64,
-                )
-                .in_array(param.name())),
-                _ => Ok(()),
-            }
+            check_row_sparse(param, s.n_rows, s.values.ncols(), &s.rows, s.values.nrows())
         }
+    }
+}
+
+/// [`check_grad`] of a row-sparse gradient of `n_rows` rows of `width`
+/// reaching `rows`, with `n_values` rows of values.
+///
+/// **Panics** if the rows are not sorted and unique.
+#[track_caller]
+fn check_row_sparse<T: Real>(
+    param: &Parameter<T>,
+    n_rows: usize,
+    width: usize,
+    rows: &[usize],
+    n_values: usize,
+) -> Result<()> {
+    let shape = param.shape();
+    if shape != [n_rows, width] {
+        return Err(Error::shape(
+            "row-sparse gradient",
+            format!("{shape:?} (the parameter's)"),
+            &[n_rows, width],
+        )
+        .in_array(param.name()));
+    }
+    if n_values != rows.len() {
+        return Err(Error::shape(
+            "row-sparse gradient values",
+            format!("({}, {width}), one row per gradient row", rows.len()),
+            &[n_values, width],
+        )
+        .in_array(param.name()));
+    }
+    assert!(
+        rows.windows(2).all(|w| w[0] < w[1]),
+        "row-sparse gradient of `{}`: rows are not sorted and unique",
+        param.name()
+    );
+    match rows.last() {
+        Some(&last) if last >= n_rows => Err(Error::out_of_range(
+            "gradient row",
+            vec![rows.len() - 1],
+            last as i64,
+            0,
+            n_rows as i64,
+        )
+        .in_array(param.name())),
+        _ => Ok(()),
     }
 }
 
@@ -630,6 +673,52 @@ fn rows_width<T: Real>(param: &Parameter<T>) -> Result<usize> {
             shape,
         )),
     }
+}
+
+/// The row-sparse gradient `grad` gives row by row, every row written in
+/// parallel (the default of [`Optimizer::update_sparse_by_rows`], and the
+/// reference its overrides are tested against), checked as an optimiser's
+/// row-sparse gradient is.
+///
+/// **Panics** if the rows are not sorted and unique.
+#[track_caller]
+fn sparse_by_rows<T: Real>(
+    param: &Parameter<T>,
+    grad: &dyn SparseRowGradient<T>,
+) -> Result<crate::RowSparse<T>> {
+    let width = check_sparse_rows(param, grad)?;
+    let rows = grad.rows().to_vec();
+    let mut values = ndarray::Array2::<T>::zeros((rows.len(), width));
+    if width > 0 {
+        values
+            .as_slice_mut()
+            .expect("a fresh array")
+            .par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(j, g)| grad.write(j, g));
+    }
+    let n_rows = grad.n_rows();
+    Ok(crate::RowSparse {
+        n_rows,
+        rows,
+        values,
+    })
+}
+
+/// The row length of a parameter whose row-sparse gradient comes by rows,
+/// checked as [`check_grad`] checks a stored one: the parameter 2-D, of
+/// the gradient's number of rows, every row in range; an error otherwise.
+///
+/// **Panics** if the rows are not sorted and unique.
+#[track_caller]
+fn check_sparse_rows<T: Real>(
+    param: &Parameter<T>,
+    grad: &dyn SparseRowGradient<T>,
+) -> Result<usize> {
+    let width = rows_width(param)?;
+    let rows = grad.rows();
+    check_row_sparse(param, grad.n_rows(), width, rows, rows.len())?;
+    Ok(width)
 }
 
 /// The dense gradient `grad` gives row by row, every row written (the

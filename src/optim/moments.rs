@@ -16,7 +16,8 @@ use crate::param::{Dtype, Rounding, Stored, StoredMut};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 mod half;
-use half::{by_rows, keys, update_half, update_half_naive};
+pub(super) use half::{SparseRows, Stacked, Summed};
+use half::{by_rows, keys, rows_half, update_half, update_half_naive};
 
 /// Elements per parallel task of a dense update.
 pub(super) const CHUNK: usize = 1 << 14;
@@ -249,6 +250,34 @@ impl<T: Real> MomentTable<T> {
         }
         let keys = keys(rounding, slot.step, param.name());
         by_rows(&rule, param, slot, width, grad, keys);
+        Ok(())
+    }
+
+    /// One lazy update (`R::LAZY`) of a 2-D `param` kept in half
+    /// precision, or with moments kept so, from a row-sparse gradient given
+    /// row by row ([`Optimizer::update_sparse_by_rows`](super::Optimizer::update_sparse_by_rows)):
+    /// in parallel over its rows, each row's gradient written into a buffer
+    /// of the task just before the row is updated as [`update_half`]
+    /// updates it; the update of the stored row-sparse gradient bit for
+    /// bit. The gradient is checked by the caller.
+    pub fn update_half_sparse_by_rows<R: Rule<T>>(
+        &mut self,
+        config: &R::Config,
+        param: &mut Parameter<T>,
+        width: usize,
+        grad: &dyn crate::param::SparseRowGradient<T>,
+    ) -> Result<()> {
+        debug_assert!(R::LAZY, "a row-sparse update by rows moves only its rows");
+        let rounding = self.keeping.rounding;
+        let slot = self.step(param)?;
+        let rule = R::new(config, slot.step);
+        let keys = keys(rounding, slot.step, param.name());
+        let pmv = [
+            param.stored_mut().flat_mut(),
+            slot.exp_avg.flat_mut(),
+            slot.exp_avg_sq.flat_mut(),
+        ];
+        rows_half(&rule, pmv, grad.rows(), width, &Summed(grad), keys);
         Ok(())
     }
 

@@ -1,5 +1,9 @@
 //! A dense gradient given row by row ([`RowGradient`]), and the forms a
-//! row of it can take ([`RowForm`]) that an optimiser computes itself.
+//! row of it can take ([`RowForm`]) that an optimiser computes itself; a
+//! row-sparse gradient given row by row ([`SparseRowGradient`]).
+
+use crate::kernels::Real;
+use crate::kernels::scatter::{Coalescing, SourceElem};
 
 /// A dense gradient of a 2-D parameter given row by row, for
 /// [`Optimizer::update_by_rows`](crate::optim::Optimizer::update_by_rows): [`write`](Self::write) writes any row;
@@ -81,4 +85,60 @@ pub enum RowForm<'a, T> {
     },
     /// Written by [`RowGradient::write`].
     Written,
+}
+
+/// A row-sparse gradient of a 2-D parameter given row by row, for
+/// [`Optimizer::update_sparse_by_rows`](crate::optim::Optimizer::update_sparse_by_rows):
+/// the rows it reaches and, on demand, each one's gradient, so that an
+/// optimiser can form a row just before it updates it and the gradient is
+/// never stored whole. [`Coalescing`] is one: each row the sum of its
+/// contributions, formed in cache.
+///
+/// ```
+/// use ndarray::array;
+/// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+/// use splitgrad::param::SparseRowGradient;
+/// use splitgrad::{ParamGrad, Parameter, RowSparse};
+/// # fn main() -> splitgrad::Result<()> {
+/// // Rows 1 and 3 of a 4-row table, each gradient the row's index.
+/// struct Two;
+/// impl SparseRowGradient<f32> for Two {
+///     fn n_rows(&self) -> usize { 4 }
+///     fn rows(&self) -> &[usize] { &[1, 3] }
+///     fn write(&self, j: usize, g: &mut [f32]) { g.fill([1.0, 3.0][j]) }
+/// }
+/// let init = array![[0.0f32, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]].into_dyn();
+/// let (mut a, mut b) = (Parameter::new("t", init.clone()), Parameter::new("t", init));
+/// let (mut oa, mut ob) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
+/// oa.update_sparse_by_rows(&mut a, &Two)?;
+/// let stored = RowSparse { n_rows: 4, rows: vec![1, 3], values: array![[1.0f32, 1.0], [3.0, 3.0]] };
+/// ob.update(&mut b, &ParamGrad::RowSparse(stored))?;
+/// assert_eq!(a.value(), b.value());
+/// # Ok(()) }
+/// ```
+pub trait SparseRowGradient<T>: Sync {
+    /// The rows of the parameter (its first dimension).
+    fn n_rows(&self) -> usize;
+
+    /// The rows the gradient reaches, sorted and unique; every other row's
+    /// gradient is absent (a lazy optimiser leaves it alone).
+    fn rows(&self) -> &[usize];
+
+    /// Writes the gradient of `rows()[j]` into `g` (one row of D elements,
+    /// every element written).
+    fn write(&self, j: usize, g: &mut [T]);
+}
+
+impl<T: Real, S: SourceElem<T>> SparseRowGradient<T> for Coalescing<'_, '_, T, S> {
+    fn n_rows(&self) -> usize {
+        Coalescing::n_rows(self)
+    }
+
+    fn rows(&self) -> &[usize] {
+        Coalescing::rows(self)
+    }
+
+    fn write(&self, j: usize, g: &mut [T]) {
+        self.sum_row(j, g)
+    }
 }

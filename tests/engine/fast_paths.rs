@@ -1,6 +1,7 @@
 //! The tape's fast paths held equal, bit for bit, to the plain ones:
 //!
-//! - `coalesce_sources` (rows read in place, scaled or listed) against
+//! - `coalesce_sources` (rows read in place, scaled or listed), and the
+//!   rows `Coalescing::sum_row` sums one at a time, against
 //!   `coalesce_rows_naive` over the stacked, materialised rows;
 //! - the gradient of `dot_const` kept as `c·R` and read row by row by a
 //!   gather, against the same gradient materialised first;
@@ -15,7 +16,8 @@ use splitgrad::kernels::pool::Pool;
 use splitgrad::kernels::reduce::{dot_naive, dot_slices};
 use splitgrad::kernels::routing::SplitRouting;
 use splitgrad::kernels::scatter::{
-    Coalesced, RowSource, coalesce_rows_naive, coalesce_sources, coalesce_sources_in,
+    Coalesced, Coalescing, RowSource, SourceElem, coalesce_rows_naive, coalesce_sources,
+    coalesce_sources_in,
 };
 use splitgrad::layers::SplitTokenEmbeddings;
 use splitgrad::ops::gather::gather_forward;
@@ -37,6 +39,25 @@ fn same_bits(a: &Coalesced<f32>, b: &Coalesced<f32>) -> Result<(), TestCaseError
         prop_assert_eq!(x.to_bits(), y.to_bits(), "{} vs {}", x, y);
     }
     Ok(())
+}
+
+/// The rows of a [`Coalescing`] each summed apart by `sum_row`, in
+/// parallel (from the last, so that no row follows the one before it).
+fn summed_apart<S: SourceElem<f32>>(
+    n_rows: usize,
+    width: usize,
+    ids: &[usize],
+    sources: &[RowSource<'_, f32, S>],
+) -> Coalesced<f32> {
+    use rayon::prelude::*;
+    let plan = Coalescing::new(n_rows, width, ids, sources);
+    let rows = plan.rows().to_vec();
+    let mut values = Array2::from_elem((rows.len(), width), f32::NAN);
+    let mut each: Vec<_> = values.outer_iter_mut().enumerate().collect();
+    each.reverse();
+    each.into_par_iter()
+        .for_each(|(j, mut row)| plan.sum_row(j, row.as_slice_mut().unwrap()));
+    Coalesced { rows, values }
 }
 
 /// One source: a (rows, width) array, the rows listed (or all), a scale.
@@ -93,6 +114,8 @@ proptest! {
         for threads in [1, 2, 3] {
             let fast = pool(threads).install(|| coalesce_sources(n_rows, width, &ids, &sources));
             same_bits(&fast, &naive)?;
+            let apart = pool(threads).install(|| summed_apart(n_rows, width, &ids, &sources));
+            same_bits(&apart, &naive)?;
         }
     }
 }
@@ -121,7 +144,7 @@ proptest! {
 /// Result rows too many for a task's cache are summed row by row instead
 /// of in position order: still the naive sums bit for bit, from f32 rows
 /// (listed and scaled) and from bf16 rows widened as they are added, on 1
-/// and 2 threads. (1,000 rows of 1,024 elements: 1 MiB of rows a task on
+/// and 2 threads; and so are the rows `Coalescing::sum_row` sums apart. (1,000 rows of 1,024 elements: 1 MiB of rows a task on
 /// two threads, 4 KiB each; Zipf-like ids, a few rows summed many times.)
 #[test]
 fn coalescing_many_wide_rows_row_by_row_equals_naive() {
@@ -151,6 +174,8 @@ fn coalescing_many_wide_rows_row_by_row_equals_naive() {
             same_bits(&coalesce_sources(n_rows, width, &ids, &src), &naive).unwrap();
             let from_half = coalesce_sources_in(&Pool::new(), n_rows, width, &ids, &half_src);
             same_bits(&from_half, &naive_half).unwrap();
+            same_bits(&summed_apart(n_rows, width, &ids, &src), &naive).unwrap();
+            same_bits(&summed_apart(n_rows, width, &ids, &half_src), &naive_half).unwrap();
         });
     }
     assert!(naive.rows.len() > 600, "{} distinct rows", naive.rows.len());

@@ -8,7 +8,7 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::{F32, Workload};
 use crate::error::Result;
-use crate::kernels::reduce::dot_half;
+use crate::kernels::reduce::{dot_half, dot_slices};
 use crate::layers::{SplitLanguageModellingHead, SplitTokenEmbeddings};
 use crate::ops::fused_ce::HeadKernel;
 use crate::ops::fused_ce_sum::SumChunks;
@@ -154,11 +154,10 @@ pub(super) fn build(w: Workload, scale: usize, dtype: Dtype, state: Dtype) -> Re
             b.emb.set_dtype(dtype)?;
             b.opt = keep(lazy_adam()?, state)?;
             b.widths = widths;
-            if dtype.is_half() {
-                // Every array of the step in the tables' dtype, as torch
-                // keeps a bf16 model's activations: the constant too.
-                b.r_half = Some(Stored::from_full(b.r.clone(), dtype)?);
-            }
+            // Every array of the step in the tables' dtype, as torch keeps
+            // a bf16 model's activations: the constant too.
+            let r = std::mem::replace(&mut b.r, Stored::Full(ArrayD::zeros(IxDyn(&[0]))));
+            b.r = Stored::from_full(r.into_full(), dtype)?;
         }
         Built::SplitVocab(b) => b.keep_as(dtype, state)?,
         Built::LmHead(b) => {
@@ -361,13 +360,11 @@ impl Backward {
 pub(super) struct EmbedBench {
     emb: SplitTokenEmbeddings<f32>,
     ids: ArrayD<i64>,
-    r: ArrayD<f32>,
+    /// R, in the tables' dtype (every activation of the step is).
+    r: Stored<f32>,
     opt: LazyAdam<f32>,
     pool: Pool<f32>,
     widths: Widths,
-    /// With half-precision tables: `r` in their dtype, and the step runs
-    /// without a tape on activations of that dtype.
-    r_half: Option<Stored<f32>>,
 }
 
 impl EmbedBench {
@@ -402,7 +399,7 @@ impl EmbedBench {
             (emb, ids)
         };
         emb.reset_parameters(rng);
-        let r = normal(rng, &[n, h]);
+        let r = Stored::Full(normal(rng, &[n, h]));
         let opt = lazy_adam()?;
         Ok(EmbedBench {
             emb,
@@ -411,46 +408,34 @@ impl EmbedBench {
             opt,
             pool: Pool::new(),
             widths: Widths::new(Dtype::F32, Dtype::F32),
-            r_half: None,
         })
     }
 
+    /// One step without a tape, every activation in the tables' dtype:
+    /// the embeddings gathered, the loss `Σ out ⊙ R` summed in f32, and the
+    /// backward inside lazy Adam's update (each touched row's gradient, R's
+    /// rows of its ids summed in a buffer of the task, updated at once:
+    /// `SplitTokenEmbeddings::backward_update_saved`). The backward phase
+    /// is 0: its time is the update's.
     fn step(&mut self) -> Result<StepOut> {
-        if self.r_half.is_some() {
-            return self.step_half();
-        }
-        let b = forward_backward(&self.pool, |tape| {
-            let out = self.emb.forward(tape, &self.ids)?;
-            Ok(tape.dot_const_view(out, self.r.view()))
-        })?;
-        self.opt.step(self.emb.parameters_mut(), &b.grads)?;
-        Ok(b.updated())
-    }
-
-    /// The step on half-precision tables: the embeddings gathered into an
-    /// output of their dtype, the loss `Σ out ⊙ r` summed in f32, the
-    /// tables' gradients (f32) coalesced from `r`'s rows widened, and the
-    /// lazy Adam update with stochastic rounding.
-    fn step_half(&mut self) -> Result<StepOut> {
-        let r = self.r_half.as_ref().expect("a half-precision step");
         let mut laps = Laps::start();
         let (out, saved) = self.emb.forward_saved_stored(&self.pool, &self.ids)?;
-        let loss: f32 = match (&out, r) {
+        let loss: f32 = match (&out, &self.r) {
+            (Stored::Full(o), Stored::Full(r)) => dot_slices(flat(o), flat(r)),
             (Stored::BF16(o), Stored::BF16(r)) => dot_half(flat(o), flat(r)),
             (Stored::F16(o), Stored::F16(r)) => dot_half(flat(o), flat(r)),
             _ => unreachable!("the output and r share the tables' dtype"),
         };
         give_back(&self.pool, out);
         let forward_s = laps.lap();
-        let grads = self.emb.backward_saved(&self.pool, &saved, r.view())?;
-        let backward_s = laps.lap();
-        self.opt.step(self.emb.parameters_mut(), &grads)?;
-        for g in grads.params {
-            g.give_back(&self.pool);
-        }
+        let opt = &mut self.opt;
+        self.emb
+            .backward_update_saved(&saved, self.r.view(), &mut |p, g| {
+                opt.update_sparse_by_rows(p, g)
+            })?;
         Ok(StepOut {
             loss: loss as f64,
-            phase_s: [forward_s, backward_s, laps.lap()],
+            phase_s: [forward_s, 0.0, laps.lap()],
             op_s: Vec::new(),
         })
     }
@@ -475,7 +460,7 @@ impl EmbedBench {
         let row = F32 * h;
         let w = self.widths;
         // Activations in the tables' dtype on the half-precision path.
-        let act = if self.r_half.is_some() { w.p * h } else { row };
+        let act = w.p * h;
         vec![
             ("gather: read the distinct rows", u_all * w.p * h),
             ("gather: write out (N, H)", n * act),
@@ -575,6 +560,57 @@ mod tests {
         let orig = b.emb.split("orig").unwrap().shape()[0] as i64;
         for (i, &id) in b.ids.iter().enumerate() {
             assert_eq!(id >= orig, i % 8 == 7, "position {i}, id {id}");
+        }
+    }
+
+    /// The step of the tables' gradients stored, then the update: on a
+    /// tape in f32 (the workload as it was once written), through the
+    /// saved pair in half precision.
+    fn stored_step(b: &mut EmbedBench) {
+        match &b.r {
+            Stored::Full(r) => {
+                let grads = {
+                    let mut tape = Tape::new();
+                    let out = b.emb.forward(&mut tape, &b.ids).unwrap();
+                    let loss = tape.dot_const_view(out, r.view());
+                    tape.backward(loss)
+                };
+                b.opt.step(b.emb.parameters_mut(), &grads).unwrap();
+            }
+            r => {
+                let saved = b.emb.route(&b.ids).unwrap();
+                let grads = b.emb.backward_saved(&b.pool, &saved, r.view()).unwrap();
+                b.opt.step(b.emb.parameters_mut(), &grads).unwrap();
+            }
+        }
+    }
+
+    /// Three steps of each embedding workload, f32 and bf16 (bf16 state):
+    /// the tables after the step that sums each row's gradient inside the
+    /// update are those after the gradients stored and then applied, bit
+    /// for bit.
+    #[test]
+    fn the_backward_inside_the_update_is_the_stored_gradients_update() {
+        for w in [Workload::EmbedPrompt, Workload::EmbedFull] {
+            for dtype in [Dtype::F32, Dtype::BF16] {
+                let built = || match build(w, 16, dtype, dtype).unwrap() {
+                    Built::Embed(b) => b,
+                    _ => unreachable!("an embedding workload"),
+                };
+                let (mut fused, mut stored) = (built(), built());
+                for _ in 0..3 {
+                    fused.step().unwrap();
+                    stored_step(&mut stored);
+                }
+                for (a, b) in fused.emb.parameters().iter().zip(stored.emb.parameters()) {
+                    assert_eq!(
+                        a.widened().mapv(f32::to_bits),
+                        b.widened().mapv(f32::to_bits),
+                        "{w:?} {dtype}: {}",
+                        a.name()
+                    );
+                }
+            }
         }
     }
 }

@@ -11,9 +11,10 @@ use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::half::{FusedArray, LANES, LaneRule, SrKey};
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
-    Part, Rounding, RowForm, RowGradient, Stored, StoredMut, WIDEN_CHUNK, update_widened_in,
+    Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut, WIDEN_CHUNK,
+    update_widened_in,
 };
-use crate::{ParamGrad, Parameter, Real, RowSparse};
+use crate::{ParamGrad, Parameter, Real};
 
 /// The stochastic-rounding keys (`None`: to nearest) of a parameter's
 /// value and of its two moments at optimiser step `step`: the arrays are
@@ -98,7 +99,12 @@ pub(super) fn update_half<T: Real, R: Rule<T>>(
             let g = g.as_standard_layout();
             dense_half(rule, pmv, g.as_slice().expect("standard layout"), keys);
         }
-        ParamGrad::RowSparse(s) if R::LAZY => rows_half(rule, pmv, s, keys),
+        ParamGrad::RowSparse(s) if R::LAZY => {
+            let values = s.values.as_standard_layout();
+            let values = values.as_slice().expect("standard layout is contiguous");
+            let width = s.values.ncols();
+            rows_half(rule, pmv, &s.rows, width, &Stacked(values, width), keys)
+        }
         ParamGrad::RowSparse(s) => {
             let g = s.to_dense();
             dense_half(rule, pmv, g.as_slice().expect("a fresh array"), keys);
@@ -256,55 +262,83 @@ fn dense_half<T: Real, R: Rule<T>>(
 /// within a row.
 const ROW_HEAD_ELEMS: usize = 256;
 
-/// Only the gradient's rows, in parallel over rows (batched to a few
-/// thousand elements a task).
-fn rows_half<T: Real, R: Rule<T>>(
+/// Only the gradient's rows `rows`, in parallel over rows (batched to a
+/// few thousand elements a task), the j-th row's gradient from `grads`.
+pub(super) fn rows_half<T: Real, R: Rule<T>>(
     rule: &R,
     [p, m, v]: [StoredMut<'_, T>; 3],
-    s: &RowSparse<T>,
+    rows: &[usize],
+    width: usize,
+    grads: &impl SparseRows<T>,
     keys: [Option<SrKey>; 3],
 ) {
-    let width = s.values.ncols();
-    if width == 0 || s.rows.is_empty() {
+    if width == 0 || rows.is_empty() {
         return;
     }
-    let values = s.values.as_standard_layout();
-    let values = values.as_slice().expect("standard layout is contiguous");
     let bases = [&p, &m, &v].map(|a| a.address());
     let jobs = p
-        .pick_rows(width, &s.rows)
+        .pick_rows(width, rows)
         .into_iter()
-        .zip(m.pick_rows(width, &s.rows))
-        .zip(v.pick_rows(width, &s.rows))
-        .zip(values.chunks(width))
-        .zip(s.rows.iter().enumerate());
+        .zip(m.pick_rows(width, rows))
+        .zip(v.pick_rows(width, rows))
+        .zip(rows.iter().enumerate());
     type Job<'a, T> = (
-        (
-            ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
-            &'a [T],
-        ),
+        ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
         (usize, &'a usize),
     );
-    let run = |b: &mut Option<Box<Bufs<T>>>, ((((p, m), v), g), (j, &r)): Job<'_, T>| {
+    type Scratch<T> = (Option<Box<Bufs<T>>>, Vec<T>);
+    let run = |(b, g): &mut Scratch<T>, (((p, m), v), (j, &r)): Job<'_, T>| {
         // The head of the next row, which the kernel's own reach ahead
         // (into the memory after this row) does not fetch.
-        if let Some(&next) = s.rows.get(j + 1) {
+        if let Some(&next) = rows.get(j + 1) {
             for &(at, bytes) in &bases {
                 let head = (width * bytes).min(ROW_HEAD_ELEMS * bytes);
                 prefetch_span(at.wrapping_add(next * width * bytes), head);
             }
         }
+        let g = grads.row(j, width, g);
         update_run(rule, parts([p, m, v], keys), g, (r * width) as u64, b);
     };
-    if values.len() < PAR_MIN_ELEMS {
-        let mut b = None;
-        jobs.for_each(|job| run(&mut b, job));
+    let scratch = || (None, Vec::new());
+    if rows.len() * width < PAR_MIN_ELEMS {
+        let mut s = scratch();
+        jobs.for_each(|job| run(&mut s, job));
     } else {
         let min_rows = (4096 / width).max(1);
         let jobs: Vec<_> = jobs.collect();
         jobs.into_par_iter()
             .with_min_len(min_rows)
-            .for_each_init(|| None, run);
+            .for_each_init(scratch, run);
+    }
+}
+
+/// Where a row-sparse update finds the gradient of its j-th row: stored
+/// rows ([`Stacked`]), or rows formed on demand into a buffer of the task
+/// ([`Summed`]).
+pub(in crate::optim) trait SparseRows<T>: Sync {
+    /// The j-th row's gradient (`width` long), `buf` the task's buffer.
+    fn row<'b>(&'b self, j: usize, width: usize, buf: &'b mut Vec<T>) -> &'b [T];
+}
+
+/// The rows of a row-sparse gradient's values, one after another (flat,
+/// rows of the given width).
+pub(in crate::optim) struct Stacked<'a, T>(pub &'a [T], pub usize);
+
+impl<T: Real> SparseRows<T> for Stacked<'_, T> {
+    fn row<'b>(&'b self, j: usize, _: usize, _: &'b mut Vec<T>) -> &'b [T] {
+        &self.0[j * self.1..(j + 1) * self.1]
+    }
+}
+
+/// The rows of a [`SparseRowGradient`], each written into the task's
+/// buffer just before its row is updated.
+pub(in crate::optim) struct Summed<'a, T>(pub &'a dyn SparseRowGradient<T>);
+
+impl<T: Real> SparseRows<T> for Summed<'_, T> {
+    fn row<'b>(&'b self, j: usize, width: usize, buf: &'b mut Vec<T>) -> &'b [T] {
+        buf.resize(width, T::zero());
+        self.0.write(j, buf);
+        buf
     }
 }
 
