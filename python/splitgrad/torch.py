@@ -661,10 +661,11 @@ class _EmbeddingFunction(torch.autograd.Function):
         ids = _ids(input_ids, "input_ids")
         g = _grad_in(m, grad_output, "grad_output")
         if m._fused is not None:
-            grads = m._core.backward(ids, g, act=_act(m))
             if _group_size(m) > 1:  # every process takes the same step, from all gradients
-                grads = _averaged(m, grads)
-            m._fused.step(m._core, grads)
+                grads = _averaged(m, m._core.backward(ids, g, act=_act(m)))
+                m._fused.step(m._core, grads)
+            else:  # each touched row summed and updated at once, never stored
+                m._core.backward_step(ids, g, m._fused, act=_act(m))
             return (None, None) + (None,) * len(m._names)
         grads = m._core.backward(ids, g, act=_act(m))
         out = []

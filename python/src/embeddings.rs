@@ -10,8 +10,11 @@ use splitgrad::state::Module;
 use crate::convert::{OrRaise, PyReal, check_shape, ids_arg};
 use crate::gradients::{PyGradients, gradients_of};
 use crate::halfio::{Act, act_arg, half_bits_arg, input_arg, output, output_bits, with_half_view};
-use crate::layer::{Workspaces, check_output, layer_class, split_layer_methods};
+use crate::layer::{ByDtype, Workspaces, check_output, layer_class, split_layer_methods};
+use crate::optim::PyOptimizer;
 use half::vec::{HalfBitsVecExt, HalfFloatVecExt};
+use pyo3::exceptions::PyValueError;
+use splitgrad::optim::Optimizer;
 use splitgrad::param::{Dtype as StorageDtype, Stored};
 
 layer_class!(
@@ -110,6 +113,41 @@ fn backward<'py, T: PyReal>(
     Ok(NamedGrad::of_module(layer, grads))
 }
 
+/// [`PyEmbeddings::backward_step`] for the layer's real type: `opt`'s
+/// update of every table the ids reach from the gradient of
+/// `Σ out ⊙ grad`, each touched row summed and updated in one pass.
+fn backward_step<'py, T: PyReal>(
+    py: Python<'py>,
+    layer: &mut SplitTokenEmbeddings<T>,
+    opt: &mut (dyn Optimizer<T> + Send + Sync),
+    wss: &Workspaces,
+    [ids, grad]: [&Bound<'py, PyAny>; 2],
+    act: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let act = act_arg(act, crate::convert::dtype_of::<T>())?;
+    let ids = ids_arg(ids, "input_ids")?;
+    let saved = layer.route(&ids).or_raise()?;
+    if let Some(act) = act {
+        // A half-precision upstream gradient is read as it is: its rows
+        // widened as they are summed.
+        let bits = half_bits_arg(grad, "grad_output", act)?;
+        return with_half_view::<T, _>(&bits, act, |g| {
+            py.detach(|| {
+                layer.backward_update_saved(&saved, g, &mut |p, g| opt.update_sparse_by_rows(p, g))
+            })
+        })
+        .or_raise();
+    }
+    let g = input_arg::<T>(grad, "grad_output", act, wss)?;
+    let gv = g.view();
+    py.detach(|| {
+        layer.backward_update_saved(&saved, gv.view(), &mut |p, g| {
+            opt.update_sparse_by_rows(p, g)
+        })
+    })
+    .or_raise()
+}
+
 #[pymethods]
 impl PyEmbeddings {
     /// ids of any shape → `(*ids.shape, H)`, of the layer's `dtype`, or
@@ -139,6 +177,41 @@ impl PyEmbeddings {
     ) -> PyResult<PyGradients> {
         let args = [input_ids, grad_output];
         crate::each!(&*self.read(py)?, l => Ok(gradients_of(backward(py, l, &self.ws, args, false, act)?, &self.ws)))
+    }
+
+    /// `optimizer`'s update of the tables from the gradient of
+    /// `Σ out ⊙ grad_output` (the gradients `backward` returns), each
+    /// touched row summed into a buffer and updated at once, so the
+    /// gradients are never stored: the bits of
+    /// `optimizer.step(self, self.backward(input_ids, grad_output))`. The
+    /// optimiser is locked first, then the layer, as `Optimizer.step` locks
+    /// them. `act` as in `backward`.
+    #[pyo3(signature = (input_ids, grad_output, optimizer, act = None))]
+    fn backward_step<'py>(
+        &self,
+        py: Python<'py>,
+        input_ids: &Bound<'py, PyAny>,
+        grad_output: &Bound<'py, PyAny>,
+        optimizer: &Bound<'py, PyOptimizer>,
+        act: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let args = [input_ids, grad_output];
+        let opt = optimizer.get();
+        let mut o = opt.write(py)?;
+        let mut l = self.write(py)?;
+        match (&mut *l, &mut *o) {
+            (ByDtype::F32(l), ByDtype::F32(o)) => {
+                backward_step(py, l, o.as_mut(), &self.ws, args, act)
+            }
+            (ByDtype::F64(l), ByDtype::F64(o)) => {
+                backward_step(py, l, o.as_mut(), &self.ws, args, act)
+            }
+            _ => Err(PyValueError::new_err(format!(
+                "backward_step: a {} layer and a {} optimiser",
+                self.dt.name(),
+                opt.dtype().name()
+            ))),
+        }
     }
 
     /// [`backward`] through the crate's tape (forward, `Σ out ⊙ g`,

@@ -591,3 +591,65 @@ def test_set_rounding_on_an_optimiser_that_rounds_nothing_is_refused():
     lazy = sg.LazyAdam(lr=0.1)
     lazy.set_rounding("nearest")
     assert lazy.rounding == ("nearest", None)
+
+
+def _bf16_bits(x):
+    """float32 values → their bfloat16 bits (round to nearest even), uint16."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+_FULL = [("float32", None, None), ("float64", None, None)]
+_HALF = [("float32", "bf16", "bfloat16"), ("float32", "bf16", None)]
+
+
+@pytest.mark.parametrize(
+    "dtype, table, act, kind",
+    [c + (k,) for c in _FULL for k in ("lazy_adam", "adam", "sgd")]
+    # SGD refuses half-precision tables.
+    + [c + (k,) for c in _HALF for k in ("lazy_adam", "adam")],
+)
+def test_backward_step_is_the_step_of_the_backwards_gradients(dtype, table, act, kind):
+    # Each touched row summed and updated in one pass: the bits of
+    # step(layer, backward(...)), the state too, over three steps.
+    make = {
+        "lazy_adam": lambda: sg.LazyAdam(lr=0.05, dtype=dtype),
+        "adam": lambda: sg.Optimizer.adam(0.05, dtype=dtype),
+        "sgd": lambda: sg.Optimizer.sgd(0.05, dtype=dtype),
+    }[kind]
+    a, b = emb(dtype, seed=4), emb(dtype, seed=4)
+    oa, ob = make(), make()
+    if table is not None:
+        for e in (a, b):
+            e.set_dtype(table)
+        for o in (oa, ob):
+            o.set_state_dtype("bf16")
+            o.set_rounding("stochastic", 7)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        ids = rng.integers(0, 9, size=(4, 6))
+        g = rng.standard_normal((4, 6, 4)).astype(dtype)
+        if act is not None:
+            g = _bf16_bits(g)
+        a.backward_step(ids, g, oa, act=act)
+        ob.step(b, b.backward(ids, g, act=act))
+    for s in ORDER:
+        name = f"token_embedding.{s}.weight"
+        assert np.array_equal(a.parameter(name), b.parameter(name)), name
+    sa, sb = oa.state_dict(), ob.state_dict()
+    assert sorted(sa) == sorted(sb)
+    for k in sa:
+        assert np.array_equal(np.asarray(sa[k]), np.asarray(sb[k])), k
+
+
+def test_backward_step_refuses_an_optimiser_of_another_dtype_and_bad_input():
+    e = emb("float32")
+    before = table(e).copy()
+    with pytest.raises(ValueError, match="float32 layer and a float64 optimiser"):
+        e.backward_step([1, 2], np.ones((2, 4), np.float32), sg.LazyAdam(dtype="float64"))
+    opt = sg.LazyAdam()
+    with pytest.raises(ValueError, match="grad_output"):
+        e.backward_step([1, 2], np.ones((3, 4), np.float32), opt)
+    with pytest.raises(ValueError, match="out of range"):
+        e.backward_step([1, 99], np.ones((2, 4), np.float32), opt)
+    assert np.array_equal(table(e), before) and opt.state_dict() == {}
