@@ -124,6 +124,7 @@ fn backward_step<'py, T: PyReal>(
     [ids, grad]: [&Bound<'py, PyAny>; 2],
     act: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
+    let ws: &Workspace<T> = wss.of();
     let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
     let saved = layer.route(&ids).or_raise()?;
@@ -133,7 +134,9 @@ fn backward_step<'py, T: PyReal>(
         let bits = half_bits_arg(grad, "grad_output", act)?;
         return with_half_view::<T, _>(&bits, act, |g| {
             py.detach(|| {
-                layer.backward_update_saved(&saved, g, &mut |p, g| opt.update_sparse_by_rows(p, g))
+                layer.backward_update_saved(ws, &saved, g, &mut |p, g| {
+                    opt.update_sparse_by_rows(p, g)
+                })
             })
         })
         .or_raise();
@@ -141,7 +144,7 @@ fn backward_step<'py, T: PyReal>(
     let g = input_arg::<T>(grad, "grad_output", act, wss)?;
     let gv = g.view();
     py.detach(|| {
-        layer.backward_update_saved(&saved, gv.view(), &mut |p, g| {
+        layer.backward_update_saved(ws, &saved, gv.view(), &mut |p, g| {
             opt.update_sparse_by_rows(p, g)
         })
     })

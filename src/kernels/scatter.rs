@@ -173,100 +173,126 @@ pub fn coalesce_sources_in<T: Real, S: SourceElem<T>>(
     ids: &[usize],
     sources: &[RowSource<'_, T, S>],
 ) -> Coalesced<T> {
-    let plan = Coalescing::new(n_rows, width, ids, sources);
-    let (order, starts) = (&plan.order, &plan.starts);
-    let n_unique = plan.rows.len();
-    // Each row is zeroed when its first contribution arrives (in cache,
-    // just before it is added), so the buffer is written once.
-    let mut out = pool.uninit_2d((n_unique, width));
-    if width > 0 && n_unique > 0 {
-        // slot[k]: the unique row that contribution k adds into.
-        let mut slot = vec![0u32; ids.len()];
-        for j in 0..n_unique {
-            for &k in &order[starts[j]..starts[j + 1]] {
-                slot[k as usize] = j as u32;
-            }
-        }
-        // The unique rows cut into ranges of about equal contribution
-        // counts, one task each. Every row of the result sums its
-        // contributions in increasing k whatever the cut and whichever of
-        // the two walks below a task takes, so neither changes a bit.
-        let n_parts = if ids.len() * width >= super::PAR_MIN_ELEMS {
+    Coalescing::new(n_rows, width, ids, sources).coalesce_in(pool)
+}
+
+impl<T: Real, S: SourceElem<T>> Coalescing<'_, '_, T, S> {
+    /// The unique rows cut into ranges of about equal contribution
+    /// counts, one task each: `cuts[q]..cuts[q + 1]`.
+    fn cuts(&self) -> Vec<usize> {
+        let (starts, n_unique, n) = (&self.starts, self.rows.len(), self.order.len());
+        let n_parts = if n * self.width >= super::PAR_MIN_ELEMS {
             4 * rayon::current_num_threads()
         } else {
             1
         };
         let mut cuts = vec![0usize];
         let mut seen = 0;
-        for j in 0..n_unique - 1 {
+        for j in 0..n_unique.saturating_sub(1) {
             seen += starts[j + 1] - starts[j];
-            if seen * n_parts >= ids.len() * cuts.len() {
+            if seen * n_parts >= n * cuts.len() {
                 cuts.push(j + 1);
             }
         }
         cuts.push(n_unique);
-        // A task's contributions, walked in one of two orders. While the
-        // rows a task sums into stay in its core's cache, in position
-        // order: the sources are read front to back. Past that, row by
-        // row (each row's contributions in increasing k, `order`'s own
-        // order): a row is summed in cache and written once, where the
-        // position order would fetch and write it back from memory for
-        // each of its contributions (`embed_full`'s backward: 1,600 rows
-        // of 4 KiB, 0.68× the time in bf16, 0.89× in f32).
-        let part_bytes = (n_unique / (cuts.len() - 1)).saturating_mul(width * size_of::<T>());
-        let mine: Vec<Vec<u32>> = if part_bytes <= CACHED_ROWS_BYTES {
-            let mut part_of = vec![0u32; n_unique];
-            for (q, w) in cuts.windows(2).enumerate() {
-                part_of[w[0]..w[1]].fill(q as u32);
-            }
-            let mut mine = vec![Vec::new(); cuts.len() - 1];
-            for (k, &j) in slot.iter().enumerate() {
-                mine[part_of[j as usize] as usize].push(k as u32);
-            }
-            mine
-        } else {
-            cuts.windows(2)
-                .map(|w| order[starts[w[0]]..starts[w[1]]].to_vec())
-                .collect()
-        };
-        let mut parts: Vec<(usize, &mut [MaybeUninit<T>])> = Vec::with_capacity(mine.len());
-        let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
-        for w in cuts.windows(2) {
-            let (head, tail) = rest.split_at_mut((w[1] - w[0]) * width);
-            parts.push((w[0], head));
-            rest = tail;
-        }
-        let sum_part = |((j0, dst), ks): ((usize, &mut [MaybeUninit<T>]), Vec<u32>)| {
-            for (p, &k) in ks.iter().enumerate() {
-                let j = slot[k as usize] as usize;
-                let dst = &mut dst[(j - j0) * width..(j - j0 + 1) * width];
-                if order[starts[j]] == k {
-                    // Row j's first contribution: its row starts at zero.
-                    dst.fill(MaybeUninit::new(T::zero()));
-                }
-                // SAFETY: the row was written (zeros) at its first
-                // contribution, which comes first in position order, and
-                // `MaybeUninit<T>` has `T`'s layout.
-                let dst: &mut [T] = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
-                // Rows are often one page each, where the hardware
-                // prefetcher starts over: ask for the next row while this
-                // one is summed.
-                let next = ks.get(p + 1).and_then(|&k| plan.row_slice(k));
-                plan.add(dst, k, next);
-            }
-        };
-        if parts.len() > 1 {
-            parts.into_par_iter().zip(mine).for_each(sum_part);
-        } else {
-            parts.into_iter().zip(mine).for_each(sum_part);
-        }
+        cuts
     }
-    // SAFETY: every unique row has at least one contribution, whose task
-    // wrote the row (zeros, then its sums); with width 0 there is nothing.
-    let values = unsafe { out.assume_init() };
-    Coalesced {
-        rows: plan.rows,
-        values,
+
+    /// Whether the rows a task of [`Self::coalesce_in`] sums into stay in
+    /// its core's cache, so that it walks its contributions in position
+    /// order (the sources read front to back); past that it walks them row
+    /// by row, as [`Self::sum_row`] does.
+    pub fn sums_in_cache(&self) -> bool {
+        let cuts = self.cuts();
+        let part_bytes =
+            (self.rows.len() / (cuts.len() - 1).max(1)).saturating_mul(self.width * size_of::<T>());
+        part_bytes <= CACHED_ROWS_BYTES
+    }
+
+    /// Every row summed, in parallel: [`coalesce_sources_in`] of the
+    /// plan, its rows in a buffer from `pool`.
+    pub fn coalesce_in(&self, pool: &Pool<T>) -> Coalesced<T> {
+        let plan = self;
+        let (order, starts, width) = (&plan.order, &plan.starts, plan.width);
+        let n_unique = plan.rows.len();
+        // Each row is zeroed when its first contribution arrives (in cache,
+        // just before it is added), so the buffer is written once.
+        let mut out = pool.uninit_2d((n_unique, width));
+        if width > 0 && n_unique > 0 {
+            // slot[k]: the unique row that contribution k adds into.
+            let mut slot = vec![0u32; order.len()];
+            for j in 0..n_unique {
+                for &k in &order[starts[j]..starts[j + 1]] {
+                    slot[k as usize] = j as u32;
+                }
+            }
+            // The unique rows cut into ranges of about equal contribution
+            // counts, one task each. Every row of the result sums its
+            // contributions in increasing k whatever the cut and whichever of
+            // the two walks below a task takes, so neither changes a bit.
+            let cuts = plan.cuts();
+            // A task's contributions, walked in one of two orders. While the
+            // rows a task sums into stay in its core's cache, in position
+            // order: the sources are read front to back. Past that, row by
+            // row (each row's contributions in increasing k, `order`'s own
+            // order): a row is summed in cache and written once, where the
+            // position order would fetch and write it back from memory for
+            // each of its contributions (`embed_full`'s backward: 1,600 rows
+            // of 4 KiB, 0.68× the time in bf16, 0.89× in f32).
+            let mine: Vec<Vec<u32>> = if plan.sums_in_cache() {
+                let mut part_of = vec![0u32; n_unique];
+                for (q, w) in cuts.windows(2).enumerate() {
+                    part_of[w[0]..w[1]].fill(q as u32);
+                }
+                let mut mine = vec![Vec::new(); cuts.len() - 1];
+                for (k, &j) in slot.iter().enumerate() {
+                    mine[part_of[j as usize] as usize].push(k as u32);
+                }
+                mine
+            } else {
+                cuts.windows(2)
+                    .map(|w| order[starts[w[0]]..starts[w[1]]].to_vec())
+                    .collect()
+            };
+            let mut parts: Vec<(usize, &mut [MaybeUninit<T>])> = Vec::with_capacity(mine.len());
+            let mut rest = out.as_slice_mut().expect("fresh array is contiguous");
+            for w in cuts.windows(2) {
+                let (head, tail) = rest.split_at_mut((w[1] - w[0]) * width);
+                parts.push((w[0], head));
+                rest = tail;
+            }
+            let sum_part = |((j0, dst), ks): ((usize, &mut [MaybeUninit<T>]), Vec<u32>)| {
+                for (p, &k) in ks.iter().enumerate() {
+                    let j = slot[k as usize] as usize;
+                    let dst = &mut dst[(j - j0) * width..(j - j0 + 1) * width];
+                    if order[starts[j]] == k {
+                        // Row j's first contribution: its row starts at zero.
+                        dst.fill(MaybeUninit::new(T::zero()));
+                    }
+                    // SAFETY: the row was written (zeros) at its first
+                    // contribution, which comes first in position order, and
+                    // `MaybeUninit<T>` has `T`'s layout.
+                    let dst: &mut [T] = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
+                    // Rows are often one page each, where the hardware
+                    // prefetcher starts over: ask for the next row while this
+                    // one is summed.
+                    let next = ks.get(p + 1).and_then(|&k| plan.row_slice(k));
+                    plan.add(dst, k, next);
+                }
+            };
+            if parts.len() > 1 {
+                parts.into_par_iter().zip(mine).for_each(sum_part);
+            } else {
+                parts.into_iter().zip(mine).for_each(sum_part);
+            }
+        }
+        // SAFETY: every unique row has at least one contribution, whose task
+        // wrote the row (zeros, then its sums); with width 0 there is nothing.
+        let values = unsafe { out.assume_init() };
+        Coalesced {
+            rows: plan.rows.clone(),
+            values,
+        }
     }
 }
 
@@ -392,29 +418,44 @@ impl<'s, 'a, T: Real, S: SourceElem<T>> Coalescing<'s, 'a, T, S> {
 
     /// The contiguous row of contribution k, if its source is contiguous.
     fn row_slice(&self, k: u32) -> Option<&'a [S]> {
+        self.cols_slice(k, 0..self.width)
+    }
+
+    /// Columns `cols` of the contiguous row of contribution k, if its
+    /// source is contiguous.
+    fn cols_slice(&self, k: u32, cols: std::ops::Range<usize>) -> Option<&'a [S]> {
         let (s, r) = self.at[k as usize];
-        let w = self.width;
-        self.flat[s as usize].map(|v| &v[r as usize * w..(r as usize + 1) * w])
+        let at = r as usize * self.width;
+        self.flat[s as usize].map(|v| &v[at + cols.start..at + cols.end])
     }
 
     /// Adds contribution k into `dst` (a row of the sums), fetching `next`
     /// (the row added after it) meanwhile.
     fn add(&self, dst: &mut [T], k: u32, next: Option<&[S]>) {
+        self.add_cols(dst, k, 0..self.width, next)
+    }
+
+    /// Adds columns `cols` of contribution k into `dst` (those columns of
+    /// a row of the sums), fetching `next` meanwhile.
+    fn add_cols(&self, dst: &mut [T], k: u32, cols: std::ops::Range<usize>, next: Option<&[S]>) {
         let (s, r) = self.at[k as usize];
-        let (src, r) = (&self.sources[s as usize], r as usize);
-        match self.flat[s as usize] {
-            Some(v) => S::add_row(
-                dst,
-                &v[r * self.width..(r + 1) * self.width],
-                src.scale,
-                next,
-            ),
+        let src = &self.sources[s as usize];
+        match self.cols_slice(k, cols.clone()) {
+            Some(v) => S::add_row(dst, v, src.scale, next),
             None => {
-                for (d, &x) in dst.iter_mut().zip(src.values.row(r).iter()) {
+                let row = src.values.row(r as usize);
+                for (d, &x) in dst.iter_mut().zip(row.iter().skip(cols.start)) {
                     S::add_one(d, x, src.scale);
                 }
             }
         }
+    }
+
+    /// The number of contributions to `rows()[j]`.
+    ///
+    /// **Panics** if j is out of range.
+    pub fn contributions(&self, j: usize) -> usize {
+        self.starts[j + 1] - self.starts[j]
     }
 
     /// The sum of the contributions to `rows()[j]` into `dst` (a row of
@@ -431,6 +472,22 @@ impl<'s, 'a, T: Real, S: SourceElem<T>> Coalescing<'s, 'a, T, S> {
             "Coalescing::sum_row: a row of {}",
             self.width
         );
+        self.sum_cols(j, 0..self.width, dst)
+    }
+
+    /// Columns `cols` of [`Self::sum_row`] into `dst` (`cols.len()`
+    /// elements): each element's sum is the whole row's, bit for bit.
+    ///
+    /// **Panics** if j is out of range, `cols` is not within the row or
+    /// `dst` is not as long as `cols`.
+    #[track_caller]
+    pub fn sum_cols(&self, j: usize, cols: std::ops::Range<usize>, dst: &mut [T]) {
+        assert!(
+            cols.start <= cols.end && cols.end <= self.width && dst.len() == cols.len(),
+            "Coalescing::sum_cols: columns {cols:?} of a row of {} into {} elements",
+            self.width,
+            dst.len()
+        );
         dst.fill(T::zero());
         let ks = &self.order[self.starts[j]..self.starts[j + 1]];
         let after = self
@@ -438,12 +495,9 @@ impl<'s, 'a, T: Real, S: SourceElem<T>> Coalescing<'s, 'a, T, S> {
             .get(j + 2)
             .map(|_| self.order[self.starts[j + 1]]);
         for (p, &k) in ks.iter().enumerate() {
-            let next = ks
-                .get(p + 1)
-                .copied()
-                .or(after)
-                .and_then(|k| self.row_slice(k));
-            self.add(dst, k, next);
+            let next = ks.get(p + 1).copied().or(after);
+            let next = next.and_then(|k| self.cols_slice(k, cols.clone()));
+            self.add_cols(dst, k, cols.clone(), next);
         }
     }
 }

@@ -425,20 +425,27 @@ impl SparseRowGradient<f32> for ByRows<'_> {
     fn rows(&self) -> &[usize] {
         &self.s.rows
     }
-    fn write(&self, j: usize, g: &mut [f32]) {
+    fn write_cols(&self, j: usize, cols: std::ops::Range<usize>, g: &mut [f32]) {
         self.asked
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(cols.len(), std::sync::atomic::Ordering::Relaxed);
         g.iter_mut()
-            .zip(self.s.values.row(j))
+            .zip(self.s.values.row(j).iter().skip(cols.start))
             .for_each(|(g, &v)| *g = v);
+    }
+
+    /// Every fifth row far heavier than the others: an optimiser cuts it
+    /// into runs of columns where the rows are wide enough.
+    fn weight(&self, j: usize) -> usize {
+        if j.is_multiple_of(5) { 60 } else { 1 }
     }
 }
 
 /// `update_sparse_by_rows` equals `update` of the stored row-sparse
-/// gradient, bit for bit, every row asked for once: lazy Adam (its own
-/// path) in every layout of parameter and state, stochastic and nearest
-/// rounding, 1, 2 and 4 threads, and the default of Adam and SGD; a
-/// frozen parameter is left alone and gets no state.
+/// gradient, bit for bit, every element asked for once: lazy Adam (its own
+/// path, its heavy rows cut into runs of columns where they are wide) in
+/// every layout of parameter and state, stochastic and nearest rounding,
+/// 1, 2 and 4 threads, and the default of Adam and SGD; a frozen parameter
+/// is left alone and gets no state.
 #[test]
 fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
     use crate::optim::{Sgd, SgdConfig};
@@ -464,7 +471,7 @@ fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
         Box::new(o)
     };
     let sgd: Make = |_, _| Box::new(Sgd::new(SgdConfig::default()).unwrap());
-    for (n, w) in [(4099, 37), (7, 5), (300, 64)] {
+    for (n, w) in [(4099, 37), (7, 5), (300, 64), (40, 1100)] {
         let (init, grads) = case(n, w);
         let sparse: Vec<&RowSparse<f32>> = grads
             .iter()
@@ -521,7 +528,7 @@ fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
                     );
                     assert!(got.1.state() == want.1.state(), "{what}: state");
                     let asked = by.asked.into_inner();
-                    assert_eq!(asked, 3 * s.rows.len(), "{what}: rows asked for");
+                    assert_eq!(asked, 3 * s.rows.len() * w, "{what}: elements asked for");
                 }
             }
         }
@@ -556,7 +563,7 @@ fn update_sparse_by_rows_checks_the_gradient() {
         fn rows(&self) -> &[usize] {
             &self.1
         }
-        fn write(&self, _: usize, g: &mut [f32]) {
+        fn write_cols(&self, _: usize, _: std::ops::Range<usize>, g: &mut [f32]) {
             g.fill(1.0);
         }
     }
@@ -580,4 +587,56 @@ fn update_sparse_by_rows_checks_the_gradient() {
         opt().update_sparse_by_rows(&mut table(), &Rows(4, vec![2, 1]))
     });
     assert!(unsorted.is_err());
+}
+
+/// The runs of `pieces` cover every column of every row once, in order,
+/// each starting on a multiple of 32; rows of equal weight stay whole, and
+/// so do rows too narrow to cut; a heavy row is cut where it is wide.
+#[test]
+fn runs_cover_each_row_once_and_cut_only_heavy_wide_rows() {
+    use super::moments::{SparseRows, pieces};
+    struct W(Vec<usize>);
+    impl SparseRows<f32> for W {
+        fn cols<'b>(
+            &'b self,
+            _: usize,
+            _: std::ops::Range<usize>,
+            b: &'b mut Vec<f32>,
+        ) -> &'b [f32] {
+            b
+        }
+        fn weight(&self, j: usize) -> usize {
+            self.0[j]
+        }
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        for (weights, width, cut) in [
+            (vec![5, 5, 5], 2048, false),
+            (vec![1, 400, 1, 1], 300, false),
+            (vec![1, 400, 1, 1], 2048, true),
+            (vec![0], 1000, false),
+        ] {
+            let n = weights.len();
+            let (runs, split) = pieces(n, width, &W(weights.clone()));
+            assert_eq!(split, cut, "{weights:?} {width}");
+            for j in 0..n {
+                let mine: Vec<_> = runs
+                    .iter()
+                    .filter(|r| r.0 == j)
+                    .map(|r| r.1.clone())
+                    .collect();
+                assert_eq!(mine.first().unwrap().start, 0);
+                assert_eq!(mine.last().unwrap().end, width);
+                assert!(
+                    mine.windows(2)
+                        .all(|w| w[0].end == w[1].start && w[1].start % 32 == 0)
+                );
+            }
+            assert!(runs.windows(2).all(|w| w[0].0 <= w[1].0), "rows in order");
+        }
+    });
 }

@@ -3,7 +3,9 @@
 use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
-use super::moments::{Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip};
+use super::moments::{
+    Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip, cut_rows, pieces,
+};
 use super::{Optimizer, StateValue, check_beta, check_lr, check_sparse_rows, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::param::{Dtype, RowGradient, SparseRowGradient};
@@ -165,13 +167,12 @@ impl<T: Real> Coeffs<T> {
         if width == 0 || rows.is_empty() {
             return;
         }
-        let jobs = pick_rows(p, width, rows)
-            .into_iter()
-            .zip(pick_rows(m, width, rows))
-            .zip(pick_rows(v, width, rows))
-            .enumerate();
-        let run = |buf: &mut Vec<T>, (j, ((p, m), v)): RowOf<'_, T>| {
-            let g = grads.row(j, width, buf);
+        // A row much heavier to form than the others in runs of columns.
+        let (runs, split) = pieces(rows.len(), width, grads);
+        let cut = |a| cut_rows(pick_rows(a, width, rows), &runs, <[T]>::split_at_mut);
+        let jobs = cut(p).into_iter().zip(cut(m)).zip(cut(v)).zip(&runs);
+        let run = |buf: &mut Vec<T>, (((p, m), v), (j, cols)): RunOf<'_, T>| {
+            let g = grads.cols(*j, cols.clone(), buf);
             self.apply_run(p, m, v, Some(g));
         };
         if rows.len() * width < PAR_MIN_ELEMS {
@@ -180,14 +181,21 @@ impl<T: Real> Coeffs<T> {
         } else {
             // Rows of a narrow table are batched so that a task has a few
             // thousand elements.
-            let min_rows = (4096 / width).max(1);
+            let min_len = if split { 1 } else { (4096 / width).max(1) };
             let jobs: Vec<_> = jobs.collect();
             jobs.into_par_iter()
-                .with_min_len(min_rows)
+                .with_min_len(min_len)
                 .for_each_init(Vec::new, run);
         }
     }
 }
+
+/// A run of columns of the parameter and of its two moments, and which
+/// run it is.
+type RunOf<'a, T> = (
+    ((&'a mut [T], &'a mut [T]), &'a mut [T]),
+    &'a (usize, std::ops::Range<usize>),
+);
 
 /// Row r of the parameter and of its two moments.
 type RowOf<'a, T> = (usize, ((&'a mut [T], &'a mut [T]), &'a mut [T]));

@@ -16,7 +16,7 @@ use crate::param::{Dtype, Rounding, Stored, StoredMut};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 mod half;
-pub(super) use half::{SparseRows, Stacked, Summed};
+pub(super) use half::{SparseRows, Stacked, Summed, cut_rows, pieces};
 use half::{by_rows, keys, rows_half, update_half, update_half_naive};
 
 /// Elements per parallel task of a dense update.

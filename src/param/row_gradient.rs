@@ -105,7 +105,7 @@ pub enum RowForm<'a, T> {
 /// impl SparseRowGradient<f32> for Two {
 ///     fn n_rows(&self) -> usize { 4 }
 ///     fn rows(&self) -> &[usize] { &[1, 3] }
-///     fn write(&self, j: usize, g: &mut [f32]) { g.fill([1.0, 3.0][j]) }
+///     fn write_cols(&self, j: usize, _: std::ops::Range<usize>, g: &mut [f32]) { g.fill([1.0, 3.0][j]) }
 /// }
 /// let init = array![[0.0f32, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]].into_dyn();
 /// let (mut a, mut b) = (Parameter::new("t", init.clone()), Parameter::new("t", init));
@@ -124,9 +124,26 @@ pub trait SparseRowGradient<T>: Sync {
     /// gradient is absent (a lazy optimiser leaves it alone).
     fn rows(&self) -> &[usize];
 
+    /// Writes columns `cols` of the gradient of `rows()[j]` into `g`
+    /// (`cols.len()` elements, every one written): the bits of those
+    /// columns of the whole row.
+    fn write_cols(&self, j: usize, cols: std::ops::Range<usize>, g: &mut [T]);
+
     /// Writes the gradient of `rows()[j]` into `g` (one row of D elements,
-    /// every element written).
-    fn write(&self, j: usize, g: &mut [T]);
+    /// every element written): [`write_cols`](Self::write_cols) of every
+    /// column.
+    fn write(&self, j: usize, g: &mut [T]) {
+        self.write_cols(j, 0..g.len(), g)
+    }
+
+    /// The work of forming row j's gradient, against the other rows' (1
+    /// by default): an optimiser splits a row much heavier than its share
+    /// of a task into runs of columns, each formed and updated apart, so
+    /// that one heavy row does not hold the others' threads waiting.
+    fn weight(&self, j: usize) -> usize {
+        let _ = j;
+        1
+    }
 }
 
 impl<T: Real, S: SourceElem<T>> SparseRowGradient<T> for Coalescing<'_, '_, T, S> {
@@ -138,7 +155,30 @@ impl<T: Real, S: SourceElem<T>> SparseRowGradient<T> for Coalescing<'_, '_, T, S
         Coalescing::rows(self)
     }
 
-    fn write(&self, j: usize, g: &mut [T]) {
-        self.sum_row(j, g)
+    fn write_cols(&self, j: usize, cols: std::ops::Range<usize>, g: &mut [T]) {
+        self.sum_cols(j, cols, g)
+    }
+
+    /// The number of contributions to the row.
+    fn weight(&self, j: usize) -> usize {
+        self.contributions(j)
+    }
+}
+
+/// A stored row-sparse gradient, given row by row.
+impl<T: Real> SparseRowGradient<T> for super::RowSparse<T> {
+    fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    fn rows(&self) -> &[usize] {
+        &self.rows
+    }
+
+    fn write_cols(&self, j: usize, cols: std::ops::Range<usize>, g: &mut [T]) {
+        let row = self.values.row(j);
+        g.iter_mut()
+            .zip(row.iter().skip(cols.start).take(cols.len()))
+            .for_each(|(g, &v)| *g = v);
     }
 }

@@ -41,8 +41,9 @@ fn same_bits(a: &Coalesced<f32>, b: &Coalesced<f32>) -> Result<(), TestCaseError
     Ok(())
 }
 
-/// The rows of a [`Coalescing`] each summed apart by `sum_row`, in
-/// parallel (from the last, so that no row follows the one before it).
+/// The rows of a [`Coalescing`] each summed apart by `sum_row`, or by
+/// `sum_cols` in two halves, in parallel (from the last, so that no row
+/// follows the one before it).
 fn summed_apart<S: SourceElem<f32>>(
     n_rows: usize,
     width: usize,
@@ -55,8 +56,17 @@ fn summed_apart<S: SourceElem<f32>>(
     let mut values = Array2::from_elem((rows.len(), width), f32::NAN);
     let mut each: Vec<_> = values.outer_iter_mut().enumerate().collect();
     each.reverse();
-    each.into_par_iter()
-        .for_each(|(j, mut row)| plan.sum_row(j, row.as_slice_mut().unwrap()));
+    // Even rows whole, odd ones in two runs of columns.
+    each.into_par_iter().for_each(|(j, mut row)| {
+        let row = row.as_slice_mut().unwrap();
+        if j % 2 == 0 {
+            plan.sum_row(j, row);
+        } else {
+            let (a, b) = row.split_at_mut(width / 2);
+            plan.sum_cols(j, width / 2..width, b);
+            plan.sum_cols(j, 0..width / 2, a);
+        }
+    });
     Coalesced { rows, values }
 }
 

@@ -430,7 +430,7 @@ impl EmbedBench {
         let forward_s = laps.lap();
         let opt = &mut self.opt;
         self.emb
-            .backward_update_saved(&saved, self.r.view(), &mut |p, g| {
+            .backward_update_saved(&self.pool, &saved, self.r.view(), &mut |p, g| {
                 opt.update_sparse_by_rows(p, g)
             })?;
         Ok(StepOut {

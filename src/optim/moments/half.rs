@@ -3,6 +3,8 @@
 //! own element update applied, and each half-precision array narrowed back
 //! with its stochastic-rounding key at the element's flat index.
 
+use std::ops::Range;
+
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
@@ -263,7 +265,9 @@ fn dense_half<T: Real, R: Rule<T>>(
 const ROW_HEAD_ELEMS: usize = 256;
 
 /// Only the gradient's rows `rows`, in parallel over rows (batched to a
-/// few thousand elements a task), the j-th row's gradient from `grads`.
+/// few thousand elements a task; a row much heavier to form than the
+/// others in runs of columns, [`pieces`]), the j-th row's gradient from
+/// `grads`.
 pub(super) fn rows_half<T: Real, R: Rule<T>>(
     rule: &R,
     [p, m, v]: [StoredMut<'_, T>; 3],
@@ -276,48 +280,114 @@ pub(super) fn rows_half<T: Real, R: Rule<T>>(
         return;
     }
     let bases = [&p, &m, &v].map(|a| a.address());
-    let jobs = p
-        .pick_rows(width, rows)
-        .into_iter()
-        .zip(m.pick_rows(width, rows))
-        .zip(v.pick_rows(width, rows))
-        .zip(rows.iter().enumerate());
+    let (runs, split) = pieces(rows.len(), width, grads);
+    let [p, m, v] =
+        [p, m, v].map(|a| cut_rows(a.pick_rows(width, rows), &runs, StoredMut::split_at));
+    let jobs = p.into_iter().zip(m).zip(v).zip(&runs);
     type Job<'a, T> = (
         ((StoredMut<'a, T>, StoredMut<'a, T>), StoredMut<'a, T>),
-        (usize, &'a usize),
+        &'a (usize, Range<usize>),
     );
     type Scratch<T> = (Option<Box<Bufs<T>>>, Vec<T>);
-    let run = |(b, g): &mut Scratch<T>, (((p, m), v), (j, &r)): Job<'_, T>| {
+    let run = |(b, g): &mut Scratch<T>, (((p, m), v), (j, cols)): Job<'_, T>| {
         // The head of the next row, which the kernel's own reach ahead
         // (into the memory after this row) does not fetch.
-        if let Some(&next) = rows.get(j + 1) {
+        if cols.end == width
+            && let Some(&next) = rows.get(j + 1)
+        {
             for &(at, bytes) in &bases {
                 let head = (width * bytes).min(ROW_HEAD_ELEMS * bytes);
                 prefetch_span(at.wrapping_add(next * width * bytes), head);
             }
         }
-        let g = grads.row(j, width, g);
-        update_run(rule, parts([p, m, v], keys), g, (r * width) as u64, b);
+        let g = grads.cols(*j, cols.clone(), g);
+        let first = (rows[*j] * width + cols.start) as u64;
+        update_run(rule, parts([p, m, v], keys), g, first, b);
     };
     let scratch = || (None, Vec::new());
     if rows.len() * width < PAR_MIN_ELEMS {
         let mut s = scratch();
         jobs.for_each(|job| run(&mut s, job));
     } else {
-        let min_rows = (4096 / width).max(1);
+        let min_len = if split { 1 } else { (4096 / width).max(1) };
         let jobs: Vec<_> = jobs.collect();
         jobs.into_par_iter()
-            .with_min_len(min_rows)
+            .with_min_len(min_len)
             .for_each_init(scratch, run);
     }
+}
+
+/// Columns of a row below which [`pieces`] does not cut it.
+const MIN_RUN: usize = 256;
+
+/// The runs of columns a row-sparse update by rows takes, `(j, columns)`
+/// in order, and whether any row was cut: each row whole, but where rows
+/// differ in weight, a row whose weight (+ 1 for its update) is more than
+/// a quarter of a thread's share is cut into runs of about that share, of
+/// at least [`MIN_RUN`] columns, each a multiple of 32 long (so a run
+/// starts on a pair of bf16 elements). Elementwise sums and an
+/// elementwise update give the same bits whatever the cut.
+pub(in crate::optim) fn pieces<T>(
+    n: usize,
+    width: usize,
+    grads: &impl SparseRows<T>,
+) -> (Vec<(usize, Range<usize>)>, bool) {
+    let weights: Vec<usize> = (0..n).map(|j| grads.weight(j).saturating_add(1)).collect();
+    let uniform = weights.windows(2).all(|w| w[0] == w[1]);
+    let total = weights.iter().fold(0usize, |a, &w| a.saturating_add(w));
+    let share = (total / (4 * rayon::current_num_threads())).max(1);
+    let most = (width / MIN_RUN).max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut split = false;
+    for (j, &w) in weights.iter().enumerate() {
+        let k = if uniform {
+            1
+        } else {
+            w.div_ceil(share).clamp(1, most)
+        };
+        let len = width.div_ceil(k).next_multiple_of(32).min(width).max(1);
+        split |= len < width;
+        let mut c = 0;
+        while c < width {
+            let e = (c + len).min(width);
+            out.push((j, c..e));
+            c = e;
+        }
+    }
+    (out, split)
+}
+
+/// Whole rows (one per listed row, in order) cut into the runs of `runs`
+/// (consecutive, in increasing columns within a row), by `split_at`.
+pub(in crate::optim) fn cut_rows<X>(
+    rows: Vec<X>,
+    runs: &[(usize, Range<usize>)],
+    split_at: impl Fn(X, usize) -> (X, X),
+) -> Vec<X> {
+    let mut out = Vec::with_capacity(runs.len());
+    let mut rows = rows.into_iter().enumerate();
+    let mut rest: Option<(usize, X)> = None;
+    for (j, cols) in runs {
+        if rest.as_ref().is_none_or(|(r, _)| r != j) {
+            rest = rows.find(|(r, _)| r == j);
+        }
+        let (r, x) = rest.take().expect("a run of a listed row");
+        let (head, tail) = split_at(x, cols.len());
+        out.push(head);
+        rest = Some((r, tail));
+    }
+    out
 }
 
 /// Where a row-sparse update finds the gradient of its j-th row: stored
 /// rows ([`Stacked`]), or rows formed on demand into a buffer of the task
 /// ([`Summed`]).
 pub(in crate::optim) trait SparseRows<T>: Sync {
-    /// The j-th row's gradient (`width` long), `buf` the task's buffer.
-    fn row<'b>(&'b self, j: usize, width: usize, buf: &'b mut Vec<T>) -> &'b [T];
+    /// Columns `cols` of the j-th row's gradient, `buf` the task's buffer.
+    fn cols<'b>(&'b self, j: usize, cols: Range<usize>, buf: &'b mut Vec<T>) -> &'b [T];
+
+    /// The work of forming the j-th row ([`SparseRowGradient::weight`]).
+    fn weight(&self, j: usize) -> usize;
 }
 
 /// The rows of a row-sparse gradient's values, one after another (flat,
@@ -325,20 +395,29 @@ pub(in crate::optim) trait SparseRows<T>: Sync {
 pub(in crate::optim) struct Stacked<'a, T>(pub &'a [T], pub usize);
 
 impl<T: Real> SparseRows<T> for Stacked<'_, T> {
-    fn row<'b>(&'b self, j: usize, _: usize, _: &'b mut Vec<T>) -> &'b [T] {
-        &self.0[j * self.1..(j + 1) * self.1]
+    fn cols<'b>(&'b self, j: usize, cols: Range<usize>, _: &'b mut Vec<T>) -> &'b [T] {
+        let at = j * self.1;
+        &self.0[at + cols.start..at + cols.end]
+    }
+
+    fn weight(&self, _: usize) -> usize {
+        1
     }
 }
 
-/// The rows of a [`SparseRowGradient`], each written into the task's
-/// buffer just before its row is updated.
+/// The rows of a [`SparseRowGradient`], each run of columns written into
+/// the task's buffer just before it is updated.
 pub(in crate::optim) struct Summed<'a, T>(pub &'a dyn SparseRowGradient<T>);
 
 impl<T: Real> SparseRows<T> for Summed<'_, T> {
-    fn row<'b>(&'b self, j: usize, width: usize, buf: &'b mut Vec<T>) -> &'b [T] {
-        buf.resize(width, T::zero());
-        self.0.write(j, buf);
+    fn cols<'b>(&'b self, j: usize, cols: Range<usize>, buf: &'b mut Vec<T>) -> &'b [T] {
+        buf.resize(cols.len(), T::zero());
+        self.0.write_cols(j, cols, buf);
         buf
+    }
+
+    fn weight(&self, j: usize) -> usize {
+        self.0.weight(j)
     }
 }
 
