@@ -330,13 +330,8 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             .into_shape_with_order((routed.n_ids(), h))
             .expect("standard layout reshapes");
         for (k, p) in self.splits.tables_mut().iter_mut().enumerate() {
-            if !p.is_trainable() || routed.positions[k].is_empty() {
+            let Some(source) = table_source(p, routed, k, g2.view()) else {
                 continue;
-            }
-            let source: RowSource<'_, T, S> = RowSource {
-                values: g2.view(),
-                rows: Some(&routed.positions[k]),
-                scale: None,
             };
             let sources = [source];
             let n_rows = p.shape()[0];
@@ -392,13 +387,8 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             .expect("standard layout reshapes");
         let mut params = Vec::new();
         for (k, p) in self.splits.tables().iter().enumerate() {
-            if !p.is_trainable() || routed.positions[k].is_empty() {
+            let Some(source) = table_source(p, routed, k, g2.view()) else {
                 continue;
-            }
-            let source: RowSource<'_, T, S> = RowSource {
-                values: g2.view(),
-                rows: Some(&routed.positions[k]),
-                scale: None,
             };
             let n_rows = p.shape()[0];
             let rs = RowSparse::from_coalesced(
@@ -412,6 +402,22 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             params,
         })
     }
+}
+
+/// Where table k's gradient is summed from: the rows of the upstream
+/// gradient `g2` (one per id) at the positions routed to it; `None` for a
+/// frozen table or one no id reaches, which gets no gradient.
+fn table_source<'a, T: Real, S>(
+    table: &Parameter<T>,
+    routed: &'a Routed,
+    k: usize,
+    g2: ndarray::ArrayView2<'a, S>,
+) -> Option<RowSource<'a, T, S>> {
+    (table.is_trainable() && !routed.positions[k].is_empty()).then(|| RowSource {
+        values: g2,
+        rows: Some(&routed.positions[k]),
+        scale: None,
+    })
 }
 
 /// What [`SplitTokenEmbeddings::backward_update_saved`] calls for each
