@@ -40,6 +40,14 @@ NUMPY_CASES = [
      'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
      'ids = np.broadcast_to(np.zeros(1, np.int64), (10**10,))\n'
      'e.backward(ids, np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)))'),
+    ("backward_step over a broadcast gradient of 10^10 rows", "MemoryError", "input_ids",
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'ids = np.broadcast_to(np.zeros(1, np.int64), (10**10,))\n'
+     'e.backward_step(ids, np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)), sg.LazyAdam())'),
+    ("backward_step with a gradient of 10^10 rows for 3 ids", "ValueError", "grad_output",
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'e.backward_step(np.zeros(3, np.int64), np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)),'
+     ' sg.LazyAdam())'),
     ("head forward with 10^10 labels", "MemoryError", "",
      'h = sg.SplitLanguageModellingHead({"orig": 4}, ["orig"], 2)\n'
      'h.forward(np.broadcast_to(np.zeros((1, 2), np.float32), (10**10, 2)),'
