@@ -7,7 +7,7 @@
 //! split receives nothing. Derivation: `docs/gradients.md#gather` and
 //! `docs/gradients.md#split-routing`.
 
-use ndarray::{ArrayD, ArrayViewD};
+use ndarray::{ArrayD, ArrayViewD, CowArray, Ix2};
 
 use super::{Ids, LayerGrads, NamedGrad, SplitTables, Workspace};
 use crate::error::{Error, Result};
@@ -321,21 +321,15 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         grad_output: ArrayViewD<'_, S>,
         update: &mut TableUpdate<'_, T>,
     ) -> Result<()> {
-        let h = self.hidden_size();
-        self.check_grad_output(saved, &grad_output)?;
-        let g = grad_output.as_standard_layout();
         let routed = &saved.routed;
-        let g2 = g
-            .view()
-            .into_shape_with_order((routed.n_ids(), h))
-            .expect("standard layout reshapes");
+        let g2 = self.upstream_rows(saved, grad_output)?;
         for (k, p) in self.splits.tables_mut().iter_mut().enumerate() {
             let Some(source) = table_source(p, routed, k, g2.view()) else {
                 continue;
             };
             let sources = [source];
             let n_rows = p.shape()[0];
-            let plan = Coalescing::new(n_rows, h, &routed.local[k], &sources);
+            let plan = Coalescing::new(n_rows, g2.ncols(), &routed.local[k], &sources);
             if plan.sums_in_cache() {
                 // Few rows: summed first in position order (the gradient's
                 // rows read front to back; the sums stay in cache), then
@@ -351,15 +345,17 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         Ok(())
     }
 
-    /// Errors unless `grad_output` is `(*ids.shape, H)` for the ids of
-    /// `saved`.
-    fn check_grad_output<S>(
+    /// `grad_output` as one row per id of `saved`, `(n_ids, H)`, in
+    /// standard layout (copied only if it is not); an error unless it is
+    /// `(*ids.shape, H)`.
+    fn upstream_rows<'a, S: Clone>(
         &self,
         saved: &EmbeddingsSaved,
-        grad_output: &ArrayViewD<'_, S>,
-    ) -> Result<()> {
+        grad_output: ArrayViewD<'a, S>,
+    ) -> Result<CowArray<'a, S, Ix2>> {
+        let h = self.hidden_size();
         let mut want = saved.ids_shape.clone();
-        want.push(self.hidden_size());
+        want.push(h);
         if grad_output.shape() != want {
             let dims: Vec<String> = want.iter().map(|d| d.to_string()).collect();
             return Err(Error::shape(
@@ -368,7 +364,13 @@ impl<T: Real> SplitTokenEmbeddings<T> {
                 grad_output.shape(),
             ));
         }
-        Ok(())
+        let g: CowArray<'a, S, _> = if grad_output.is_standard_layout() {
+            grad_output.into()
+        } else {
+            grad_output.as_standard_layout().into_owned().into()
+        };
+        Ok(g.into_shape_with_order((saved.routed.n_ids(), h))
+            .expect("standard layout reshapes"))
     }
 
     fn backward_from_source<S: SourceElem<T>>(
@@ -377,14 +379,8 @@ impl<T: Real> SplitTokenEmbeddings<T> {
         saved: &EmbeddingsSaved,
         grad_output: ArrayViewD<'_, S>,
     ) -> Result<LayerGrads<T>> {
-        let h = self.hidden_size();
-        self.check_grad_output(saved, &grad_output)?;
-        let g = grad_output.as_standard_layout();
         let routed = &saved.routed;
-        let g2 = g
-            .view()
-            .into_shape_with_order((routed.n_ids(), h))
-            .expect("standard layout reshapes");
+        let g2 = self.upstream_rows(saved, grad_output)?;
         let mut params = Vec::new();
         for (k, p) in self.splits.tables().iter().enumerate() {
             let Some(source) = table_source(p, routed, k, g2.view()) else {
@@ -393,7 +389,7 @@ impl<T: Real> SplitTokenEmbeddings<T> {
             let n_rows = p.shape()[0];
             let rs = RowSparse::from_coalesced(
                 n_rows,
-                coalesce_sources_in(ws, n_rows, h, &routed.local[k], &[source]),
+                coalesce_sources_in(ws, n_rows, g2.ncols(), &routed.local[k], &[source]),
             );
             params.push(NamedGrad::new(p, ParamGrad::RowSparse(rs)));
         }

@@ -19,6 +19,14 @@ enum Path {
 
 type Outcome = (ArrayD<u32>, Vec<(String, StateValue<f32>)>);
 
+/// A rayon pool of `n` threads.
+fn threads(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
 /// A `(n, w)` table (n·w above the parallel threshold; w does not divide
 /// the chunk size) and gradients: every third row, no row, and dense.
 fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<ParamGrad<f32>>) {
@@ -57,10 +65,7 @@ where
     match path {
         Path::Naive => all(),
         Path::Threads(n) => {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .unwrap();
+            let pool = threads(n);
             pool.install(all);
         }
     }
@@ -182,16 +187,13 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
             LazyAdam::new(LazyAdamConfig::default()).unwrap(),
         );
         for _ in 0..3 {
-            let g = super::dense_by_rows(&want.0, &grad_row).unwrap();
+            let g = super::grads::dense_by_rows(&want.0, &grad_row).unwrap();
             want.1
                 .update_naive(&mut want.0, &ParamGrad::Dense(g))
                 .unwrap();
         }
         for t in [1, 2, 4] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap();
+            let pool = threads(t);
             let mut p = Parameter::new("t", init.clone());
             let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
             pool.install(|| {
@@ -219,7 +221,7 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
             Adam::new(AdamConfig::default()).unwrap(),
         );
         oa.update_by_rows(&mut a, &grad_row).unwrap();
-        let g = super::dense_by_rows(&b, &grad_row).unwrap();
+        let g = super::grads::dense_by_rows(&b, &grad_row).unwrap();
         ob.update(&mut b, &ParamGrad::Dense(g)).unwrap();
         assert_eq!(a.value(), b.value());
     }
@@ -320,16 +322,13 @@ fn update_by_rows_of_formed_rows_in_f64_equals_the_update_of_the_dense_gradient(
     };
     let mut want = fresh();
     for _ in 0..3 {
-        let g = super::dense_by_rows(&want.0, &formed).unwrap();
+        let g = super::grads::dense_by_rows(&want.0, &formed).unwrap();
         want.1
             .update_naive(&mut want.0, &ParamGrad::Dense(g))
             .unwrap();
     }
     for t in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build()
-            .unwrap();
+        let pool = threads(t);
         let mut got = fresh();
         pool.install(|| {
             for _ in 0..3 {
@@ -382,16 +381,13 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
                 };
                 let mut want = fresh();
                 for _ in 0..3 {
-                    let g = super::dense_by_rows(&want.0, grad).unwrap();
+                    let g = super::grads::dense_by_rows(&want.0, grad).unwrap();
                     want.1
                         .update_naive(&mut want.0, &ParamGrad::Dense(g))
                         .unwrap();
                 }
                 for t in [1, 2, 4] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(t)
-                        .build()
-                        .unwrap();
+                    let pool = threads(t);
                     let mut got = fresh();
                     pool.install(|| {
                         for _ in 0..3 {
@@ -503,10 +499,7 @@ fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
                         .unwrap();
                 }
                 for t in [1, 2, 4] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(t)
-                        .build()
-                        .unwrap();
+                    let pool = threads(t);
                     let mut got = fresh();
                     let by = ByRows {
                         s,
@@ -609,10 +602,7 @@ fn runs_cover_each_row_once_and_cut_only_heavy_wide_rows() {
             self.0[j]
         }
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let pool = threads(2);
     pool.install(|| {
         for (weights, width, cut) in [
             (vec![5, 5, 5], 2048, false),

@@ -8,7 +8,7 @@ use super::moments::{
 };
 use super::{Optimizer, StateValue, check_beta, check_lr, check_sparse_rows, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::param::{Dtype, RowGradient, SparseRowGradient};
+use crate::param::{RowGradient, SparseRowGradient};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
@@ -278,7 +278,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             return Ok(());
         }
         let width = check_sparse_rows(param, grad)?;
-        if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
+        if self.moments.keeps_half(param) {
             return self.moments.update_half_sparse_by_rows::<Coeffs<T>>(
                 &self.config,
                 param,
@@ -310,7 +310,7 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             return Ok(());
         }
         let width = rows_width(param)?;
-        if param.dtype().is_half() || self.moments.keeping.state_dtype.is_some_and(Dtype::is_half) {
+        if self.moments.keeps_half(param) {
             return self
                 .moments
                 .update_half_by_rows::<Coeffs<T>>(&self.config, param, width, grad);

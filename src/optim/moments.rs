@@ -16,8 +16,8 @@ use crate::param::{Dtype, Rounding, Stored, StoredMut};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 mod half;
+use half::{Keys, arrays, by_rows, keys, rows_half, update_half, update_half_naive};
 pub(super) use half::{SparseRows, Stacked, Summed, cut_rows, pieces};
-use half::{by_rows, keys, rows_half, update_half, update_half_naive};
 
 /// Elements per parallel task of a dense update.
 pub(super) const CHUNK: usize = 1 << 14;
@@ -242,14 +242,10 @@ impl<T: Real> MomentTable<T> {
         width: usize,
         grad: &dyn crate::param::RowGradient<T>,
     ) -> Result<()> {
-        let rounding = self.keeping.rounding;
-        let slot = self.step(param)?;
-        let rule = R::new(config, slot.step);
-        if width == 0 {
-            return Ok(());
+        let (rule, slot, keys) = self.half_step::<R>(config, param)?;
+        if width > 0 {
+            by_rows(&rule, param, slot, width, grad, keys);
         }
-        let keys = keys(rounding, slot.step, param.name());
-        by_rows(&rule, param, slot, width, grad, keys);
         Ok(())
     }
 
@@ -268,17 +264,31 @@ impl<T: Real> MomentTable<T> {
         grad: &dyn crate::param::SparseRowGradient<T>,
     ) -> Result<()> {
         debug_assert!(R::LAZY, "a row-sparse update by rows moves only its rows");
+        let (rule, slot, keys) = self.half_step::<R>(config, param)?;
+        let pmv = arrays(param, slot);
+        rows_half(&rule, pmv, grad.rows(), width, &Summed(grad), keys);
+        Ok(())
+    }
+
+    /// Whether `param`'s update takes the half-precision path: the
+    /// parameter, or the moments this table keeps, in half precision.
+    pub fn keeps_half(&self, param: &Parameter<T>) -> bool {
+        param.dtype().is_half() || self.keeping.state_dtype.is_some_and(Dtype::is_half)
+    }
+
+    /// The step of a half-precision update by rows counted: the rule's
+    /// coefficients, the parameter's state and the three arrays'
+    /// stochastic-rounding keys.
+    fn half_step<R: Rule<T>>(
+        &mut self,
+        config: &R::Config,
+        param: &Parameter<T>,
+    ) -> Result<(R, &mut Moments<T>, Keys)> {
         let rounding = self.keeping.rounding;
         let slot = self.step(param)?;
         let rule = R::new(config, slot.step);
         let keys = keys(rounding, slot.step, param.name());
-        let pmv = [
-            param.stored_mut().flat_mut(),
-            slot.exp_avg.flat_mut(),
-            slot.exp_avg_sq.flat_mut(),
-        ];
-        rows_half(&rule, pmv, grad.rows(), width, &Summed(grad), keys);
-        Ok(())
+        Ok((rule, slot, keys))
     }
 
     /// The state of `param` with one more step counted (zeros and step 1

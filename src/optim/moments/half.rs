@@ -18,14 +18,30 @@ use crate::param::{
 };
 use crate::{ParamGrad, Parameter, Real};
 
+/// The stochastic-rounding keys of a parameter's value and of its two
+/// moments, as [`keys`] makes them.
+pub(super) type Keys = [Option<SrKey>; 3];
+
 /// The stochastic-rounding keys (`None`: to nearest) of a parameter's
 /// value and of its two moments at optimiser step `step`: the arrays are
 /// named `name`, `name.exp_avg` and `name.exp_avg_sq`.
-pub(super) fn keys(rounding: Rounding, step: u64, name: &str) -> [Option<SrKey>; 3] {
+pub(super) fn keys(rounding: Rounding, step: u64, name: &str) -> Keys {
     [
         rounding.key(step, name),
         rounding.key(step, &format!("{name}.exp_avg")),
         rounding.key(step, &format!("{name}.exp_avg_sq")),
+    ]
+}
+
+/// The parameter's value and its two moments, flat, as they are kept.
+pub(super) fn arrays<'a, T: Real>(
+    param: &'a mut Parameter<T>,
+    slot: &'a mut Moments<T>,
+) -> [StoredMut<'a, T>; 3] {
+    [
+        param.stored_mut().flat_mut(),
+        slot.exp_avg.flat_mut(),
+        slot.exp_avg_sq.flat_mut(),
     ]
 }
 
@@ -91,11 +107,7 @@ pub(super) fn update_half<T: Real, R: Rule<T>>(
     grad: &ParamGrad<T>,
     keys: [Option<SrKey>; 3],
 ) {
-    let pmv = [
-        param.stored_mut().flat_mut(),
-        slot.exp_avg.flat_mut(),
-        slot.exp_avg_sq.flat_mut(),
-    ];
+    let pmv = arrays(param, slot);
     match grad {
         ParamGrad::Dense(g) => {
             let g = g.as_standard_layout();
@@ -435,13 +447,12 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
     keys: [Option<SrKey>; 3],
 ) {
     let len = param.shape().iter().product::<usize>();
-    let rows = param
-        .stored_mut()
-        .flat_mut()
+    let [p, m, v] = arrays(param, slot);
+    let rows = p
         .chunks(width)
         .into_iter()
-        .zip(slot.exp_avg.flat_mut().chunks(width))
-        .zip(slot.exp_avg_sq.flat_mut().chunks(width))
+        .zip(m.chunks(width))
+        .zip(v.chunks(width))
         .enumerate();
     struct Scratch<T> {
         x: Vec<T>,
