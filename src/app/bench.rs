@@ -36,7 +36,8 @@
 //! steps with steps of the same head on `matrixmultiply`, the reference
 //! kernel, and reports both. With [`BenchConfig::versus_f32`], a workload
 //! kept in half precision alternates its steps with those of the same
-//! workload in f32, built beside it, and reports the two ([`Versus`]).
+//! workload in f32, built beside it, in blocks of
+//! [`BenchConfig::versus_block`] steps, and reports the two ([`Versus`]).
 //! [`sweep()`] times the bigram model's training
 //! step over vocabulary sizes and widths. The bytes a step must move are counted term by term in
 //! [`BenchReport::bytes_terms`]; the formulas are in `docs/bench.md`.
@@ -191,9 +192,17 @@ pub struct BenchConfig {
     /// How the optimisers keep their moments (f32 or bf16).
     pub state_dtype: Dtype,
     /// With a half-precision `dtype` or `state_dtype`: also build the
-    /// workload in f32 and time its steps alternating with these, step by
-    /// step, the order swapped every step ([`BenchReport::versus_f32`]).
+    /// workload in f32 and time its steps alternating with these, in blocks
+    /// of [`Self::versus_block`] steps, the order swapped every block
+    /// ([`BenchReport::versus_f32`]).
     pub versus_f32: bool,
+    /// With `versus_f32`: the steps each side takes before the other takes
+    /// its turn (at least 1). With 1 (the default) the two alternate step
+    /// by step and every step starts on the caches the other workload left:
+    /// the stricter figure for the side whose data would have stayed in
+    /// cache. In a longer block the steps after the first follow steps of
+    /// their own workload, as in a training loop.
+    pub versus_block: usize,
 }
 
 impl BenchConfig {
@@ -208,17 +217,24 @@ impl BenchConfig {
             dtype: Dtype::F32,
             state_dtype: Dtype::F32,
             versus_f32: false,
+            versus_block: VERSUS_BLOCK,
         }
     }
 }
+
+/// The default [`BenchConfig::versus_block`].
+pub const VERSUS_BLOCK: usize = 1;
 
 /// The same workload in f32, timed alternating with the run's steps
 /// ([`BenchConfig::versus_f32`]), and the run against it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Versus {
-    /// Seconds of each f32 step, in order (each right after the run's step
-    /// of the same index, or right before it: the order alternates).
+    /// Seconds of each f32 step, in order (the run's step of the same index
+    /// in the same block, before or after it: the order alternates by
+    /// block, [`BenchConfig::versus_block`]).
     pub step_s: Vec<f64>,
+    /// The steps each side took in a turn ([`BenchConfig::versus_block`]).
+    pub block: usize,
     /// The median of `step_s`.
     pub median_s: f64,
     /// The run's median over the f32 median.
@@ -368,6 +384,11 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport> {
             "versus f32: the run keeps everything in f32 already (give a half-precision dtype or state dtype)",
         ));
     }
+    if cfg.versus_block == 0 {
+        return Err(Error::config(
+            "versus f32: a block must hold at least 1 step",
+        ));
+    }
     if cfg.versus_f32 && cfg.reference {
         return Err(Error::config(
             "versus f32 and the reference kernel cannot alternate in one run: ask for one of them",
@@ -409,33 +430,40 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let mut ops: Vec<(&'static str, Vec<f64>)> = Vec::new();
     let mut loss = 0.0;
     let sched0 = sched_ns();
-    for i in 0..cfg.steps {
-        // With a reference, every other step runs it first.
-        let timed = |w: &mut workloads::Built, kernel| -> Result<(f64, workloads::StepOut)> {
-            w.set_kernel(kernel);
-            let t0 = Instant::now();
-            let out = w.step()?;
-            Ok((t0.elapsed().as_secs_f64(), out))
-        };
-        if reference && i % 2 == 1 {
-            reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
-        }
-        // The f32 workload: every other step first.
-        let mut f32_step = |base: &mut Option<workloads::Built>| -> Result<()> {
-            if let Some(b) = base {
+    let timed = |w: &mut workloads::Built, kernel| -> Result<(f64, workloads::StepOut)> {
+        w.set_kernel(kernel);
+        let t0 = Instant::now();
+        let out = w.step()?;
+        Ok((t0.elapsed().as_secs_f64(), out))
+    };
+    // The f32 workload's steps i..end, timed.
+    let mut f32_steps = |base: &mut Option<workloads::Built>, n: usize| -> Result<()> {
+        if let Some(b) = base {
+            for _ in 0..n {
                 let (s, out) = timed(b, HeadKernel::Auto)?;
                 base_step_s.push(s);
                 base_loss = out.loss;
             }
-            Ok(())
-        };
-        if i % 2 == 1 {
-            f32_step(&mut base)?;
+        }
+        Ok(())
+    };
+    for i in 0..cfg.steps {
+        // The f32 workload takes its turn in blocks: first in every other
+        // block, so that neither side always runs after the other.
+        let block = cfg.versus_block;
+        let n = block.min(cfg.steps - i);
+        if i % block == 0 && (i / block) % 2 == 1 {
+            f32_steps(&mut base, n)?;
+        }
+        // With a reference, every other step runs it first.
+        if reference && i % 2 == 1 {
+            reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
         }
         let (s, out) = timed(&mut w, HeadKernel::Auto)?;
         step_s.push(s);
-        if i % 2 == 0 {
-            f32_step(&mut base)?;
+        let last_of_block = (i + 1) % block == 0 || i + 1 == cfg.steps;
+        if last_of_block && (i / block) % 2 == 0 {
+            f32_steps(&mut base, i % block + 1)?;
         }
         if reference && i % 2 == 0 {
             reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
@@ -487,6 +515,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             .map(|(a, b)| a / b)
             .collect();
         Versus {
+            block: cfg.versus_block,
             median_s: median_f32,
             median_ratio: median_s / median_f32,
             pair_ratio: median(&pairs),
@@ -656,15 +685,30 @@ mod tests {
                 ..c
             };
             let half_alone = run(&half).unwrap();
+            // Step by step (the default), in blocks of 2 (the last block
+            // shorter) and of 5 (one block): each side takes its 3 steps.
+            for block in [VERSUS_BLOCK, 2, 5] {
+                let r = run(&BenchConfig {
+                    versus_f32: true,
+                    versus_block: block,
+                    ..half
+                })
+                .unwrap();
+                let v = r.versus_f32.as_ref().expect("the f32 steps");
+                assert_eq!(
+                    (r.step_s.len(), v.step_s.len(), v.block),
+                    (3, 3, block),
+                    "{w}"
+                );
+                assert_eq!(v.loss.to_bits(), f32_alone.loss.to_bits(), "{w}: f32");
+                assert_eq!(r.loss.to_bits(), half_alone.loss.to_bits(), "{w}: bf16");
+            }
             let r = run(&BenchConfig {
                 versus_f32: true,
                 ..half
             })
             .unwrap();
             let v = r.versus_f32.as_ref().expect("the f32 steps");
-            assert_eq!((r.step_s.len(), v.step_s.len()), (3, 3), "{w}");
-            assert_eq!(v.loss.to_bits(), f32_alone.loss.to_bits(), "{w}: f32");
-            assert_eq!(r.loss.to_bits(), half_alone.loss.to_bits(), "{w}: bf16");
             assert_eq!(
                 (v.params_bytes, v.state_bytes, v.bytes_moved),
                 (
@@ -717,5 +761,13 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("one of them"), "{e}");
+        let e = run(&BenchConfig {
+            versus_f32: true,
+            versus_block: 0,
+            dtype: Dtype::BF16,
+            ..c
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("at least 1 step"), "{e}");
     }
 }

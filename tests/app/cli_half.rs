@@ -194,6 +194,26 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
     assert!((v["median_ratio"].as_f64().unwrap() / ratio - 1.0).abs() < 1e-12);
     assert!(v["bytes_ratio"].as_f64().unwrap() < 0.55, "{v}");
     assert!(v["pair_ratio"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["block"], 1);
+    // In blocks of 3 steps: 4 steps each still, the report says how.
+    let blocks = run_ok(
+        &dir,
+        &args
+            .iter()
+            .chain(&["--versus-block", "3"])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let text = String::from_utf8_lossy(&blocks.stdout);
+    assert!(
+        text.contains("in f32, alternating in blocks of 3 steps: this run takes"),
+        "{text}"
+    );
+    let v = &last_json(&blocks)["versus_f32"];
+    assert_eq!(
+        (v["step_s"].as_array().unwrap().len(), &v["block"]),
+        (4, &3.into())
+    );
     // Without the flag: null.
     let plain = run_ok(
         &dir,

@@ -230,7 +230,7 @@ fn progress_is_plain_lines_off_a_terminal_and_quiet_silences_it() {
 }
 
 /// Options a command would not honour are refused by name, where they were
-/// once taken and ignored (bad-inputs rows 77–86).
+/// once taken and ignored (bad-inputs rows 77–88).
 #[test]
 fn options_a_command_would_not_honour_are_refused() {
     let dir = scratch("not-honoured");
@@ -321,6 +321,25 @@ fn options_a_command_would_not_honour_are_refused() {
         (
             vec!["bench", "lmhead", "--scale", "100000"],
             "--scale 100000 is above lmhead's largest size (32000): every size would be 1".into(),
+        ),
+        (
+            vec!["bench", "embed_full", "--dtype", "bf16", "--versus-block", "1"],
+            "--versus-block sets how --versus-f32 alternates the two workloads' steps: use it \
+             with --versus-f32"
+                .into(),
+        ),
+        (
+            vec![
+                "bench",
+                "embed_full",
+                "--dtype",
+                "bf16",
+                "--versus-f32",
+                "--versus-block",
+                "0",
+            ],
+            "--versus-block must be at least 1: each workload takes at least one step a turn"
+                .into(),
         ),
     ];
     for (args, want) in cases {

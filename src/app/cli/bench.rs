@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::app::bench::{
-    BenchConfig, BenchReport, SweepConfig, SweepRow, Versus, Workload, run as run_bench, sweep,
+    BenchConfig, BenchReport, SweepConfig, SweepRow, VERSUS_BLOCK, Versus, Workload,
+    run as run_bench, sweep,
 };
 use crate::param::Dtype;
 use clap::Args;
@@ -42,9 +43,14 @@ pub struct BenchArgs {
     #[arg(long, default_value = "f32")]
     pub state_dtype: Dtype,
     /// With --dtype or --state-dtype in half precision: also build the workload in f32 and time
-    /// its steps alternating with these, step by step, and report the ratios.
+    /// its steps alternating with these, in blocks of --versus-block steps, and report the ratios.
     #[arg(long)]
     pub versus_f32: bool,
+    /// With --versus-f32: the steps each side takes before the other takes its turn [default: 1,
+    /// step by step: every step starts on the caches the other workload left]. In a longer block
+    /// the steps after the first follow steps of their own workload, as in a training loop.
+    #[arg(long, value_name = "STEPS")]
+    pub versus_block: Option<usize>,
     /// Instead of a workload: the bigram model's training step on the synthetic corpus for every
     /// V of --sweep-v and D of --sweep-d (time per step, tokens per second, fractions of the
     /// sgemm and copy rates measured beside them).
@@ -110,6 +116,19 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
                 .into(),
         );
     }
+    if args.versus_block.is_some() && !args.versus_f32 {
+        return Err(
+            "--versus-block sets how --versus-f32 alternates the two workloads' steps: use it \
+             with --versus-f32"
+                .into(),
+        );
+    }
+    if args.versus_block == Some(0) {
+        return Err(
+            "--versus-block must be at least 1: each workload takes at least one step a turn"
+                .into(),
+        );
+    }
     if args.versus_f32 && args.reference {
         return Err(
             "--versus-f32 and --reference each alternate the steps with another run's: give one of them"
@@ -126,6 +145,7 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         dtype: args.dtype,
         state_dtype: args.state_dtype,
         versus_f32: args.versus_f32,
+        versus_block: args.versus_block.unwrap_or(VERSUS_BLOCK),
     };
     let r = run_bench(&cfg)?;
     print!("{}", table(&r));
@@ -253,9 +273,13 @@ fn table(r: &BenchReport) -> String {
         rows.push((
             "versus f32".into(),
             format!(
-                "median {} in f32, alternating step by step: this run takes {:.2}× its time \
+                "median {} in f32, alternating {}: this run takes {:.2}× its time \
                  (median of the paired steps' ratios {:.2}×); parameters + state {:.2}× its bytes",
                 ms(v.median_s),
+                match v.block {
+                    1 => "step by step".to_string(),
+                    b => format!("in blocks of {b} steps"),
+                },
                 v.median_ratio,
                 v.pair_ratio,
                 v.bytes_ratio
@@ -341,6 +365,7 @@ fn versus_json(v: &Versus) -> Value {
     json!({
         "median_s": v.median_s,
         "step_s": v.step_s,
+        "block": v.block,
         "median_ratio": v.median_ratio,
         "pair_ratio": v.pair_ratio,
         "params_bytes": v.params_bytes,
