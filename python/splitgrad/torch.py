@@ -42,6 +42,7 @@ Importing this module needs torch; torch is not a dependency of splitgrad.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 
 import numpy as np
@@ -996,6 +997,21 @@ class _FusionPenaltyFunction(torch.autograd.Function):
         return None, _dense(grads, "split_vocabulary.rows", (m.n_rows, m.dim), m._dtype)
 
 
+_INDEX_KEY = "splitgrad_index"
+
+
+def _index_id(lang: np.ndarray, tok: np.ndarray) -> str:
+    """A name for an index: its row count and a digest of its pairs, in order."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(lang, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(tok, dtype="<i8").tobytes())
+    return f"{len(lang)} rows, sha256 {h.hexdigest()[:16]}"
+
+
+def _describe_index(name) -> str:
+    return name if isinstance(name, str) else repr(name)
+
+
 class SplitVocabulary(_Bound, nn.Module):
     """The reference ``SplitVocabulary`` on splitgrad's kernels: chosen (language,
     token) pairs get a private row, mixed with the shared row by a sigmoid gate.
@@ -1062,6 +1078,36 @@ class SplitVocabulary(_Bound, nn.Module):
         # Counts the layer's own changes to its rows (fused steps, seed_from),
         # which torch's in-place check does not see.
         self._generation = 0
+
+    # A state dict's rows are the rows of its index's pairs: its metadata
+    # (kept by torch.save) names the index, and a load refuses another one.
+    # The keys stay the reference module's, "rows" and "gate_logit"; a state
+    # dict without the name (built by hand, or by another module) loads as is.
+
+    def _index_name(self) -> str:
+        name = self.__dict__.get("_index_id")
+        if name is None:  # (computed once; copies made before it was kept compute it again)
+            name = self.__dict__["_index_id"] = _index_id(*self._core.index())
+        return name
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        meta = getattr(destination, "_metadata", None)
+        if meta is not None:
+            meta.setdefault(prefix[:-1], {})[_INDEX_KEY] = self._index_name()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        theirs = (local_metadata or {}).get(_INDEX_KEY)
+        if theirs is not None and theirs != self._index_name():
+            # Nothing of this layer is loaded; torch raises with the message.
+            error_msgs.append(
+                f"{prefix or 'SplitVocabulary.'}rows: saved by a SplitVocabulary with another index "
+                f"({_describe_index(theirs)}; this layer: {self._index_name()}): its rows "
+                "belong to other (language, token) pairs. Build the layer from the index file of the "
+                "model that saved them"
+            )
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _new_fused(self):
         if self._fused_cfg is None:

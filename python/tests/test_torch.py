@@ -342,6 +342,52 @@ def test_vocabulary_equals_the_reference(index_file, use_gate):
     assert list(ours.state_dict()) == ["rows", "gate_logit"]
 
 
+def test_vocabulary_state_dict_of_another_index_is_refused(index_file, tmp_path):
+    """A state dict names its index in its metadata (kept by torch.save): loading
+    it into a layer of another index, of the same size or not, is refused and
+    leaves the layer as it was; the same index loads, and a dict without the
+    name (built by hand) loads as before."""
+    import io
+
+    path, lang, tok = index_file
+    a = SplitVocabulary(path, 12, 5, 4, dtype=torch.float64)
+    with torch.no_grad():
+        a.rows.copy_(torch.arange(100, dtype=torch.float64).reshape(20, 5))
+        a.gate_logit.fill_(0.5)
+    sd = a.state_dict()
+    assert list(sd) == ["rows", "gate_logit"]
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    saved = torch.load(buf)
+    # The same pairs but one: row 19 on another (language, token).
+    cells = (lang * 12 + tok).numpy()
+    free = sorted(set(range(48)) - set(cells.tolist()))
+    other = np.sort(np.concatenate([cells[:-1], [free[-1]]]))
+    np.savez(tmp_path / "other.npz", language_index=other // 12, token_index=other % 12)
+    np.savez(tmp_path / "fewer.npz", language_index=cells[:7] // 12, token_index=cells[:7] % 12)
+    for name, n in (("other.npz", 20), ("fewer.npz", 7)):
+        b = SplitVocabulary(tmp_path / name, 12, 5, 4, dtype=torch.float64)
+        rows, gates = b.rows.detach().clone(), b.gate_logit.detach().clone()
+        for state in (sd, saved):
+            with pytest.raises(RuntimeError, match=rf"rows: saved by a SplitVocabulary with another index \(20 rows, sha256 [0-9a-f]{{16}}; this layer: {n} rows, sha256 [0-9a-f]{{16}}\): its rows belong to other \(language, token\) pairs"):
+                b.load_state_dict(state)
+            assert torch.equal(b.rows, rows) and torch.equal(b.gate_logit, gates)
+        # Inside a model too, under the model's prefix.
+        with pytest.raises(RuntimeError, match=r"emb\.rows: saved by a SplitVocabulary with another index"):
+            torch.nn.ModuleDict({"emb": b}).load_state_dict(torch.nn.ModuleDict({"emb": a}).state_dict())
+    same = SplitVocabulary(path, 12, 5, 4, dtype=torch.float64)
+    same.load_state_dict(saved)
+    assert torch.equal(same.rows, a.rows) and torch.equal(same.gate_logit, a.gate_logit)
+    # In bf16, and from a dict without metadata.
+    half = SplitVocabulary(path, 12, 5, 4, dtype=torch.bfloat16)
+    half.load_state_dict({k: v.to(torch.bfloat16) for k, v in sd.items()})
+    assert torch.equal(half.rows, a.rows.to(torch.bfloat16))
+    b = SplitVocabulary(tmp_path / "other.npz", 12, 5, 4, dtype=torch.float64)
+    b.load_state_dict(dict(sd))
+    assert torch.equal(b.rows, a.rows)
+
+
 def test_vocabulary_rows_gradient_is_sparse_and_sparse_adam_applies(index_file):
     path, lang, tok = index_file
     sv = SplitVocabulary(path, 12, 5, 4)
