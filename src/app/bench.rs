@@ -436,7 +436,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         let out = w.step()?;
         Ok((t0.elapsed().as_secs_f64(), out))
     };
-    // The f32 workload's steps i..end, timed.
+    // n steps of the f32 workload, timed.
     let mut f32_steps = |base: &mut Option<workloads::Built>, n: usize| -> Result<()> {
         if let Some(b) = base {
             for _ in 0..n {
@@ -451,9 +451,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         // The f32 workload takes its turn in blocks: first in every other
         // block, so that neither side always runs after the other.
         let block = cfg.versus_block;
-        let n = block.min(cfg.steps - i);
-        if i % block == 0 && (i / block) % 2 == 1 {
-            f32_steps(&mut base, n)?;
+        let f32_first = !(i / block).is_multiple_of(2);
+        if f32_first && i.is_multiple_of(block) {
+            f32_steps(&mut base, block.min(cfg.steps - i))?;
         }
         // With a reference, every other step runs it first.
         if reference && i % 2 == 1 {
@@ -461,8 +461,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         }
         let (s, out) = timed(&mut w, HeadKernel::Auto)?;
         step_s.push(s);
-        let last_of_block = (i + 1) % block == 0 || i + 1 == cfg.steps;
-        if last_of_block && (i / block) % 2 == 0 {
+        let last_of_block = (i + 1).is_multiple_of(block) || i + 1 == cfg.steps;
+        if last_of_block && !f32_first {
             f32_steps(&mut base, i % block + 1)?;
         }
         if reference && i % 2 == 0 {
