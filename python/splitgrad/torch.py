@@ -438,6 +438,7 @@ def _fused_options(fused_adam):
         return None, None
     cfg = dict(fused_adam)
     lr, betas, eps = cfg.pop("lr", 1e-3), tuple(cfg.pop("betas", (0.9, 0.999))), cfg.pop("eps", 1e-8)
+    seeded = "seed" in cfg
     state_dtype, rounding, seed = cfg.pop("state_dtype", None), cfg.pop("rounding", "stochastic"), cfg.pop("seed", 0)
     if cfg:
         raise TypeError(f"fused_adam takes lr, betas, eps, state_dtype, rounding, seed; got {sorted(cfg)}")
@@ -451,6 +452,11 @@ def _fused_options(fused_adam):
         raise TypeError(f"fused_adam: state_dtype must be a torch dtype or a name such as 'bf16', got {state_dtype!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
         raise ValueError(f"fused_adam: seed must be an integer in [0, 2**64), got {seed!r}")
+    if seeded and rounding == "nearest":
+        raise ValueError(
+            f"fused_adam: seed {seed!r} draws the random bits of stochastic rounding, and rounding "
+            "'nearest' draws none: leave the seed out"
+        )
     options = None
     if state_dtype is not None or rounding != "stochastic" or int(seed) != 0:
         options = {"state_dtype": state_dtype, "rounding": rounding, "seed": int(seed)}
@@ -462,7 +468,10 @@ def _configured(opt, options):
     if options is not None:
         if options["state_dtype"] is not None:
             opt.set_state_dtype(options["state_dtype"])
-        opt.set_rounding(options["rounding"], options["seed"])
+        if options["rounding"] == "nearest":
+            opt.set_rounding("nearest")
+        else:
+            opt.set_rounding("stochastic", options["seed"])
     return opt
 
 

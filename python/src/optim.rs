@@ -229,12 +229,22 @@ impl PyOptimizer {
     /// parameters kept in bf16 or f16, its state when kept in bf16):
     /// `"stochastic"` (the default, unbiased; its random bits a pure
     /// function of (seed, step, parameter, element)) or `"nearest"`.
-    #[pyo3(signature = (rounding, seed = 0))]
-    fn set_rounding(&self, py: Python<'_>, rounding: &str, seed: u64) -> PyResult<()> {
-        let r = match rounding {
-            "stochastic" => Rounding::Stochastic { seed },
-            "nearest" => Rounding::Nearest,
-            other => {
+    /// `seed` (0 when not given) is stochastic rounding's; `"nearest"`
+    /// draws no random bits and refuses one.
+    #[pyo3(signature = (rounding, seed = None))]
+    fn set_rounding(&self, py: Python<'_>, rounding: &str, seed: Option<u64>) -> PyResult<()> {
+        let r = match (rounding, seed) {
+            ("stochastic", seed) => Rounding::Stochastic {
+                seed: seed.unwrap_or(0),
+            },
+            ("nearest", None) => Rounding::Nearest,
+            ("nearest", Some(seed)) => {
+                return Err(PyValueError::new_err(format!(
+                    "set_rounding: seed {seed} draws the random bits of stochastic rounding, and \
+                     \"nearest\" draws none: leave the seed out"
+                )));
+            }
+            (other, _) => {
                 return Err(PyValueError::new_err(format!(
                     "rounding must be \"stochastic\" or \"nearest\", got {other:?}"
                 )));

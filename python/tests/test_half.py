@@ -202,7 +202,7 @@ def test_vocabulary_fused_adam_in_bf16_trains(index_file, rounding):
     path, lang, tok = index_file
     sv = SplitVocabulary(
         path, 12, 5, 4, dtype=torch.bfloat16,
-        fused_adam={"lr": 0.05, "state_dtype": "bf16", "rounding": rounding, "seed": 3},
+        fused_adam={"lr": 0.05, "state_dtype": "bf16", "rounding": rounding, **({"seed": 3} if rounding == "stochastic" else {})},
     )
     sv.seed_from(torch.randn(12, 5, dtype=torch.bfloat16))
     rows0 = sv.rows.detach().clone()
@@ -405,6 +405,11 @@ def test_bad_dtypes_raise_python_errors():
         sg.Optimizer.lazy_adam(0.1).set_state_dtype("float8")
     with pytest.raises(ValueError):
         sg.Optimizer.lazy_adam(0.1).set_rounding("down")
+    # A seed with nearest rounding would draw nothing.
+    with pytest.raises(ValueError, match=r"fused_adam: seed 3 draws the random bits of stochastic rounding, and rounding 'nearest' draws none: leave the seed out"):
+        SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.bfloat16, fused_adam={"rounding": "nearest", "seed": 3})
+    seeded = SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.bfloat16, fused_adam={"seed": 3})
+    assert seeded._fused.rounding == ("stochastic", 3)
 
 
 # --- a property over random sizes ---------------------------------------------

@@ -586,11 +586,19 @@ def test_fused_step_refuses_another_layers_gradients():
 
 def test_set_rounding_on_an_optimiser_that_rounds_nothing_is_refused():
     opt = sg.SGD(lr=0.1)
-    with pytest.raises(ValueError, match="set_rounding: SGD stores no value in half precision"):
-        opt.set_rounding("nearest", 5)
+    for args in (("nearest",), ("stochastic", 5)):
+        with pytest.raises(ValueError, match="set_rounding: SGD stores no value in half precision"):
+            opt.set_rounding(*args)
     lazy = sg.LazyAdam(lr=0.1)
     lazy.set_rounding("nearest")
     assert lazy.rounding == ("nearest", None)
+    lazy.set_rounding("stochastic")
+    assert lazy.rounding == ("stochastic", 0)
+    # A seed with nearest rounding would draw nothing: refused, the rounding unchanged.
+    lazy.set_rounding("stochastic", 9)
+    with pytest.raises(ValueError, match=r"set_rounding: seed 5 draws the random bits of stochastic rounding, and \"nearest\" draws none: leave the seed out"):
+        lazy.set_rounding("nearest", 5)
+    assert lazy.rounding == ("stochastic", 9)
 
 
 def _bf16_bits(x):
