@@ -6,7 +6,9 @@ docs/spec.md §5, side by side in one process.
 Before timing, each workload runs one step of both sides from the same weights
 and reports the largest difference of the outputs and of every gradient. The
 timing alternates the two sides over rounds (a warm-up step first) and quotes
-the median step of each side and their ratio.
+the median step of each side and their ratio, and the median over rounds of
+each round's ratio (the figure a load that drifts between rounds disturbs
+least).
 
     python python/bench.py [--threads 2] [--rounds 3] [--steps 5] [--workloads embed_prompt,...]
                            [--scale 1] [--upstream given|dot] [--heap-kept] [--omp-passive] [--json]
@@ -524,18 +526,26 @@ def main():
         diffs = check()
         steps = ARGS.steps if name != "lmhead" else max(1, min(ARGS.steps, 3))
         times = {s: [] for s, _ in sides}
+        rounds = {s: [] for s, _ in sides}  # each round's median
         for _, step in sides:
             step()  # warm-up: optimiser state, buffers
         for _ in range(ARGS.rounds):
             for s, step in sides:
-                times[s] += timed(step, steps)
+                t = timed(step, steps)
+                times[s] += t
+                rounds[s].append(statistics.median(t))
         med = {s: statistics.median(t) for s, t in times.items()}
         base = sides[0][0]
+        # The first side's time over each side's, round by round: the ratio a
+        # load that drifts between rounds disturbs least.
+        paired = {s: statistics.median(a / b for a, b in zip(rounds[base], r)) for s, r in rounds.items()}
         report["workloads"][name] = {
             "max_abs_difference": diffs,
             "median_s": med,
             "min_s": {s: min(t) for s, t in times.items()},
             "speedup_vs_first": {s: med[base] / m for s, m in med.items()},
+            "paired_speedup_vs_first": paired,
+            "round_median_s": rounds,
             "steps_per_side": len(times[base]),
         }
         extra = after[0]() if after else None
@@ -545,7 +555,10 @@ def main():
             print(f"\n== {name} ({len(times[base])} steps per side, {ARGS.rounds} alternating rounds)")
             print("   differences: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
             for s in med:
-                print(f"   {med[s] * 1e3:9.2f} ms  (min {min(times[s]) * 1e3:8.2f})  {med[base] / med[s]:6.1f}x  {s}")
+                print(
+                    f"   {med[s] * 1e3:9.2f} ms  (min {min(times[s]) * 1e3:8.2f})  {med[base] / med[s]:6.1f}x  "
+                    f"(by round {paired[s]:5.1f}x)  {s}"
+                )
             if extra is not None:
                 print(f"   loss Σ out ⊙ R after {extra['steps']} steps from {extra['loss_before']:.4f}:")
                 for s, v in extra["loss_after"].items():
