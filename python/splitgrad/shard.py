@@ -22,6 +22,7 @@ same steps.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import tempfile
@@ -34,6 +35,7 @@ from torch import nn
 
 from . import _splitgrad as _sg
 from .torch import (
+    _INDEX_KEY,
     LM_IGNORE_INDEX,
     SequenceCausalLMOutput,
     SplitLanguageModellingHead,
@@ -526,6 +528,9 @@ class ShardedVocabulary(_Sharded):
         lang, tok = (np.asarray(a, dtype=np.int64) for a in full._core.index())
         self.n_rows, self.dim, self._dtype = full.n_rows, full.dim, full._dtype
         self.vocab, self.n_languages = int(full._core.vocab_size), int(full._core.n_languages)
+        # The index's name, as the unsharded layer's state dict gives it: saved
+        # with the shards and in gathered state dicts, refused by another index.
+        self._index_id = full._index_name()
         self._keys = np.sort(lang * self.vocab + tok)
         mine = np.nonzero(tok % self.world == self.rank)[0]
         self._rows = {"rows": mine, "gate_logit": mine}
@@ -912,6 +917,15 @@ def gather_state_dict(sharded: nn.Module, dst: int = 0):
     if not rank_is_dst:
         return None
     out.update({k: v.clone() for k, v in _dense_state(sharded, mods).items()})
+    return _named_indexes(out, {prefix: mod._index_id for prefix, mod in mods if isinstance(mod, ShardedVocabulary)})
+
+
+def _named_indexes(state: dict, indexes: dict) -> collections.OrderedDict:
+    """``state`` as a state dict whose metadata names each split vocabulary's
+    index (``indexes``: layer prefix → name), as ``SplitVocabulary.state_dict``
+    does, so that ``load_state_dict`` refuses it on a layer of another index."""
+    out = collections.OrderedDict(state)
+    out._metadata = collections.OrderedDict((prefix, {_INDEX_KEY: name}) for prefix, name in indexes.items())
     return out
 
 
@@ -1001,6 +1015,8 @@ def save_shards(model: nn.Module, directory, optimizer=None) -> str:
             "tensors": {n: (shape, torch.from_numpy(np.asarray(rows)), t.clone()) for n, (shape, rows, t) in mod.local_state().items()},
             "fused": {k: torch.from_numpy(np.array(v)) for k, v in mod._fused_state().items()},
         }
+        if isinstance(mod, ShardedVocabulary):
+            layers[prefix]["index"] = mod._index_id
         if optimizer is not None:
             layers[prefix]["optimizer"] = optim_layers[prefix]
     path = os.path.join(str(directory), f"shard-{comm.rank}-of-{comm.world}.pt")
@@ -1198,6 +1214,15 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
             f"load_shards: {directory} holds layers this model lacks: {', '.join(f'`{e}`' for e in extra)} "
             f"(its sharded layers: {', '.join(f'`{p}`' for p, _ in mods)})"
         )
+    for prefix, mod in mods:
+        # (Shards written before the index was kept carry none.)
+        theirs = shards[0]["layers"][prefix].get("index")
+        if isinstance(mod, ShardedVocabulary) and theirs is not None and theirs != mod._index_id:
+            raise ValueError(
+                f"load_shards: {directory}: layer `{prefix}` was saved by a SplitVocabulary with another index "
+                f"({theirs}; this layer: {mod._index_id}): its rows belong to other (language, token) pairs. "
+                "Build the layer from the index file of the model that saved them"
+            )
     optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
     for prefix, mod in mods:
         local = mod.local_state()
@@ -1248,7 +1273,9 @@ def consolidate(directory, path) -> dict:
     weights under d9d's names), written to ``path`` atomically (torch.save
     format; ``model.load_state_dict(torch.load(path))`` on the unsharded
     model). Needs no process group. Returns the state dict."""
-    full = _full_tensors(directory, _read_shards(directory))
-    out = {_key(p, n): t for p, ts in full.items() for n, t in ts.items()}
+    shards = _read_shards(directory)
+    full = _full_tensors(directory, shards)
+    indexes = {p: layer["index"] for p, layer in shards[0]["layers"].items() if "index" in layer}
+    out = _named_indexes({_key(p, n): t for p, ts in full.items() for n, t in ts.items()}, indexes)
     _atomic_save(out, path)
     return out

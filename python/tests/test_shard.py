@@ -462,3 +462,75 @@ def test_a_shard_directory_restores_the_models_other_parameters(tmp_path, world)
     got = torch.load(out)
     assert got["same"]
     assert got["other"] == f"load_shards: {directory}: `lin.weight` has shape (8, 8), the model's (9, 8)"
+
+
+def index_worker(rank, world, store, paths, directory, out):
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+    from splitgrad.torch import SplitVocabulary, consolidate, gather_state_dict, load_shards, save_shards, shard
+
+    class Net(torch.nn.Module):
+        def __init__(self, path, seed):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.sv = SplitVocabulary(path, V, D, L, fused_adam=FUSED)
+            with torch.no_grad():
+                self.sv.rows.normal_()
+
+    got = {}
+    a = shard(Net(paths["a"], 1))
+    full = gather_state_dict(a)
+    save_shards(a, directory)
+    other = shard(Net(paths["b"], 2))  # another index of the same size
+    before = [t.detach().clone() for _, _, t in other.sv.local_state().values()]
+    try:
+        load_shards(other, directory)
+        got["load_shards"] = None
+    except ValueError as e:
+        got["load_shards"] = str(e)
+    got["untouched"] = all(torch.equal(x, t) for x, (_, _, t) in zip(before, other.sv.local_state().values()))
+    same = shard(Net(paths["a"], 3))
+    load_shards(same, directory)
+    got["same"] = all(torch.equal(x, y) for (_, _, x), (_, _, y) in zip(a.sv.local_state().values(), same.sv.local_state().values()))
+    if rank == 0:
+        whole = consolidate(directory, os.path.join(os.path.dirname(directory), "whole.pt"))
+        for what, state in (("gathered", full), ("consolidated", whole)):
+            plain_other, plain_same = Net(paths["b"], 4), Net(paths["a"], 5)
+            rows = plain_other.sv.rows.detach().clone()
+            try:
+                plain_other.load_state_dict(state)
+                got[what] = None
+            except RuntimeError as e:
+                got[what] = str(e)
+            got[what + " untouched"] = torch.equal(plain_other.sv.rows, rows)
+            plain_same.load_state_dict(state)
+            got[what + " same"] = torch.equal(plain_same.sv.rows, state["sv.rows"])
+        torch.save(got, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_rows_of_another_index_are_refused_through_the_shards(tmp_path, world):
+    # A split vocabulary's rows belong to its index's pairs: shards, a gathered
+    # state dict and a consolidated one name the index, and a layer built from
+    # another index (of the same size) refuses them, unchanged; the same index loads.
+    cells = np.sort(np.random.default_rng(3).choice(L * V, size=30, replace=False))
+    free = sorted(set(range(L * V)) - set(cells.tolist()))
+    paths = {}
+    for name, c in (("a", cells), ("b", np.sort(np.concatenate([cells[:-1], [free[-1]]])))):
+        paths[name] = str(tmp_path / f"{name}.npz")
+        np.savez(paths[name], language_index=c // V, token_index=c % V)
+    out, directory = tmp_path / "got.pt", tmp_path / "shards"
+    mp.spawn(index_worker, args=(world, str(tmp_path / "store"), paths, str(directory), str(out)), nprocs=world, join=True)
+    got = torch.load(out)
+    another = r"\(30 rows, sha256 [0-9a-f]{16}; this layer: 30 rows, sha256 [0-9a-f]{16}\): its rows belong to other \(language, token\) pairs"
+    import re
+
+    assert re.search(rf"^load_shards: {re.escape(str(directory))}: layer `sv` was saved by a SplitVocabulary with another index {another}", got["load_shards"]), got["load_shards"]
+    assert got["untouched"] and got["same"]
+    for what in ("gathered", "consolidated"):
+        assert re.search(rf"sv\.rows: saved by a SplitVocabulary with another index {another}", got[what] or ""), got[what]
+        assert got[what + " untouched"] and got[what + " same"], what
