@@ -203,7 +203,11 @@ impl<T: Real, S: SourceElem<T>> Coalescing<'_, '_, T, S> {
     /// order (the sources read front to back); past that it walks them row
     /// by row, as [`Self::sum_row`] does.
     pub fn sums_in_cache(&self) -> bool {
-        let cuts = self.cuts();
+        self.parts_in_cache(&self.cuts())
+    }
+
+    /// [`Self::sums_in_cache`] for the tasks `cuts` ([`Self::cuts`]).
+    fn parts_in_cache(&self, cuts: &[usize]) -> bool {
         let part_bytes =
             (self.rows.len() / (cuts.len() - 1).max(1)).saturating_mul(self.width * size_of::<T>());
         part_bytes <= CACHED_ROWS_BYTES
@@ -239,7 +243,7 @@ impl<T: Real, S: SourceElem<T>> Coalescing<'_, '_, T, S> {
             // position order would fetch and write it back from memory for
             // each of its contributions (`embed_full`'s backward: 1,600 rows
             // of 4 KiB, 0.68× the time in bf16, 0.89× in f32).
-            let mine: Vec<Vec<u32>> = if plan.sums_in_cache() {
+            let mine: Vec<Vec<u32>> = if plan.parts_in_cache(&cuts) {
                 let mut part_of = vec![0u32; n_unique];
                 for (q, w) in cuts.windows(2).enumerate() {
                     part_of[w[0]..w[1]].fill(q as u32);
