@@ -9,11 +9,12 @@
 //! [`crate::kernels::scatter`] return).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Array2, ArrayD, ArrayView1, ArrayViewMut2};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::scatter::Coalesced;
 
@@ -57,6 +58,8 @@ pub struct Parameter<T> {
     name: String,
     value: Stored<T>,
     trainable: bool,
+    /// [`Parameter::set_rounding_rows`]'s rows (`None`: its own).
+    rounding_rows: Option<Arc<[u64]>>,
 }
 
 impl<T: Clone> Clone for Parameter<T> {
@@ -66,6 +69,7 @@ impl<T: Clone> Clone for Parameter<T> {
             name: self.name.clone(),
             value: self.value.clone(),
             trainable: self.trainable,
+            rounding_rows: self.rounding_rows.clone(),
         }
     }
 }
@@ -82,6 +86,7 @@ impl<T> Parameter<T> {
             name: name.into(),
             value,
             trainable: true,
+            rounding_rows: None,
         }
     }
     /// Its shape.
@@ -142,6 +147,84 @@ impl<T> Parameter<T> {
     /// receives no gradient and an optimiser never moves it.
     pub fn set_trainable(&mut self, trainable: bool) {
         self.trainable = trainable;
+    }
+
+    /// The rows of the table its stochastic roundings are keyed by
+    /// ([`Self::set_rounding_rows`]); `None` when that table is itself.
+    pub fn rounding_rows(&self) -> Option<&[u64]> {
+        self.rounding_rows.as_deref()
+    }
+
+    /// [`Self::rounding_rows`], shared.
+    pub(crate) fn rounding_rows_shared(&self) -> Option<Arc<[u64]>> {
+        self.rounding_rows.clone()
+    }
+
+    /// Keys the stochastic roundings of its updates (and its moments') as
+    /// if its row r were row `rows[r]` of a larger table of the same name:
+    /// element (r, j) draws the bits of flat index `rows[r]·width + j`
+    /// (`width` the elements of a row, 1 for a vector), so a table split
+    /// into parts, each part a parameter with its rows' places in the whole,
+    /// rounds bit for bit as the whole table would (the sharded layers of
+    /// the Python package). `None`: its own rows (index `r·width + j`).
+    /// Nothing else about it changes.
+    ///
+    /// Errors, leaving it as it was: a 0-d parameter, not one row each,
+    /// a row given twice, or a flat index past 2⁶⁴.
+    ///
+    /// ```
+    /// use ndarray::Array2;
+    /// use splitgrad::Parameter;
+    /// let mut p = Parameter::new("w", Array2::<f32>::zeros((2, 3)).into_dyn());
+    /// p.set_rounding_rows(Some(vec![4, 1]))?;
+    /// assert_eq!(p.rounding_rows(), Some(&[4u64, 1][..]));
+    /// assert!(p.set_rounding_rows(Some(vec![4])).is_err());
+    /// assert!(p.set_rounding_rows(Some(vec![1, 1])).is_err());
+    /// # Ok::<(), splitgrad::Error>(())
+    /// ```
+    pub fn set_rounding_rows(&mut self, rows: Option<Vec<u64>>) -> Result<()> {
+        let Some(rows) = rows else {
+            self.rounding_rows = None;
+            return Ok(());
+        };
+        let shape = self.value.shape();
+        let Some(&n) = shape.first() else {
+            return Err(Error::config(format!(
+                "rounding rows of `{}`: a 0-d parameter has no rows",
+                self.name
+            )));
+        };
+        if rows.len() != n {
+            return Err(Error::shape(
+                "rounding rows",
+                format!("({n},) (one per row)"),
+                &[rows.len()],
+            )
+            .in_array(self.name.clone()));
+        }
+        let width = shape[1..].iter().product::<usize>() as u64;
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::config(format!(
+                "rounding rows of `{}`: row {} given twice (each row draws its own bits)",
+                self.name, w[0]
+            )));
+        }
+        if let Some(&last) = sorted.last()
+            && width > 0
+            && last
+                .checked_add(1)
+                .and_then(|r| r.checked_mul(width))
+                .is_none()
+        {
+            return Err(Error::config(format!(
+                "rounding rows of `{}`: row {last} of {width} elements is past a flat index of 2^64",
+                self.name
+            )));
+        }
+        self.rounding_rows = Some(rows.into());
+        Ok(())
     }
 }
 

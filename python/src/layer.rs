@@ -329,6 +329,42 @@ pub fn set_trainable<T: PyReal>(module: &mut dyn Module<T>, name: &str, on: bool
     Ok(())
 }
 
+/// Rounding rows from Python ([`splitgrad::Parameter::set_rounding_rows`]):
+/// a 1-D array of integers ≥ 0.
+pub fn rounding_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let a = crate::convert::ids_arg(obj, "rows")?;
+    if a.ndim() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "array `rows`: has shape {:?}, expected one dimension",
+            a.shape()
+        )));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            u64::try_from(r).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "array `rows`: at position {i}: row {r}, expected a row >= 0"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// [`splitgrad::Parameter::set_rounding_rows`] of the parameter `name`.
+pub fn set_rounding_rows<T: PyReal>(
+    module: &mut dyn Module<T>,
+    name: &str,
+    rows: Option<Vec<u64>>,
+) -> PyResult<()> {
+    let p = module
+        .parameters_mut()
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| PyKeyError::new_err(format!("no parameter named `{name}`")))?;
+    p.set_rounding_rows(rows).map_err(crate::convert::py_err)
+}
+
 /// A standard-layout view (a copy only when the input is strided, checked
 /// against the memory available first: a broadcast view may stand for far
 /// more elements than it holds).
@@ -487,6 +523,17 @@ macro_rules! layer_class {
             /// Freezes (`False`) or unfreezes a parameter by its name.
             fn set_parameter_trainable(&self, py: Python<'_>, name: &str, trainable: bool) -> PyResult<()> {
                 $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_trainable(l, name, trainable))
+            }
+
+            /// Keys the stochastic roundings of parameter `name`'s updates (and
+            /// its moments') by its rows' places `rows` in a larger table of the
+            /// same name (one integer per row, distinct, ≥ 0): what a sharded
+            /// layer gives each part, so that it rounds as the whole table
+            /// would. `None`: its own rows again.
+            #[pyo3(signature = (name, rows))]
+            fn set_rounding_rows(&self, py: Python<'_>, name: &str, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+                let rows = rows.map(|r| $crate::layer::rounding_rows(r)).transpose()?;
+                $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_rounding_rows(l, name, rows))
             }
 
             /// Every parameter and buffer by name, copied.

@@ -188,7 +188,7 @@ impl<T: Real> MomentTable<T> {
         let slot = self.step(param)?;
         let rule = R::new(config, slot.step);
         if param.dtype().is_half() || slot.is_half() {
-            let keys = keys(rounding, slot.step, param.name());
+            let keys = keys(rounding, slot.step, param);
             match kernel {
                 Kernel::Naive => update_half_naive(&rule, param, slot, grad, keys),
                 Kernel::Fast => update_half(&rule, param, slot, grad, keys),
@@ -266,7 +266,7 @@ impl<T: Real> MomentTable<T> {
         debug_assert!(R::LAZY, "a row-sparse update by rows moves only its rows");
         let (rule, slot, keys) = self.half_step::<R>(config, param)?;
         let pmv = arrays(param, slot);
-        rows_half(&rule, pmv, grad.rows(), width, &Summed(grad), keys);
+        rows_half(&rule, pmv, grad.rows(), width, &Summed(grad), &keys);
         Ok(())
     }
 
@@ -287,7 +287,7 @@ impl<T: Real> MomentTable<T> {
         let rounding = self.keeping.rounding;
         let slot = self.step(param)?;
         let rule = R::new(config, slot.step);
-        let keys = keys(rounding, slot.step, param.name());
+        let keys = keys(rounding, slot.step, param);
         Ok((rule, slot, keys))
     }
 

@@ -4,13 +4,14 @@
 //! with its stochastic-rounding key at the element's flat index.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::half::{FusedArray, LANES, LaneRule, SrKey};
+use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey};
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
     Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut, WIDEN_CHUNK,
@@ -19,18 +20,53 @@ use crate::param::{
 use crate::{ParamGrad, Parameter, Real};
 
 /// The stochastic-rounding keys of a parameter's value and of its two
-/// moments, as [`keys`] makes them.
-pub(super) type Keys = [Option<SrKey>; 3];
+/// moments, and where its elements' random bits are drawn, as [`keys`]
+/// makes them.
+#[derive(Clone, Debug)]
+pub(super) struct Keys {
+    /// The keys (`None`: to nearest).
+    pub keys: [Option<SrKey>; 3],
+    /// The parameter's rounding rows
+    /// ([`Parameter::set_rounding_rows`]) and its row width, when they are
+    /// not its own and some array rounds stochastically.
+    rows: Option<(Arc<[u64]>, usize)>,
+}
 
-/// The stochastic-rounding keys (`None`: to nearest) of a parameter's
-/// value and of its two moments at optimiser step `step`: the arrays are
-/// named `name`, `name.exp_avg` and `name.exp_avg_sq`.
-pub(super) fn keys(rounding: Rounding, step: u64, name: &str) -> Keys {
-    [
+impl Keys {
+    /// The flat index whose random bits element `col` of row `row` (of
+    /// `width` elements) draws.
+    #[inline]
+    fn index(&self, row: usize, width: usize, col: usize) -> u64 {
+        match &self.rows {
+            Some((rows, _)) => rows[row] * width as u64 + col as u64,
+            None => (row * width + col) as u64,
+        }
+    }
+
+    /// The rounding rows and the row width, when the draws follow them.
+    fn remapped(&self) -> Option<(&[u64], usize)> {
+        self.rows.as_ref().map(|(r, w)| (&r[..], *w))
+    }
+}
+
+/// The stochastic-rounding keys (`None`: to nearest) of `param`'s value
+/// and of its two moments at optimiser step `step`: the arrays are named
+/// `name`, `name.exp_avg` and `name.exp_avg_sq`; each element draws at its
+/// flat index, or at its row's place among the parameter's rounding rows.
+pub(super) fn keys<T: Real>(rounding: Rounding, step: u64, param: &Parameter<T>) -> Keys {
+    let name = param.name();
+    let keys = [
         rounding.key(step, name),
         rounding.key(step, &format!("{name}.exp_avg")),
         rounding.key(step, &format!("{name}.exp_avg_sq")),
-    ]
+    ];
+    let rows = match param.rounding_rows_shared() {
+        Some(rows) if keys.iter().any(Option::is_some) => {
+            Some((rows, param.shape()[1..].iter().product()))
+        }
+        _ => None,
+    };
+    Keys { keys, rows }
 }
 
 /// The parameter's value and its two moments, flat, as they are kept.
@@ -57,15 +93,40 @@ fn parts<'a, T>(
     ]
 }
 
-/// Writes `full` (the array's shape) into `dst`, narrowed with `key` at
-/// global index 0 when `dst` is kept in half precision.
-fn store<T: Real>(dst: &mut Stored<T>, full: &ArrayD<T>, key: Option<SrKey>) {
+/// Writes `full` (the array's shape) into `dst`, narrowed with `key` when
+/// `dst` is kept in half precision: at global index 0, or row by row at
+/// each row's place among the rounding rows (`remapped`).
+fn store<T: Real>(
+    dst: &mut Stored<T>,
+    full: &ArrayD<T>,
+    key: Option<SrKey>,
+    remapped: Option<(&[u64], usize)>,
+) {
     let src = full.as_standard_layout();
     let s = src.as_slice().expect("standard layout is contiguous");
     match dst.flat_mut() {
         StoredMut::Full(d) => d.copy_from_slice(s),
-        StoredMut::BF16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
-        StoredMut::F16(d) => T::narrow_half(s, d, key.map(|k| (k, 0))),
+        StoredMut::BF16(d) => narrow_rows(s, d, key, remapped),
+        StoredMut::F16(d) => narrow_rows(s, d, key, remapped),
+    }
+}
+
+/// `src` narrowed into `dst` with `key`: at global index 0, or row by row
+/// at each row's place among the rounding rows (`remapped`).
+fn narrow_rows<T: Real, H: HalfFloat>(
+    src: &[T],
+    dst: &mut [H],
+    key: Option<SrKey>,
+    remapped: Option<(&[u64], usize)>,
+) {
+    match (key, remapped) {
+        (Some(k), Some((rows, width))) if width > 0 => {
+            let chunks = src.chunks(width).zip(dst.chunks_mut(width));
+            for ((s, d), &row) in chunks.zip(rows) {
+                T::narrow_half(s, d, Some((k, row * width as u64)));
+            }
+        }
+        _ => T::narrow_half(src, dst, key.map(|k| (k, 0))),
     }
 }
 
@@ -78,8 +139,10 @@ pub(super) fn update_half_naive<T: Real, R: Rule<T>>(
     param: &mut Parameter<T>,
     slot: &mut Moments<T>,
     grad: &ParamGrad<T>,
-    [kp, km, kv]: [Option<SrKey>; 3],
+    keys: Keys,
 ) {
+    let [kp, km, kv] = keys.keys;
+    let remapped = keys.remapped();
     let mut p = param.widened().into_owned();
     let mut m = slot.exp_avg.widened().into_owned();
     let mut v = slot.exp_avg_sq.widened().into_owned();
@@ -88,9 +151,9 @@ pub(super) fn update_half_naive<T: Real, R: Rule<T>>(
         ParamGrad::Dense(g) => apply_zip(rule, pmv, g.view()),
         ParamGrad::RowSparse(s) => rule.apply_sparse_naive(pmv, s),
     }
-    store(param.stored_mut(), &p, kp);
-    store(&mut slot.exp_avg, &m, km);
-    store(&mut slot.exp_avg_sq, &v, kv);
+    store(param.stored_mut(), &p, kp, remapped);
+    store(&mut slot.exp_avg, &m, km, remapped);
+    store(&mut slot.exp_avg_sq, &v, kv, remapped);
 }
 
 /// One update when the parameter or its moments are kept in half
@@ -105,23 +168,23 @@ pub(super) fn update_half<T: Real, R: Rule<T>>(
     param: &mut Parameter<T>,
     slot: &mut Moments<T>,
     grad: &ParamGrad<T>,
-    keys: [Option<SrKey>; 3],
+    keys: Keys,
 ) {
     let pmv = arrays(param, slot);
     match grad {
         ParamGrad::Dense(g) => {
             let g = g.as_standard_layout();
-            dense_half(rule, pmv, g.as_slice().expect("standard layout"), keys);
+            dense_half(rule, pmv, g.as_slice().expect("standard layout"), &keys);
         }
         ParamGrad::RowSparse(s) if R::LAZY => {
             let values = s.values.as_standard_layout();
             let values = values.as_slice().expect("standard layout is contiguous");
             let width = s.values.ncols();
-            rows_half(rule, pmv, &s.rows, width, &Stacked(values, width), keys)
+            rows_half(rule, pmv, &s.rows, width, &Stacked(values, width), &keys)
         }
         ParamGrad::RowSparse(s) => {
             let g = s.to_dense();
-            dense_half(rule, pmv, g.as_slice().expect("a fresh array"), keys);
+            dense_half(rule, pmv, g.as_slice().expect("a fresh array"), &keys);
         }
     }
 }
@@ -242,24 +305,34 @@ impl<T: Real, R: Rule<T>> LaneRule<T, 3, 2> for Deviation<'_, R, T> {
 }
 
 /// Every element, in parallel tasks of [`CHUNK`] elements above
-/// [`PAR_MIN_ELEMS`].
+/// [`PAR_MIN_ELEMS`] (of a row each when the draws follow rounding rows:
+/// a run draws at consecutive indices).
 fn dense_half<T: Real, R: Rule<T>>(
     rule: &R,
     [p, m, v]: [StoredMut<'_, T>; 3],
     g: &[T],
-    keys: [Option<SrKey>; 3],
+    keys: &Keys,
 ) {
     let len = p.len();
+    let chunk = match keys.remapped() {
+        Some((_, 0)) => return,
+        Some((_, width)) => width,
+        None => CHUNK,
+    };
     let run = |b: &mut Option<Box<Bufs<T>>>, (i, ((p, m), v)): (usize, Triple<'_, T>)| {
-        let first = i * CHUNK;
-        let g = &g[first..first + p.len()];
-        update_run(rule, parts([p, m, v], keys), g, first as u64, b);
+        let at = i * chunk;
+        let g = &g[at..at + p.len()];
+        let first = match keys.remapped() {
+            Some(_) => keys.index(i, chunk, 0),
+            None => at as u64,
+        };
+        update_run(rule, parts([p, m, v], keys.keys), g, first, b);
     };
     let jobs = p
-        .chunks(CHUNK)
+        .chunks(chunk)
         .into_iter()
-        .zip(m.chunks(CHUNK))
-        .zip(v.chunks(CHUNK))
+        .zip(m.chunks(chunk))
+        .zip(v.chunks(chunk))
         .enumerate();
     if len < PAR_MIN_ELEMS {
         let mut b = None;
@@ -286,7 +359,7 @@ pub(super) fn rows_half<T: Real, R: Rule<T>>(
     rows: &[usize],
     width: usize,
     grads: &impl SparseRows<T>,
-    keys: [Option<SrKey>; 3],
+    keys: &Keys,
 ) {
     if width == 0 || rows.is_empty() {
         return;
@@ -313,8 +386,8 @@ pub(super) fn rows_half<T: Real, R: Rule<T>>(
             }
         }
         let g = grads.cols(*j, cols.clone(), g);
-        let first = (rows[*j] * width + cols.start) as u64;
-        update_run(rule, parts([p, m, v], keys), g, first, b);
+        let first = keys.index(rows[*j], width, cols.start);
+        update_run(rule, parts([p, m, v], keys.keys), g, first, b);
     };
     let scratch = || (None, Vec::new());
     if rows.len() * width < PAR_MIN_ELEMS {
@@ -444,7 +517,7 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
     slot: &mut Moments<T>,
     width: usize,
     grad: &dyn RowGradient<T>,
-    keys: [Option<SrKey>; 3],
+    keys: Keys,
 ) {
     let len = param.shape().iter().product::<usize>();
     let [p, m, v] = arrays(param, slot);
@@ -465,7 +538,7 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
         bufs: None,
     };
     let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
-        let first = (r * width) as u64;
+        let first = keys.index(r, width, 0);
         // Only a fused `T` computes a form on its lanes; otherwise (f64,
         // widened through buffers) every row is written.
         let form = if T::FUSED {
@@ -475,7 +548,7 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
         };
         if !matches!(form, RowForm::Written) {
             // A form of the wrong width panics in the kernel's check.
-            update_formed(rule, parts([p, m, v], keys), form, first);
+            update_formed(rule, parts([p, m, v], keys.keys), form, first);
             return;
         }
         let x: &[T] = match &p {
@@ -490,7 +563,7 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
             }
         };
         grad.write(r, x, &mut s.g);
-        update_run(rule, parts([p, m, v], keys), &s.g, first, &mut s.bufs);
+        update_run(rule, parts([p, m, v], keys.keys), &s.g, first, &mut s.bufs);
     };
     if len < PAR_MIN_ELEMS {
         let mut s = scratch();
