@@ -12,6 +12,12 @@ hot or the trainable rows, and their optimiser work, on one rank; the stride
 spreads both evenly and keeps the owner and the local index one division away.
 Resharding to another P is a re-stride of the full rows (``load_shards``).
 
+Half precision: a bf16 or f16 layer shards with its ``fused_adam`` options
+(``state_dtype``, ``rounding``, ``seed``); its rows, moments and activations
+stay in their dtypes, the math in f32. Each rank's tables key their
+stochastic roundings by their rows' places in the whole table
+(``set_rounding_rows``), so a row draws the bits it draws unsharded.
+
 Exchanges are ``torch.distributed.all_to_all_single`` (gloo has it, with
 uneven splits), ``all_gather`` and ``all_reduce``; see docs/architecture.md.
 The gradients are averaged over the processes (each owner's row gradient is
@@ -35,15 +41,21 @@ from torch import nn
 
 from . import _splitgrad as _sg
 from .torch import (
+    _HALF,
     _INDEX_KEY,
     LM_IGNORE_INDEX,
     SequenceCausalLMOutput,
     SplitLanguageModellingHead,
     SplitTokenEmbeddings,
     SplitVocabulary,
+    _act,
     _applied,
+    _configured,
     _first_order,
+    _half_np,
     _np_dtype,
+    _out,
+    _tensor_of,
 )
 
 dist = torch.distributed
@@ -328,7 +340,7 @@ class _Sharded(nn.Module):
 
 
 def _param(core, name):
-    return nn.Parameter(torch.from_numpy(core.parameter(name)))
+    return nn.Parameter(_tensor_of(core, name))
 
 
 def _check_ids(flat: torch.Tensor, n: int, what: str):
@@ -347,7 +359,7 @@ class _ShardedEmbeddingFunction(torch.autograd.Function):
         uniq, inv = torch.unique(flat, return_inverse=True)
         route = _Route(m._comm, uniq % m.world)
         asked = route.send(uniq // m.world)
-        rows = torch.from_numpy(m._core.forward(asked.numpy())) if asked.numel() else torch.zeros((0, m.hidden), dtype=m._dtype)
+        rows = _out(m, m._core.forward(asked.numpy(), act=_act(m))) if asked.numel() else torch.zeros((0, m.hidden), dtype=m._dtype)
         got = route.back(rows)
         ctx.m, ctx.route, ctx.asked, ctx.inv, ctx.n_uniq, ctx.uniq = m, route, asked, inv, uniq.numel(), uniq
         return got[inv].reshape(tuple(ids.shape) + (m.hidden,))
@@ -356,7 +368,9 @@ class _ShardedEmbeddingFunction(torch.autograd.Function):
     def backward(ctx, grad):
         _first_order(ctx, "sharded SplitTokenEmbeddings")
         m = ctx.m
-        g = grad.reshape(-1, m.hidden)
+        # Each id's rows summed in the engine's dtype (a half layer's upstream
+        # gradient widened first, as the unsharded kernel sums it).
+        g = grad.reshape(-1, m.hidden).to(m._engine)
         gu = g.new_zeros((ctx.n_uniq, m.hidden)).index_add_(0, ctx.inv, g)
         got = ctx.route.send(gu)
         # The splits any process's batch reached: each takes a step everywhere (its step count moves).
@@ -372,7 +386,7 @@ class _ShardedEmbeddingFunction(torch.autograd.Function):
             if name in grads:
                 parts[name] = (np.array(grads.rows(name)), np.array(grads.values(name)))
             else:
-                parts[name] = (np.zeros(0, np.int64), np.zeros((0, m.hidden), dtype=_np_dtype(m._dtype)))
+                parts[name] = (np.zeros(0, np.int64), np.zeros((0, m.hidden), dtype=_np_dtype(m._engine)))
         if parts:
             m._fused.step(m._core, _sg.Gradients.from_parts(m._core, parts, 1.0 / m.world))
         return None, None, None
@@ -392,20 +406,24 @@ class ShardedTokenEmbeddings(_Sharded):
         self.hidden = int(full._shapes[0][1]) if full._shapes else 0
         self.vocab = sum(self._sizes.values())
         self._ends = torch.tensor(np.cumsum([self._sizes[s] for s in self._order]), dtype=torch.int64)
-        self._dtype = full._dtype
+        self._dtype, self._engine = full._dtype, full._engine
         self._names = [f"token_embedding.{s}.weight" for s in self._order]
         local = _strided(self._sizes, self._order, self.world, self.rank)
         self._rows = _local_rows(self._sizes, self._order, self.world, self.rank)
-        self._core = _sg.SplitTokenEmbeddings(local, self._order, self.hidden, dtype=_np_dtype(self._dtype))
+        self._core = _sg.SplitTokenEmbeddings(
+            local, self._order, self.hidden, dtype=_np_dtype(self._engine), storage=_HALF.get(self._dtype)
+        )
         self.token_embedding = nn.ParameterDict()
         for s, name in zip(self._order, self._names):
+            # Each row's stochastic roundings draw the bits of its place in the whole table.
+            self._core.set_rounding_rows(name, self._rows[s])
             p = _param(self._core, name)
             with torch.no_grad():
                 p.copy_(full.token_embedding[s].weight[torch.from_numpy(self._rows[s])])
             p.requires_grad_(full.token_embedding[s].weight.requires_grad)
             self.token_embedding[s] = p
-        self._fused_cfg = full._fused_cfg
-        self._fused = _sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._dtype))
+        self._fused_cfg, self._fused_opts = full._fused_cfg, full._fused_opts
+        self._fused = _configured(_sg.Optimizer.lazy_adam(*self._fused_cfg, _np_dtype(self._engine)), self._fused_opts)
         self._load_fused(full.fused_optimizer_state() or {}, full=True)
         self._anchor = torch.zeros((), dtype=self._dtype, requires_grad=True)
 
@@ -453,6 +471,8 @@ class _ShardedVocabularyFunction(torch.autograd.Function):
     def forward(ctx, m, use_gate, tokens, langs, shared, anchor):
         t = tokens.reshape(-1).to(torch.int64)
         l_ = langs.reshape(-1).to(torch.int64)
+        if m._dtype != m._engine and shared.dtype != m._dtype:
+            raise ValueError(f"array `shared`: has dtype {shared.dtype}, expected {m._dtype} (the layer's dtype)")
         s = shared.reshape(-1, m.dim)
         if not (t.shape[0] == l_.shape[0] == s.shape[0]):
             raise ValueError(f"token_ids, lang_per_token and shared hold {t.shape[0]}, {l_.shape[0]}, {s.shape[0]} tokens")
@@ -466,7 +486,7 @@ class _ShardedVocabularyFunction(torch.autograd.Function):
         ask_ids = route.send(torch.stack([t[idx], l_[idx]], 1))
         ask_s = route.send(s[idx].detach())
         if ask_ids.shape[0]:
-            ans = torch.from_numpy(m._core.forward(ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), ask_s.numpy(), use_gate))
+            ans = _out(m, m._core.forward(ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), _half_np(ask_s), use_gate, act=_act(m)))
         else:
             ans = ask_s.new_zeros((0, m.dim))
         got = route.back(ans)
@@ -485,9 +505,10 @@ class _ShardedVocabularyFunction(torch.autograd.Function):
         ask_ids, ask_s = ctx.ask
         if got.shape[0]:
             gs, grads = m._core.backward(
-                ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), ask_s.numpy(), got.numpy(), ctx.use_gate, True
+                ask_ids[:, 0].numpy(), ask_ids[:, 1].numpy(), _half_np(ask_s), _half_np(got), ctx.use_gate, True,
+                act=_act(m),
             )
-            ans = torch.from_numpy(gs)
+            ans = _out(m, gs)
         else:
             grads, ans = None, got.new_zeros((0, m.dim))
         back = ctx.route.back(ans)
@@ -526,7 +547,8 @@ class ShardedVocabulary(_Sharded):
         self._init_comm(process_group, timeout)
         full._sync()
         lang, tok = (np.asarray(a, dtype=np.int64) for a in full._core.index())
-        self.n_rows, self.dim, self._dtype = full.n_rows, full.dim, full._dtype
+        self.n_rows, self.dim = full.n_rows, full.dim
+        self._dtype, self._engine = full._dtype, full._engine
         self.vocab, self.n_languages = int(full._core.vocab_size), int(full._core.n_languages)
         # The index's name, as the unsharded layer's state dict gives it: saved
         # with the shards and in gathered state dicts, refused by another index.
@@ -538,8 +560,11 @@ class ShardedVocabulary(_Sharded):
         self._core = None
         if self.n_local:
             self._core = _sg.SplitVocabulary(
-                lang[mine], tok[mine], self.vocab, self.dim, self.n_languages, 0.0, _np_dtype(self._dtype)
+                lang[mine], tok[mine], self.vocab, self.dim, self.n_languages, 0.0, _np_dtype(self._engine),
+                storage=_HALF.get(self._dtype),
             )
+            for name in ("split_vocabulary.rows", "split_vocabulary.gate_logit"):
+                self._core.set_rounding_rows(name, mine)
             self.rows = _param(self._core, "split_vocabulary.rows")
             self.gate_logit = _param(self._core, "split_vocabulary.gate_logit")
         else:
@@ -552,8 +577,12 @@ class ShardedVocabulary(_Sharded):
         self.rows.requires_grad_(full.rows.requires_grad)
         self.gate_logit.requires_grad_(full.gate_logit.requires_grad)
         lr, betas, eps = full._fused_cfg
-        name = _np_dtype(self._dtype)
-        self._fused = (_sg.Optimizer.lazy_adam(lr, betas, eps, name), _sg.Optimizer.adam(lr, betas, eps, 0.0, False, name))
+        self._fused_opts = full._fused_opts
+        name, opts = _np_dtype(self._engine), self._fused_opts
+        self._fused = (
+            _configured(_sg.Optimizer.lazy_adam(lr, betas, eps, name), opts),
+            _configured(_sg.Optimizer.adam(lr, betas, eps, 0.0, False, name), opts),
+        )
         states = full.fused_optimizer_state()
         if states is not None:
             self._load_fused(list(states), full=True)
@@ -656,12 +685,17 @@ class _ShardedHeadFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, m, hidden, labels, anchor, *weights):
+        if m._dtype != m._engine and hidden.dtype != m._dtype:
+            raise ValueError(f"array `hidden_states`: has dtype {hidden.dtype}, expected {m._dtype} (the layer's dtype)")
         h = hidden.reshape(-1, m.hidden).detach()
         lab = labels.reshape(-1).to(torch.int64)
         if lab.shape[0] != h.shape[0]:
             raise ValueError(f"labels hold {lab.shape[0]} tokens, hidden_states {h.shape[0]}")
         comm = m._comm
+        # Gathered in the layer's dtype, then widened (exactly) to the engine's:
+        # a half layer's kernels and the slices' combination compute in f32.
         h_all, ns = comm.gather_rows(h)
+        h_all = h_all.to(m._engine)
         lab_all, _ = comm.gather_rows(lab)
         ignored = lab_all == LM_IGNORE_INDEX
         bad = ~ignored & ((lab_all < 0) | (lab_all >= m.vocab))
@@ -683,7 +717,7 @@ class _ShardedHeadFunction(torch.autograd.Function):
         ctx.m, ctx.saved, ctx.ns, ctx.start = m, saved, ns, start
         ctx.state = (h_all, lab_p, local, lse_p, lse, w_sel, ignored)
         ctx.shape = tuple(hidden.shape)
-        return loss[start : start + ns[m.rank]].reshape(tuple(labels.shape))
+        return loss[start : start + ns[m.rank]].reshape(tuple(labels.shape)).to(m._dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -691,6 +725,7 @@ class _ShardedHeadFunction(torch.autograd.Function):
         m = ctx.m
         h_all, lab_p, local, lse_p, lse, w_sel, ignored = ctx.state
         g_all, _ = m._comm.gather_rows(grad.reshape(-1).contiguous())
+        g_all = g_all.to(m._engine)
         g_all = torch.where(ignored, torch.zeros_like(g_all), g_all)  # an ignored token's loss is the constant 0
         share = torch.exp(lse_p - lse)
         g_p = g_all * share
@@ -698,7 +733,7 @@ class _ShardedHeadFunction(torch.autograd.Function):
         c = g_p - torch.where(local, g_all, torch.zeros_like(g_all))
         gh = torch.from_numpy(gh) + c.unsqueeze(1) * w_sel
         m._comm.all_reduce(gh)
-        out_h = gh[ctx.start : ctx.start + ctx.ns[m.rank]].reshape(ctx.shape)
+        out_h = gh[ctx.start : ctx.start + ctx.ns[m.rank]].reshape(ctx.shape).to(m._dtype)
         out_w = []
         for (lo, hi), name, need in zip(m._ranges, m._names, ctx.needs_input_grad[4:]):
             if not need:
@@ -707,10 +742,10 @@ class _ShardedHeadFunction(torch.autograd.Function):
             if name in grads:
                 w = torch.from_numpy(np.array(grads.dense(name) if grads.is_sparse(name) else grads.values(name)))
             else:
-                w = torch.zeros((hi - lo, m.hidden), dtype=m._dtype)
+                w = torch.zeros((hi - lo, m.hidden), dtype=m._engine)
             sel = (lab_p >= lo) & (lab_p < hi)
             w.index_add_(0, lab_p[sel] - lo, c[sel].unsqueeze(1) * h_all[sel])
-            out_w.append(w / m.world)
+            out_w.append((w / m.world).to(m._dtype))
         return (None, out_h, None, None, *out_w)
 
 
@@ -737,11 +772,13 @@ class ShardedLanguageModellingHead(_Sharded):
         self.vocab = sum(self._sizes.values())
         if self.vocab < self.world:
             raise ValueError(f"shard(SplitLanguageModellingHead): {self.vocab} rows cannot be split over {self.world} processes")
-        self._dtype = full.lm_head[self._order[0]].weight.dtype
+        self._dtype, self._engine = full._dtype, full._engine
         self._names = [f"lm_head.{s}.weight" for s in self._order]
         local = _strided(self._sizes, self._order, self.world, self.rank)
         self._rows = _local_rows(self._sizes, self._order, self.world, self.rank)
-        self._core = _sg.SplitLanguageModellingHead(local, self._order, self.hidden, dtype=_np_dtype(self._dtype))
+        self._core = _sg.SplitLanguageModellingHead(
+            local, self._order, self.hidden, dtype=_np_dtype(self._engine), storage=_HALF.get(self._dtype)
+        )
         self.lm_head = nn.ParameterDict()
         self._ranges, lo = [], 0
         for s, name in zip(self._order, self._names):
@@ -761,10 +798,11 @@ class ShardedLanguageModellingHead(_Sharded):
         return dict(self._local_params())
 
     def _rows_of(self, lab_p):
-        out = torch.zeros((lab_p.shape[0], self.hidden), dtype=self._dtype)
+        """The local rows ``lab_p``, in the engine's dtype."""
+        out = torch.zeros((lab_p.shape[0], self.hidden), dtype=self._engine)
         for (lo, hi), s in zip(self._ranges, self._order):
             sel = (lab_p >= lo) & (lab_p < hi)
-            out[sel] = self.lm_head[s].detach()[lab_p[sel] - lo]
+            out[sel] = self.lm_head[s].detach()[lab_p[sel] - lo].to(self._engine)
         return out
 
     def forward(self, hidden_states: torch.Tensor, shared) -> SequenceCausalLMOutput:
@@ -790,38 +828,6 @@ _KINDS = {
 }
 
 
-_SAME_DTYPE = {torch.float32: {"float32", "f32", "float"}, torch.float64: {"float64", "f64", "double"}}
-
-
-def _default_fused(opts, dtype) -> bool:
-    """Whether ``fused_adam``'s options (``None``: none given) are what the
-    sharded layers do anyway: the state in the layer's own dtype, and the
-    rounding options at their defaults (they round no store of that dtype)."""
-    if opts is None:
-        return True
-    sd = opts["state_dtype"]
-    same = sd is None or str(sd).removeprefix("torch.") in _SAME_DTYPE.get(dtype, ())
-    return same and opts["rounding"] == "stochastic" and opts["seed"] == 0
-
-
-def _refuse_half(module: nn.Module) -> None:
-    """Sharded layers keep their rows in float32 or float64, with the fused
-    optimiser's defaults: a layer in bf16 / f16 (or with ``fused_adam``'s
-    ``state_dtype`` / ``rounding``) is refused before anything is made."""
-    mods = [module] if type(module) in _KINDS else [m for m in module.modules() if type(m) in _KINDS]
-    for m in mods:
-        if m._dtype not in (torch.float32, torch.float64):
-            raise TypeError(
-                f"shard: {type(m).__name__} keeps its parameters as {m._dtype}; the sharded layers "
-                "support float32 and float64 only (convert it with .float() before sharding)"
-            )
-        if not _default_fused(getattr(m, "_fused_opts", None), m._dtype):
-            raise TypeError(
-                f"shard: {type(m).__name__}'s fused_adam sets state_dtype / rounding / seed, which the "
-                "sharded layers do not support (they keep the optimiser state in the layer's dtype)"
-            )
-
-
 def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Module:
     """The sharded form of ``module``; call it on every process after
     ``init_process_group`` and before ``DistributedDataParallel``.
@@ -842,7 +848,6 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     (a checkpoint write, an evaluation on one rank) and the longest single
     transfer (``gather_state_dict`` moves whole tables). After that error the
     group is unusable."""
-    _refuse_half(module)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("splitgrad.torch.shard needs torch.distributed initialised (init_process_group)")
     timeout = _check_timeout(timeout)
@@ -1013,7 +1018,7 @@ def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     for prefix, mod in mods:
         layers[prefix] = {
             "tensors": {n: (shape, torch.from_numpy(np.asarray(rows)), t.clone()) for n, (shape, rows, t) in mod.local_state().items()},
-            "fused": {k: torch.from_numpy(np.array(v)) for k, v in mod._fused_state().items()},
+            "fused": {k: _state_tensor(v) for k, v in mod._fused_state().items()},
         }
         if isinstance(mod, ShardedVocabulary):
             layers[prefix]["index"] = mod._index_id
@@ -1029,6 +1034,15 @@ def save_shards(model: nn.Module, directory, optimizer=None) -> str:
     _atomic_save(blob, path)
     comm._run("barrier", dist.barrier)
     return path
+
+
+def _state_tensor(v) -> torch.Tensor:
+    """A fused optimiser's state entry as a tensor for a shard file: bf16
+    moments (which the kernels give as their bits, in uint16) as bfloat16."""
+    a = np.array(v)
+    if a.dtype == np.uint16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _dense_state(model, mods):
@@ -1233,7 +1247,7 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
                     raise KeyError(f"{directory}: no shard of `{_key(prefix, name)}`")
                 held = [s["layers"][prefix]["tensors"][name][1:] for s in shards]
                 t.copy_(_my_rows(directory, _key(prefix, name), shape[0], rows, held))
-        st = {k: v.numpy() for k, v in _my_fused(directory, shards, prefix, local).items()}
+        st = {k: _half_np(v) for k, v in _my_fused(directory, shards, prefix, local).items()}
         if isinstance(mod, ShardedVocabulary):
             mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=False)
         elif isinstance(mod, ShardedTokenEmbeddings):

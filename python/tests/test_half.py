@@ -362,15 +362,6 @@ def test_copies_keep_the_dtype(dtype):
     assert twin.token_embedding["orig"].weight.data_ptr() == twin._core.parameter(NAMES[0]).ctypes.data
 
 
-def test_shard_refuses_half_precision_layers():
-    from splitgrad.torch import shard
-
-    with pytest.raises(TypeError, match="float32 and float64 only"):
-        shard(SplitTokenEmbeddings(SIZES, ORDER, H, dtype=torch.bfloat16, fused_adam={"lr": 0.1}))
-    with pytest.raises(TypeError, match="state_dtype"):
-        shard(SplitTokenEmbeddings(SIZES, ORDER, H, fused_adam={"lr": 0.1, "state_dtype": "bf16"}))
-
-
 # --- errors, never a crash ----------------------------------------------------
 
 

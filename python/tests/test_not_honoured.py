@@ -88,6 +88,18 @@ def _solo(rank, store, out, directory):
     error("fewer", lambda: load_shards(shard(Two(with_b=False)), directory))
     # The layer's own dtype as state_dtype is what a sharded layer does anyway.
     error("f32_state", lambda: shard(SplitTokenEmbeddings(SIZES, list(SIZES), 4, fused_adam={"lr": 0.1, "state_dtype": torch.float32})))
+    # Half-precision layers shard, and take their activations in their own dtype only.
+    from splitgrad.torch import SplitLanguageModellingHead
+
+    half = shard(emb(dtype=torch.bfloat16, fused_adam={"lr": 0.1, "state_dtype": "bf16"}))
+    error("float", lambda: half.float())
+    index = os.path.join(os.path.dirname(directory), "index.npz")
+    np.savez(index, language_index=np.array([0, 1]), token_index=np.array([2, 3]))
+    sv = shard(SplitVocabulary(index, 5, 4, 2, dtype=torch.bfloat16, fused_adam={"lr": 0.1}))
+    error("sv_shared", lambda: sv(torch.tensor([2, 3]), torch.tensor([0, 1]), torch.zeros(2, 4)))
+    head = shard(SplitLanguageModellingHead(SIZES, list(SIZES), 4, dtype=torch.float16))
+    error("head_hidden", lambda: head(torch.zeros(2, 4), torch.tensor([1, 2])))
+    got["half_out"] = (half(torch.tensor([1, 8])).dtype, sv(torch.tensor([2, 3]), torch.tensor([0, 1]), torch.zeros(2, 4, dtype=torch.bfloat16)).dtype)
     torch.save(got, out)
     dist.destroy_process_group()
 
@@ -109,3 +121,7 @@ def test_sharded_layers_refuse_what_they_would_not_honour(tmp_path):
     assert got["unsharded"] == ("ValueError", f"load_shards: no sharded layer in this Two (call shard(model) first; {directory} holds layers `a`, `b`)")
     assert got["fewer"] == ("ValueError", f"load_shards: {directory} holds layers this model lacks: `b` (its sharded layers: `a`)")
     assert got["f32_state"] is None
+    assert got["float"] == ("TypeError", "ShardedTokenEmbeddings cannot be converted to torch.float32: the sharded layers keep their rows as torch.bfloat16 in the kernels' buffers, on the CPU (convert the layer before shard)")
+    assert got["sv_shared"] == ("ValueError", "array `shared`: has dtype torch.float32, expected torch.bfloat16 (the layer's dtype)")
+    assert got["head_hidden"] == ("ValueError", "array `hidden_states`: has dtype torch.float32, expected torch.float16 (the layer's dtype)")
+    assert got["half_out"] == (torch.bfloat16, torch.bfloat16)

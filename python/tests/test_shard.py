@@ -31,19 +31,20 @@ FUSED = {"lr": 0.01}
 
 
 class Model(torch.nn.Module):
-    def __init__(self, index_path):
+    def __init__(self, index_path, dtype=None, fused=FUSED):
         super().__init__()
         from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
 
-        self.emb = SplitTokenEmbeddings(SIZES, list(SIZES), D, fused_adam=FUSED)
-        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5, fused_adam=FUSED)
-        self.lin = torch.nn.Linear(D, D)
-        self.head = SplitLanguageModellingHead(SIZES, list(SIZES), D)
+        self.emb = SplitTokenEmbeddings(SIZES, list(SIZES), D, dtype=dtype, fused_adam=fused)
+        self.sv = SplitVocabulary(index_path, V, D, L, gate_init=0.5, dtype=dtype, fused_adam=fused)
+        self.lin = torch.nn.Linear(D, D, dtype=dtype)
+        self.head = SplitLanguageModellingHead(SIZES, list(SIZES), D, dtype=dtype)
 
     def forward(self, tokens, langs, labels, ce_weight=1.0):
+        # (The loss in float32 whatever the layers' dtype: a no-op for float32 layers.)
         x = self.sv(tokens, langs, self.emb(tokens))
-        ce = self.head(torch.tanh(self.lin(x)), labels).cross_entropy.sum()
-        return ce_weight * ce + 0.1 * self.sv.fusion_penalty() + 0.1 * self.sv.penalty()
+        ce = self.head(torch.tanh(self.lin(x)), labels).cross_entropy.float().sum()
+        return ce_weight * ce + 0.1 * self.sv.fusion_penalty().float() + 0.1 * self.sv.penalty().float()
 
 
 def make_index(tmp_path):
@@ -54,12 +55,13 @@ def make_index(tmp_path):
     return path
 
 
-def build(index_path, frozen):
+def build(index_path, frozen, dtype=None, fused=FUSED):
     torch.manual_seed(0)
-    m = Model(index_path)
-    m.sv.seed_from(torch.randn(V, D, generator=torch.Generator().manual_seed(1)))
+    m = Model(index_path, dtype, fused)
+    kept = m.sv.rows.dtype
+    m.sv.seed_from(torch.randn(V, D, generator=torch.Generator().manual_seed(1)).to(kept))
     with torch.no_grad():
-        m.sv.rows.add_(0.1 * torch.randn(m.sv.rows.shape, generator=torch.Generator().manual_seed(2)))
+        m.sv.rows.add_((0.1 * torch.randn(m.sv.rows.shape, generator=torch.Generator().manual_seed(2))).to(kept))
     if frozen:
         m.emb.token_embedding["orig"].weight.requires_grad_(False)
         m.head.lm_head["new"].weight.requires_grad_(False)
@@ -77,12 +79,15 @@ def batches():
 
 
 def optimiser(m):
-    """Torch Adam for the dense layer and the head (whose rows the sharded head holds)."""
-    return torch.optim.Adam([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.01)
+    """Torch Adam for the dense layer and the head (whose rows the sharded head holds); in
+    float16 with an eps float16 holds (torch's 1e-8 is 0 there, and an untouched row's
+    update 0/0)."""
+    eps = 1e-4 if m.lin.weight.dtype == torch.float16 else 1e-8
+    return torch.optim.Adam([p for p in list(m.lin.parameters()) + list(m.head.parameters()) if p.requires_grad], lr=0.01, eps=eps)
 
 
-def reference(index_path, frozen, world, steps=STEPS):
-    m = build(index_path, frozen)
+def reference(index_path, frozen, world, steps=STEPS, dtype=None, fused=FUSED):
+    m = build(index_path, frozen, dtype, fused)
     opt = optimiser(m)
     for tokens, langs, labels in batches()[:steps]:
         opt.zero_grad()
@@ -91,14 +96,14 @@ def reference(index_path, frozen, world, steps=STEPS):
     return m
 
 
-def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir):
+def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir, dtype=None, fused=FUSED):
     os.environ["RAYON_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
     from splitgrad.torch import gather_state_dict, load_shards, save_shards, shard
 
-    m = shard(build(index_path, frozen))
+    m = shard(build(index_path, frozen, dtype, fused))
     opt = optimiser(m)
     first = 0
     if load_dir is not None:
@@ -120,8 +125,12 @@ def worker(rank, world, store, index_path, cuts, frozen, out, save_dir, load_dir
                 torch.save(m.lin.state_dict(), os.path.join(save_dir, "dense.pt"))
     state = gather_state_dict(m, dst=0)
     sent = sum(mod.bytes_sent for mod in (m.emb, m.sv, m.head))
+    # Each rank's stochastic-rounding seeds (its fused optimisers').
+    seeds = [m.emb._fused.rounding] + [o.rounding for o in m.sv._fused]
+    every = [None] * world
+    dist.all_gather_object(every, seeds)
     if rank == 0:
-        torch.save({"state": state, "sent": sent}, out)
+        torch.save({"state": state, "sent": sent, "seeds": every}, out)
     else:
         assert state is None
     # The DDP wrapper and its reducer go while the group is alive, not
@@ -534,3 +543,82 @@ def test_the_rows_of_another_index_are_refused_through_the_shards(tmp_path, worl
     for what in ("gathered", "consolidated"):
         assert re.search(rf"sv\.rows: saved by a SplitVocabulary with another index {another}", got[what] or ""), got[what]
         assert got[what + " untouched"] and got[what + " same"], what
+
+
+# --- half precision ----------------------------------------------------------
+
+
+HALF = {
+    "bf16": (torch.bfloat16, {"lr": 0.05, "state_dtype": "bf16", "seed": 11}),
+    "f16": (torch.float16, {"lr": 0.05}),
+}
+
+
+def spawn_half(tmp_path, name, world, index_path, kind, save_dir=None, load_dir=None):
+    dtype, fused = HALF[kind]
+    cuts = [0, B // 2 + 5, B][: world + 1] if world <= 2 else None
+    cuts = [0, B] if world == 1 else cuts
+    out = str(tmp_path / f"{name}.pt")
+    mp.start_processes(
+        worker, args=(world, str(tmp_path / f"store-{name}"), index_path, cuts, False, out, save_dir, load_dir, dtype, fused),
+        nprocs=world, start_method="spawn",
+    )
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_half_precision_layers_sharded_on_one_process_train_as_the_unsharded_ones(tmp_path, kind):
+    # bf16 tables with bf16 moments and a seed of its own, or f16 tables with
+    # f32 moments: sharded on one process, the embeddings, the split
+    # vocabulary, the head and the dense layer end bit for bit where the
+    # unsharded model ends, each in its dtype.
+    dtype, fused = HALF[kind]
+    index_path = make_index(tmp_path)
+    got = spawn_half(tmp_path, "one", 1, index_path, kind)
+    ref, start = reference(index_path, False, 1, dtype=dtype, fused=fused), build(index_path, False, dtype, fused).state_dict()
+    seed = fused.get("seed", 0)
+    assert got["seeds"] == [[("stochastic", seed)] * 3]
+    for k, v in ref.state_dict().items():
+        assert got["state"][k].dtype == dtype, k
+        assert not torch.equal(v, start[k]), f"{k} did not train"
+        assert torch.equal(got["state"][k].view(torch.int16), v.view(torch.int16)), k
+
+
+def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
+    # On two processes every row still draws the stochastic roundings it
+    # draws unsharded (keyed by its place in the whole table), so the weights
+    # are the unsharded model's but where an f32 gradient, summed over the
+    # processes in another order (or averaged in bf16 by
+    # DistributedDataParallel, the dense layer's), rounds otherwise: at least
+    # 90 % of every tensor's elements bit for bit, the rest within two ulps.
+    # Rows keyed by their place on the rank would differ in about half their
+    # elements, rows given to the wrong rank or pair by a row. A resume from the shards (bf16 moments, the step
+    # counts) ends bit for bit on the uninterrupted run, and the consolidated
+    # file loads into the unsharded bf16 model.
+    from splitgrad.torch import consolidate
+
+    dtype, fused = HALF["bf16"]
+    index_path = make_index(tmp_path)
+    save_dir = str(tmp_path / "shards")
+    got = spawn_half(tmp_path, "two", 2, index_path, "bf16", save_dir=save_dir)
+    assert got["seeds"] == [[("stochastic", fused["seed"])] * 3] * 2
+    ref, start = reference(index_path, False, 2, dtype=dtype, fused=fused), build(index_path, False, dtype, fused).state_dict()
+    for k, v in ref.state_dict().items():
+        mine = got["state"][k]
+        assert mine.dtype == dtype, k
+        moved = (v.float() - start[k].float()).abs().max()
+        assert moved > 0.02, f"{k} moved {moved}"
+        same = float((mine.view(torch.int16) == v.view(torch.int16)).float().mean())
+        assert same >= 0.9, f"{k}: {same:.3f} of the elements the unsharded model's"
+        torch.testing.assert_close(mine.float(), v.float(), rtol=2**-6, atol=2**-10, msg=k)
+    resumed = spawn_half(tmp_path, "resumed", 2, index_path, "bf16", load_dir=save_dir)
+    for k, v in got["state"].items():
+        assert torch.equal(resumed["state"][k].view(torch.int16), v.view(torch.int16)), k
+    shard_file = torch.load(os.path.join(save_dir, "shard-0-of-2.pt"), weights_only=True)
+    moments = {k: v.dtype for k, v in shard_file["layers"]["emb"]["fused"].items() if v.ndim}
+    assert moments and set(moments.values()) == {torch.bfloat16}, moments
+    full = consolidate(save_dir, str(tmp_path / "full.pt"))
+    plain = build(index_path, False, dtype, fused)
+    plain.load_state_dict(full, strict=False)
+    for k, v in full.items():
+        assert v.dtype == dtype and torch.equal(plain.state_dict()[k].view(torch.int16), v.view(torch.int16)), k
