@@ -594,6 +594,62 @@ pub fn narrow_stochastic_on<H: HalfFloat>(
     }
 }
 
+/// [`narrow_stochastic`] of elements whose indices do not follow one
+/// another: element i draws the bits of global index `index(i)`. Scalar,
+/// for short runs (a vector's elements, each a row of its own with a place
+/// of its own, [`Parameter::set_rounding_rows`](crate::Parameter::set_rounding_rows)),
+/// where a call of [`narrow_stochastic`] a run would cost more than the
+/// run; each element's bits are [`narrow_stochastic`]'s for that index.
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::half::{SrKey, narrow_stochastic, narrow_stochastic_at};
+/// let key = SrKey::new(1, 2, 3);
+/// let x: Vec<f32> = (0..40).map(|i| 1.0 + i as f32 * 1e-3).collect();
+/// let (mut a, mut b) = (vec![bf16::ZERO; 40], vec![bf16::ZERO; 40]);
+/// narrow_stochastic(&x, &mut a, key, 100);
+/// narrow_stochastic_at(&x, &mut b, key, |i| 100 + i as u64);
+/// assert_eq!(a, b);
+/// ```
+///
+/// **Panics** if the lengths differ.
+#[track_caller]
+pub fn narrow_stochastic_at<H: HalfFloat>(
+    src: &[f32],
+    dst: &mut [H],
+    key: SrKey,
+    index: impl Fn(usize) -> u64,
+) {
+    check_lengths("narrow_stochastic", src.len(), dst.len());
+    let dst = H::bits_mut(dst);
+    // sr_bits(key, j) is mix32(lo(j) ^ key.word(hi(j))): the word of the
+    // last high word seen is kept (indices below 2³² share one).
+    let mut last = (0u32, key.word(0));
+    let mut bits = |j: u64| {
+        let hi = (j >> 32) as u32;
+        if hi != last.0 {
+            last = (hi, key.word(hi));
+        }
+        random::sr_bits_of_word(last.1, j as u32)
+    };
+    match H::FORMAT {
+        Format::Bf16 => {
+            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+                // bf16_sr_bits: one word for the pair 2j, 2j + 1.
+                let at = index(i);
+                let r = bits(at >> 1);
+                let r = if at & 1 == 0 { r } else { r << 16 };
+                *d = bf16_stochastic(x.to_bits(), r);
+            }
+        }
+        Format::F16 => {
+            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+                *d = f16_stochastic(x.to_bits(), bits(index(i)));
+            }
+        }
+    }
+}
+
 /// [`narrow_stochastic`]'s naive twin, from the definition in f64: the
 /// lower neighbour `lo` found with the `half` crate's software rounding to
 /// nearest (one step down when that rounded up), the ulp above it from the

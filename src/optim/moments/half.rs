@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey};
+use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey, narrow_stochastic_at};
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
     Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut, WIDEN_CHUNK,
@@ -304,9 +304,15 @@ impl<T: Real, R: Rule<T>> LaneRule<T, 3, 2> for Deviation<'_, R, T> {
     }
 }
 
+/// Rows narrower than this, when the draws follow rounding rows, are
+/// updated [`CHUNK`] elements a task through widened buffers and narrowed
+/// row by row ([`remapped_narrow_rows`]), not one fused run a row.
+const NARROW_ROW: usize = 64;
+
 /// Every element, in parallel tasks of [`CHUNK`] elements above
 /// [`PAR_MIN_ELEMS`] (of a row each when the draws follow rounding rows:
-/// a run draws at consecutive indices).
+/// a run draws at consecutive indices; narrow rows, [`NARROW_ROW`], a
+/// chunk of them a task).
 fn dense_half<T: Real, R: Rule<T>>(
     rule: &R,
     [p, m, v]: [StoredMut<'_, T>; 3],
@@ -316,6 +322,9 @@ fn dense_half<T: Real, R: Rule<T>>(
     let len = p.len();
     let chunk = match keys.remapped() {
         Some((_, 0)) => return,
+        Some((rows, width)) if width < NARROW_ROW => {
+            return remapped_narrow_rows(rule, [p, m, v], g, keys, rows, width);
+        }
         Some((_, width)) => width,
         None => CHUNK,
     };
@@ -342,6 +351,86 @@ fn dense_half<T: Real, R: Rule<T>>(
             .into_par_iter()
             .for_each_init(|| None, run);
     }
+}
+
+/// [`dense_half`] of rows narrower than [`NARROW_ROW`] whose draws follow
+/// rounding rows (a vector's elements, one row each): in tasks of whole
+/// rows, about [`CHUNK`] elements, each array widened into a buffer of the
+/// task, the rule's element update applied in `T` ([`Rule::apply_run`]:
+/// the bits of every path), and each half-precision array narrowed back
+/// row by row at the row's place. A fused run a row would pay a kernel's
+/// setup for every element.
+fn remapped_narrow_rows<T: Real, R: Rule<T>>(
+    rule: &R,
+    [p, m, v]: [StoredMut<'_, T>; 3],
+    g: &[T],
+    keys: &Keys,
+    rows: &[u64],
+    width: usize,
+) {
+    let chunk = (CHUNK / width).max(1) * width;
+    let len = p.len();
+    type Scratch<T> = ([Vec<T>; 3], Vec<f32>);
+    let run = |(bufs, narrowed): &mut Scratch<T>, (i, ((p, m), v)): (usize, Triple<'_, T>)| {
+        let at = i * chunk;
+        let n = p.len();
+        let mut arrays = [p, m, v];
+        for (a, b) in arrays.iter().zip(bufs.iter_mut()) {
+            b.resize(n, T::zero());
+            match a {
+                StoredMut::Full(s) => b.copy_from_slice(s),
+                StoredMut::BF16(h) => T::widen_half(h, b),
+                StoredMut::F16(h) => T::widen_half(h, b),
+            }
+        }
+        let [bp, bm, bv] = &mut *bufs;
+        rule.apply_run(bp, bm, bv, Some(&g[at..at + n]));
+        let mine = &rows[at / width..(at + n) / width];
+        let index = |i: usize| mine[i / width] * width as u64 + (i % width) as u64;
+        for ((a, b), key) in arrays.iter_mut().zip(bufs.iter()).zip(keys.keys) {
+            // (A vector's element is its row: no division.)
+            match (a, width) {
+                (StoredMut::Full(d), _) => d.copy_from_slice(b),
+                (StoredMut::BF16(d), 1) => narrow_at(b, d, key, narrowed, |i| mine[i]),
+                (StoredMut::F16(d), 1) => narrow_at(b, d, key, narrowed, |i| mine[i]),
+                (StoredMut::BF16(d), _) => narrow_at(b, d, key, narrowed, index),
+                (StoredMut::F16(d), _) => narrow_at(b, d, key, narrowed, index),
+            }
+        }
+    };
+    let jobs = p
+        .chunks(chunk)
+        .into_iter()
+        .zip(m.chunks(chunk))
+        .zip(v.chunks(chunk))
+        .enumerate();
+    let scratch = || ([Vec::new(), Vec::new(), Vec::new()], Vec::new());
+    if len < PAR_MIN_ELEMS {
+        let mut s = scratch();
+        jobs.for_each(|job| run(&mut s, job));
+    } else {
+        jobs.collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each_init(scratch, run);
+    }
+}
+
+/// `src` narrowed into `dst` with `key`, element i at global index
+/// `index(i)` ([`narrow_stochastic_at`], through `f32` in `buf` as
+/// [`Real::narrow_half`] goes), or to nearest without a key.
+fn narrow_at<T: Real, H: HalfFloat>(
+    src: &[T],
+    dst: &mut [H],
+    key: Option<SrKey>,
+    buf: &mut Vec<f32>,
+    index: impl Fn(usize) -> u64,
+) {
+    let Some(key) = key else {
+        return T::narrow_half(src, dst, None);
+    };
+    buf.clear();
+    buf.extend(src.iter().map(|&x| x.to_f64() as f32));
+    narrow_stochastic_at(buf, dst, key, index);
 }
 
 /// Elements at the head of the next touched row that a sparse update
