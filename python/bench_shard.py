@@ -7,7 +7,10 @@ under DistributedDataParallel) is timed after warm-up; the two sides
 alternate over rounds, each round's figure is rank 0's median step, and the
 reported figure is the median over rounds.
 
-    python python/bench_shard.py [--json] [--rounds 3] [--steps 5]
+    python python/bench_shard.py [--json] [--rounds 3] [--steps 5] [--dtype bfloat16]
+
+``--dtype bfloat16``: every layer, the dense rest and the inputs in bf16, the
+fused optimisers' moments too (``state_dtype="bf16"``), on both sides.
 
 Memory is counted from what each process holds, not from the allocator:
 the bytes of the layer's parameters (the table rows this process keeps),
@@ -62,41 +65,48 @@ HEAD = {"sizes": {"orig": 14000, "new": 2000}, "h": 128, "n": 1024}
 LIMIT_ROWS, LIMIT_H = 200_000, 512  # 410 MB of f32 weights for the memory-limit case
 
 
+def fused(dtype):
+    """``fused_adam`` of a layer of ``dtype``: bf16 moments for a bf16 layer."""
+    return FUSED | ({"state_dtype": "bf16"} if dtype == torch.bfloat16 else {})
+
+
 class EmbModel(torch.nn.Module):
-    def __init__(self, sizes, h):
+    def __init__(self, sizes, h, dtype=torch.float32):
         super().__init__()
         from splitgrad.torch import SplitTokenEmbeddings
 
-        self.layer = SplitTokenEmbeddings(sizes, list(sizes), h, fused_adam=FUSED)
-        self.scale = torch.nn.Parameter(torch.ones(()))
+        self.layer = SplitTokenEmbeddings(sizes, list(sizes), h, dtype=dtype, fused_adam=fused(dtype))
+        self.scale = torch.nn.Parameter(torch.ones((), dtype=dtype))
 
     def forward(self, ids, r):
-        return ((self.layer(ids) * self.scale) * r).sum()
+        return ((self.layer(ids) * self.scale) * r).float().sum()
 
 
 class SvModel(torch.nn.Module):
-    def __init__(self, index_path):
+    def __init__(self, index_path, dtype=torch.float32):
         super().__init__()
         from splitgrad.torch import SplitVocabulary
 
-        self.layer = SplitVocabulary(index_path, SV["vocab"], SV["dim"], SV["langs"], gate_init=0.5, fused_adam=FUSED)
-        self.scale = torch.nn.Parameter(torch.ones(()))
+        self.layer = SplitVocabulary(
+            index_path, SV["vocab"], SV["dim"], SV["langs"], gate_init=0.5, dtype=dtype, fused_adam=fused(dtype)
+        )
+        self.scale = torch.nn.Parameter(torch.ones((), dtype=dtype))
 
     def forward(self, tokens, langs, shared, r):
         out = self.layer(tokens, langs, shared * self.scale)
-        return (out * r).sum() + 0.1 * self.layer.penalty() + 0.1 * self.layer.fusion_penalty()
+        return (out * r).float().sum() + 0.1 * self.layer.penalty().float() + 0.1 * self.layer.fusion_penalty().float()
 
 
 class HeadModel(torch.nn.Module):
-    def __init__(self, sizes, h):
+    def __init__(self, sizes, h, dtype=torch.float32):
         super().__init__()
         from splitgrad.torch import SplitLanguageModellingHead
 
-        self.lin = torch.nn.Linear(h, h)
-        self.layer = SplitLanguageModellingHead(sizes, list(sizes), h)
+        self.lin = torch.nn.Linear(h, h, dtype=dtype)
+        self.layer = SplitLanguageModellingHead(sizes, list(sizes), h, dtype=dtype)
 
     def forward(self, x, labels):
-        return self.layer(torch.tanh(self.lin(x)), labels).cross_entropy.sum()
+        return self.layer(torch.tanh(self.lin(x)), labels).cross_entropy.float().sum()
 
 
 def make_index(path):
@@ -132,28 +142,32 @@ def held_bytes(layer, opt):
     return n
 
 
-def workload(kind, rank, index_path):
-    """(model, the inputs of each step) of one layer's workload on ``rank``."""
+def workload(kind, rank, index_path, dtype=torch.float32):
+    """(model, the inputs of each step) of one layer's workload on ``rank``, in ``dtype``."""
     g = torch.Generator().manual_seed(100 + rank)
     torch.manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
     if kind == "SplitTokenEmbeddings":
-        m = EmbModel(EMB["sizes"], EMB["h"])
+        m = EmbModel(EMB["sizes"], EMB["h"], dtype)
         v = sum(EMB["sizes"].values())
         zipf = torch.arange(1, v + 1, dtype=torch.float64) ** -1.1
         ids = torch.multinomial(zipf, EMB["n"], replacement=True, generator=g)
-        return m, (ids, torch.randn(EMB["n"], EMB["h"], generator=g))
+        return m, (ids, randn(EMB["n"], EMB["h"]))
     if kind == "SplitVocabulary":
-        m = SvModel(index_path)
+        m = SvModel(index_path, dtype)
         zipf = torch.arange(1, SV["vocab"] + 1, dtype=torch.float64) ** -1.1
         t = torch.multinomial(zipf, SV["n"], replacement=True, generator=g)
         langs = torch.randint(0, SV["langs"], (SV["n"],), generator=g)
-        shared = torch.randn(SV["n"], SV["dim"], generator=g)
-        return m, (t, langs, shared, torch.randn(SV["n"], SV["dim"], generator=g))
-    m = HeadModel(HEAD["sizes"], HEAD["h"])
+        shared = randn(SV["n"], SV["dim"])
+        return m, (t, langs, shared, randn(SV["n"], SV["dim"]))
+    m = HeadModel(HEAD["sizes"], HEAD["h"], dtype)
     v = sum(HEAD["sizes"].values())
     labels = torch.randint(0, v, (HEAD["n"],), generator=g)
     labels[::11] = -100
-    return m, (torch.randn(HEAD["n"], HEAD["h"], generator=g), labels)
+    return m, (randn(HEAD["n"], HEAD["h"]), labels)
 
 
 def _init(rank, store):
@@ -163,13 +177,13 @@ def _init(rank, store):
                             timeout=datetime.timedelta(seconds=120))
 
 
-def timing_worker(rank, store, sharded, steps, index_path, out):
+def timing_worker(rank, store, sharded, steps, index_path, out, dtype=torch.float32):
     _init(rank, store)
     from splitgrad.torch import prepare_distributed, shard
 
     res = {}
     for kind in LAYERS:
-        m, inputs = workload(kind, rank, index_path)
+        m, inputs = workload(kind, rank, index_path, dtype)
         if sharded:
             shard(m)
         else:
@@ -263,7 +277,10 @@ def main():
     p.add_argument("--json", action="store_true", help="print one line of JSON")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the layers', the dense rest's and the inputs' dtype (bfloat16: bf16 moments too)")
     a = p.parse_args()
+    dtype = getattr(torch, a.dtype)
     d = tempfile.mkdtemp()
     index_path = os.path.join(d, "index.npz")
     make_index(index_path)
@@ -271,7 +288,7 @@ def main():
     for r in range(a.rounds):
         for sharded in ((True, False) if r % 2 == 0 else (False, True)):
             out = os.path.join(d, f"t{r}{int(sharded)}")
-            run(timing_worker, (os.path.join(d, f"s{r}{int(sharded)}"), sharded, a.steps, index_path, out))
+            run(timing_worker, (os.path.join(d, f"s{r}{int(sharded)}"), sharded, a.steps, index_path, out, dtype))
             with open(out) as f:
                 got[sharded].append(json.load(f))
     med = {s: {k: statistics.median(x[k]["median_s"] for x in got[s]) for k in LAYERS} for s in got}
@@ -290,6 +307,7 @@ def main():
         "threads_per_process": 1,
         "rounds": a.rounds,
         "steps": a.steps,
+        "dtype": a.dtype,
         "memory_ratio": sum(held[True].values()) / sum(held[False].values()),
         "memory_ratio_by_layer": {k: held[True][k] / held[False][k] for k in LAYERS},
         "held_bytes": {"sharded": held[True], "replicated": held[False]},
@@ -303,7 +321,7 @@ def main():
     if a.json:
         print(json.dumps(res))
         return
-    print(f"sharded vs replicated (prepare_distributed), {P} processes x 1 thread, {a.rounds} rounds x {a.steps} steps; {res['cpu']}")
+    print(f"sharded vs replicated (prepare_distributed), {a.dtype}, {P} processes x 1 thread, {a.rounds} rounds x {a.steps} steps; {res['cpu']}")
     for k in LAYERS:
         print(
             f"  {k:28s} step {med[True][k] * 1e3:7.1f} ms vs {med[False][k] * 1e3:7.1f} ms ({res['step_ratio'][k]:.2f}x)"
