@@ -563,3 +563,32 @@ def test_half_tables_are_built_and_converted_without_an_f32_copy(dtype, tmp_path
     )
     assert grown < half + (48 << 20), grown
     assert elems * 2 == half
+
+
+def test_rounding_rows_are_checked_and_key_the_roundings():
+    # A part of a table keyed by its rows' places rounds as the whole does;
+    # rows of another length, repeated or negative are refused by name, and
+    # the parameter keeps its keys.
+    whole = SplitTokenEmbeddings({"t": 6}, ["t"], H, dtype=torch.bfloat16, fused_adam={"lr": 0.1, "seed": 4})
+    part = SplitTokenEmbeddings({"t": 3}, ["t"], H, dtype=torch.bfloat16, fused_adam={"lr": 0.1, "seed": 4})
+    name = "token_embedding.t.weight"
+    with torch.no_grad():
+        part.token_embedding["t"].weight.copy_(whole.token_embedding["t"].weight[1::2])
+    part._core.set_rounding_rows(name, np.array([1, 3, 5]))
+    ids = torch.tensor([[1, 3, 5, 3]])
+    up = torch.randn(1, 4, H).to(torch.bfloat16)
+    whole(ids).backward(up)
+    part(torch.tensor([[0, 1, 2, 1]])).backward(up)
+    assert torch.equal(bits(part.token_embedding["t"].weight), bits(whole.token_embedding["t"].weight[1::2]))
+    for rows, message in (
+        (np.array([1, 3]), r"rounding rows.*expected \(3,\) \(one per row\)"),
+        (np.array([1, 1, 5]), "row 1 given twice"),
+        (np.array([1, -3, 5]), r"array `rows`: at position 1: row -3, expected a row >= 0"),
+        (np.array([[1, 3, 5]]), "expected one dimension"),
+        (np.array([1.0, 3.0, 5.0]), "expected an integer dtype"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            part._core.set_rounding_rows(name, rows)
+    with pytest.raises(KeyError, match="no parameter named `nope`"):
+        part._core.set_rounding_rows("nope", None)
+    part._core.set_rounding_rows(name, None)
