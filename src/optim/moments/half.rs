@@ -337,19 +337,32 @@ fn dense_half<T: Real, R: Rule<T>>(
         };
         update_run(rule, parts([p, m, v], keys.keys), g, first, b);
     };
+    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, || None, run);
+}
+
+/// `run` on each run of `chunk` elements of the three arrays (the i-th
+/// run, from element `i·chunk`), with a scratch of its task made by
+/// `scratch`: in order on this thread when `serial`, else in parallel.
+fn in_chunks<'a, T: Real, S>(
+    [p, m, v]: [StoredMut<'a, T>; 3],
+    chunk: usize,
+    serial: bool,
+    scratch: impl Fn() -> S + Sync + Send,
+    run: impl Fn(&mut S, (usize, Triple<'a, T>)) + Sync + Send,
+) {
     let jobs = p
         .chunks(chunk)
         .into_iter()
         .zip(m.chunks(chunk))
         .zip(v.chunks(chunk))
         .enumerate();
-    if len < PAR_MIN_ELEMS {
-        let mut b = None;
-        jobs.for_each(|job| run(&mut b, job));
+    if serial {
+        let mut s = scratch();
+        jobs.for_each(|job| run(&mut s, job));
     } else {
         jobs.collect::<Vec<_>>()
             .into_par_iter()
-            .for_each_init(|| None, run);
+            .for_each_init(scratch, run);
     }
 }
 
@@ -398,21 +411,8 @@ fn remapped_narrow_rows<T: Real, R: Rule<T>>(
             }
         }
     };
-    let jobs = p
-        .chunks(chunk)
-        .into_iter()
-        .zip(m.chunks(chunk))
-        .zip(v.chunks(chunk))
-        .enumerate();
     let scratch = || ([Vec::new(), Vec::new(), Vec::new()], Vec::new());
-    if len < PAR_MIN_ELEMS {
-        let mut s = scratch();
-        jobs.for_each(|job| run(&mut s, job));
-    } else {
-        jobs.collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each_init(scratch, run);
-    }
+    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, scratch, run);
 }
 
 /// `src` narrowed into `dst` with `key`, element i at global index
