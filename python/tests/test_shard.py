@@ -592,7 +592,8 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
     # DistributedDataParallel, the dense layer's), rounds otherwise: at least
     # 90 % of every tensor's elements bit for bit, the rest within two ulps.
     # Rows keyed by their place on the rank would differ in about half their
-    # elements, rows given to the wrong rank or pair by a row. A resume from the shards (bf16 moments, the step
+    # elements, rows given to the wrong rank or pair by a row. So does a
+    # resume of those shards on one process. A resume from the shards (bf16 moments, the step
     # counts) ends bit for bit on the uninterrupted run, and the consolidated
     # file loads into the unsharded bf16 model.
     from splitgrad.torch import consolidate
@@ -614,6 +615,20 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
     resumed = spawn_half(tmp_path, "resumed", 2, index_path, "bf16", load_dir=save_dir)
     for k, v in got["state"].items():
         assert torch.equal(resumed["state"][k].view(torch.int16), v.view(torch.int16)), k
+    # Resumed on one process (the rows and bf16 moments re-strided): the
+    # reference with the third step's loss over one process, as closely.
+    alone = spawn_half(tmp_path, "alone", 1, index_path, "bf16", load_dir=save_dir)
+    m = build(index_path, False, dtype, fused)
+    opt = optimiser(m)
+    for step, (tokens, langs, labels) in enumerate(batches()):
+        opt.zero_grad()
+        m(tokens, langs, labels, ce_weight=0.5 if step < 2 else 1.0).backward()
+        opt.step()
+    for k, v in m.state_dict().items():
+        mine = alone["state"][k]
+        same = float((mine.view(torch.int16) == v.view(torch.int16)).float().mean())
+        assert mine.dtype == dtype and same >= 0.9, f"{k}: {same:.3f}"
+        torch.testing.assert_close(mine.float(), v.float(), rtol=2**-6, atol=2**-10, msg=k)
     shard_file = torch.load(os.path.join(save_dir, "shard-0-of-2.pt"), weights_only=True)
     moments = {k: v.dtype for k, v in shard_file["layers"]["emb"]["fused"].items() if v.ndim}
     assert moments and set(moments.values()) == {torch.bfloat16}, moments
