@@ -817,3 +817,65 @@ fn parts_keyed_by_their_rows_update_as_the_whole_table() {
         }
     }
 }
+
+/// The same in `f64` (whose half-precision updates widen through buffers,
+/// and whose narrowing goes through `f32`): parts keyed by their rows equal
+/// the whole table, a matrix by rows and a vector dense, bf16 rows and
+/// moments.
+#[test]
+fn parts_keyed_by_their_rows_update_as_the_whole_table_in_f64() {
+    use crate::param::{Dtype, Rounding};
+    let (n, w) = (301, 9);
+    let matrix = ArrayD::from_shape_fn(IxDyn(&[n, w]), |i| {
+        ((i[0] * 31 + i[1] * 17) % 101) as f64 * 0.01 - 0.5
+    });
+    let vector = matrix.index_axis(ndarray::Axis(1), 0).to_owned().into_dyn();
+    let written = |r: usize, x: &[f64], g: &mut [f64]| {
+        for (j, (g, &x)) in g.iter_mut().zip(x).enumerate() {
+            *g = x * 0.25 - ((r * 3 + j) % 7) as f64 * 0.01;
+        }
+    };
+    let parts: Vec<Vec<usize>> = (0..2).map(|r| (r..n).step_by(2).collect()).collect();
+    for init in [&matrix, &vector] {
+        let fresh = |value: ArrayD<f64>, rows: Option<&[usize]>| {
+            let mut p = Parameter::new("t", value);
+            p.set_dtype(Dtype::BF16).unwrap();
+            if let Some(rows) = rows {
+                p.set_rounding_rows(Some(rows.iter().map(|&r| r as u64).collect()))
+                    .unwrap();
+            }
+            let mut o = LazyAdam::<f64>::new(LazyAdamConfig::default()).unwrap();
+            o.set_state_dtype(Dtype::BF16).unwrap();
+            o.set_rounding(Rounding::Stochastic { seed: 2 });
+            (p, o)
+        };
+        let step = |o: &mut LazyAdam<f64>, p: &mut Parameter<f64>, rows: &[usize]| {
+            if p.shape().len() == 2 {
+                let of_rows = |r: usize, x: &[f64], g: &mut [f64]| written(rows[r], x, g);
+                o.update_by_rows(p, &of_rows).unwrap();
+            } else {
+                let g =
+                    ArrayD::from_shape_fn(IxDyn(&[rows.len()]), |i| rows[i[0]] as f64 * 0.01 - 1.0);
+                o.update(p, &ParamGrad::Dense(g)).unwrap();
+            }
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let (mut whole, mut ow) = fresh(init.clone(), None);
+        for _ in 0..2 {
+            step(&mut ow, &mut whole, &all);
+        }
+        for part in &parts {
+            let (mut p, mut o) = fresh(init.select(ndarray::Axis(0), part), Some(part));
+            for _ in 0..2 {
+                step(&mut o, &mut p, part);
+            }
+            let want = whole.widened().select(ndarray::Axis(0), part);
+            assert_eq!(
+                p.widened().mapv(f64::to_bits),
+                want.mapv(f64::to_bits),
+                "{:?}",
+                init.shape()
+            );
+        }
+    }
+}
