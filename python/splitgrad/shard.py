@@ -838,7 +838,9 @@ def shard(module: nn.Module, process_group=None, timeout: float = 30.0) -> nn.Mo
     may then drop). Any other module: each of those layers inside it is
     replaced by its sharded module, every sharded module's parameters are left
     out of DistributedDataParallel's buckets, and ``module`` is returned.
-    ``process_group``: the processes (default: all of them); the exchanges
+    A layer in bfloat16 or float16 stays so (its rows, activations and fused
+    optimiser state, with its ``fused_adam`` options), each row rounding as it
+    would unsharded. ``process_group``: the processes (default: all of them); the exchanges
     run on a new group of those processes whose collectives time out after
     ``timeout`` seconds. A peer that dies or stalls (alive but not joining
     an exchange) makes every other rank raise a RuntimeError naming it
