@@ -2,7 +2,7 @@
 
 Each layer is rebuilt from its configuration, the dtype its parameters are
 kept in, and its state dict (a copy of every parameter and buffer) with the
-trainable flag of each parameter, so
+trainable flag and the rounding rows of each parameter, so
 the copy is independent of the original: a step on one never moves the
 other. The reducers are registered with :mod:`copyreg`, which both
 ``pickle`` and ``copy`` consult for extension types.
@@ -19,12 +19,20 @@ def _trainable(layer) -> dict:
     return {name: layer.is_trainable(name) for name in layer.parameter_names()}
 
 
-def _restore(layer, state, trainable, param_dtype=None):
+def _rounding_rows(layer) -> dict:
+    """The parameters' rounding rows (``set_rounding_rows``), where set."""
+    rows = {name: layer.rounding_rows(name) for name in layer.parameter_names()}
+    return {name: r for name, r in rows.items() if r is not None}
+
+
+def _restore(layer, state, trainable, param_dtype=None, rounding_rows=None):
     if param_dtype is not None and param_dtype != layer.param_dtype:
         layer.set_dtype(param_dtype)  # parameters kept in bf16 / f16
     layer.load_state_dict(state)
     for name, flag in trainable.items():
         layer.set_parameter_trainable(name, flag)
+    for name, rows in (rounding_rows or {}).items():
+        layer.set_rounding_rows(name, rows)
     return layer
 
 
@@ -32,8 +40,8 @@ def _split_sizes(layer, prefix: str, state) -> dict:
     return {s: int(state[f"{prefix}.{s}.weight"].shape[0]) for s in layer.split_order}
 
 
-def _rebuild_split(cls, sizes, order, hidden, dtype, state, trainable, param_dtype=None):
-    return _restore(cls(sizes, order, hidden, dtype=dtype), state, trainable, param_dtype)
+def _rebuild_split(cls, sizes, order, hidden, dtype, state, trainable, param_dtype=None, rounding_rows=None):
+    return _restore(cls(sizes, order, hidden, dtype=dtype), state, trainable, param_dtype, rounding_rows)
 
 
 def _reduce_split(prefix: str):
@@ -48,15 +56,18 @@ def _reduce_split(prefix: str):
             state,
             _trainable(layer),
             layer.param_dtype,
+            _rounding_rows(layer),
         )
         return _rebuild_split, args
 
     return reduce
 
 
-def _rebuild_vocabulary(lang, tok, vocab_size, dim, n_languages, dtype, score, state, trainable, param_dtype=None):
+def _rebuild_vocabulary(
+    lang, tok, vocab_size, dim, n_languages, dtype, score, state, trainable, param_dtype=None, rounding_rows=None
+):
     layer = SplitVocabulary(lang, tok, vocab_size, dim, n_languages, 0.0, dtype, score)
-    return _restore(layer, state, trainable, param_dtype)
+    return _restore(layer, state, trainable, param_dtype, rounding_rows)
 
 
 def _reduce_vocabulary(layer):
@@ -66,7 +77,7 @@ def _reduce_vocabulary(layer):
     score = None if score is None else [float(x) for x in score]
     args = (
         lang, tok, layer.vocab_size, layer.dim, layer.n_languages, layer.dtype, score, state, _trainable(layer),
-        layer.param_dtype,
+        layer.param_dtype, _rounding_rows(layer),
     )
     return _rebuild_vocabulary, args
 

@@ -536,6 +536,15 @@ macro_rules! layer_class {
                 $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_rounding_rows(l, name, rows))
             }
 
+            /// The rounding rows of parameter `name` ([`Self::set_rounding_rows`])
+            /// as an int64 array, or `None` when it rounds by its own rows.
+            fn rounding_rows<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, numpy::PyArray1<i64>>>> {
+                let rows: Option<Vec<i64>> = $crate::each!(&*self.read(py)?, l => l.parameters().into_iter().find(|p| p.name() == name)
+                    .map(|p| p.rounding_rows().map(|r| r.iter().map(|&x| x as i64).collect()))
+                    .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no parameter named `{name}`"))))?;
+                Ok(rows.map(|r| numpy::PyArray1::from_vec(py, r)))
+            }
+
             /// Every parameter and buffer by name, copied.
             fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
                 let sd = $crate::each!(&*self.read(py)?, l => l.state_dict());

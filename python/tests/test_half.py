@@ -5,6 +5,7 @@ rounded once, d9d's state dicts in bf16, the fused Adam's rounding and state
 dtype, checkpoints, and the errors."""
 
 import copy
+import pickle
 import sys
 
 import numpy as np
@@ -574,7 +575,11 @@ def test_rounding_rows_are_checked_and_key_the_roundings():
     name = "token_embedding.t.weight"
     with torch.no_grad():
         part.token_embedding["t"].weight.copy_(whole.token_embedding["t"].weight[1::2])
+    assert part._core.rounding_rows(name) is None
     part._core.set_rounding_rows(name, np.array([1, 3, 5]))
+    # Copies keep them, as they keep the trainable flags.
+    for twin in (copy.deepcopy(part._core), pickle.loads(pickle.dumps(part._core))):
+        assert twin.rounding_rows(name).tolist() == [1, 3, 5]
     ids = torch.tensor([[1, 3, 5, 3]])
     up = torch.randn(1, 4, H).to(torch.bfloat16)
     whole(ids).backward(up)
@@ -592,3 +597,4 @@ def test_rounding_rows_are_checked_and_key_the_roundings():
     with pytest.raises(KeyError, match="no parameter named `nope`"):
         part._core.set_rounding_rows("nope", None)
     part._core.set_rounding_rows(name, None)
+    assert part._core.rounding_rows(name) is None
