@@ -659,7 +659,10 @@ class ShardedVocabulary(_Sharded):
     @torch.no_grad()
     def seed_from(self, table: torch.Tensor) -> None:
         if self._core is not None:
-            self._core.seed_from(table.detach().contiguous().numpy())
+            t = table.detach()
+            # A half-precision table widened (exactly), as the unsharded layer takes it.
+            t = t.to(self._engine) if t.dtype in _HALF else t
+            self._core.seed_from(t.contiguous().numpy())
 
     def local_state(self):
         return {

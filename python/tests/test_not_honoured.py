@@ -100,6 +100,9 @@ def _solo(rank, store, out, directory):
     head = shard(SplitLanguageModellingHead(SIZES, list(SIZES), 4, dtype=torch.float16))
     error("head_hidden", lambda: head(torch.zeros(2, 4), torch.tensor([1, 2])))
     got["half_out"] = (half(torch.tensor([1, 8])).dtype, sv(torch.tensor([2, 3]), torch.tensor([0, 1]), torch.zeros(2, 4, dtype=torch.bfloat16)).dtype)
+    table = torch.randn(5, 4).to(torch.bfloat16)
+    sv.seed_from(table)  # a bf16 table, as the layer keeps its rows
+    got["seeded"] = torch.equal(sv.rows.detach(), table[[2, 3]])
     torch.save(got, out)
     dist.destroy_process_group()
 
@@ -125,3 +128,4 @@ def test_sharded_layers_refuse_what_they_would_not_honour(tmp_path):
     assert got["sv_shared"] == ("ValueError", "array `shared`: has dtype torch.float32, expected torch.bfloat16 (the layer's dtype)")
     assert got["head_hidden"] == ("ValueError", "array `hidden_states`: has dtype torch.float32, expected torch.float16 (the layer's dtype)")
     assert got["half_out"] == (torch.bfloat16, torch.bfloat16)
+    assert got["seeded"]
