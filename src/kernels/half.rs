@@ -622,31 +622,11 @@ pub fn narrow_stochastic_at<H: HalfFloat>(
 ) {
     check_lengths("narrow_stochastic", src.len(), dst.len());
     let dst = H::bits_mut(dst);
-    // sr_bits(key, j) is mix32(lo(j) ^ key.word(hi(j))): the word of the
-    // last high word seen is kept (indices below 2³² share one).
-    let mut last = (0u32, key.word(0));
-    let mut bits = |j: u64| {
-        let hi = (j >> 32) as u32;
-        if hi != last.0 {
-            last = (hi, key.word(hi));
-        }
-        random::sr_bits_of_word(last.1, j as u32)
-    };
-    match H::FORMAT {
-        Format::Bf16 => {
-            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
-                // bf16_sr_bits: one word for the pair 2j, 2j + 1.
-                let at = index(i);
-                let r = bits(at >> 1);
-                let r = if at & 1 == 0 { r } else { r << 16 };
-                *d = bf16_stochastic(x.to_bits(), r);
-            }
-        }
-        Format::F16 => {
-            for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
-                *d = f16_stochastic(x.to_bits(), bits(index(i)));
-            }
-        }
+    for (i, (d, &x)) in dst.iter_mut().zip(src).enumerate() {
+        *d = match H::FORMAT {
+            Format::Bf16 => bf16_stochastic(x.to_bits(), bf16_sr_bits(key, index(i))),
+            Format::F16 => f16_stochastic(x.to_bits(), sr_bits(key, index(i))),
+        };
     }
 }
 

@@ -91,13 +91,6 @@ pub fn sr_bits(key: SrKey, index: u64) -> u32 {
     mix32(index as u32 ^ key.word((index >> 32) as u32))
 }
 
-/// [`sr_bits`] of the index whose low word is `lo`, given its high word's
-/// [`SrKey::word`] `word` (computed once for a run of indices that share it).
-#[inline]
-pub(crate) fn sr_bits_of_word(word: u32, lo: u32) -> u32 {
-    mix32(lo ^ word)
-}
-
 /// The rounding word of the bf16 element with global index `index` under
 /// `key`, whose top 16 bits its stochastic rounding adds
 /// ([`narrow_stochastic`](super::narrow_stochastic)): bf16 keeps the top

@@ -331,10 +331,8 @@ fn dense_half<T: Real, R: Rule<T>>(
     let run = |b: &mut Option<Box<Bufs<T>>>, (i, ((p, m), v)): (usize, Triple<'_, T>)| {
         let at = i * chunk;
         let g = &g[at..at + p.len()];
-        let first = match keys.remapped() {
-            Some(_) => keys.index(i, chunk, 0),
-            None => at as u64,
-        };
+        // (Run i is row i when the draws follow rounding rows.)
+        let first = keys.index(i, chunk, 0);
         update_run(rule, parts([p, m, v], keys.keys), g, first, b);
     };
     in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, || None, run);
@@ -399,15 +397,11 @@ fn remapped_narrow_rows<T: Real, R: Rule<T>>(
         let [bp, bm, bv] = &mut *bufs;
         rule.apply_run(bp, bm, bv, Some(&g[at..at + n]));
         let mine = &rows[at / width..(at + n) / width];
-        let index = |i: usize| mine[i / width] * width as u64 + (i % width) as u64;
         for ((a, b), key) in arrays.iter_mut().zip(bufs.iter()).zip(keys.keys) {
-            // (A vector's element is its row: no division.)
-            match (a, width) {
-                (StoredMut::Full(d), _) => d.copy_from_slice(b),
-                (StoredMut::BF16(d), 1) => narrow_at(b, d, key, narrowed, |i| mine[i]),
-                (StoredMut::F16(d), 1) => narrow_at(b, d, key, narrowed, |i| mine[i]),
-                (StoredMut::BF16(d), _) => narrow_at(b, d, key, narrowed, index),
-                (StoredMut::F16(d), _) => narrow_at(b, d, key, narrowed, index),
+            match a {
+                StoredMut::Full(d) => d.copy_from_slice(b),
+                StoredMut::BF16(d) => narrow_at(b, d, key, narrowed, mine, width),
+                StoredMut::F16(d) => narrow_at(b, d, key, narrowed, mine, width),
             }
         }
     };
@@ -415,22 +409,30 @@ fn remapped_narrow_rows<T: Real, R: Rule<T>>(
     in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, scratch, run);
 }
 
-/// `src` narrowed into `dst` with `key`, element i at global index
-/// `index(i)` ([`narrow_stochastic_at`], through `f32` in `buf` as
+/// `src`, rows of `width` elements, narrowed into `dst` with `key`, each
+/// row at its place among the rounding rows `rows`
+/// ([`narrow_stochastic_at`], through `f32` in `buf` as
 /// [`Real::narrow_half`] goes), or to nearest without a key.
 fn narrow_at<T: Real, H: HalfFloat>(
     src: &[T],
     dst: &mut [H],
     key: Option<SrKey>,
     buf: &mut Vec<f32>,
-    index: impl Fn(usize) -> u64,
+    rows: &[u64],
+    width: usize,
 ) {
     let Some(key) = key else {
         return T::narrow_half(src, dst, None);
     };
     buf.clear();
     buf.extend(src.iter().map(|&x| x.to_f64() as f32));
-    narrow_stochastic_at(buf, dst, key, index);
+    if width == 1 {
+        // A vector's element is its row: no division.
+        narrow_stochastic_at(buf, dst, key, |i| rows[i]);
+    } else {
+        let w = width as u64;
+        narrow_stochastic_at(buf, dst, key, |i| rows[i / width] * w + (i % width) as u64);
+    }
 }
 
 /// Elements at the head of the next touched row that a sparse update
