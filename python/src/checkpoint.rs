@@ -148,7 +148,7 @@ pub fn golden_generate<'py>(
     let layer = layer_of(layer)?;
     let dt = match dtype {
         None => CaseDtype::F64,
-        Some(d) => match crate::layer::storage_dtype(d)? {
+        Some(d) => match crate::params::storage_dtype(d)? {
             StorageDtype::F32 => CaseDtype::F32,
             StorageDtype::F64 => CaseDtype::F64,
             StorageDtype::BF16 => CaseDtype::BF16,

@@ -53,7 +53,7 @@ pub fn act_arg(
         crate::convert::Dtype::F32 => splitgrad::param::Dtype::F32,
         crate::convert::Dtype::F64 => splitgrad::param::Dtype::F64,
     };
-    match crate::layer::storage_dtype(obj)? {
+    match crate::params::storage_dtype(obj)? {
         splitgrad::param::Dtype::BF16 => Ok(Some(Act::BF16)),
         splitgrad::param::Dtype::F16 => Ok(Some(Act::F16)),
         d if d == own => Ok(None),

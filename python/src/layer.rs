@@ -3,30 +3,20 @@
 //! its dtype, parameters and state dicts; the constructor and getters of
 //! the two split layers), and a layer borrowed from Python ([`LayerRef`]).
 //!
-//! A layer owns its parameters (the crate's `Parameter`s); `parameter()`
-//! hands numpy a writable view of one, without a copy, whose base is the
-//! layer (so the layer lives as long as any view of it). No method ever
-//! reallocates a parameter's buffer but `set_dtype`, so a view stays valid:
-//! loads and `seed_from` write into the buffer that is there. A parameter
-//! kept in bf16 is viewed as `uint16` (its bits: numpy has no bfloat16),
-//! one kept in f16 as `float16`. `set_dtype` gives the changed parameters
-//! new buffers; the old ones stay allocated while a view of them lives (so
-//! an old view is stale, never dangling: take the views again).
+//! Parameters by name, their numpy views and their dtype: [`crate::params`].
 
 use std::any::Any;
 
 use ndarray::ArrayViewD;
-use numpy::PyArrayDyn;
-use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use splitgrad::layers::{
     SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, Workspace,
 };
-use splitgrad::param::{Dtype as StorageDtype, Stored};
 use splitgrad::state::Module;
 
-use crate::convert::{Dtype, OrRaise, PyReal};
+use crate::convert::{Dtype, PyReal};
 use crate::embeddings::PyEmbeddings;
 use crate::head::PyHead;
 use crate::vocabulary::PyVocabulary;
@@ -157,214 +147,6 @@ pub fn positive(x: i64, what: &str) -> PyResult<usize> {
     usize::try_from(x).map_err(|_| PyValueError::new_err(format!("{what} must be ≥ 0, got {x}")))
 }
 
-/// A parameter as a writable numpy view of the layer's own buffer.
-pub fn parameter_view<'py, T: PyReal>(
-    slf: &Bound<'py, PyAny>,
-    module: &dyn Module<T>,
-    keep: &Keep,
-    name: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    let p = module
-        .parameters()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = module.parameters().iter().map(|p| p.name()).collect();
-            PyKeyError::new_err(format!(
-                "no parameter named `{name}` (parameters: {})",
-                names.join(", ")
-            ))
-        })?;
-    let base = Bound::new(
-        slf.py(),
-        ParamView {
-            _layer: slf.clone().unbind(),
-            _keep: keep.clone(),
-        },
-    )?
-    .into_any();
-    // SAFETY: the buffer is the parameter's, owned by the layer; `base` (the
-    // array's base object) keeps the layer alive, and `keep` the buffer: a
-    // change of dtype (the only call that gives a parameter a new buffer)
-    // hands the old buffer to `keep` while a view of it lives (module docs).
-    match p.stored() {
-        Stored::Full(a) => Ok(unsafe { PyArrayDyn::borrow_from_array(a, base) }.into_any()),
-        Stored::BF16(a) => Ok(unsafe { borrow_bits(a, base) }?.into_any()),
-        Stored::F16(a) => {
-            let bits = unsafe { borrow_bits(a, base) }?;
-            bits.call_method1("view", ("float16",))
-        }
-    }
-}
-
-/// The half-precision elements of `a` as a writable numpy `uint16` array
-/// of their bits, over `a`'s own buffer, with base object `base`.
-///
-/// # Safety
-/// `base` must keep `a`'s buffer alive and unmoved while the array lives.
-unsafe fn borrow_bits<'py, H: HalfBits>(
-    a: &ndarray::ArrayD<H>,
-    base: Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyArrayDyn<u16>>> {
-    if !a.is_standard_layout() {
-        return Err(pyo3::exceptions::PyRuntimeError::new_err(
-            "a half-precision parameter is not in standard layout",
-        ));
-    }
-    // SAFETY: bf16 and f16 are `repr(transparent)` over u16; the array is
-    // in standard layout, so its shape describes the buffer.
-    let view = unsafe { ArrayViewD::from_shape_ptr(a.raw_dim(), a.as_ptr().cast::<u16>()) };
-    Ok(unsafe { PyArrayDyn::borrow_from_array(&view, base) })
-}
-
-/// bf16 and f16: 16 bits each, `repr(transparent)` over `u16`.
-pub trait HalfBits: Copy {}
-impl HalfBits for half::bf16 {}
-impl HalfBits for half::f16 {}
-
-/// The buffers a layer's parameters had before a change of dtype, kept
-/// while a numpy view of them lives (each view holds one `Keep`).
-pub type Keep = std::sync::Arc<std::sync::Mutex<Vec<Box<dyn Any + Send>>>>;
-
-/// The base object of a parameter's numpy view: the layer, and the
-/// buffers retired by a change of dtype since the view was made.
-#[pyclass(module = "splitgrad._splitgrad", name = "_ParamView", frozen)]
-pub struct ParamView {
-    _layer: Py<PyAny>,
-    _keep: Keep,
-}
-
-/// A storage dtype from Python: `"bf16"`, `"bfloat16"`, `"float16"`,
-/// `"f32"`, `numpy.float16`, `torch.bfloat16`, …
-pub fn storage_dtype(obj: &Bound<'_, PyAny>) -> PyResult<StorageDtype> {
-    // A name first: numpy reads "f16" as float128 (16 bytes).
-    if let Ok(name) = obj.extract::<String>()
-        && let Ok(d) = name.parse::<StorageDtype>()
-    {
-        return Ok(d);
-    }
-    let np = obj.py().import("numpy")?;
-    let name: String = match np.call_method1("dtype", (obj,)) {
-        Ok(d) => d.getattr("name")?.extract()?,
-        Err(_) => obj.str()?.to_string(),
-    };
-    name.parse::<StorageDtype>().map_err(|_| {
-        PyValueError::new_err(format!(
-            "unknown dtype {name} (expected float32, float64, bfloat16 or float16)"
-        ))
-    })
-}
-
-/// Keeps every parameter of `module` as `dtype` (rounded to nearest when
-/// narrowed), each changed one in a new buffer; the old buffers go to
-/// `keep` when given (a view of them lives), else are freed. Nothing
-/// changes on an error.
-pub fn set_module_dtype<T: PyReal>(
-    module: &mut dyn Module<T>,
-    dtype: StorageDtype,
-    keep: Option<&Keep>,
-) -> PyResult<()> {
-    if !dtype.is_half() && dtype != StorageDtype::of::<T>() {
-        return Err(PyValueError::new_err(format!(
-            "a {} layer keeps its parameters as {} or in bf16 or f16, not {dtype} \
-             (build it with dtype={dtype} instead)",
-            T::NAME,
-            T::NAME
-        )));
-    }
-    let mut bytes = 0u64;
-    for p in module
-        .parameters()
-        .into_iter()
-        .filter(|p| p.dtype() != dtype)
-    {
-        // the new buffer, and a widened copy first when narrowing from
-        // another half type (a parameter kept as T is narrowed in place)
-        let widened = if p.dtype().is_half() {
-            std::mem::size_of::<T>()
-        } else {
-            0
-        };
-        let n = crate::convert::bytes_for(p.shape(), widened + dtype.size());
-        bytes = bytes.saturating_add(n);
-    }
-    crate::convert::check_alloc(|| format!("the parameters kept as {dtype}"), bytes)?;
-    for p in module.parameters_mut() {
-        if p.dtype() == dtype {
-            continue;
-        }
-        let new = match p.widened() {
-            std::borrow::Cow::Borrowed(a) => Stored::from_full_view(a.view(), dtype),
-            std::borrow::Cow::Owned(a) => Stored::from_full(a, dtype),
-        }
-        .or_raise()?;
-        let old = std::mem::replace(p.stored_mut(), new);
-        if let Some(k) = keep {
-            k.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Box::new(old));
-        }
-    }
-    Ok(())
-}
-
-/// numpy's name of a storage dtype (`"bfloat16"`, which numpy lacks, for bf16).
-pub fn numpy_name(d: StorageDtype) -> &'static str {
-    match d {
-        StorageDtype::F32 => "float32",
-        StorageDtype::F64 => "float64",
-        StorageDtype::BF16 => "bfloat16",
-        StorageDtype::F16 => "float16",
-    }
-}
-
-/// Freezes or unfreezes the parameter `name`.
-pub fn set_trainable<T: PyReal>(module: &mut dyn Module<T>, name: &str, on: bool) -> PyResult<()> {
-    let p = module
-        .parameters_mut()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| PyKeyError::new_err(format!("no parameter named `{name}`")))?;
-    p.set_trainable(on);
-    Ok(())
-}
-
-/// Rounding rows from Python ([`splitgrad::Parameter::set_rounding_rows`]):
-/// a 1-D array of integers ≥ 0.
-pub fn rounding_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    let a = crate::convert::ids_arg(obj, "rows")?;
-    if a.ndim() != 1 {
-        return Err(PyValueError::new_err(format!(
-            "array `rows`: has shape {:?}, expected one dimension",
-            a.shape()
-        )));
-    }
-    a.iter()
-        .enumerate()
-        .map(|(i, &r)| {
-            u64::try_from(r).map_err(|_| {
-                PyValueError::new_err(format!(
-                    "array `rows`: at position {i}: row {r}, expected a row >= 0"
-                ))
-            })
-        })
-        .collect()
-}
-
-/// [`splitgrad::Parameter::set_rounding_rows`] of the parameter `name`.
-pub fn set_rounding_rows<T: PyReal>(
-    module: &mut dyn Module<T>,
-    name: &str,
-    rows: Option<Vec<u64>>,
-) -> PyResult<()> {
-    let p = module
-        .parameters_mut()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| PyKeyError::new_err(format!("no parameter named `{name}`")))?;
-    p.set_rounding_rows(rows).map_err(crate::convert::py_err)
-}
-
 /// A standard-layout view (a copy only when the input is strided, checked
 /// against the memory available first: a broadcast view may stand for far
 /// more elements than it holds).
@@ -413,7 +195,7 @@ macro_rules! layer_class {
             pub(crate) dt: $crate::convert::Dtype,
             /// Held by every numpy view of a parameter: the buffers a
             /// change of dtype retired while such a view lived.
-            pub(crate) keep: std::sync::Mutex<$crate::layer::Keep>,
+            pub(crate) keep: std::sync::Mutex<$crate::params::Keep>,
         }
 
         impl $py {
@@ -422,7 +204,7 @@ macro_rules! layer_class {
                     dt: inner.dtype(),
                     inner: std::sync::RwLock::new(inner),
                     ws: $crate::layer::Workspaces::default(),
-                    keep: std::sync::Mutex::new($crate::layer::Keep::default()),
+                    keep: std::sync::Mutex::new($crate::params::Keep::default()),
                 }
             }
 
@@ -463,7 +245,7 @@ macro_rules! layer_class {
                 let this = slf.get();
                 let inner = this.read(slf.py())?;
                 let keep = this.keep.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                $crate::each!(&*inner, l => $crate::layer::parameter_view(&any, l, &keep, name))
+                $crate::each!(&*inner, l => $crate::params::parameter_view(&any, l, &keep, name))
             }
 
             /// How the parameters are kept: `"float32"`, `"float64"`,
@@ -471,7 +253,7 @@ macro_rules! layer_class {
             #[getter]
             fn param_dtype(&self, py: Python<'_>) -> PyResult<String> {
                 let d = $crate::each!(&*self.read(py)?, l => l.parameters().first().map(|p| p.dtype()));
-                Ok($crate::layer::numpy_name(d.unwrap_or(match self.dt {
+                Ok($crate::params::numpy_name(d.unwrap_or(match self.dt {
                     $crate::convert::Dtype::F32 => splitgrad::param::Dtype::F32,
                     $crate::convert::Dtype::F64 => splitgrad::param::Dtype::F64,
                 })).to_string())
@@ -489,14 +271,14 @@ macro_rules! layer_class {
             /// changed parameters get new buffers: views taken before are
             /// stale (take them again).
             fn set_dtype(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
-                let d = $crate::layer::storage_dtype(dtype)?;
+                let d = $crate::params::storage_dtype(dtype)?;
                 let mut inner = self.write(py)?;
                 let mut keep = self.keep.lock().unwrap_or_else(|e| e.into_inner());
                 let viewed = std::sync::Arc::strong_count(&keep) > 1;
                 let k = viewed.then_some(&*keep);
-                $crate::each!(&mut *inner, l => $crate::layer::set_module_dtype(l, d, k))?;
+                $crate::each!(&mut *inner, l => $crate::params::set_module_dtype(l, d, k))?;
                 if viewed {
-                    *keep = $crate::layer::Keep::default();
+                    *keep = $crate::params::Keep::default();
                 }
                 Ok(())
             }
@@ -515,14 +297,12 @@ macro_rules! layer_class {
 
             /// Whether a parameter is trained (receives gradients).
             fn is_trainable(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
-                $crate::each!(&*self.read(py)?, l => l.parameters().into_iter().find(|p| p.name() == name)
-                    .map(|p| p.is_trainable())
-                    .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no parameter named `{name}`"))))
+                $crate::each!(&*self.read(py)?, l => $crate::params::param(l, name).map(|p| p.is_trainable()))
             }
 
             /// Freezes (`False`) or unfreezes a parameter by its name.
             fn set_parameter_trainable(&self, py: Python<'_>, name: &str, trainable: bool) -> PyResult<()> {
-                $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_trainable(l, name, trainable))
+                $crate::each!(&mut *self.write(py)?, l => $crate::params::set_trainable(l, name, trainable))
             }
 
             /// Keys the stochastic roundings of parameter `name`'s updates (and
@@ -532,16 +312,15 @@ macro_rules! layer_class {
             /// would. `None`: its own rows again.
             #[pyo3(signature = (name, rows))]
             fn set_rounding_rows(&self, py: Python<'_>, name: &str, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-                let rows = rows.map(|r| $crate::layer::rounding_rows(r)).transpose()?;
-                $crate::each!(&mut *self.write(py)?, l => $crate::layer::set_rounding_rows(l, name, rows))
+                let rows = rows.map(|r| $crate::params::rounding_rows(r)).transpose()?;
+                $crate::each!(&mut *self.write(py)?, l => $crate::params::set_rounding_rows(l, name, rows))
             }
 
             /// The rounding rows of parameter `name` ([`Self::set_rounding_rows`])
             /// as an int64 array, or `None` when it rounds by its own rows.
             fn rounding_rows<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, numpy::PyArray1<i64>>>> {
-                let rows: Option<Vec<i64>> = $crate::each!(&*self.read(py)?, l => l.parameters().into_iter().find(|p| p.name() == name)
-                    .map(|p| p.rounding_rows().map(|r| r.iter().map(|&x| x as i64).collect()))
-                    .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no parameter named `{name}`"))))?;
+                let rows: Option<Vec<i64>> = $crate::each!(&*self.read(py)?, l => $crate::params::param(l, name)
+                    .map(|p| p.rounding_rows().map(|r| r.iter().map(|&x| x as i64).collect())))?;
                 Ok(rows.map(|r| numpy::PyArray1::from_vec(py, r)))
             }
 
@@ -613,7 +392,7 @@ macro_rules! split_layer_methods {
                 let sizes = $crate::layer::split_sizes(split_vocab_size)?;
                 let h = $crate::layer::positive(hidden_size, "hidden_size")?;
                 let dt = $crate::layer::dtype_arg(dtype, $crate::convert::Dtype::F32)?;
-                let kept = storage.map($crate::layer::storage_dtype).transpose()?;
+                let kept = storage.map($crate::params::storage_dtype).transpose()?;
                 Ok(Self::of($crate::by_dtype!(dt, T => match kept {
                     Some(d) => $layer::<T>::with_dtype(&sizes, &split_order, h, d),
                     None => $layer::<T>::new(&sizes, &split_order, h),

@@ -14,6 +14,7 @@ mod halfio;
 mod head;
 mod layer;
 mod optim;
+mod params;
 mod sync;
 mod vocabulary;
 

@@ -275,7 +275,7 @@ impl PyOptimizer {
     /// optimiser's own `dtype_name` (the default) or bfloat16 (Adam and
     /// LazyAdam; f16 is refused). Moments kept already are converted.
     fn set_state_dtype(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
-        let d = crate::layer::storage_dtype(dtype)?;
+        let d = crate::params::storage_dtype(dtype)?;
         crate::each!(&mut *self.write(py)?, o => o.set_state_dtype(d).or_raise())
     }
 
@@ -283,7 +283,7 @@ impl PyOptimizer {
     #[getter]
     fn state_dtype(&self, py: Python<'_>) -> PyResult<&'static str> {
         let d = crate::each!(&*self.read(py)?, o => o.state_dtype());
-        Ok(crate::layer::numpy_name(d))
+        Ok(crate::params::numpy_name(d))
     }
 
     /// One update of every parameter of `modules` (a layer or a list) that

@@ -21,9 +21,9 @@ use crate::gradients::{PyGradients, Source, give_back, gradients_of, merge};
 use crate::halfio::{Act, act_arg, input_arg, output};
 use crate::layer::{
     ByDtype, Workspaces, check_output, dtype_arg, layer_class, positive, size_getters, std_layout,
-    storage_dtype,
 };
 use crate::optim::PyOptimizer;
+use crate::params::storage_dtype;
 
 layer_class!(
     /// `SplitVocabulary(language_index, token_index, vocab_size, dim, n_languages, gate_init=0.0, dtype="float32")`;
