@@ -55,6 +55,8 @@ from .torch import (
     _half_np,
     _np_dtype,
     _out,
+    _own_dtype,
+    _table_in,
     _tensor_of,
 )
 
@@ -471,8 +473,8 @@ class _ShardedVocabularyFunction(torch.autograd.Function):
     def forward(ctx, m, use_gate, tokens, langs, shared, anchor):
         t = tokens.reshape(-1).to(torch.int64)
         l_ = langs.reshape(-1).to(torch.int64)
-        if m._dtype != m._engine and shared.dtype != m._dtype:
-            raise ValueError(f"array `shared`: has dtype {shared.dtype}, expected {m._dtype} (the layer's dtype)")
+        if m._dtype != m._engine:
+            _own_dtype(m, shared, "shared")
         s = shared.reshape(-1, m.dim)
         if not (t.shape[0] == l_.shape[0] == s.shape[0]):
             raise ValueError(f"token_ids, lang_per_token and shared hold {t.shape[0]}, {l_.shape[0]}, {s.shape[0]} tokens")
@@ -659,10 +661,7 @@ class ShardedVocabulary(_Sharded):
     @torch.no_grad()
     def seed_from(self, table: torch.Tensor) -> None:
         if self._core is not None:
-            t = table.detach()
-            # A half-precision table widened (exactly), as the unsharded layer takes it.
-            t = t.to(self._engine) if t.dtype in _HALF else t
-            self._core.seed_from(t.contiguous().numpy())
+            self._core.seed_from(_table_in(self, table))
 
     def local_state(self):
         return {
@@ -688,8 +687,8 @@ class _ShardedHeadFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, m, hidden, labels, anchor, *weights):
-        if m._dtype != m._engine and hidden.dtype != m._dtype:
-            raise ValueError(f"array `hidden_states`: has dtype {hidden.dtype}, expected {m._dtype} (the layer's dtype)")
+        if m._dtype != m._engine:
+            _own_dtype(m, hidden, "hidden_states")
         h = hidden.reshape(-1, m.hidden).detach()
         lab = labels.reshape(-1).to(torch.int64)
         if lab.shape[0] != h.shape[0]:

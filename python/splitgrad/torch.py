@@ -137,6 +137,12 @@ def _half_np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _own_dtype(module, t: torch.Tensor, what: str) -> None:
+    """A ValueError naming ``what`` unless ``t`` is of the layer's dtype."""
+    if t.dtype != module._dtype:
+        raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+
+
 def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
     """An activation (or upstream gradient) in the layer's dtype, as the
     kernels take it with ``act=_act(module)``."""
@@ -144,8 +150,7 @@ def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
         return t
     _cpu(t, what)
     if module._dtype != module._engine:
-        if t.dtype != module._dtype:
-            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        _own_dtype(module, t, what)
         return _half_np(t)
     return _real(t, what)
 
@@ -154,8 +159,7 @@ def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
     """An upstream gradient, of the layer's dtype (torch's autograd casts one
     to its output's dtype), as the kernels take it with ``act=_act(module)``."""
     _cpu(g, what)
-    if g.dtype != module._dtype:
-        raise ValueError(f"array `{what}`: has dtype {g.dtype}, expected {module._dtype} (the layer's dtype)")
+    _own_dtype(module, g, what)
     return _act_in(module, g, what)
 
 
@@ -164,10 +168,16 @@ def _widened(module, t: torch.Tensor, what: str) -> np.ndarray:
     (the head: its results are scaled before they are rounded)."""
     if isinstance(t, torch.Tensor) and module._dtype != module._engine:
         _cpu(t, what)
-        if t.dtype != module._dtype:
-            raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        _own_dtype(module, t, what)
         t = t.to(module._engine)
     return _real(t, what)
+
+
+def _table_in(module, table: torch.Tensor) -> np.ndarray:
+    """A table of shared rows (``seed_from``'s) as the kernels take it: one
+    in half precision widened (exactly) to the engine's dtype."""
+    t = table.to(module._engine) if isinstance(table, torch.Tensor) and table.dtype in _HALF else table
+    return _real(t, "table")
 
 
 def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -1186,8 +1196,7 @@ class SplitVocabulary(_Bound, nn.Module):
         """Copy each split row from the shared row it specialises."""
         with self._lock:
             self._sync()
-            t = table.to(self._engine) if isinstance(table, torch.Tensor) and table.dtype in _HALF else table
-            self._core.seed_from(_real(t, "table"))
+            self._core.seed_from(_table_in(self, table))
         self._generation += 1
         self._initialised = True
 
