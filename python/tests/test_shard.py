@@ -556,14 +556,24 @@ HALF = {
 
 def spawn_half(tmp_path, name, world, index_path, kind, save_dir=None, load_dir=None):
     dtype, fused = HALF[kind]
-    cuts = [0, B // 2 + 5, B][: world + 1] if world <= 2 else None
-    cuts = [0, B] if world == 1 else cuts
+    cuts = {1: [0, B], 2: [0, B // 2 + 5, B]}[world]
     out = str(tmp_path / f"{name}.pt")
     mp.start_processes(
         worker, args=(world, str(tmp_path / f"store-{name}"), index_path, cuts, False, out, save_dir, load_dir, dtype, fused),
         nprocs=world, start_method="spawn",
     )
     return torch.load(out)
+
+
+def assert_follows(state, model, dtype):
+    """Every tensor of ``model`` in ``state``, of ``dtype``, with at least 90 %
+    of its elements bit for bit and the rest within two bf16 ulps."""
+    for k, v in model.state_dict().items():
+        mine = state[k]
+        assert mine.dtype == dtype, k
+        same = float((mine.view(torch.int16) == v.view(torch.int16)).float().mean())
+        assert same >= 0.9, f"{k}: {same:.3f} of the elements the unsharded model's"
+        torch.testing.assert_close(mine.float(), v.float(), rtol=2**-6, atol=2**-10, msg=k)
 
 
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
@@ -592,10 +602,11 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
     # DistributedDataParallel, the dense layer's), rounds otherwise: at least
     # 90 % of every tensor's elements bit for bit, the rest within two ulps.
     # Rows keyed by their place on the rank would differ in about half their
-    # elements, rows given to the wrong rank or pair by a row. So does a
-    # resume of those shards on one process. A resume from the shards (bf16 moments, the step
-    # counts) ends bit for bit on the uninterrupted run, and the consolidated
-    # file loads into the unsharded bf16 model.
+    # elements, rows given to the wrong rank or pair by a row. A resume from
+    # the shards (bf16 moments, the step counts) on two processes ends bit for
+    # bit on the uninterrupted run, and one on one process follows the
+    # unsharded model as closely; the consolidated file loads into the
+    # unsharded bf16 model.
     from splitgrad.torch import consolidate
 
     dtype, fused = HALF["bf16"]
@@ -605,13 +616,9 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
     assert got["seeds"] == [[("stochastic", fused["seed"])] * 3] * 2
     ref, start = reference(index_path, False, 2, dtype=dtype, fused=fused), build(index_path, False, dtype, fused).state_dict()
     for k, v in ref.state_dict().items():
-        mine = got["state"][k]
-        assert mine.dtype == dtype, k
         moved = (v.float() - start[k].float()).abs().max()
         assert moved > 0.02, f"{k} moved {moved}"
-        same = float((mine.view(torch.int16) == v.view(torch.int16)).float().mean())
-        assert same >= 0.9, f"{k}: {same:.3f} of the elements the unsharded model's"
-        torch.testing.assert_close(mine.float(), v.float(), rtol=2**-6, atol=2**-10, msg=k)
+    assert_follows(got["state"], ref, dtype)
     resumed = spawn_half(tmp_path, "resumed", 2, index_path, "bf16", load_dir=save_dir)
     for k, v in got["state"].items():
         assert torch.equal(resumed["state"][k].view(torch.int16), v.view(torch.int16)), k
@@ -624,11 +631,7 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
         opt.zero_grad()
         m(tokens, langs, labels, ce_weight=0.5 if step < 2 else 1.0).backward()
         opt.step()
-    for k, v in m.state_dict().items():
-        mine = alone["state"][k]
-        same = float((mine.view(torch.int16) == v.view(torch.int16)).float().mean())
-        assert mine.dtype == dtype and same >= 0.9, f"{k}: {same:.3f}"
-        torch.testing.assert_close(mine.float(), v.float(), rtol=2**-6, atol=2**-10, msg=k)
+    assert_follows(alone["state"], m, dtype)
     shard_file = torch.load(os.path.join(save_dir, "shard-0-of-2.pt"), weights_only=True)
     moments = {k: v.dtype for k, v in shard_file["layers"]["emb"]["fused"].items() if v.ndim}
     assert moments and set(moments.values()) == {torch.bfloat16}, moments
