@@ -86,7 +86,7 @@ def _solo(rank, store, out, directory):
     save_shards(m, directory)
     error("unsharded", lambda: load_shards(Two(), directory))
     error("fewer", lambda: load_shards(shard(Two(with_b=False)), directory))
-    # The layer's own dtype as state_dtype is what a sharded layer does anyway.
+    # A state_dtype is kept by the sharded layer, as its other fused_adam options are.
     error("f32_state", lambda: shard(SplitTokenEmbeddings(SIZES, list(SIZES), 4, fused_adam={"lr": 0.1, "state_dtype": torch.float32})))
     # Half-precision layers shard, and take their activations in their own dtype only.
     from splitgrad.torch import SplitLanguageModellingHead
