@@ -21,7 +21,7 @@ use crate::kernels::scatter::Coalesced;
 mod row_gradient;
 mod stored;
 
-pub use row_gradient::{RowForm, RowGradient, SparseRowGradient};
+pub use row_gradient::{BlockGradient, RowForm, RowGradient, SparseRowGradient};
 pub use stored::{
     Dtype, Part, Rounding, Stored, StoredMut, StoredView, WIDEN_CHUNK, update_widened_in,
 };

@@ -40,6 +40,69 @@ pub enum TableRows<'a, T: Clone> {
     F16(Cow<'a, [f16]>, usize),
 }
 
+/// One row of a table as it is kept, read-only: at the engine's precision,
+/// or in bf16/f16 (widened exactly when read). A row that an update is
+/// about to move, lent to the code that forms its gradient
+/// ([`BlockGradient`](crate::param::BlockGradient)).
+///
+/// ```
+/// use half::bf16;
+/// use splitgrad::kernels::rows::KeptRow;
+/// let bits = [bf16::from_f32(1.5), bf16::from_f32(-2.0)];
+/// let row = KeptRow::<f32>::BF16(&bits);
+/// let mut out = [0.0f32; 2];
+/// row.widen_into(&mut out);
+/// assert_eq!((out, row.len(), row.all_finite()), ([1.5, -2.0], 2, true));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub enum KeptRow<'a, T> {
+    /// At the engine's precision.
+    Full(&'a [T]),
+    /// bfloat16.
+    BF16(&'a [bf16]),
+    /// IEEE half.
+    F16(&'a [f16]),
+}
+
+impl<T: Real> KeptRow<'_, T> {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            KeptRow::Full(s) => s.len(),
+            KeptRow::BF16(s) => s.len(),
+            KeptRow::F16(s) => s.len(),
+        }
+    }
+
+    /// Whether it has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The row widened (exactly), or copied, into `out`.
+    ///
+    /// **Panics** if `out` is not as long.
+    #[inline]
+    #[track_caller]
+    pub fn widen_into(&self, out: &mut [T]) {
+        match self {
+            KeptRow::Full(s) => out.copy_from_slice(s),
+            KeptRow::BF16(s) => T::widen_half(s, out),
+            KeptRow::F16(s) => T::widen_half(s, out),
+        }
+    }
+
+    /// Whether every element is finite, read from the bits in half
+    /// precision (no widening).
+    pub fn all_finite(&self) -> bool {
+        match self {
+            KeptRow::Full(s) => s.iter().all(|x| x.is_finite()),
+            KeptRow::BF16(s) => super::half::first_non_finite(s).is_none(),
+            KeptRow::F16(s) => super::half::first_non_finite(s).is_none(),
+        }
+    }
+}
+
 /// A view's elements in row-major order: borrowed, or copied when the
 /// view has other strides.
 pub fn row_major<'a, E: Clone>(a: &ArrayViewD<'a, E>) -> Cow<'a, [E]> {
@@ -104,6 +167,19 @@ impl<'a, T: Real> TableRows<'a, T> {
             TableRows::Full(a, _) => out.copy_from_slice(&a[i * w..(i + 1) * w]),
             TableRows::BF16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
             TableRows::F16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
+        }
+    }
+
+    /// Row i as it is kept.
+    ///
+    /// **Panics** if i is out of range.
+    #[track_caller]
+    pub fn kept(&self, i: usize) -> KeptRow<'_, T> {
+        let w = self.width();
+        match self {
+            TableRows::Full(a, _) => KeptRow::Full(&a[i * w..(i + 1) * w]),
+            TableRows::BF16(a, _) => KeptRow::BF16(&a[i * w..(i + 1) * w]),
+            TableRows::F16(a, _) => KeptRow::F16(&a[i * w..(i + 1) * w]),
         }
     }
 

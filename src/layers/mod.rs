@@ -31,7 +31,8 @@ pub use grads::{LayerGrads, NamedGrad};
 pub use lm_head::{HeadSaved, SplitLanguageModellingHead};
 pub use split_embeddings::{EmbeddingsSaved, SplitTokenEmbeddings, TableUpdate};
 pub use split_vocabulary::{
-    NO_ROW, RowsGrad, SplitVocabulary, SplitVocabularyConfig, VocabularyGrads, VocabularySaved,
+    NO_ROW, RowsBlocks, RowsGrad, SplitVocabulary, SplitVocabularyConfig, VocabularyGrads,
+    VocabularySaved,
 };
 pub use splits::SplitTables;
 

@@ -26,8 +26,8 @@ use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::ops::fusion_penalty::{
-    FusionRowGrads, RowGroups, fusion_penalty_backward_stored, fusion_penalty_forward_row_grads,
-    fusion_penalty_forward_stored,
+    FusionBlocks, FusionRowGrads, RowGroups, fusion_penalty_backward_stored,
+    fusion_penalty_forward_row_grads, fusion_penalty_forward_stored,
 };
 pub use crate::ops::gated_mix::NO_ROW;
 use crate::ops::sigmoid::sigmoid;
@@ -38,7 +38,7 @@ use crate::tape::{Tape, Var};
 
 mod rows_grad;
 mod saved;
-pub use rows_grad::RowsGrad;
+pub use rows_grad::{RowsBlocks, RowsGrad};
 pub use saved::VocabularySaved;
 
 /// The gradients [`SplitVocabulary::backward_from`] returns; `None` where
@@ -471,6 +471,52 @@ impl<T: Real> SplitVocabulary<T> {
         weight: T,
     ) -> (T, Array1<T>, FusionRowGrads<T>) {
         fusion_penalty_forward_row_grads(pool, self.rows.stored().view(), &self.groups, weight)
+    }
+
+    /// The rows, to update, and the fusion penalty with the gradient of
+    /// `weight · fusion_penalty` formed a block of groups at a time inside
+    /// that update ([`FusionBlocks`]; with each forward's ∂rows,
+    /// [`RowsBlocks`], for
+    /// [`Optimizer::update_by_blocks`](crate::optim::Optimizer::update_by_blocks)):
+    /// each block's rows are read from memory once, for their norms, their
+    /// groups' terms and their update. [`FusionBlocks::penalty`] then gives
+    /// the penalty of the rows before the update and each row's distance
+    /// from its centroid, as [`Self::fusion_penalty_norms`] does. The same
+    /// bits as [`Self::fusion_penalty_row_grads`] and `update_by_rows` with
+    /// [`RowsGrad`], which read the rows twice and keep every group's terms
+    /// between the two.
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::io::SplitIndex;
+    /// use splitgrad::layers::{RowsBlocks, RowsGrad, SplitVocabulary, SplitVocabularyConfig};
+    /// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+    /// use splitgrad::RowSparse;
+    /// # fn main() -> splitgrad::Result<()> {
+    /// let index = SplitIndex::new(vec![0, 1, 0], vec![2, 2, 1]);
+    /// let mut a = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(4, 2, 2))?;
+    /// a.rows_mut().value_mut().assign(&array![[0.5f32, 1.0], [2.0, 0.0], [1.0, 1.0]].into_dyn());
+    /// let mut b = a.clone();
+    /// let part = RowSparse { n_rows: 3, rows: vec![1], values: array![[1.0f32, 2.0]] };
+    /// // The terms of every group first, then the update by rows …
+    /// let (pa, norms, terms) = a.fusion_penalty_row_grads(&Default::default(), 0.1);
+    /// let grad = RowsGrad::new(3, Some(&terms), &[&part]);
+    /// LazyAdam::new(LazyAdamConfig::default())?.update_by_rows(a.rows_mut(), &grad)?;
+    /// // … or each block's terms inside the update: the same bits.
+    /// let (rows, blocks) = b.rows_and_fusion_blocks(0.1);
+    /// LazyAdam::new(LazyAdamConfig::default())?.update_by_blocks(rows, &RowsBlocks::new(&blocks, &[&part]))?;
+    /// assert_eq!(blocks.penalty(rows.stored().view()), (pa, norms));
+    /// assert_eq!(b.rows().value(), a.rows().value());
+    /// # Ok(()) }
+    /// ```
+    pub fn rows_and_fusion_blocks(
+        &mut self,
+        weight: T,
+    ) -> (&mut Parameter<T>, FusionBlocks<'_, T>) {
+        (
+            &mut self.rows,
+            FusionBlocks::new(&self.groups, self.dim, weight),
+        )
     }
 
     fn check_norms(&self, norms: &[T]) -> Result<()> {

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
-use crate::param::{ParamGrad, Parameter, RowGradient, SparseRowGradient};
+use crate::param::{BlockGradient, ParamGrad, Parameter, RowGradient, SparseRowGradient};
 
 /// Checks a gradient against its parameter: same shape, or a row-sparse
 /// gradient of the `(n_rows, width)` parameter with rows in range.
@@ -153,6 +153,41 @@ pub(super) fn dense_by_rows<T: Real>(
     for (r, mut out) in g.outer_iter_mut().enumerate() {
         x.iter_mut().zip(v.row(r)).for_each(|(x, &p)| *x = p);
         grad.write(r, &x, out.as_slice_mut().expect("a fresh array"));
+    }
+    Ok(g.into_dyn())
+}
+
+/// The dense gradient of a [`BlockGradient`] (the default
+/// [`Optimizer::update_by_blocks`](super::Optimizer::update_by_blocks)):
+/// each block formed from the parameter's rows as they are kept, its rows
+/// written from the rows widened.
+///
+/// Errors if the parameter is not 2-D; **panics** if the blocks are not a
+/// partition of its rows.
+pub(super) fn dense_by_blocks<T: Real>(
+    param: &Parameter<T>,
+    grad: &dyn BlockGradient<T>,
+) -> Result<ArrayD<T>> {
+    let width = rows_width(param)?;
+    let n = param.shape()[0];
+    let stored = param.stored().view();
+    let table = stored.table_rows();
+    let mut g = ndarray::Array2::<T>::zeros((n, width));
+    let mut done = vec![false; n];
+    let (mut x, mut scratch) = (vec![T::zero(); width], Vec::new());
+    for b in 0..grad.n_blocks() {
+        let rows = grad.rows(b);
+        let kept: Vec<_> = rows.iter().map(|&r| table.kept(r)).collect();
+        let block = grad.block(b, &kept, &mut scratch);
+        for &r in rows {
+            assert!(!done[r], "update_by_blocks: row {r} is in two blocks");
+            done[r] = true;
+            table.row_into(r, &mut x);
+            block.write(r, &x, g.row_mut(r).as_slice_mut().expect("a fresh array"));
+        }
+    }
+    if let Some(r) = done.iter().position(|&d| !d) {
+        panic!("update_by_blocks: row {r} is in no block");
     }
     Ok(g.into_dyn())
 }

@@ -4,11 +4,13 @@ use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
 use super::moments::{
-    Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip, cut_rows, pieces,
+    Ahead, Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip, cut_blocks, cut_rows,
+    pieces,
 };
 use super::{Optimizer, StateValue, check_beta, check_lr, check_sparse_rows, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::param::{RowGradient, SparseRowGradient};
+use crate::kernels::rows::KeptRow;
+use crate::param::{BlockGradient, RowGradient, SparseRowGradient};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 /// The hyper-parameters of [`LazyAdam`]; [`Default`] gives PyTorch's.
@@ -344,6 +346,67 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
             rows.enumerate()
                 .with_min_len(min_rows)
                 .for_each_init(|| vec![T::zero(); width], run);
+        }
+        Ok(())
+    }
+
+    /// Blocks in parallel, each block formed from its rows just before
+    /// they are updated, each row as [`Self::update_by_rows`] updates it.
+    fn update_by_blocks(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad: &dyn BlockGradient<T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        let width = rows_width(param)?;
+        if self.moments.keeps_half(param) {
+            return self.moments.update_half_by_blocks::<Coeffs<T>>(
+                &self.config,
+                param,
+                width,
+                grad,
+            );
+        }
+        let slot = self.moments.step(param)?;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        if width == 0 {
+            return Ok(());
+        }
+        let p = flat_mut(param);
+        let at = p.as_ptr() as usize;
+        let (m, v) = slot
+            .slices_mut()
+            .expect("moments of a parameter kept as T are kept as T");
+        let rows = p
+            .chunks_mut(width)
+            .zip(m.chunks_mut(width))
+            .zip(v.chunks_mut(width));
+        let rows: Vec<_> = rows.collect();
+        let n_rows = rows.len();
+        let blocks = cut_blocks(rows, grad);
+        type Rows<'a, T> = Vec<(usize, ((&'a mut [T], &'a mut [T]), &'a mut [T]))>;
+        let run = |(g, scratch): &mut (Vec<T>, Vec<T>), (b, rows): (usize, Rows<'_, T>)| {
+            let kept: Vec<KeptRow<'_, T>> = rows
+                .iter()
+                .map(|(_, ((p, _), _))| KeptRow::Full(p))
+                .collect();
+            let block = grad.block(b, &kept, scratch);
+            drop(kept);
+            let ahead = Ahead::new(grad, b, rows.len(), at, std::mem::size_of_val(&g[..]));
+            for (j, (r, ((p, m), v))) in rows.into_iter().enumerate() {
+                ahead.fetch(j);
+                block.write(r, p, g);
+                c.apply_run(p, m, v, Some(g));
+            }
+        };
+        let scratch = || (vec![T::zero(); width], Vec::new());
+        if width * n_rows < PAR_MIN_ELEMS {
+            let mut s = scratch();
+            blocks.into_iter().for_each(|job| run(&mut s, job));
+        } else {
+            blocks.into_par_iter().for_each_init(scratch, run);
         }
         Ok(())
     }

@@ -196,14 +196,18 @@ pub use groups::ParamGroups;
 pub use lazy_adam::{LazyAdam, LazyAdamConfig};
 pub use sgd::{Sgd, SgdConfig};
 
-use grads::{check_grad, check_sparse_rows, dense_by_rows, flat_mut, rows_width, sparse_by_rows};
+use grads::{
+    check_grad, check_sparse_rows, dense_by_blocks, dense_by_rows, flat_mut, rows_width,
+    sparse_by_rows,
+};
 
 use ndarray::ArrayD;
 
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::param::{
-    Dtype, GradSource, ParamGrad, Parameter, RowGradient, SparseRowGradient, Stored, StoredView,
+    BlockGradient, Dtype, GradSource, ParamGrad, Parameter, RowGradient, SparseRowGradient, Stored,
+    StoredView,
 };
 use crate::state::{StateDict, TensorData};
 
@@ -259,6 +263,31 @@ pub trait Optimizer<T: Real> {
             return Ok(());
         }
         let g = dense_by_rows(param, grad)?;
+        self.update(param, &ParamGrad::Dense(g))
+    }
+
+    /// [`Self::update`] with a dense gradient of a 2-D parameter formed a
+    /// block of rows at a time ([`BlockGradient`]: each block's gradient
+    /// from the block's rows before the update). [`LazyAdam`] forms each
+    /// block just before it updates the block's rows, in parallel over
+    /// blocks, so a gradient that needs several rows at once (the fusion
+    /// penalty's, [`FusionBlocks`](crate::ops::fusion_penalty::FusionBlocks))
+    /// reads them from memory once and is never stored whole. This default
+    /// builds the dense gradient block by block and calls `update`; an
+    /// override must give the same result bit for bit. Each block is
+    /// formed once, from any thread, in any order.
+    ///
+    /// Errors as `update`, and if the parameter is not 2-D; **panics** if
+    /// the blocks are not a partition of the rows.
+    fn update_by_blocks(
+        &mut self,
+        param: &mut Parameter<T>,
+        grad: &dyn BlockGradient<T>,
+    ) -> Result<()> {
+        if !param.is_trainable() {
+            return Ok(());
+        }
+        let g = dense_by_blocks(param, grad)?;
         self.update(param, &ParamGrad::Dense(g))
     }
 

@@ -16,7 +16,8 @@ use crate::param::{Dtype, Rounding, Stored, StoredMut};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 mod half;
-use half::{Keys, arrays, by_rows, keys, rows_half, update_half, update_half_naive};
+pub(super) use half::{Ahead, cut_blocks};
+use half::{Keys, arrays, by_blocks, by_rows, keys, rows_half, update_half, update_half_naive};
 pub(super) use half::{SparseRows, Stacked, Summed, cut_rows, pieces};
 
 /// Elements per parallel task of a dense update.
@@ -245,6 +246,25 @@ impl<T: Real> MomentTable<T> {
         let (rule, slot, keys) = self.half_step::<R>(config, param)?;
         if width > 0 {
             by_rows(&rule, param, slot, width, grad, keys);
+        }
+        Ok(())
+    }
+
+    /// [`Self::update_half_by_rows`] from a gradient formed a block of rows
+    /// at a time ([`Optimizer::update_by_blocks`](super::Optimizer::update_by_blocks)):
+    /// in parallel over blocks, each block formed from its rows as they are
+    /// kept, then its rows updated while they are in cache; the update of
+    /// the dense gradient bit for bit.
+    pub fn update_half_by_blocks<R: Rule<T>>(
+        &mut self,
+        config: &R::Config,
+        param: &mut Parameter<T>,
+        width: usize,
+        grad: &dyn crate::param::BlockGradient<T>,
+    ) -> Result<()> {
+        let (rule, slot, keys) = self.half_step::<R>(config, param)?;
+        if width > 0 {
+            by_blocks(&rule, param, slot, width, grad, keys);
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! row-sparse gradient given row by row ([`SparseRowGradient`]).
 
 use crate::kernels::Real;
+use crate::kernels::rows::KeptRow;
 use crate::kernels::scatter::{Coalescing, SourceElem};
 
 /// A dense gradient of a 2-D parameter given row by row, for
@@ -62,6 +63,65 @@ impl<T, F: Fn(usize, &[T], &mut [T]) + Sync> RowGradient<T> for F {
     fn write(&self, r: usize, x: &[T], g: &mut [T]) {
         self(r, x, g)
     }
+}
+
+/// A dense gradient of a 2-D parameter formed a block of rows at a time,
+/// for [`Optimizer::update_by_blocks`](crate::optim::Optimizer::update_by_blocks):
+/// the rows are cut into blocks, and each block's gradient is formed from
+/// the block's rows as they are before the update, just before the
+/// optimiser moves them. A gradient whose rows depend on other rows (the
+/// fusion penalty's: each row's depends on its group's) is then formed
+/// while those rows are in cache, and never stored whole, nor its terms.
+///
+/// ```
+/// use ndarray::{Array2, array};
+/// use splitgrad::kernels::rows::KeptRow;
+/// use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+/// use splitgrad::param::{BlockGradient, RowGradient};
+/// use splitgrad::{ParamGrad, Parameter};
+/// # fn main() -> splitgrad::Result<()> {
+/// // Rows in pairs (0, 1) and (2, 3): each row's gradient is its pair's sum.
+/// struct Pairs([[usize; 2]; 2]);
+/// impl BlockGradient<f32> for Pairs {
+///     fn n_blocks(&self) -> usize { 2 }
+///     fn rows(&self, b: usize) -> &[usize] { &self.0[b] }
+///     fn block<'s>(&'s self, _: usize, rows: &[KeptRow<'_, f32>], _: &'s mut Vec<f32>) -> Box<dyn RowGradient<f32> + 's> {
+///         let (mut sum, mut x) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+///         for row in rows {
+///             row.widen_into(&mut x);
+///             sum.iter_mut().zip(&x).for_each(|(s, &x)| *s += x);
+///         }
+///         Box::new(move |_: usize, _: &[f32], g: &mut [f32]| g.copy_from_slice(&sum))
+///     }
+/// }
+/// let init = Array2::from_shape_fn((4, 2), |(i, j)| (i + j) as f32).into_dyn();
+/// let (mut a, mut b) = (Parameter::new("t", init.clone()), Parameter::new("t", init));
+/// let (mut oa, mut ob) = (LazyAdam::new(LazyAdamConfig::default())?, LazyAdam::new(LazyAdamConfig::default())?);
+/// oa.update_by_blocks(&mut a, &Pairs([[0, 1], [2, 3]]))?;
+/// let dense = array![[1.0f32, 3.0], [1.0, 3.0], [5.0, 7.0], [5.0, 7.0]].into_dyn();
+/// ob.update(&mut b, &ParamGrad::Dense(dense))?;
+/// assert_eq!(a.value(), b.value());
+/// # Ok(()) }
+/// ```
+pub trait BlockGradient<T>: Sync {
+    /// The number of blocks.
+    fn n_blocks(&self) -> usize;
+
+    /// The rows of block b, in increasing order. The blocks are a
+    /// partition of the parameter's rows: every row in exactly one.
+    fn rows(&self, b: usize) -> &[usize];
+
+    /// Block b's gradient from its rows as they are before the update
+    /// (`rows[i]` is row `self.rows(b)[i]`), given row by row: the
+    /// returned [`RowGradient`] is asked for the block's rows only, each
+    /// once. `scratch` is a buffer of the caller's task, for the block's
+    /// terms.
+    fn block<'s>(
+        &'s self,
+        b: usize,
+        rows: &[KeptRow<'_, T>],
+        scratch: &'s mut Vec<T>,
+    ) -> Box<dyn RowGradient<T> + 's>;
 }
 
 /// How a row of a [`RowGradient`] is formed from the row `x` of the

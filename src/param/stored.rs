@@ -18,7 +18,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::kernels::half::{HalfFloat, SrKey};
-use crate::kernels::rows::{TableRows, row_major};
+use crate::kernels::rows::{KeptRow, TableRows, row_major};
 
 /// A storage element type.
 ///
@@ -506,6 +506,15 @@ impl<'a, T: Real> StoredMut<'a, T> {
             StoredMut::Full(s) => (s.as_ptr() as usize, std::mem::size_of::<T>()),
             StoredMut::BF16(s) => (s.as_ptr() as usize, 2),
             StoredMut::F16(s) => (s.as_ptr() as usize, 2),
+        }
+    }
+
+    /// Its elements read-only, as they are kept.
+    pub fn kept(&self) -> KeptRow<'_, T> {
+        match self {
+            StoredMut::Full(s) => KeptRow::Full(s),
+            StoredMut::BF16(s) => KeptRow::BF16(s),
+            StoredMut::F16(s) => KeptRow::F16(s),
         }
     }
 

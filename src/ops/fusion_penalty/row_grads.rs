@@ -266,13 +266,18 @@ impl<T: Real> FusionRowGrads<T> {
             u32::MAX => out.fill(T::zero()),
             s => {
                 let (c, s) = self.terms_of(s);
-                let ki = self.k[i];
-                wide(|| {
-                    for (((g, &v), &c), &s) in out.iter_mut().zip(x_i).zip(c).zip(s) {
-                        *g = ki * (v - c) - s;
-                    }
-                });
+                deviation_row(self.k[i], x_i, c, s, out);
             }
         }
     }
+}
+
+/// `out = k·(x − c) − s`, element by element, as written (the form
+/// [`RowForm::Deviation`](crate::param::RowForm::Deviation) names).
+pub(super) fn deviation_row<T: Real>(k: T, x: &[T], c: &[T], s: &[T], out: &mut [T]) {
+    wide(|| {
+        for (((g, &v), &c), &s) in out.iter_mut().zip(x).zip(c).zip(s) {
+            *g = k * (v - c) - s;
+        }
+    });
 }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::Rng;
+use crate::ops::fusion_penalty::FusionBlocks;
 use ndarray::Array2;
 
 use crate::param::RowForm;
@@ -321,6 +322,88 @@ fn forward_with_row_grads_is_the_two_passes() {
                 assert_eq!(b(&rg1.terms), b(&rg0.terms), "row terms, {what}");
                 assert_eq!(b(&rg1.k), b(&rg0.k), "row factors, {what}");
             }
+        }
+    }
+}
+
+/// `FusionBlocks`: blocks that partition the rows, each row's form and
+/// gradient row those of `fusion_penalty_forward_row_grads`, and the
+/// penalty and norms its, bit for bit (a NaN's sign aside), on rows kept
+/// as T and in half precision, with the blocks formed or not.
+#[test]
+fn blocks_are_the_one_pass_row_grads() {
+    for (seed, n, n_groups, width) in [
+        (16, 3000, 1400, 64),
+        (17, 700, 90, 5),
+        (18, 40, 9, 5),
+        (19, 7, 1, 8),
+        (20, 0, 1, 4),
+        (21, 30, 7, 0),
+    ] {
+        let (mut x, groups) = case(seed, n, n_groups, width);
+        poison(&mut x);
+        let mut kept = half_rows(&x);
+        kept.push((crate::param::Stored::Full(x.clone().into_dyn()), x.clone()));
+        let b = |a: &[f64]| {
+            a.iter()
+                .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
+                .collect::<Vec<_>>()
+        };
+        for (stored, wide) in kept {
+            let what = format!("{:?}, seed {seed}", stored.dtype());
+            let (p0, n0, rg0) =
+                fusion_penalty_forward_row_grads(&Pool::new(), stored.view(), &groups, 0.3);
+            let blocks = FusionBlocks::new(&groups, width, 0.3);
+            // Not formed: the penalty forms every block from the rows.
+            let (p1, n1) = blocks.penalty(stored.view());
+            assert_eq!(b(&[p1]), b(&[p0]), "value, blocks not formed, {what}");
+            assert_eq!(
+                b(n1.as_slice().unwrap()),
+                b(n0.as_slice().unwrap()),
+                "{what}"
+            );
+            let blocks = FusionBlocks::new(&groups, width, 0.3);
+            let table = stored.view().table_rows();
+            let mut all: Vec<usize> = Vec::new();
+            let (mut scratch, mut g0, mut g1) = (Vec::new(), vec![0.0; width], vec![0.0; width]);
+            for k in 0..blocks.n_blocks() {
+                let rows = blocks.rows(k);
+                assert!(rows.windows(2).all(|w| w[0] < w[1]), "block {k} in order");
+                all.extend_from_slice(rows);
+                let rows_kept: Vec<_> = rows.iter().map(|&r| table.kept(r)).collect();
+                let block = blocks.block(k, &rows_kept, &mut scratch);
+                for &r in rows {
+                    let xr = wide.row(r).to_vec();
+                    rg0.row(r, &xr, &mut g0);
+                    block.row(r, &xr, &mut g1);
+                    assert_eq!(b(&g1), b(&g0), "row {r}, {what}");
+                    match (block.form(r), rg0.form(r)) {
+                        (RowForm::Zero, RowForm::Zero) => {}
+                        (
+                            RowForm::Deviation { k, c, s },
+                            RowForm::Deviation {
+                                k: k0,
+                                c: c0,
+                                s: s0,
+                            },
+                        ) => {
+                            assert_eq!(b(&[k]), b(&[k0]), "k of row {r}, {what}");
+                            assert_eq!((b(c), b(s)), (b(c0), b(s0)), "terms of row {r}, {what}");
+                        }
+                        (f, f0) => panic!("row {r}, {what}: {f:?} against {f0:?}"),
+                    }
+                }
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "a partition, {what}");
+            assert_eq!(blocks.n_rows(), n);
+            let (p2, n2) = blocks.penalty(stored.view());
+            assert_eq!(b(&[p2]), b(&[p0]), "value, {what}");
+            assert_eq!(
+                b(n2.as_slice().unwrap()),
+                b(n0.as_slice().unwrap()),
+                "{what}"
+            );
         }
     }
 }

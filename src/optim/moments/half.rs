@@ -12,10 +12,11 @@ use rayon::prelude::*;
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey, narrow_stochastic_at};
+use crate::kernels::rows::KeptRow;
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
-    Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut, WIDEN_CHUNK,
-    update_widened_in,
+    BlockGradient, Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut,
+    WIDEN_CHUNK, update_widened_in,
 };
 use crate::{ParamGrad, Parameter, Real};
 
@@ -597,11 +598,68 @@ impl<T: Real> SparseRows<T> for Summed<'_, T> {
     }
 }
 
+/// The buffers of a task updating rows whose gradient is given row by
+/// row: the row widened, its gradient, the widening buffers.
+struct RowScratch<T> {
+    x: Vec<T>,
+    g: Vec<T>,
+    bufs: Option<Box<Bufs<T>>>,
+}
+
+impl<T: Real> RowScratch<T> {
+    fn new(width: usize) -> Self {
+        RowScratch {
+            x: vec![T::zero(); width],
+            g: vec![T::zero(); width],
+            bufs: None,
+        }
+    }
+}
+
+/// Row r of a parameter and its two moments (`row`) updated as
+/// [`update_half`] updates it, its gradient from `grad`: computed in
+/// registers from its form ([`update_formed`], `T` fused) or, a written
+/// row (every row for a `T` not fused), into `s.g` from the row widened.
+#[allow(clippy::too_many_arguments)]
+fn update_row<T: Real, R: Rule<T>>(
+    rule: &R,
+    s: &mut RowScratch<T>,
+    (r, ((p, m), v)): (usize, Triple<'_, T>),
+    width: usize,
+    grad: &dyn RowGradient<T>,
+    keys: &Keys,
+) {
+    let first = keys.index(r, width, 0);
+    // Only a fused `T` computes a form on its lanes; otherwise (f64,
+    // widened through buffers) every row is written.
+    let form = if T::FUSED {
+        grad.form(r)
+    } else {
+        RowForm::Written
+    };
+    if !matches!(form, RowForm::Written) {
+        // A form of the wrong width panics in the kernel's check.
+        update_formed(rule, parts([p, m, v], keys.keys), form, first);
+        return;
+    }
+    let x: &[T] = match &p {
+        StoredMut::Full(p) => p,
+        StoredMut::BF16(h) => {
+            T::widen_half(h, &mut s.x);
+            &s.x
+        }
+        StoredMut::F16(h) => {
+            T::widen_half(h, &mut s.x);
+            &s.x
+        }
+    };
+    grad.write(r, x, &mut s.g);
+    update_run(rule, parts([p, m, v], keys.keys), &s.g, first, &mut s.bufs);
+}
+
 /// The body of [`MomentTable::update_half_by_rows`](super::MomentTable::update_half_by_rows):
-/// in parallel over rows of `width` elements, each row updated as
-/// [`update_half`] updates it, its gradient computed in registers from its
-/// form ([`update_formed`], `T` fused) or, a written row (every row for a
-/// `T` not fused), into a buffer of the task from the row widened.
+/// in parallel over rows of `width` elements, each row updated by
+/// [`update_row`].
 pub(super) fn by_rows<T: Real, R: Rule<T>>(
     rule: &R,
     param: &mut Parameter<T>,
@@ -618,52 +676,132 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
         .zip(m.chunks(width))
         .zip(v.chunks(width))
         .enumerate();
-    struct Scratch<T> {
-        x: Vec<T>,
-        g: Vec<T>,
-        bufs: Option<Box<Bufs<T>>>,
-    }
-    let scratch = || Scratch {
-        x: vec![T::zero(); width],
-        g: vec![T::zero(); width],
-        bufs: None,
-    };
-    let run = |s: &mut Scratch<T>, (r, ((p, m), v)): (usize, Triple<'_, T>)| {
-        let first = keys.index(r, width, 0);
-        // Only a fused `T` computes a form on its lanes; otherwise (f64,
-        // widened through buffers) every row is written.
-        let form = if T::FUSED {
-            grad.form(r)
-        } else {
-            RowForm::Written
-        };
-        if !matches!(form, RowForm::Written) {
-            // A form of the wrong width panics in the kernel's check.
-            update_formed(rule, parts([p, m, v], keys.keys), form, first);
-            return;
-        }
-        let x: &[T] = match &p {
-            StoredMut::Full(p) => p,
-            StoredMut::BF16(h) => {
-                T::widen_half(h, &mut s.x);
-                &s.x
-            }
-            StoredMut::F16(h) => {
-                T::widen_half(h, &mut s.x);
-                &s.x
-            }
-        };
-        grad.write(r, x, &mut s.g);
-        update_run(rule, parts([p, m, v], keys.keys), &s.g, first, &mut s.bufs);
-    };
+    let run = |s: &mut RowScratch<T>, row| update_row(rule, s, row, width, grad, &keys);
     if len < PAR_MIN_ELEMS {
-        let mut s = scratch();
+        let mut s = RowScratch::new(width);
         rows.for_each(|job| run(&mut s, job));
     } else {
         let min_rows = (4096 / width).max(1);
         rows.collect::<Vec<_>>()
             .into_par_iter()
             .with_min_len(min_rows)
-            .for_each_init(scratch, run);
+            .for_each_init(|| RowScratch::new(width), run);
     }
+}
+
+/// The body of [`MomentTable::update_half_by_blocks`](super::MomentTable::update_half_by_blocks):
+/// in parallel over the gradient's blocks, each block formed from its
+/// rows as they are kept, then its rows updated by [`update_row`] while
+/// they are in cache.
+///
+/// **Panics** if the blocks are not a partition of the rows.
+pub(super) fn by_blocks<T: Real, R: Rule<T>>(
+    rule: &R,
+    param: &mut Parameter<T>,
+    slot: &mut Moments<T>,
+    width: usize,
+    grad: &dyn BlockGradient<T>,
+    keys: Keys,
+) {
+    let [p, m, v] = arrays(param, slot);
+    let (at, size) = p.address();
+    let rows = p
+        .chunks(width)
+        .into_iter()
+        .zip(m.chunks(width))
+        .zip(v.chunks(width));
+    let rows: Vec<_> = rows.collect();
+    let n_rows = rows.len();
+    let blocks = cut_blocks(rows, grad);
+    let run = |(s, scratch): &mut (RowScratch<T>, Vec<T>),
+               (b, rows): (usize, Vec<(usize, Triple<'_, T>)>)| {
+        let kept: Vec<KeptRow<'_, T>> = rows.iter().map(|(_, ((p, _), _))| p.kept()).collect();
+        let block = grad.block(b, &kept, scratch);
+        drop(kept);
+        let ahead = Ahead::new(grad, b, rows.len(), at, width * size);
+        for (j, row) in rows.into_iter().enumerate() {
+            ahead.fetch(j);
+            update_row(rule, s, row, width, &*block, &keys);
+        }
+    };
+    let scratch = || (RowScratch::new(width), Vec::new());
+    if width * n_rows < PAR_MIN_ELEMS {
+        let mut s = scratch();
+        blocks.into_iter().for_each(|job| run(&mut s, job));
+    } else {
+        blocks.into_par_iter().for_each_init(scratch, run);
+    }
+}
+
+/// The next block's rows, fetched into the cache while a block is
+/// updated, a few per row updated (block b's j-th of n rows fetches the
+/// j-th n-th of block b + 1's), so that the next block's terms read its
+/// rows from the cache. (Most often a task takes the next block next.)
+pub(in crate::optim) struct Ahead<'g> {
+    next: &'g [usize],
+    n: usize,
+    /// The parameter's first element's address, and a row's bytes.
+    at: usize,
+    row_bytes: usize,
+}
+
+impl<'g> Ahead<'g> {
+    /// For block b of `grad`, of n rows, in a parameter at address `at`.
+    pub(in crate::optim) fn new<T>(
+        grad: &'g dyn BlockGradient<T>,
+        b: usize,
+        n: usize,
+        at: usize,
+        row_bytes: usize,
+    ) -> Self {
+        let next = if b + 1 < grad.n_blocks() {
+            grad.rows(b + 1)
+        } else {
+            &[]
+        };
+        Ahead {
+            next,
+            n: n.max(1),
+            at,
+            row_bytes,
+        }
+    }
+
+    /// The share of the next block's rows of the j-th row updated.
+    #[inline]
+    pub(in crate::optim) fn fetch(&self, j: usize) {
+        let m = self.next.len();
+        let share = &self.next[(j * m / self.n).min(m)..((j + 1) * m / self.n).min(m)];
+        for &r in share {
+            prefetch_span(self.at + r * self.row_bytes, self.row_bytes);
+        }
+    }
+}
+
+/// The rows of each block of `grad` (each row's index and its `rows`
+/// entry), in block order.
+///
+/// **Panics** if the blocks are not a partition of the rows.
+pub(in crate::optim) fn cut_blocks<X>(
+    rows: Vec<X>,
+    grad: &dyn BlockGradient<impl Real>,
+) -> Vec<(usize, Vec<(usize, X)>)> {
+    let n = rows.len();
+    let mut rows: Vec<Option<X>> = rows.into_iter().map(Some).collect();
+    let blocks: Vec<_> = (0..grad.n_blocks())
+        .map(|b| {
+            let taken = grad.rows(b).iter().map(|&r| {
+                let row = rows.get_mut(r).and_then(Option::take);
+                let row = row.unwrap_or_else(|| {
+                    panic!("update_by_blocks: row {r} of {n} is out of range or in two blocks")
+                });
+                (r, row)
+            });
+            (b, taken.collect())
+        })
+        .collect();
+    if let Some(r) = rows.iter().position(Option::is_some) {
+        panic!("update_by_blocks: row {r} is in no block");
+    }
+    blocks
 }
