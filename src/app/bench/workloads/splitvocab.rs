@@ -11,7 +11,7 @@ use super::{
 use crate::error::Result;
 use crate::io::SplitIndex;
 use crate::kernels::reduce::{dot_half, dot_slices};
-use crate::layers::{RowsGrad, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig};
+use crate::layers::{RowsBlocks, SplitTokenEmbeddings, SplitVocabulary, SplitVocabularyConfig};
 use crate::optim::{Adam, LazyAdam, Optimizer};
 use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, Stored};
 use crate::rng::Rng;
@@ -82,8 +82,10 @@ impl SplitVocabBench {
     /// the shared rows gathered, the gated mix, `Σ out ⊙ R` in f32 plus
     /// the two penalties; the backward through the layers' saved pairs;
     /// lazy Adam on the shared table's rows, lazy Adam on the split rows
-    /// with their gradient (the fusion penalty's and the mix's) formed row
-    /// by row inside the update, Adam on the gate logits.
+    /// with the fusion penalty and its gradient formed a block of groups
+    /// at a time inside the update (their norms and terms from the block's
+    /// rows, which the update then moves while they are in cache), plus
+    /// the mix's gradient; Adam on the gate logits.
     pub(super) fn step(&mut self) -> Result<StepOut> {
         let pool = &self.pool;
         let mut laps = Laps::start();
@@ -101,11 +103,9 @@ impl SplitVocabBench {
             _ => unreachable!("the output and r share the tables' dtype"),
         };
         give_back(pool, out);
-        ops.lap("loss: Σ out ⊙ R");
-        // The penalty and its gradient terms in one pass over the rows.
-        let (fusion, _, fusion_grads) = self.sv.fusion_penalty_row_grads(pool, FUSION);
-        let loss = fit + PENALTY * self.sv.penalty() + FUSION * fusion;
-        ops.lap("fusion penalty and its gradient terms; gate penalty");
+        // The fusion penalty is formed inside the rows' update, below.
+        let gate_penalty = self.sv.penalty();
+        ops.lap("loss: Σ out ⊙ R; gate penalty");
         let forward_s = laps.lap();
 
         let g = self.sv.backward_saved_stored(
@@ -144,9 +144,13 @@ impl SplitVocabBench {
         self.tables.step(self.shared.parameters_mut(), &eg)?;
         ops.lap("lazy Adam, shared table");
         let parts: Vec<&RowSparse<f32>> = mix_rows.iter().collect();
-        let grad = RowsGrad::new(self.sv.n_rows(), Some(&fusion_grads), &parts);
-        self.tables.update_by_rows(self.sv.rows_mut(), &grad)?;
-        ops.lap("lazy Adam by rows, split rows");
+        let (rows, blocks) = self.sv.rows_and_fusion_blocks(FUSION);
+        self.tables
+            .update_by_blocks(rows, &RowsBlocks::new(&blocks, &parts))?;
+        // The penalty of the rows before the update (every block formed).
+        let (fusion, _) = blocks.penalty(rows.stored().view());
+        let loss = fit + PENALTY * gate_penalty + FUSION * fusion;
+        ops.lap("lazy Adam by blocks, split rows, with the fusion penalty");
         self.dense
             .update(self.sv.gate_logit_mut(), &ParamGrad::Dense(gates))?;
         for named in eg.params {
@@ -155,7 +159,6 @@ impl SplitVocabBench {
         if let Some(rs) = mix_rows {
             pool.give(rs.values);
         }
-        fusion_grads.give_back(pool);
         ops.lap("Adam, gate logits; buffers returned");
         Ok(StepOut {
             loss: loss as f64,
@@ -224,10 +227,6 @@ impl SplitVocabBench {
                 2 * n * act + F32 * n_rows,
             ),
             (
-                "fusion forward and its gradient terms: read the rows",
-                n_rows * kept,
-            ),
-            (
                 "mix backward: read ∂out, shared, rows hit; write ∂shared, ∂rows hit",
                 3 * n * act + u_r * (kept + row),
             ),
@@ -240,7 +239,7 @@ impl SplitVocabBench {
                 u_s * d * w.adam(),
             ),
             (
-                "lazy Adam by rows, split rows: read and write p, m, v of every row; ∂rows hit read",
+                "lazy Adam by blocks, split rows, with the fusion penalty: read and write p, m, v of every row; ∂rows hit read",
                 n_rows * d * (w.adam() - F32) + u_r * row,
             ),
             ("Adam, gate logits", n_rows * w.adam()),
