@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use splitgrad::io::SplitIndex;
 use splitgrad::layers::{
-    NO_ROW, NamedGrad, RowsGrad, SplitVocabulary, SplitVocabularyConfig, Workspace,
+    NO_ROW, NamedGrad, RowsBlocks, SplitVocabulary, SplitVocabularyConfig, Workspace,
 };
 use splitgrad::optim::Optimizer;
 use splitgrad::param::{Dtype as StorageDtype, ParamGrad};
@@ -499,6 +499,12 @@ fn step_rows_and_gates<T: PyReal>(
 ) -> PyResult<()> {
     let (penalty_weight, fusion_weight, norms) = penalties;
     let norms = norms_arg(norms)?;
+    if let Some(n) = &norms
+        && n.len() != sv.n_rows()
+    {
+        let expected = format!("({},) (one per row)", sv.n_rows());
+        return Err(py_err(Error::shape("norms", expected, &[n.len()])));
+    }
     let rows_name = sv.rows().name().to_string();
     let entries = || pieces.iter().flat_map(|p| p.iter());
     // Gradients of another layer would be skipped without a word (matched
@@ -512,50 +518,42 @@ fn step_rows_and_gates<T: PyReal>(
         )));
     }
     // With the distances known and every forward's rows gradient row-sparse,
-    // the rows' gradient is formed row by row inside their update: the
-    // fusion penalty's row, then each forward's row where it has one, in
-    // the order the dense sum below adds them. The gradient is never stored.
-    let by_rows = fusion_weight.is_finite()
+    // the rows' gradient is formed a block of rows at a time inside their
+    // update: each block's norms and terms from its rows, then each row the
+    // fusion penalty's row and each forward's row where it has one, in the
+    // order the dense sum below adds them. The gradient is never stored.
+    let by_blocks = fusion_weight.is_finite()
         && fusion_weight != 0.0
         && sv.n_rows() > 0
         && sv.rows().is_trainable()
+        && norms.is_some()
         && entries()
             .filter(|e| e.name == rows_name)
             .all(|e| matches!(e.grad, ParamGrad::RowSparse(_)));
-    let (fusion, norms) = match norms {
-        Some(n) if by_rows => (
-            Some(
-                sv.fusion_row_grads(&n, T::from_f64(fusion_weight))
-                    .or_raise()?,
-            ),
-            None,
-        ),
-        norms => (None, norms),
-    };
     // The penalties' gradients (without the fusion penalty's when it is
-    // formed by rows), plus the forward passes' not formed by rows.
-    let fusion_weight = if fusion.is_some() { 0.0 } else { fusion_weight };
-    let own = penalty_backward(py, sv, pool, penalty_weight, fusion_weight, norms)?;
-    let by_rows_name = |e: &&NamedGrad<T>| fusion.is_some() && e.name == rows_name;
-    let (own, borrowed) = merge(own, entries().filter(|e| !by_rows_name(e)));
+    // formed by blocks), plus the forward passes' not formed by blocks.
+    let (own_weight, own_norms) = if by_blocks {
+        (0.0, None)
+    } else {
+        (fusion_weight, norms)
+    };
+    let own = penalty_backward(py, sv, pool, penalty_weight, own_weight, own_norms)?;
+    let by_blocks_name = |e: &&NamedGrad<T>| by_blocks && e.name == rows_name;
+    let (own, borrowed) = merge(own, entries().filter(|e| !by_blocks_name(e)));
     let src = Source(own.iter().chain(borrowed.iter().copied()).collect());
-    let rows_step = match &fusion {
-        None => {
-            let rows = sv.rows_mut();
-            py.detach(|| rows_opt.step(vec![rows], &src))
-        }
-        Some(fusion) => {
-            let parts: Vec<&RowSparse<T>> = entries()
-                .filter(by_rows_name)
-                .filter_map(|e| match &e.grad {
-                    ParamGrad::RowSparse(rs) => Some(rs),
-                    ParamGrad::Dense(_) => None,
-                })
-                .collect();
-            let grads = RowsGrad::new(sv.n_rows(), Some(fusion), &parts);
-            let rows = sv.rows_mut();
-            py.detach(|| rows_opt.update_by_rows(rows, &grads))
-        }
+    let rows_step = if by_blocks {
+        let parts: Vec<&RowSparse<T>> = entries()
+            .filter(by_blocks_name)
+            .filter_map(|e| match &e.grad {
+                ParamGrad::RowSparse(rs) => Some(rs),
+                ParamGrad::Dense(_) => None,
+            })
+            .collect();
+        let (rows, blocks) = sv.rows_and_fusion_blocks(T::from_f64(fusion_weight));
+        py.detach(|| rows_opt.update_by_blocks(rows, &RowsBlocks::new(&blocks, &parts)))
+    } else {
+        let rows = sv.rows_mut();
+        py.detach(|| rows_opt.step(vec![rows], &src))
     };
     let gates = sv.gate_logit_mut();
     let r = rows_step.and_then(|()| py.detach(|| gate_opt.step(vec![gates], &src)));
