@@ -322,9 +322,9 @@ mod tests {
 
     #[test]
     fn the_update_by_blocks_equals_the_update_by_rows() {
-        let (v, d, l) = (400, 70, 3);
+        let (v, d, l) = (400, 300, 3);
         // Tokens 0..150 in every language (groups of 3), 150..250 in one:
-        // 550 rows, five blocks, 38,500 elements (the parallel path).
+        // 550 rows in three blocks, 165,000 elements (the parallel path).
         let cells: Vec<(usize, usize)> = (0..l)
             .flat_map(|lang| (0..150).map(move |t| (lang, t)))
             .chain((150..250).map(|t| (t % l, t)))
@@ -336,6 +336,7 @@ mod tests {
         let mut sv = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(v, d, l))
             .expect("a valid index");
         let n = sv.n_rows();
+        assert_eq!(sv.clone().rows_and_fusion_blocks(0.5).1.n_blocks(), 3);
         let mut rng = crate::Rng::new(6);
         sv.rows_mut()
             .value_mut()

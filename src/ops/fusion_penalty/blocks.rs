@@ -17,11 +17,12 @@ use crate::kernels::rows::KeptRow;
 use crate::kernels::wide::wide_fn;
 use crate::param::{BlockGradient, RowForm, RowGradient, StoredView};
 
-/// The rows a block holds at least: it closes at the first group that
-/// takes it to this many (a block is then about this many rows of the
-/// table, in a few runs of consecutive rows, which stay in a core's cache
-/// between the terms and the update).
-const BLOCK_ROWS: usize = 128;
+/// The bytes of `T` a block's rows hold at least: a block closes at the
+/// first group that takes it to this many (about 128 rows of 512 `f32`,
+/// in a few runs of consecutive rows, which stay in a core's cache between
+/// the terms and the update; blocks of 64 to 256 such rows gave the same
+/// step, of 512 a slower one).
+const BLOCK_BYTES: usize = 256 << 10;
 
 /// The fusion penalty `P = (1/n) Σ_i ‖x_i − c_{g(i)}‖` of rows grouped by
 /// `groups` and the gradient of `gy·P`, as a [`BlockGradient`]: blocks of
@@ -73,9 +74,10 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let (mut group_starts, mut row_starts) = (vec![0], vec![0]);
         let mut rows = Vec::with_capacity(n);
         let mut open = 0;
+        let block_rows = (BLOCK_BYTES / (width * std::mem::size_of::<T>()).max(1)).max(1);
         for g in 0..n_groups {
             rows.extend_from_slice(groups.members(g));
-            if rows.len() - open >= BLOCK_ROWS || g + 1 == n_groups {
+            if rows.len() - open >= block_rows || g + 1 == n_groups {
                 rows[open..].sort_unstable();
                 group_starts.push(g + 1);
                 row_starts.push(rows.len());
