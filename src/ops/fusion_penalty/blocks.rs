@@ -61,6 +61,8 @@ pub struct FusionBlocks<'g, T> {
     /// Block b's rows are `rows[row_starts[b]..row_starts[b + 1]]`.
     row_starts: Vec<usize>,
     rows: Vec<usize>,
+    /// Each row's position in its block's rows.
+    position: Vec<u32>,
     /// Each block's norms in its rows' order, once it is formed.
     norms: Vec<OnceLock<Box<[T]>>>,
 }
@@ -85,6 +87,12 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
             }
         }
         let norms = (1..group_starts.len()).map(|_| OnceLock::new()).collect();
+        let mut position = vec![0; n];
+        for b in row_starts.windows(2) {
+            for (i, &r) in rows[b[0]..b[1]].iter().enumerate() {
+                position[r] = i as u32;
+            }
+        }
         FusionBlocks {
             groups,
             width,
@@ -92,6 +100,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
             group_starts,
             row_starts,
             rows,
+            position,
             norms,
         }
     }
@@ -138,15 +147,17 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let n_multi = sizes().filter(|&m| m > 1).count();
         let largest = sizes().max().unwrap_or(0).max(1);
         let n_terms = n_multi * 2 * w;
-        scratch.clear();
-        scratch.resize(n_terms + largest * w, T::zero());
-        let (terms, buf) = scratch.split_at_mut(n_terms);
+        // Every element a block uses is written before it is read (the
+        // rows widened, each slot's c and s), so a longer buffer is kept
+        // as it is, not filled again.
+        let need = n_terms + largest * w;
+        if scratch.len() < need {
+            scratch.resize(need, T::zero());
+        }
+        let (terms, buf) = scratch[..need].split_at_mut(n_terms);
         let mut slot = vec![u32::MAX; rows.len()];
         let mut norms = vec![T::zero(); rows.len()];
-        let at = |r: usize| {
-            rows.binary_search(&r)
-                .expect("a block holds its groups' rows")
-        };
+        let at = |r: usize| self.position[r] as usize;
         let local: Vec<usize> = (0..largest).collect();
         let (mut pos, mut group_norm) = (Vec::new(), Vec::new());
         let mut s = 0;
@@ -196,6 +207,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let _ = self.norms[b].set(norms.into_boxed_slice());
         FusionBlock {
             rows,
+            position: &self.position,
             width: w,
             slot,
             k,
@@ -233,10 +245,9 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
                 }
             };
             // The norms in group order, as penalty_of takes them.
-            let rows = self.rows(b);
             for g in self.group_starts[b]..self.group_starts[b + 1] {
                 for &r in self.groups.members(g) {
-                    by_group[next] = norms[rows.binary_search(&r).expect("in the block")];
+                    by_group[next] = norms[self.position[r] as usize];
                     next += 1;
                 }
             }
@@ -296,6 +307,8 @@ impl<T: Real> BlockGradient<T> for FusionBlocks<'_, T> {
 #[derive(Debug)]
 pub struct FusionBlock<'s, T> {
     rows: &'s [usize],
+    /// Each row's position in its block (of every block).
+    position: &'s [u32],
     width: usize,
     /// The slot of each row's group in `terms` (`u32::MAX`: alone).
     slot: Vec<u32>,
@@ -307,9 +320,10 @@ impl<T: Real> FusionBlock<'_, T> {
     /// Row r's position in the block.
     #[track_caller]
     fn at(&self, r: usize) -> usize {
-        self.rows
-            .binary_search(&r)
-            .unwrap_or_else(|_| panic!("FusionBlock: row {r} is not in the block"))
+        match self.position.get(r) {
+            Some(&i) if self.rows.get(i as usize) == Some(&r) => i as usize,
+            _ => panic!("FusionBlock: row {r} is not in the block"),
+        }
     }
 
     /// The terms (c, s) of slot s.
