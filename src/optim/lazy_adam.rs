@@ -101,6 +101,10 @@ pub struct LazyAdam<T> {
     moments: MomentTable<T>,
 }
 
+/// A parameter's step coefficients, its row width, and its value and two
+/// moments, flat ([`LazyAdam::t_rows`]).
+type TRows<'a, T> = (Coeffs<T>, usize, &'a mut [T], &'a mut [T], &'a mut [T]);
+
 /// The per-step coefficients, rounded to `T` once.
 #[derive(Clone, Copy)]
 struct Coeffs<T> {
@@ -218,6 +222,36 @@ fn pick_rows<'a, T>(mut table: &'a mut [T], width: usize, rows: &[usize]) -> Vec
 }
 
 impl<T: Real> LazyAdam<T> {
+    /// The start of an update of a 2-D `param` whose gradient comes row by
+    /// row or block by block: a frozen parameter is left alone, one kept
+    /// in half precision (or with half moments) is updated by `half` (the
+    /// moments' path), and one kept as `T` takes its step here and gets its
+    /// coefficients, its row width and its value and moments, flat (`None`
+    /// for rows of no element).
+    fn t_rows<'a>(
+        &'a mut self,
+        param: &'a mut Parameter<T>,
+        half: impl FnOnce(&mut MomentTable<T>, &LazyAdamConfig, &mut Parameter<T>, usize) -> Result<()>,
+    ) -> Result<Option<TRows<'a, T>>> {
+        if !param.is_trainable() {
+            return Ok(None);
+        }
+        let width = rows_width(param)?;
+        if self.moments.keeps_half(param) {
+            half(&mut self.moments, &self.config, param, width)?;
+            return Ok(None);
+        }
+        let slot = self.moments.step(param)?;
+        let c = Coeffs::<T>::new(&self.config, slot.step);
+        if width == 0 {
+            return Ok(None);
+        }
+        let (m, v) = slot
+            .slices_mut()
+            .expect("moments of a parameter kept as T are kept as T");
+        Ok(Some((c, width, flat_mut(param), m, v)))
+    }
+
     /// A lazy Adam optimiser with no state yet.
     ///
     /// Errors ([`ErrorKind::Config`](crate::ErrorKind::Config)), as
@@ -308,24 +342,15 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         param: &mut Parameter<T>,
         grad: &dyn RowGradient<T>,
     ) -> Result<()> {
-        if !param.is_trainable() {
+        let half = |moments: &mut MomentTable<T>,
+                    config: &LazyAdamConfig,
+                    param: &mut Parameter<T>,
+                    width| {
+            moments.update_half_by_rows::<Coeffs<T>>(config, param, width, grad)
+        };
+        let Some((c, width, p, m, v)) = self.t_rows(param, half)? else {
             return Ok(());
-        }
-        let width = rows_width(param)?;
-        if self.moments.keeps_half(param) {
-            return self
-                .moments
-                .update_half_by_rows::<Coeffs<T>>(&self.config, param, width, grad);
-        }
-        let slot = self.moments.step(param)?;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        if width == 0 {
-            return Ok(());
-        }
-        let p = flat_mut(param);
-        let (m, v) = slot
-            .slices_mut()
-            .expect("moments of a parameter kept as T are kept as T");
+        };
         let run = |g: &mut Vec<T>, (r, ((p, m), v)): RowOf<'_, T>| {
             grad.write(r, p, g);
             c.apply_run(p, m, v, Some(g));
@@ -357,28 +382,16 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         param: &mut Parameter<T>,
         grad: &dyn BlockGradient<T>,
     ) -> Result<()> {
-        if !param.is_trainable() {
+        let half = |moments: &mut MomentTable<T>,
+                    config: &LazyAdamConfig,
+                    param: &mut Parameter<T>,
+                    width| {
+            moments.update_half_by_blocks::<Coeffs<T>>(config, param, width, grad)
+        };
+        let Some((c, width, p, m, v)) = self.t_rows(param, half)? else {
             return Ok(());
-        }
-        let width = rows_width(param)?;
-        if self.moments.keeps_half(param) {
-            return self.moments.update_half_by_blocks::<Coeffs<T>>(
-                &self.config,
-                param,
-                width,
-                grad,
-            );
-        }
-        let slot = self.moments.step(param)?;
-        let c = Coeffs::<T>::new(&self.config, slot.step);
-        if width == 0 {
-            return Ok(());
-        }
-        let p = flat_mut(param);
+        };
         let at = p.as_ptr() as usize;
-        let (m, v) = slot
-            .slices_mut()
-            .expect("moments of a parameter kept as T are kept as T");
         let rows = p
             .chunks_mut(width)
             .zip(m.chunks_mut(width))

@@ -213,6 +213,40 @@ mod tests {
     use crate::param::{Dtype, ParamGrad, Rounding};
     use crate::tape::Pool;
 
+    /// A vocabulary of rows `d` wide in three languages: tokens
+    /// 0..`grouped` in every language (groups of three rows), the next
+    /// `alone` tokens in one language each (rows alone), its rows normal
+    /// draws from `seed`.
+    fn vocabulary(d: usize, grouped: usize, alone: usize, seed: u64) -> SplitVocabulary<f32> {
+        let l = 3;
+        let cells: Vec<(usize, usize)> = (0..l)
+            .flat_map(|lang| (0..grouped).map(move |t| (lang, t)))
+            .chain((grouped..grouped + alone).map(|t| (t % l, t)))
+            .collect();
+        let index = SplitIndex::new(
+            cells.iter().map(|c| c.0).collect(),
+            cells.iter().map(|c| c.1).collect(),
+        );
+        let config = SplitVocabularyConfig::new(2 * (grouped + alone), d, l);
+        let mut sv = SplitVocabulary::<f32>::new(index, &config).expect("a valid index");
+        let mut rng = crate::Rng::new(seed);
+        sv.rows_mut()
+            .value_mut()
+            .mapv_inplace(|_| rng.normal() as f32);
+        sv
+    }
+
+    /// A row-sparse gradient of `sv`'s rows reaching `rows`.
+    fn part(sv: &SplitVocabulary<f32>, rows: Vec<usize>, scale: f32) -> RowSparse<f32> {
+        RowSparse {
+            n_rows: sv.n_rows(),
+            values: Array2::from_shape_fn((rows.len(), sv.dim()), |(i, j)| {
+                ((i * 7 + j * 3) % 13) as f32 * scale - 0.3
+            }),
+            rows,
+        }
+    }
+
     /// The split rows' update by rows with `RowsGrad` (rows alone, rows in
     /// groups, rows a part reaches twice, a row a part reaches alone)
     /// equals the naive update of the dense gradient (the fusion penalty's
@@ -220,32 +254,14 @@ mod tests {
     /// moments, under 1 and 2 threads, for three steps.
     #[test]
     fn the_update_by_rows_equals_the_update_of_the_summed_gradient() {
-        let (v, d, l) = (40, 37, 3);
         // Tokens 0..12 in every language (groups of 3), 12..20 in one.
-        let cells: Vec<(usize, usize)> = (0..l)
-            .flat_map(|lang| (0..12).map(move |t| (lang, t)))
-            .chain((12..20).map(|t| (t % l, t)))
-            .collect();
-        let index = SplitIndex::new(
-            cells.iter().map(|c| c.0).collect(),
-            cells.iter().map(|c| c.1).collect(),
-        );
-        let mut sv = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(v, d, l))
-            .expect("a valid index");
+        let sv = vocabulary(37, 12, 8, 5);
         let n = sv.n_rows();
-        let mut rng = crate::Rng::new(5);
-        sv.rows_mut()
-            .value_mut()
-            .mapv_inplace(|_| rng.normal() as f32);
-        let part = |rows: Vec<usize>, scale: f32| RowSparse {
-            n_rows: n,
-            values: Array2::from_shape_fn((rows.len(), d), |(i, j)| {
-                ((i * 7 + j * 3) % 13) as f32 * scale - 0.3
-            }),
-            rows,
-        };
         // Rows 1 and 40 (alone) in both parts, row 5 in one.
-        let (a, b) = (part(vec![1, 5, 40], 0.05), part(vec![1, 40], 0.02));
+        let (a, b) = (
+            part(&sv, vec![1, 5, 40], 0.05),
+            part(&sv, vec![1, 40], 0.02),
+        );
         for (dtype, state) in [(Dtype::BF16, Dtype::BF16), (Dtype::F32, Dtype::BF16)] {
             let fresh = || {
                 let mut s = sv.clone();
@@ -322,34 +338,16 @@ mod tests {
 
     #[test]
     fn the_update_by_blocks_equals_the_update_by_rows() {
-        let (v, d, l) = (400, 300, 3);
         // Tokens 0..150 in every language (groups of 3), 150..250 in one:
         // 550 rows in three blocks, 165,000 elements (the parallel path).
-        let cells: Vec<(usize, usize)> = (0..l)
-            .flat_map(|lang| (0..150).map(move |t| (lang, t)))
-            .chain((150..250).map(|t| (t % l, t)))
-            .collect();
-        let index = SplitIndex::new(
-            cells.iter().map(|c| c.0).collect(),
-            cells.iter().map(|c| c.1).collect(),
-        );
-        let mut sv = SplitVocabulary::<f32>::new(index, &SplitVocabularyConfig::new(v, d, l))
-            .expect("a valid index");
+        let sv = vocabulary(300, 150, 100, 6);
         let n = sv.n_rows();
         assert_eq!(sv.clone().rows_and_fusion_blocks(0.5).1.n_blocks(), 3);
-        let mut rng = crate::Rng::new(6);
-        sv.rows_mut()
-            .value_mut()
-            .mapv_inplace(|_| rng.normal() as f32);
-        let part = |rows: Vec<usize>, scale: f32| RowSparse {
-            n_rows: n,
-            values: Array2::from_shape_fn((rows.len(), d), |(i, j)| {
-                ((i * 7 + j * 3) % 13) as f32 * scale - 0.3
-            }),
-            rows,
-        };
         // Row 1 (in a group) in both parts, 5 in one, 500 (alone) in both.
-        let (a, b) = (part(vec![1, 5, 500], 0.05), part(vec![1, 500], 0.02));
+        let (a, b) = (
+            part(&sv, vec![1, 5, 500], 0.05),
+            part(&sv, vec![1, 500], 0.02),
+        );
         let nan_bits =
             |x: &ndarray::ArrayD<f32>| x.mapv(|x| if x.is_nan() { u32::MAX } else { x.to_bits() });
         let cases = [

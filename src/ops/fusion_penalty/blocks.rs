@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use ndarray::{Array1, ArrayView2};
 
-use super::row_grads::deviation_row;
-use super::{RowGroups, check_rows, factor, group_norms, lone_norm, penalty_of, spread};
+use super::row_grads::{deviation_row, norms_and_terms};
+use super::{RowGroups, check_rows, factor, lone_norm, penalty_of};
 use crate::kernels::Real;
 use crate::kernels::rows::KeptRow;
 use crate::kernels::wide::wide_fn;
@@ -259,7 +259,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
 wide_fn! {
     /// A group of two or more rows of a block: the rows `x` (m, D) with
     /// members `local` (0..m), their norms into `norms`, the centroid into
-    /// `tc` and `s` into `ts`, the bits of `group_norms_terms`.
+    /// `tc` and `s` into `ts` ([`norms_and_terms`] on the CPU's vectors).
     fn group_slot<T: Real>(
         x: ArrayView2<'_, T>,
         local: &[usize],
@@ -268,8 +268,7 @@ wide_fn! {
         tc: &mut [T],
         ts: &mut [T],
     ) {
-        group_norms(x.view(), local, tc, norms);
-        spread(x, local, |p| factor(a, norms[p]), tc, ts);
+        norms_and_terms(x, local, a, norms, tc, ts);
     }
 }
 

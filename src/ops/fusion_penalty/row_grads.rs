@@ -96,28 +96,38 @@ wide_fn! {
         norms: &mut [T],
         t: Option<&mut [MaybeUninit<T>]>,
     ) {
-        group_norms(x.view(), members, c, norms);
-        if let Some(t) = t {
-            // The centroid group_norms left in `c`, then s (spread writes
-            // it whole) from the factors of the norms just computed:
-            // group_terms' bits.
-            let (tc, ts) = t.split_at_mut(c.len());
-            for (d, &v) in tc.iter_mut().zip(c.iter()) {
-                d.write(v);
+        match t {
+            None => group_norms(x.view(), members, c, norms),
+            Some(t) => {
+                // Written whole first (the centroid and s are then written
+                // over), so that the slot is a slice of T.
+                t.fill(MaybeUninit::new(T::zero()));
+                // SAFETY: every element just written, and `MaybeUninit<T>`
+                // has `T`'s layout.
+                let t = unsafe { &mut *(t as *mut [MaybeUninit<T>] as *mut [T]) };
+                let (tc, ts) = t.split_at_mut(c.len());
+                norms_and_terms(x, members, a, norms, tc, ts);
             }
-            ts.fill(MaybeUninit::new(T::zero()));
-            // SAFETY: both halves just written, and `MaybeUninit<T>` has
-            // `T`'s layout.
-            let (tc, ts) = unsafe {
-                (
-                    &*(tc as *const [MaybeUninit<T>] as *const [T]),
-                    &mut *(ts as *mut [MaybeUninit<T>] as *mut [T]),
-                )
-            };
-            // The p-th member's norm is norms[p].
-            spread(x, members, |p| factor(a, norms[p]), tc, ts);
         }
     }
+}
+
+/// A group of two or more rows `members` of x: their norms into `norms`
+/// (one per member), the centroid into `tc` and
+/// `s = (Σ_j k_j·d_j)/|g|` into `ts`, from the factors of the norms just
+/// computed: `group_terms`' bits.
+#[inline(always)]
+pub(super) fn norms_and_terms<T: Real>(
+    x: ArrayView2<'_, T>,
+    members: &[usize],
+    a: T,
+    norms: &mut [T],
+    tc: &mut [T],
+    ts: &mut [T],
+) {
+    group_norms(x.view(), members, tc, norms);
+    // The p-th member's norm is norms[p].
+    spread(x, members, |p| factor(a, norms[p]), tc, ts);
 }
 
 /// The groups of two or more rows, in group order, and the slot of each
