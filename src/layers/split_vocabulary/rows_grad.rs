@@ -236,6 +236,20 @@ mod tests {
         sv
     }
 
+    /// `sv` with its rows kept as `dtype`, and lazy Adam keeping its
+    /// moments as `state`, rounding stochastically.
+    fn kept(
+        mut sv: SplitVocabulary<f32>,
+        dtype: Dtype,
+        state: Dtype,
+    ) -> (SplitVocabulary<f32>, LazyAdam<f32>) {
+        sv.rows_mut().set_dtype(dtype).unwrap();
+        let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+        o.set_state_dtype(state).unwrap();
+        o.set_rounding(Rounding::Stochastic { seed: 4 });
+        (sv, o)
+    }
+
     /// A row-sparse gradient of `sv`'s rows reaching `rows`.
     fn part(sv: &SplitVocabulary<f32>, rows: Vec<usize>, scale: f32) -> RowSparse<f32> {
         RowSparse {
@@ -263,14 +277,7 @@ mod tests {
             part(&sv, vec![1, 40], 0.02),
         );
         for (dtype, state) in [(Dtype::BF16, Dtype::BF16), (Dtype::F32, Dtype::BF16)] {
-            let fresh = || {
-                let mut s = sv.clone();
-                s.rows_mut().set_dtype(dtype).unwrap();
-                let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
-                o.set_state_dtype(state).unwrap();
-                o.set_rounding(Rounding::Stochastic { seed: 4 });
-                (s, o)
-            };
+            let fresh = || kept(sv.clone(), dtype, state);
             let mut want = fresh();
             for _ in 0..3 {
                 let (_, norms) = want.0.fusion_penalty_norms();
@@ -364,11 +371,7 @@ mod tests {
                     // Row 520 is alone in its group.
                     s.rows_mut().value_mut()[[520, 3]] = f32::INFINITY;
                 }
-                s.rows_mut().set_dtype(dtype).unwrap();
-                let mut o = LazyAdam::new(LazyAdamConfig::default()).unwrap();
-                o.set_state_dtype(state).unwrap();
-                o.set_rounding(Rounding::Stochastic { seed: 4 });
-                (s, o)
+                kept(s, dtype, state)
             };
             let mut want = fresh();
             let mut penalties = Vec::new();
