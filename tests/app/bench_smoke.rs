@@ -26,7 +26,7 @@ fn every_workload_runs_and_reports_finite_figures() {
         // The split vocabulary's step is timed operation by operation.
         let ops: Vec<&str> = r.op_median_s.iter().map(|o| o.0).collect();
         if w == Workload::SplitVocab {
-            assert_eq!(ops.len(), 9, "{ops:?}");
+            assert_eq!(ops.len(), 8, "{ops:?}");
             assert!(
                 ops.contains(&"lazy Adam by blocks, split rows, with the fusion penalty"),
                 "{ops:?}"

@@ -81,7 +81,9 @@ impl SplitVocabBench {
     /// One step without a tape, every activation in the tables' dtype:
     /// the shared rows gathered, the gated mix, `Σ out ⊙ R` in f32 plus
     /// the two penalties; the backward through the layers' saved pairs;
-    /// lazy Adam on the shared table's rows, lazy Adam on the split rows
+    /// lazy Adam on the shared table's rows with the table's backward
+    /// inside it (each touched row's gradient summed from ∂shared, then
+    /// the row updated), lazy Adam on the split rows
     /// with the fusion penalty and its gradient formed a block of groups
     /// at a time inside the update (their norms and terms from the block's
     /// rows, which the update then moves while they are in cache), plus
@@ -119,9 +121,6 @@ impl SplitVocabBench {
         give_back(pool, shared);
         ops.lap("gated mix backward");
         let dshared = g.input.expect("∂shared was asked for");
-        let eg = self.shared.backward_saved(pool, &esaved, dshared.view())?;
-        give_back(pool, dshared);
-        ops.lap("shared backward: coalesce ∂shared");
         // The gate logits: the mix's gradient plus the penalty's.
         let mut gates = {
             let mut tape = Tape::with_pool(pool);
@@ -141,8 +140,16 @@ impl SplitVocabBench {
         ops.lap("gate logits' gradient");
         let backward_s = laps.lap();
 
-        self.tables.step(self.shared.parameters_mut(), &eg)?;
-        ops.lap("lazy Adam, shared table");
+        // The shared table's backward inside its update: each touched row's
+        // gradient summed from ∂shared's rows in a buffer of the task, then
+        // the row updated at once.
+        let tables = &mut self.tables;
+        self.shared
+            .backward_update_saved(pool, &esaved, dshared.view(), &mut |p, g| {
+                tables.update_sparse_by_rows(p, g)
+            })?;
+        give_back(pool, dshared);
+        ops.lap("lazy Adam, shared table, with its backward (∂shared coalesced)");
         let parts: Vec<&RowSparse<f32>> = mix_rows.iter().collect();
         let (rows, blocks) = self.sv.rows_and_fusion_blocks(FUSION);
         self.tables
@@ -153,9 +160,6 @@ impl SplitVocabBench {
         ops.lap("lazy Adam by blocks, split rows, with the fusion penalty");
         self.dense
             .update(self.sv.gate_logit_mut(), &ParamGrad::Dense(gates))?;
-        for named in eg.params {
-            named.give_back(pool);
-        }
         if let Some(rs) = mix_rows {
             pool.give(rs.values);
         }
