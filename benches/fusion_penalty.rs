@@ -1,13 +1,19 @@
 //! The fusion penalty `(1/n_rows) Σ_i ‖rows_i − c(token_i)‖₂` through the
 //! tape: forward, and backward apart. The fused op on one thread and on
-//! all, and its naive twin (five generic tape ops) on all.
+//! all, and its naive twin (five generic tape ops) on all. Then the
+//! penalty with the rows' lazy Adam update at `splitvocab`'s size: a pass
+//! for its terms and the update by rows, against the terms formed a block
+//! at a time inside the update.
 
 mod common;
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput};
-use splitgrad::layers::SplitVocabulary;
+use splitgrad::layers::{RowsBlocks, RowsGrad, SplitVocabulary};
+use splitgrad::optim::{LazyAdam, LazyAdamConfig, Optimizer};
+use splitgrad::param::{Dtype, Rounding};
+use splitgrad::tape::Pool;
 use splitgrad::{Rng, Tape, Var};
 
 const V: usize = 8192;
@@ -78,4 +84,62 @@ fn fusion_penalty(c: &mut Criterion) {
     g.finish();
 }
 
-common::bench_main!(fusion_penalty);
+/// The split rows of `splitvocab` (20,000 of 8 × 32,000 cells, 512 wide)
+/// and the fusion penalty's gradient (weight 0.01) with lazy Adam's update
+/// of every row, rows and moments in f32 and in bf16 (stochastic
+/// rounding), on all threads: the penalty's terms in a pass of their own,
+/// then the update by rows (`fusion_penalty_row_grads`, `RowsGrad`),
+/// against the terms formed a block at a time inside the update
+/// (`rows_and_fusion_blocks`, `RowsBlocks`). The same bits either way.
+fn with_update(c: &mut Criterion) {
+    let pools = common::pools();
+    let (v, d, l, n) = (32_000, 512, 8, 20_000);
+    let mut cells: Vec<usize> = (0..l * v).collect();
+    Rng::new(12).shuffle(&mut cells);
+    cells.truncate(n);
+    cells.sort_unstable();
+    let languages = cells.iter().map(|c| c / v).collect();
+    let tokens = cells.iter().map(|c| c % v).collect();
+    let mut base = common::split_vocabulary(languages, tokens, (v, d, l), 0.0);
+    *base.rows_mut().value_mut() = common::normal(13, &[n, d]);
+    let work = Pool::new();
+    for (dtype, bytes) in [(Dtype::F32, 24), (Dtype::BF16, 12)] {
+        let mut g = c.benchmark_group(format!("fusion_penalty/with_update_{dtype}"));
+        // Read and write p, m and v of every row.
+        g.throughput(Throughput::Bytes((bytes * n * d) as u64));
+        let fresh = || {
+            let mut sv = base.clone();
+            sv.rows_mut().set_dtype(dtype).unwrap();
+            let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
+            opt.set_state_dtype(dtype).unwrap();
+            opt.set_rounding(Rounding::Stochastic { seed: 0 });
+            (sv, opt)
+        };
+        let (mut sv, mut opt) = fresh();
+        g.bench_function("pass_then_rows", |b| {
+            b.iter(|| {
+                pools.all.install(|| {
+                    let (p, _, terms) = sv.fusion_penalty_row_grads(&work, 0.01);
+                    let grad = RowsGrad::new(n, Some(&terms), &[]);
+                    opt.update_by_rows(sv.rows_mut(), &grad).unwrap();
+                    terms.give_back(&work);
+                    black_box(p)
+                })
+            })
+        });
+        let (mut sv, mut opt) = fresh();
+        g.bench_function("blocks", |b| {
+            b.iter(|| {
+                pools.all.install(|| {
+                    let (rows, blocks) = sv.rows_and_fusion_blocks(0.01);
+                    opt.update_by_blocks(rows, &RowsBlocks::new(&blocks, &[]))
+                        .unwrap();
+                    black_box(blocks.penalty(rows.stored().view()).0)
+                })
+            })
+        });
+        g.finish();
+    }
+}
+
+common::bench_main!(fusion_penalty, with_update);
