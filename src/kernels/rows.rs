@@ -64,7 +64,7 @@ pub enum KeptRow<'a, T> {
     F16(&'a [f16]),
 }
 
-impl<T: Real> KeptRow<'_, T> {
+impl<'a, T: Real> KeptRow<'a, T> {
     /// The number of elements.
     pub fn len(&self) -> usize {
         match self {
@@ -89,6 +89,29 @@ impl<T: Real> KeptRow<'_, T> {
             KeptRow::Full(s) => out.copy_from_slice(s),
             KeptRow::BF16(s) => T::widen_half(s, out),
             KeptRow::F16(s) => T::widen_half(s, out),
+        }
+    }
+
+    /// The row: borrowed in place, or widened into `buf` (at least a row
+    /// long).
+    ///
+    /// **Panics** if `buf` is shorter than a row kept in half precision.
+    #[inline]
+    #[track_caller]
+    pub fn read<'b>(&self, buf: &'b mut [T]) -> &'b [T]
+    where
+        'a: 'b,
+    {
+        match *self {
+            KeptRow::Full(s) => s,
+            KeptRow::BF16(s) => {
+                T::widen_half(s, &mut buf[..s.len()]);
+                &buf[..s.len()]
+            }
+            KeptRow::F16(s) => {
+                T::widen_half(s, &mut buf[..s.len()]);
+                &buf[..s.len()]
+            }
         }
     }
 
@@ -143,17 +166,7 @@ impl<'a, T: Real> TableRows<'a, T> {
     #[inline]
     #[track_caller]
     pub fn row<'b>(&'b self, i: usize, buf: &'b mut [T]) -> &'b [T] {
-        match self {
-            TableRows::Full(a, w) => &a[i * w..(i + 1) * w],
-            TableRows::BF16(a, w) => {
-                T::widen_half(&a[i * w..(i + 1) * w], &mut buf[..*w]);
-                &buf[..*w]
-            }
-            TableRows::F16(a, w) => {
-                T::widen_half(&a[i * w..(i + 1) * w], &mut buf[..*w]);
-                &buf[..*w]
-            }
-        }
+        self.kept(i).read(buf)
     }
 
     /// Row i widened (or copied) into `out`, a row long.
@@ -162,17 +175,13 @@ impl<'a, T: Real> TableRows<'a, T> {
     #[inline]
     #[track_caller]
     pub fn row_into(&self, i: usize, out: &mut [T]) {
-        let w = self.width();
-        match self {
-            TableRows::Full(a, _) => out.copy_from_slice(&a[i * w..(i + 1) * w]),
-            TableRows::BF16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
-            TableRows::F16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], out),
-        }
+        self.kept(i).widen_into(out)
     }
 
     /// Row i as it is kept.
     ///
     /// **Panics** if i is out of range.
+    #[inline]
     #[track_caller]
     pub fn kept(&self, i: usize) -> KeptRow<'_, T> {
         let w = self.width();
@@ -212,11 +221,7 @@ impl<'a, T: Real> TableRows<'a, T> {
         let w = self.width();
         out.resize(ids.len() * w, T::zero());
         for (o, &i) in out.chunks_exact_mut(w.max(1)).zip(ids) {
-            match self {
-                TableRows::Full(a, _) => o.copy_from_slice(&a[i * w..(i + 1) * w]),
-                TableRows::BF16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], o),
-                TableRows::F16(a, _) => T::widen_half(&a[i * w..(i + 1) * w], o),
-            }
+            self.row_into(i, o);
         }
     }
 }

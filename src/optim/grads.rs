@@ -7,6 +7,7 @@
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
+use super::moments::walk_blocks;
 use crate::error::{Error, Result};
 use crate::kernels::Real;
 use crate::param::{BlockGradient, ParamGrad, Parameter, RowGradient, SparseRowGradient};
@@ -173,22 +174,24 @@ pub(super) fn dense_by_blocks<T: Real>(
     let stored = param.stored().view();
     let table = stored.table_rows();
     let mut g = ndarray::Array2::<T>::zeros((n, width));
-    let mut done = vec![false; n];
-    let (mut x, mut scratch) = (vec![T::zero(); width], Vec::new());
-    for b in 0..grad.n_blocks() {
-        let rows = grad.rows(b);
-        let kept: Vec<_> = rows.iter().map(|&r| table.kept(r)).collect();
-        let block = grad.block(b, &kept, &mut scratch);
-        for &r in rows {
-            assert!(!done[r], "update_by_blocks: row {r} is in two blocks");
-            done[r] = true;
-            table.row_into(r, &mut x);
-            block.write(r, &x, g.row_mut(r).as_slice_mut().expect("a fresh array"));
-        }
-    }
-    if let Some(r) = done.iter().position(|&d| !d) {
-        panic!("update_by_blocks: row {r} is in no block");
-    }
+    let out = g.as_slice_mut().expect("a fresh array");
+    // One slice a row, empty ones too.
+    let outs: Vec<&mut [T]> = match width {
+        0 => (0..n).map(|_| &mut [][..]).collect(),
+        _ => out.chunks_mut(width).collect(),
+    };
+    let rows = (0..n).map(|r| table.kept(r)).zip(outs);
+    walk_blocks(
+        rows.collect(),
+        grad,
+        None,
+        true,
+        || vec![T::zero(); width],
+        |x, r, (kept, out), block| {
+            kept.widen_into(x);
+            block.write(r, x, out);
+        },
+    );
     Ok(g.into_dyn())
 }
 

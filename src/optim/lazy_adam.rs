@@ -4,12 +4,11 @@ use ndarray::{ArrayViewMutD, Axis};
 use rayon::prelude::*;
 
 use super::moments::{
-    Ahead, Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip, cut_blocks, cut_rows,
-    pieces,
+    Kernel, MomentTable, Rule, SparseRows, Stacked, Summed, apply_zip, cut_rows, pieces,
+    walk_blocks,
 };
 use super::{Optimizer, StateValue, check_beta, check_lr, check_sparse_rows, flat_mut, rows_width};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::rows::KeptRow;
 use crate::param::{BlockGradient, RowGradient, SparseRowGradient};
 use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
@@ -391,36 +390,22 @@ impl<T: Real> Optimizer<T> for LazyAdam<T> {
         let Some((c, width, p, m, v)) = self.t_rows(param, half)? else {
             return Ok(());
         };
-        let at = p.as_ptr() as usize;
+        let (at, len) = (p.as_ptr() as usize, p.len());
         let rows = p
             .chunks_mut(width)
             .zip(m.chunks_mut(width))
             .zip(v.chunks_mut(width));
-        let rows: Vec<_> = rows.collect();
-        let n_rows = rows.len();
-        let blocks = cut_blocks(rows, grad);
-        type Rows<'a, T> = Vec<(usize, ((&'a mut [T], &'a mut [T]), &'a mut [T]))>;
-        let run = |(g, scratch): &mut (Vec<T>, Vec<T>), (b, rows): (usize, Rows<'_, T>)| {
-            let kept: Vec<KeptRow<'_, T>> = rows
-                .iter()
-                .map(|(_, ((p, _), _))| KeptRow::Full(p))
-                .collect();
-            let block = grad.block(b, &kept, scratch);
-            drop(kept);
-            let ahead = Ahead::new(grad, b, rows.len(), at, std::mem::size_of_val(&g[..]));
-            for (j, (r, ((p, m), v))) in rows.into_iter().enumerate() {
-                ahead.fetch(j);
+        walk_blocks(
+            rows.collect(),
+            grad,
+            Some((at, width * std::mem::size_of::<T>())),
+            len < PAR_MIN_ELEMS,
+            || vec![T::zero(); width],
+            |g, r, ((p, m), v), block| {
                 block.write(r, p, g);
                 c.apply_run(p, m, v, Some(g));
-            }
-        };
-        let scratch = || (vec![T::zero(); width], Vec::new());
-        if width * n_rows < PAR_MIN_ELEMS {
-            let mut s = scratch();
-            blocks.into_iter().for_each(|job| run(&mut s, job));
-        } else {
-            blocks.into_par_iter().for_each_init(scratch, run);
-        }
+            },
+        );
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use crate::{Error, ParamGrad, Parameter, Real, Result, RowSparse};
 
 mod blocks;
 mod half;
-pub(super) use blocks::{Ahead, cut_blocks};
+pub(super) use blocks::walk_blocks;
 use half::{Keys, arrays, by_blocks, by_rows, keys, rows_half, update_half, update_half_naive};
 pub(super) use half::{SparseRows, Stacked, Summed, cut_rows, pieces};
 

@@ -9,11 +9,10 @@ use std::sync::Arc;
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
-use super::blocks::{Ahead, cut_blocks};
+use super::blocks::walk_blocks;
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
 use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey, narrow_stochastic_at};
-use crate::kernels::rows::KeptRow;
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
     BlockGradient, Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut,
@@ -390,11 +389,7 @@ fn remapped_narrow_rows<T: Real, R: Rule<T>>(
         let mut arrays = [p, m, v];
         for (a, b) in arrays.iter().zip(bufs.iter_mut()) {
             b.resize(n, T::zero());
-            match a {
-                StoredMut::Full(s) => b.copy_from_slice(s),
-                StoredMut::BF16(h) => T::widen_half(h, b),
-                StoredMut::F16(h) => T::widen_half(h, b),
-            }
+            a.kept().widen_into(b);
         }
         let [bp, bm, bv] = &mut *bufs;
         rule.apply_run(bp, bm, bv, Some(&g[at..at + n]));
@@ -621,7 +616,6 @@ impl<T: Real> RowScratch<T> {
 /// [`update_half`] updates it, its gradient from `grad`: computed in
 /// registers from its form ([`update_formed`], `T` fused) or, a written
 /// row (every row for a `T` not fused), into `s.g` from the row widened.
-#[allow(clippy::too_many_arguments)]
 fn update_row<T: Real, R: Rule<T>>(
     rule: &R,
     s: &mut RowScratch<T>,
@@ -643,18 +637,8 @@ fn update_row<T: Real, R: Rule<T>>(
         update_formed(rule, parts([p, m, v], keys.keys), form, first);
         return;
     }
-    let x: &[T] = match &p {
-        StoredMut::Full(p) => p,
-        StoredMut::BF16(h) => {
-            T::widen_half(h, &mut s.x);
-            &s.x
-        }
-        StoredMut::F16(h) => {
-            T::widen_half(h, &mut s.x);
-            &s.x
-        }
-    };
-    grad.write(r, x, &mut s.g);
+    let kept = p.kept();
+    grad.write(r, kept.read(&mut s.x), &mut s.g);
     update_run(rule, parts([p, m, v], keys.keys), &s.g, first, &mut s.bufs);
 }
 
@@ -706,30 +690,18 @@ pub(super) fn by_blocks<T: Real, R: Rule<T>>(
 ) {
     let [p, m, v] = arrays(param, slot);
     let (at, size) = p.address();
+    let len = p.len();
     let rows = p
         .chunks(width)
         .into_iter()
         .zip(m.chunks(width))
         .zip(v.chunks(width));
-    let rows: Vec<_> = rows.collect();
-    let n_rows = rows.len();
-    let blocks = cut_blocks(rows, grad);
-    let run = |(s, scratch): &mut (RowScratch<T>, Vec<T>),
-               (b, rows): (usize, Vec<(usize, Triple<'_, T>)>)| {
-        let kept: Vec<KeptRow<'_, T>> = rows.iter().map(|(_, ((p, _), _))| p.kept()).collect();
-        let block = grad.block(b, &kept, scratch);
-        drop(kept);
-        let ahead = Ahead::new(grad, b, rows.len(), at, width * size);
-        for (j, row) in rows.into_iter().enumerate() {
-            ahead.fetch(j);
-            update_row(rule, s, row, width, &*block, &keys);
-        }
-    };
-    let scratch = || (RowScratch::new(width), Vec::new());
-    if width * n_rows < PAR_MIN_ELEMS {
-        let mut s = scratch();
-        blocks.into_iter().for_each(|job| run(&mut s, job));
-    } else {
-        blocks.into_par_iter().for_each_init(scratch, run);
-    }
+    walk_blocks(
+        rows.collect(),
+        grad,
+        Some((at, width * size)),
+        len < PAR_MIN_ELEMS,
+        || RowScratch::new(width),
+        |s, r, row, block| update_row(rule, s, (r, row), width, block, &keys),
+    );
 }
