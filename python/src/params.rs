@@ -27,11 +27,8 @@ use crate::convert::{OrRaise, PyReal};
 
 /// The parameter `name` of `module`; a `KeyError` naming it when there is none.
 pub fn param<'a, T: PyReal>(module: &'a dyn Module<T>, name: &str) -> PyResult<&'a Parameter<T>> {
-    module
-        .parameters()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| no_parameter(name))
+    let params = module.parameters();
+    Ok(params[index_of(&params, name)?])
 }
 
 /// [`param`], to change.
@@ -39,15 +36,20 @@ pub fn param_mut<'a, T: PyReal>(
     module: &'a mut dyn Module<T>,
     name: &str,
 ) -> PyResult<&'a mut Parameter<T>> {
-    module
-        .parameters_mut()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| no_parameter(name))
+    let i = index_of(&module.parameters(), name)?;
+    Ok(module.parameters_mut().swap_remove(i))
 }
 
-fn no_parameter(name: &str) -> PyErr {
-    PyKeyError::new_err(format!("no parameter named `{name}`"))
+/// Where the parameter `name` is among a module's `params`; a `KeyError`
+/// naming it and them when it is not.
+fn index_of<T: PyReal>(params: &[&Parameter<T>], name: &str) -> PyResult<usize> {
+    params.iter().position(|p| p.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = params.iter().map(|p| p.name()).collect();
+        PyKeyError::new_err(format!(
+            "no parameter named `{name}` (parameters: {})",
+            names.join(", ")
+        ))
+    })
 }
 
 /// A parameter as a writable numpy view of the layer's own buffer.
@@ -57,17 +59,7 @@ pub fn parameter_view<'py, T: PyReal>(
     keep: &Keep,
     name: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let p = module
-        .parameters()
-        .into_iter()
-        .find(|p| p.name() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = module.parameters().iter().map(|p| p.name()).collect();
-            PyKeyError::new_err(format!(
-                "no parameter named `{name}` (parameters: {})",
-                names.join(", ")
-            ))
-        })?;
+    let p = param(module, name)?;
     let base = Bound::new(
         slf.py(),
         ParamView {

@@ -499,11 +499,8 @@ fn step_rows_and_gates<T: PyReal>(
 ) -> PyResult<()> {
     let (penalty_weight, fusion_weight, norms) = penalties;
     let norms = norms_arg(norms)?;
-    if let Some(n) = &norms
-        && n.len() != sv.n_rows()
-    {
-        let expected = format!("({},) (one per row)", sv.n_rows());
-        return Err(py_err(Error::shape("norms", expected, &[n.len()])));
+    if let Some(n) = &norms {
+        sv.check_norms(n).or_raise()?;
     }
     let rows_name = sv.rows().name().to_string();
     let entries = || pieces.iter().flat_map(|p| p.iter());

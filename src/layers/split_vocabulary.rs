@@ -519,7 +519,9 @@ impl<T: Real> SplitVocabulary<T> {
         )
     }
 
-    fn check_norms(&self, norms: &[T]) -> Result<()> {
+    /// Errors unless `norms` has one element per row (the distances
+    /// [`Self::fusion_penalty_norms`] returns).
+    pub fn check_norms(&self, norms: &[T]) -> Result<()> {
         if norms.len() != self.n_rows() {
             return Err(Error::shape(
                 "norms",
