@@ -16,6 +16,7 @@
 //! `docs/gradients.md#the-gated-mix` and `docs/gradients.md#the-fusion-penalty`.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use ndarray::{Array1, ArrayD, ArrayViewD, Axis, Ix2};
 
@@ -26,7 +27,7 @@ use crate::io::{PairLookup, SplitIndex, check_memory, load_index};
 use crate::kernels::Real;
 use crate::kernels::pool::Pool;
 use crate::ops::fusion_penalty::{
-    FusionBlocks, FusionRowGrads, RowGroups, fusion_penalty_backward_stored,
+    FusionBlocks, FusionLayout, FusionRowGrads, RowGroups, fusion_penalty_backward_stored,
     fusion_penalty_forward_row_grads, fusion_penalty_forward_stored,
 };
 pub use crate::ops::gated_mix::NO_ROW;
@@ -121,6 +122,9 @@ pub struct SplitVocabulary<T> {
     index_i64: (Array1<i64>, Array1<i64>),
     /// The index's `score` as the `F64` tensor of the state.
     score: Option<Array1<f64>>,
+    /// The groups cut into the fusion penalty's blocks, once asked for
+    /// ([`Self::rows_and_fusion_blocks`]; the groups never change).
+    fusion_layout: OnceLock<FusionLayout>,
 }
 
 impl<T: Real> SplitVocabulary<T> {
@@ -241,6 +245,7 @@ impl<T: Real> SplitVocabulary<T> {
             groups,
             index_i64,
             score,
+            fusion_layout: OnceLock::new(),
         })
     }
 
@@ -515,7 +520,12 @@ impl<T: Real> SplitVocabulary<T> {
     ) -> (&mut Parameter<T>, FusionBlocks<'_, T>) {
         (
             &mut self.rows,
-            FusionBlocks::new(&self.groups, self.dim, weight),
+            FusionBlocks::with_layout(
+                &self.groups,
+                self.fusion_layout
+                    .get_or_init(|| FusionLayout::new::<T>(&self.groups, self.dim)),
+                weight,
+            ),
         )
     }
 

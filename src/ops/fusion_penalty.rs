@@ -604,7 +604,7 @@ impl<'p, T: Real> Tape<'p, T> {
 
 mod blocks;
 mod row_grads;
-pub use blocks::{FusionBlock, FusionBlocks};
+pub use blocks::{FusionBlock, FusionBlocks, FusionLayout};
 pub use row_grads::{FusionRowGrads, fusion_penalty_forward_row_grads};
 
 #[cfg(test)]

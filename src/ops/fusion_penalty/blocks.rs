@@ -6,6 +6,7 @@
 //! cache, are updated next. Neither a pass over the rows before the update
 //! nor a buffer of every group's terms is needed.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use ndarray::{Array1, ArrayView2};
@@ -53,9 +54,29 @@ const BLOCK_BYTES: usize = 256 << 10;
 #[derive(Debug)]
 pub struct FusionBlocks<'g, T> {
     groups: &'g RowGroups,
-    width: usize,
+    layout: Cow<'g, FusionLayout>,
     /// `gy / n`.
     a: T,
+    /// Each block's norms in its rows' order, once it is formed.
+    norms: Vec<OnceLock<Box<[T]>>>,
+}
+
+/// How [`FusionBlocks`] cuts the groups of a [`RowGroups`] into blocks,
+/// for rows of a width: a function of the groups and the width only, so a
+/// layer whose groups are fixed builds it once and lends it to every
+/// step's blocks ([`FusionBlocks::with_layout`]).
+///
+/// ```
+/// use splitgrad::ops::fusion_penalty::{FusionBlocks, FusionLayout, RowGroups};
+/// let groups = RowGroups::new(&[0, 1, 0], 2);
+/// let layout = FusionLayout::new::<f32>(&groups, 2);
+/// let blocks = FusionBlocks::with_layout(&groups, &layout, 0.5f32);
+/// assert_eq!(blocks.rows(0), FusionBlocks::new(&groups, 2, 0.5f32).rows(0));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusionLayout {
+    width: usize,
+    n_groups: usize,
     /// Block b holds groups `group_starts[b]..group_starts[b + 1]`.
     group_starts: Vec<usize>,
     /// Block b's rows are `rows[row_starts[b]..row_starts[b + 1]]`.
@@ -63,14 +84,12 @@ pub struct FusionBlocks<'g, T> {
     rows: Vec<usize>,
     /// Each row's position in its block's rows.
     position: Vec<u32>,
-    /// Each block's norms in its rows' order, once it is formed.
-    norms: Vec<OnceLock<Box<[T]>>>,
 }
 
-impl<'g, T: Real> FusionBlocks<'g, T> {
-    /// The blocks of the rows of `groups`, rows of `width` elements, for
-    /// the gradient of `gy·P`.
-    pub fn new(groups: &'g RowGroups, width: usize, gy: T) -> Self {
+impl FusionLayout {
+    /// The blocks of the rows of `groups`, rows of `width` elements of `T`
+    /// (each block at least [`BLOCK_BYTES`] of them, but the last).
+    pub fn new<T>(groups: &RowGroups, width: usize) -> Self {
         let n = groups.n_rows();
         let n_groups = groups.n_groups();
         let (mut group_starts, mut row_starts) = (vec![0], vec![0]);
@@ -86,22 +105,64 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
                 open = rows.len();
             }
         }
-        let norms = (1..group_starts.len()).map(|_| OnceLock::new()).collect();
         let mut position = vec![0; n];
         for b in row_starts.windows(2) {
             for (i, &r) in rows[b[0]..b[1]].iter().enumerate() {
                 position[r] = i as u32;
             }
         }
-        FusionBlocks {
-            groups,
+        FusionLayout {
             width,
-            a: gy / T::from_f64(n.max(1) as f64),
+            n_groups,
             group_starts,
             row_starts,
             rows,
             position,
-            norms,
+        }
+    }
+
+    /// The number of blocks.
+    pub fn n_blocks(&self) -> usize {
+        self.group_starts.len() - 1
+    }
+}
+
+impl<'g, T: Real> FusionBlocks<'g, T> {
+    /// The blocks of the rows of `groups`, rows of `width` elements, for
+    /// the gradient of `gy·P`.
+    pub fn new(groups: &'g RowGroups, width: usize, gy: T) -> Self {
+        Self::of(
+            groups,
+            Cow::Owned(FusionLayout::new::<T>(groups, width)),
+            gy,
+        )
+    }
+
+    /// [`Self::new`] with the blocks of `layout`, which must be
+    /// `FusionLayout::new::<T>(groups, width)`'s.
+    ///
+    /// **Panics** if `layout` is not for as many rows and groups as
+    /// `groups` has.
+    #[track_caller]
+    pub fn with_layout(groups: &'g RowGroups, layout: &'g FusionLayout, gy: T) -> Self {
+        assert!(
+            layout.position.len() == groups.n_rows() && layout.n_groups == groups.n_groups(),
+            "FusionBlocks::with_layout: a layout of {} rows in {} groups for {} rows in {} groups",
+            layout.position.len(),
+            layout.n_groups,
+            groups.n_rows(),
+            groups.n_groups()
+        );
+        Self::of(groups, Cow::Borrowed(layout), gy)
+    }
+
+    fn of(groups: &'g RowGroups, layout: Cow<'g, FusionLayout>, gy: T) -> Self {
+        let n = groups.n_rows();
+        FusionBlocks {
+            groups,
+            a: gy / T::from_f64(n.max(1) as f64),
+            norms: (0..layout.n_blocks()).map(|_| OnceLock::new()).collect(),
+            layout,
         }
     }
 
@@ -112,7 +173,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
 
     /// The number of rows (of all blocks).
     pub fn n_rows(&self) -> usize {
-        self.rows.len()
+        self.layout.rows.len()
     }
 
     /// The rows of block b, in increasing order.
@@ -120,7 +181,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
     /// **Panics** if b is out of range.
     #[track_caller]
     pub fn rows(&self, b: usize) -> &[usize] {
-        &self.rows[self.row_starts[b]..self.row_starts[b + 1]]
+        &self.layout.rows[self.layout.row_starts[b]..self.layout.row_starts[b + 1]]
     }
 
     /// Block b's gradient from its rows (`x[i]` is row `self.rows(b)[i]`),
@@ -136,13 +197,13 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         scratch: &'s mut Vec<T>,
     ) -> FusionBlock<'s, T> {
         let rows = self.rows(b);
-        let w = self.width;
+        let w = self.layout.width;
         assert!(
             x.len() == rows.len() && x.iter().all(|r| r.len() == w),
             "FusionBlocks::block: block {b} has {} rows of {w} elements",
             rows.len()
         );
-        let groups = self.group_starts[b]..self.group_starts[b + 1];
+        let groups = self.layout.group_starts[b]..self.layout.group_starts[b + 1];
         let sizes = || groups.clone().map(|g| self.groups.members(g).len());
         let n_multi = sizes().filter(|&m| m > 1).count();
         let largest = sizes().max().unwrap_or(0).max(1);
@@ -157,7 +218,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let (terms, buf) = scratch[..need].split_at_mut(n_terms);
         let mut slot = vec![u32::MAX; rows.len()];
         let mut norms = vec![T::zero(); rows.len()];
-        let at = |r: usize| self.position[r] as usize;
+        let at = |r: usize| self.layout.position[r] as usize;
         let local: Vec<usize> = (0..largest).collect();
         let (mut pos, mut group_norm) = (Vec::new(), Vec::new());
         let mut s = 0;
@@ -207,7 +268,7 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let _ = self.norms[b].set(norms.into_boxed_slice());
         FusionBlock {
             rows,
-            position: &self.position,
+            position: &self.layout.position,
             width: w,
             slot,
             k,
@@ -226,9 +287,9 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
     pub fn penalty(&self, x: StoredView<'_, T>) -> (T, Array1<T>) {
         let (n, w) = check_rows(&x, self.groups);
         assert_eq!(
-            w, self.width,
+            w, self.layout.width,
             "FusionBlocks::penalty: rows of {w}, not {}",
-            self.width
+            self.layout.width
         );
         let table = x.table_rows();
         let mut scratch = Vec::new();
@@ -245,9 +306,9 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
                 }
             };
             // The norms in group order, as penalty_of takes them.
-            for g in self.group_starts[b]..self.group_starts[b + 1] {
+            for g in self.layout.group_starts[b]..self.layout.group_starts[b + 1] {
                 for &r in self.groups.members(g) {
-                    by_group[next] = norms[self.position[r] as usize];
+                    by_group[next] = norms[self.layout.position[r] as usize];
                     next += 1;
                 }
             }

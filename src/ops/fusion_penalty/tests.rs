@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::Rng;
-use crate::ops::fusion_penalty::FusionBlocks;
+use crate::ops::fusion_penalty::{FusionBlocks, FusionLayout};
 use ndarray::Array2;
 
 use crate::param::RowForm;
@@ -344,6 +344,8 @@ fn blocks_are_the_one_pass_row_grads() {
         poison(&mut x);
         let mut kept = half_rows(&x);
         kept.push((crate::param::Stored::Full(x.clone().into_dyn()), x.clone()));
+        // One layout lent to the blocks of every dtype below.
+        let layout = FusionLayout::new::<f64>(&groups, width);
         let b = |a: &[f64]| {
             a.iter()
                 .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
@@ -362,7 +364,8 @@ fn blocks_are_the_one_pass_row_grads() {
                 b(n0.as_slice().unwrap()),
                 "{what}"
             );
-            let blocks = FusionBlocks::new(&groups, width, 0.3);
+            let blocks = FusionBlocks::with_layout(&groups, &layout, 0.3);
+            assert_eq!(blocks.n_blocks(), layout.n_blocks());
             let table = stored.view().table_rows();
             let mut all: Vec<usize> = Vec::new();
             let (mut scratch, mut g0, mut g1) = (Vec::new(), vec![0.0; width], vec![0.0; width]);
@@ -406,4 +409,13 @@ fn blocks_are_the_one_pass_row_grads() {
             );
         }
     }
+}
+
+#[test]
+#[should_panic(expected = "a layout of 40 rows in 9 groups for 40 rows in 8 groups")]
+fn a_layout_of_other_groups_is_refused() {
+    let (_, groups) = case(18, 40, 9, 5);
+    let (_, other) = case(18, 40, 8, 5);
+    let layout = FusionLayout::new::<f64>(&groups, 5);
+    FusionBlocks::<f64>::with_layout(&other, &layout, 0.3);
 }
