@@ -62,7 +62,7 @@ mod rates;
 pub mod sweep;
 mod workloads;
 
-use rates::{copy_rate_gbps, peak_rss_mib, sched_ns, sgemm_gflops};
+use rates::{copy_rate_gbps, lazy_adam_gelems, peak_rss_mib, sched_ns, sgemm_gflops};
 pub use sweep::{SweepConfig, SweepRow, sweep};
 use workloads::build;
 
@@ -252,6 +252,8 @@ pub struct Versus {
     pub bytes_moved: u64,
     /// `bytes_moved / median_s / memcpy rate` of the f32 steps.
     pub bandwidth_fraction: f64,
+    /// [`BenchReport::update_floor_s`] in f32 (f32 moments).
+    pub update_floor_s: Option<f64>,
     /// The loss of the last f32 step (before its update).
     pub loss: f64,
 }
@@ -278,7 +280,7 @@ pub struct BenchReport {
     /// optimiser update.
     pub phase_median_s: [f64; 3],
     /// Medians of the step's operations, in the order they run, where the
-    /// workload times them apart (`splitvocab`; empty for the others):
+    /// workload times them apart (all but `lmhead`, whose is empty):
     /// (what, seconds). They cover the three phases; the median of a sum
     /// is not the sum of the medians, so they need not add up to
     /// `median_s` exactly.
@@ -311,6 +313,17 @@ pub struct BenchReport {
     pub memcpy_gbps: f64,
     /// `bytes_moved / median_s / memcpy rate`.
     pub bandwidth_fraction: f64,
+    /// The elements lazy Adam moves in a step (the workloads but
+    /// `lmhead`).
+    pub lazy_adam_elements: Option<u64>,
+    /// The rate of lazy Adam on rows of the workload's width in the run's
+    /// dtypes from the cores' caches, G elements a second: what its
+    /// arithmetic allows when no byte waits for memory.
+    pub lazy_adam_gelems: Option<f64>,
+    /// `lazy_adam_elements / lazy_adam_gelems`: the seconds a step's
+    /// update takes at least however fast the memory, the floor beside
+    /// the copy rate's `bytes_moved / memcpy rate`.
+    pub update_floor_s: Option<f64>,
     /// For `lmhead`: 6·N·V·H, the matmul work of a step.
     pub flops: Option<f64>,
     /// For `lmhead`: `flops / median_s`, GFLOP/s.
@@ -422,6 +435,23 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     if let Some(b) = &mut base {
         b.step()?;
     }
+    // lazy Adam's rate from cache in the run's dtypes (and in f32 beside
+    // an f32 run), measured before the steps and after them, the faster
+    // kept: a rate a passing load lowered would raise the floor.
+    let adam_elements = w.lazy_adam_elements();
+    let adam_rates = || -> Result<[Option<f64>; 2]> {
+        let Some((_, width)) = adam_elements else {
+            return Ok([None, None]);
+        };
+        Ok([
+            Some(lazy_adam_gelems(width, cfg.dtype, cfg.state_dtype)?),
+            match cfg.versus_f32 {
+                true => Some(lazy_adam_gelems(width, Dtype::F32, Dtype::F32)?),
+                false => None,
+            },
+        ])
+    };
+    let rates_before = adam_rates()?;
     let mut base_step_s = Vec::new();
     let mut base_loss = 0.0;
     let mut step_s = Vec::with_capacity(cfg.steps);
@@ -507,6 +537,15 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         (bytes_moved, b.params_bytes(), b.state_bytes())
     });
     let memcpy_gbps = copy_rate_gbps((64 << 20) / cfg.scale);
+    // The update's floor (rate, seconds) in the run's dtypes, and in f32.
+    let [update_floor, f32_floor] = {
+        let after = adam_rates()?;
+        let n = adam_elements.map_or(0, |e| e.0) as f64;
+        [0, 1].map(|i| {
+            let rate = rates_before[i].zip(after[i]).map(|(a, b)| a.max(b))?;
+            Some((rate, n / rate / 1e9))
+        })
+    };
     let versus_f32 = base.map(|(f32_moved, f32_params, f32_state)| {
         let median_f32 = median(&base_step_s);
         let pairs: Vec<f64> = step_s
@@ -524,6 +563,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             bytes_ratio: (params_bytes + state_bytes) as f64 / (f32_params + f32_state) as f64,
             bytes_moved: f32_moved,
             bandwidth_fraction: f32_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
+            update_floor_s: f32_floor.map(|f| f.1),
             loss: base_loss,
             step_s: std::mem::take(&mut base_step_s),
         }
@@ -554,6 +594,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         bytes_terms,
         memcpy_gbps,
         bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
+        lazy_adam_elements: adam_elements.map(|e| e.0),
+        lazy_adam_gelems: update_floor.map(|f| f.0),
+        update_floor_s: update_floor.map(|f| f.1),
         flops,
         gflops,
         sgemm_gflops: sgemm_rate,
@@ -665,6 +708,63 @@ mod tests {
             ..BenchConfig::new(Workload::EmbedFull)
         };
         assert!(run(&c).unwrap_err().to_string().contains("bf16"));
+    }
+
+    /// The update floor counts the elements lazy Adam moves, as the bytes
+    /// model's lazy Adam terms do (f32: 28 bytes an element, the split
+    /// rows' term less the gradient it does not read), at the rate
+    /// measured; `lmhead`, updated by dense Adam, has none.
+    #[test]
+    fn the_update_floor_counts_lazy_adams_elements() {
+        let term = |r: &BenchReport, what: &str| {
+            r.bytes_terms
+                .iter()
+                .find(|t| t.0.starts_with(what))
+                .unwrap_or_else(|| panic!("{what}"))
+                .1
+        };
+        for w in Workload::ALL {
+            let r = run(&BenchConfig {
+                steps: 1,
+                scale: 64,
+                versus_f32: true,
+                dtype: Dtype::BF16,
+                state_dtype: Dtype::BF16,
+                ..BenchConfig::new(w)
+            })
+            .unwrap();
+            let v = r.versus_f32.as_ref().unwrap();
+            let f32_run = run(&BenchConfig {
+                steps: 1,
+                scale: 64,
+                ..BenchConfig::new(w)
+            })
+            .unwrap();
+            let expected = match w {
+                Workload::LmHead => None,
+                Workload::EmbedPrompt | Workload::EmbedFull => {
+                    Some(term(&f32_run, "lazy Adam: read p, m, v, g") / 28)
+                }
+                Workload::SplitVocab => {
+                    let d = 512 / 64;
+                    Some(term(&f32_run, "lazy Adam, shared table") / 28 + (20000 / 64) * d)
+                }
+            };
+            assert_eq!(r.lazy_adam_elements, expected, "{w}");
+            assert_eq!(f32_run.lazy_adam_elements, expected, "{w}");
+            match (expected, r.lazy_adam_gelems, r.update_floor_s) {
+                (None, None, None) => {
+                    assert!(v.update_floor_s.is_none() && f32_run.update_floor_s.is_none())
+                }
+                (Some(n), Some(rate), Some(floor)) => {
+                    assert!(n > 0 && rate.is_finite() && rate > 0.0, "{w}: {rate}");
+                    assert_eq!(floor, n as f64 / rate / 1e9, "{w}");
+                    assert!(v.update_floor_s.is_some_and(|f| f.is_finite() && f > 0.0));
+                    assert!(f32_run.update_floor_s.is_some() && f32_run.versus_f32.is_none());
+                }
+                other => panic!("{w}: {other:?}"),
+            }
+        }
     }
 
     /// Versus f32: the f32 workload beside the run takes its own steps,

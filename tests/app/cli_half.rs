@@ -195,6 +195,16 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
     assert!(v["bytes_ratio"].as_f64().unwrap() < 0.55, "{v}");
     assert!(v["pair_ratio"].as_f64().unwrap() > 0.0);
     assert_eq!(v["block"], 1);
+    // The update's floor beside the copy rate, in both dtypes.
+    assert!(text.contains("update floor lazy Adam from cache"), "{text}");
+    assert!(text.contains("; update floor "), "{text}");
+    let floor = j["update_floor_s"].as_f64().unwrap();
+    let (n, rate) = (
+        j["lazy_adam_elements"].as_u64().unwrap(),
+        j["lazy_adam_gelems"].as_f64().unwrap(),
+    );
+    assert!((floor * rate * 1e9 / n as f64 - 1.0).abs() < 1e-12, "{j}");
+    assert!(v["update_floor_s"].as_f64().unwrap() > 0.0, "{v}");
     // In blocks of 3 steps: 4 steps each still, the report says how.
     let blocks = run_ok(
         &dir,

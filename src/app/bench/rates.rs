@@ -8,6 +8,10 @@ use ndarray::Array2;
 use rayon::prelude::*;
 
 use super::F32;
+use super::workloads::{keep, lazy_adam};
+use crate::error::Result;
+use crate::optim::Optimizer;
+use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, Stored};
 use crate::{Real, Rng};
 
 /// `VmHWM` of `/proc/self/status` in MiB.
@@ -63,6 +67,44 @@ pub(super) fn copy_rate_gbps(n: usize) -> f64 {
     }
     std::hint::black_box(&dst_buf);
     (2 * n as u64 * F32) as f64 / best / 1e9
+}
+
+/// The rate of lazy Adam, configured as the workloads' ([`lazy_adam`],
+/// [`keep`]), on rows of `width` kept as `dtype` with moments kept as
+/// `state`, from the cores' caches: a table of about 128 Ki elements
+/// (0.8 MiB with its moments in bf16, 1.5 MiB in f32) and a gradient on
+/// every row, updated again and again. Best of forty rounds of about 1 M
+/// elements (after one that warms up: a shared machine's load leaves
+/// some rounds alone), G elements a second. What the
+/// update's arithmetic (the square root, the division and, in half
+/// precision, the widening and the stochastic rounding of three arrays)
+/// costs when no byte waits for memory: the floor of a step's update
+/// however fast its memory.
+pub(super) fn lazy_adam_gelems(width: usize, dtype: Dtype, state: Dtype) -> Result<f64> {
+    let width = width.max(1);
+    let rows = ((128 << 10) / width).max(1);
+    let mut rng = Rng::new(13);
+    let x = Array2::from_shape_fn((rows, width), |_| rng.normal() as f32 * 0.1);
+    let mut p = Parameter::new_stored("rows", Stored::from_full(x.into_dyn(), dtype)?);
+    let grad = ParamGrad::RowSparse(RowSparse {
+        n_rows: rows,
+        rows: (0..rows).collect(),
+        values: Array2::from_shape_fn((rows, width), |_| rng.normal() as f32),
+    });
+    let mut opt = keep(lazy_adam()?, state)?;
+    let reps = (1_000_000 / (rows * width)).max(1);
+    let mut best = f64::INFINITY;
+    for round in 0..41 {
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            opt.update(&mut p, &grad)?;
+        }
+        if round > 0 {
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+    }
+    std::hint::black_box(p.stored());
+    Ok((reps * rows * width) as f64 / best / 1e9)
 }
 
 /// Best of three (m, k)·(k, n) sgemms (after a warm-up one), GFLOP/s:

@@ -35,7 +35,7 @@ fn adam() -> Result<Adam<f32>> {
 }
 
 /// Lazy Adam at the workloads' learning rate.
-fn lazy_adam() -> Result<LazyAdam<f32>> {
+pub(super) fn lazy_adam() -> Result<LazyAdam<f32>> {
     LazyAdam::new(LazyAdamConfig {
         lr: LR,
         ..LazyAdamConfig::default()
@@ -90,7 +90,7 @@ impl Widths {
 
 /// The optimisers' state dtype and rounding for a workload (stochastic,
 /// seed 0), or the error of an unsupported state dtype.
-fn keep<O: Optimizer<f32>>(mut o: O, state: Dtype) -> Result<O> {
+pub(super) fn keep<O: Optimizer<f32>>(mut o: O, state: Dtype) -> Result<O> {
     o.set_state_dtype(state)?;
     o.set_rounding(Rounding::Stochastic { seed: 0 });
     Ok(o)
@@ -245,6 +245,18 @@ impl Built {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The elements lazy Adam moves in a step and the width of their rows
+    /// (the embedding workloads' touched rows; `splitvocab`'s touched
+    /// shared rows and every split row); `None` for `lmhead`, whose update
+    /// is dense Adam.
+    pub(super) fn lazy_adam_elements(&self) -> Option<(u64, usize)> {
+        match self {
+            Built::Embed(b) => Some(b.lazy_adam_elements()),
+            Built::SplitVocab(b) => Some(b.lazy_adam_elements()),
+            Built::LmHead(_) => None,
         }
     }
 
@@ -419,7 +431,9 @@ impl EmbedBench {
     /// is 0: its time is the update's.
     fn step(&mut self) -> Result<StepOut> {
         let mut laps = Laps::start();
+        let mut ops = Ops::start();
         let (out, saved) = self.emb.forward_saved_stored(&self.pool, &self.ids)?;
+        ops.lap("gather");
         let loss: f32 = match (&out, &self.r) {
             (Stored::Full(o), Stored::Full(r)) => dot_slices(flat(o), flat(r)),
             (Stored::BF16(o), Stored::BF16(r)) => dot_half(flat(o), flat(r)),
@@ -427,17 +441,41 @@ impl EmbedBench {
             _ => unreachable!("the output and r share the tables' dtype"),
         };
         give_back(&self.pool, out);
+        ops.lap("loss: Σ out ⊙ R");
         let forward_s = laps.lap();
         let opt = &mut self.opt;
         self.emb
             .backward_update_saved(&self.pool, &saved, self.r.view(), &mut |p, g| {
                 opt.update_sparse_by_rows(p, g)
             })?;
+        ops.lap("lazy Adam with the backward (∂out's rows summed per touched row)");
         Ok(StepOut {
             loss: loss as f64,
             phase_s: [forward_s, 0.0, laps.lap()],
-            op_s: Vec::new(),
+            op_s: ops.done(),
         })
+    }
+
+    /// The touched rows' elements of the trainable tables, and H.
+    fn lazy_adam_elements(&self) -> (u64, usize) {
+        let h = self.emb.hidden_size();
+        (self.trainable_rows().1 * h as u64, h)
+    }
+
+    /// The trainable ids (N_t) and the distinct rows they touch (U_t).
+    fn trainable_rows(&self) -> (u64, u64) {
+        let routing = self.emb.splits().routing();
+        let params = self.emb.parameters();
+        let global = |(k, l): (usize, usize)| routing.start(k) + l;
+        let mine: Vec<usize> = self
+            .ids
+            .iter()
+            .map(|&i| routing.route(i).expect("ids are in range"))
+            .filter(|o| params[o.0].is_trainable())
+            .map(global)
+            .collect();
+        let n_t = mine.len() as u64;
+        (n_t, n_unique(mine))
     }
 
     /// See `docs/bench.md#embed_prompt-and-embed_full`.
@@ -450,13 +488,9 @@ impl EmbedBench {
             .iter()
             .map(|&i| routing.route(i).expect("ids are in range"))
             .collect();
-        let params = self.emb.parameters();
-        let trainable = |k: usize| params[k].is_trainable();
         let global = |&(k, l): &(usize, usize)| routing.start(k) + l;
         let u_all = n_unique(owners.iter().map(global));
-        let mine: Vec<&(usize, usize)> = owners.iter().filter(|o| trainable(o.0)).collect();
-        let n_t = mine.len() as u64;
-        let u_t = n_unique(mine.into_iter().map(global));
+        let (n_t, u_t) = self.trainable_rows();
         let row = F32 * h;
         let w = self.widths;
         // Activations in the tables' dtype on the half-precision path.

@@ -159,6 +159,10 @@ fn ms(s: f64) -> String {
     format!("{:.1} ms", s * 1e3)
 }
 
+fn ms2(s: f64) -> String {
+    format!("{:.2} ms", s * 1e3)
+}
+
 fn mb(b: u64) -> String {
     format!("{:.1} MB", b as f64 / 1e6)
 }
@@ -234,6 +238,22 @@ fn table(r: &BenchReport) -> String {
             ),
         ),
     ];
+    if let (Some(n), Some(rate), Some(floor)) =
+        (r.lazy_adam_elements, r.lazy_adam_gelems, r.update_floor_s)
+    {
+        rows.push((
+            "update floor".into(),
+            format!(
+                "lazy Adam from cache {rate:.2} G elements/s ({} rows, {} moments): \
+                 the step's {:.2} M elements take at least {}, {:.0} % of its median",
+                r.dtype,
+                r.state_dtype,
+                n as f64 / 1e6,
+                ms2(floor),
+                100.0 * floor / r.median_s
+            ),
+        ));
+    }
     if let (Some(g), Some(s), Some(f)) = (r.gflops, r.sgemm_gflops, r.gflops_fraction) {
         rows.push((
             "matmul".into(),
@@ -288,9 +308,17 @@ fn table(r: &BenchReport) -> String {
         rows.push((
             "f32 bytes".into(),
             format!(
-                "{} per step: {:.0} % of the copy rate",
+                "{} per step: {:.0} % of the copy rate{}",
                 mb(v.bytes_moved),
-                100.0 * v.bandwidth_fraction
+                100.0 * v.bandwidth_fraction,
+                match v.update_floor_s {
+                    Some(f) => format!(
+                        "; update floor {}, {:.0} % of its median",
+                        ms2(f),
+                        100.0 * f / v.median_s
+                    ),
+                    None => String::new(),
+                }
             ),
         ));
     }
@@ -343,6 +371,9 @@ fn to_json(r: &BenchReport) -> Value {
         "bytes_terms": terms,
         "memcpy_gbps": r.memcpy_gbps,
         "bandwidth_fraction": r.bandwidth_fraction,
+        "lazy_adam_elements": r.lazy_adam_elements,
+        "lazy_adam_gelems": r.lazy_adam_gelems,
+        "update_floor_s": r.update_floor_s,
         "flops": r.flops,
         "gflops": r.gflops,
         "sgemm_gflops": r.sgemm_gflops,
@@ -373,6 +404,7 @@ fn versus_json(v: &Versus) -> Value {
         "bytes_ratio": v.bytes_ratio,
         "bytes_moved": v.bytes_moved,
         "bandwidth_fraction": v.bandwidth_fraction,
+        "update_floor_s": v.update_floor_s,
         "loss": v.loss,
     })
 }

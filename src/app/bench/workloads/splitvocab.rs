@@ -198,6 +198,15 @@ impl SplitVocabBench {
         state_bytes_of(&self.tables) + state_bytes_of(&self.dense)
     }
 
+    /// The elements lazy Adam moves in a step: the shared table's touched
+    /// rows and every split row (the fusion penalty's gradient is dense);
+    /// and D.
+    pub(super) fn lazy_adam_elements(&self) -> (u64, usize) {
+        let d = self.sv.dim();
+        let u_s = n_unique(self.tokens.iter().map(|&t| t as usize));
+        ((u_s + self.sv.n_rows() as u64) * d as u64, d)
+    }
+
     /// See `docs/bench.md#splitvocab`.
     pub(super) fn bytes_terms(&self) -> Vec<(&'static str, u64)> {
         let d = self.sv.dim() as u64;
