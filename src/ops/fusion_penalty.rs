@@ -405,12 +405,17 @@ pub fn fusion_penalty_forward_stored<T: Real>(
 /// The norms in row order from `by_group` (in group order), and the
 /// penalty, their mean (0 with no row).
 fn penalty_of<T: Real>(groups: &RowGroups, by_group: &[T]) -> (T, Array1<T>) {
-    let n = groups.n_rows();
-    let mut norms = Array1::<T>::zeros(n);
+    let mut norms = Array1::<T>::zeros(groups.n_rows());
     for (&i, &y) in groups.members.iter().zip(by_group) {
         norms[i] = y;
     }
-    let p = norms.sum() / T::from_f64(n.max(1) as f64);
+    mean_of_norms(norms)
+}
+
+/// P, the mean of the rows' norms (n) in row order (0 for no row), and
+/// the norms.
+fn mean_of_norms<T: Real>(norms: Array1<T>) -> (T, Array1<T>) {
+    let p = norms.sum() / T::from_f64(norms.len().max(1) as f64);
     (p, norms)
 }
 

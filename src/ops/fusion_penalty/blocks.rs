@@ -10,9 +10,10 @@ use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use ndarray::{Array1, ArrayView2};
+use rayon::prelude::*;
 
 use super::row_grads::{deviation_row, norms_and_terms};
-use super::{RowGroups, check_rows, factor, lone_norm, penalty_of};
+use super::{RowGroups, check_rows, factor, lone_norm, mean_of_norms};
 use crate::kernels::Real;
 use crate::kernels::rows::KeptRow;
 use crate::kernels::wide::wide_fn;
@@ -292,28 +293,24 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
             self.layout.width
         );
         let table = x.table_rows();
-        let mut scratch = Vec::new();
-        let mut by_group = vec![T::zero(); n];
-        let mut next = 0;
+        // The blocks no update formed, formed now (in parallel).
+        (0..self.n_blocks())
+            .into_par_iter()
+            .filter(|&b| self.norms[b].get().is_none())
+            .for_each_init(Vec::new, |scratch, b| {
+                let kept: Vec<KeptRow<'_, T>> =
+                    self.rows(b).iter().map(|&r| table.kept(r)).collect();
+                self.block(b, &kept, scratch);
+            });
+        // Each row's norm in its place.
+        let mut norms = Array1::<T>::zeros(n);
         for b in 0..self.n_blocks() {
-            let norms = match self.norms[b].get() {
-                Some(norms) => norms,
-                None => {
-                    let kept: Vec<KeptRow<'_, T>> =
-                        self.rows(b).iter().map(|&r| table.kept(r)).collect();
-                    self.block(b, &kept, &mut scratch);
-                    self.norms[b].get().expect("just formed")
-                }
-            };
-            // The norms in group order, as penalty_of takes them.
-            for g in self.layout.group_starts[b]..self.layout.group_starts[b + 1] {
-                for &r in self.groups.members(g) {
-                    by_group[next] = norms[self.layout.position[r] as usize];
-                    next += 1;
-                }
+            let formed = self.norms[b].get().expect("every block formed");
+            for (&r, &y) in self.rows(b).iter().zip(formed.iter()) {
+                norms[r] = y;
             }
         }
-        penalty_of(self.groups, &by_group)
+        mean_of_norms(norms)
     }
 }
 
