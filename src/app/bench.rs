@@ -317,8 +317,9 @@ pub struct BenchReport {
     /// `lmhead`).
     pub lazy_adam_elements: Option<u64>,
     /// The rate of lazy Adam on rows of the workload's width in the run's
-    /// dtypes from the cores' caches, G elements a second: what its
-    /// arithmetic allows when no byte waits for memory.
+    /// dtypes, from a core's cache on one thread, times the threads, G
+    /// elements a second: what its arithmetic allows when no byte waits
+    /// for memory.
     pub lazy_adam_gelems: Option<f64>,
     /// `lazy_adam_elements / lazy_adam_gelems`: the seconds a step's
     /// update takes at least however fast the memory, the floor beside

@@ -143,7 +143,9 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
     /// `FusionLayout::new::<T>(groups, width)`'s.
     ///
     /// **Panics** if `layout` is not for as many rows and groups as
-    /// `groups` has.
+    /// `groups` has; a layout of other groups of as many rows and groups
+    /// panics when a block is formed whose groups' rows are not its rows
+    /// ([`Self::block`]).
     #[track_caller]
     pub fn with_layout(groups: &'g RowGroups, layout: &'g FusionLayout, gy: T) -> Self {
         assert!(
@@ -189,7 +191,9 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
     /// its terms in `scratch`; the block's norms are kept (the first time
     /// it is formed).
     ///
-    /// **Panics** if `x` is not one row of the width per row of the block.
+    /// **Panics** if `x` is not one row of the width per row of the block,
+    /// or if a row of one of the block's groups is not among its rows (a
+    /// layout of other groups, [`Self::with_layout`]).
     #[track_caller]
     pub fn block<'s>(
         &'s self,
@@ -219,7 +223,17 @@ impl<'g, T: Real> FusionBlocks<'g, T> {
         let (terms, buf) = scratch[..need].split_at_mut(n_terms);
         let mut slot = vec![u32::MAX; rows.len()];
         let mut norms = vec![T::zero(); rows.len()];
-        let at = |r: usize| self.layout.position[r] as usize;
+        // Each member's place in the block, checked: a layout of other
+        // groups would put a group's row in another block.
+        let at = |r: usize| {
+            let i = self.layout.position[r] as usize;
+            assert!(
+                rows.get(i) == Some(&r),
+                "FusionBlocks::block: row {r} of a group of block {b} is not among the block's \
+                 rows: the layout is of other groups"
+            );
+            i
+        };
         let local: Vec<usize> = (0..largest).collect();
         let (mut pos, mut group_norm) = (Vec::new(), Vec::new());
         let mut s = 0;

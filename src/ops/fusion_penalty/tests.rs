@@ -419,3 +419,15 @@ fn a_layout_of_other_groups_is_refused() {
     let layout = FusionLayout::new::<f64>(&groups, 5);
     FusionBlocks::<f64>::with_layout(&other, &layout, 0.3);
 }
+
+/// A layout of other groups of as many rows and groups is caught when a
+/// block is formed, not read wrongly.
+#[test]
+#[should_panic(expected = "is not among the block's rows: the layout is of other groups")]
+fn a_layout_of_other_groups_of_the_same_counts_is_refused() {
+    let (x, groups) = case(16, 3000, 1400, 64);
+    let (_, other) = case(17, 3000, 1400, 64);
+    let layout = FusionLayout::new::<f64>(&other, 64);
+    let blocks = FusionBlocks::with_layout(&groups, &layout, 0.3);
+    blocks.penalty(crate::param::StoredView::Full(x.view().into_dyn()));
+}
