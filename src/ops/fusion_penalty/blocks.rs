@@ -89,7 +89,7 @@ pub struct FusionLayout {
 
 impl FusionLayout {
     /// The blocks of the rows of `groups`, rows of `width` elements of `T`
-    /// (each block at least [`BLOCK_BYTES`] of them, but the last).
+    /// (each block, but the last, at least 256 KiB of rows of `T`).
     pub fn new<T>(groups: &RowGroups, width: usize) -> Self {
         let n = groups.n_rows();
         let n_groups = groups.n_groups();
