@@ -158,9 +158,12 @@ def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
 def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
     """An upstream gradient, of the layer's dtype (torch's autograd casts one
     to its output's dtype), as the kernels take it with ``act=_act(module)``."""
+    if module._dtype != module._engine:
+        # _act_in checks the device and the dtype of a half-precision one.
+        return _act_in(module, g, what)
     _cpu(g, what)
     _own_dtype(module, g, what)
-    return _act_in(module, g, what)
+    return _real(g, what)
 
 
 def _widened(module, t: torch.Tensor, what: str) -> np.ndarray:
