@@ -200,7 +200,8 @@ mod x86;
 
 mod fused;
 pub use fused::{
-    FusedArray, LANES, LaneRule, Lanes, update_fused, update_fused_naive, update_fused_on,
+    FusedArray, HALF_LANES, LANES, LaneRule, Lanes, update_fused, update_fused_naive,
+    update_fused_on,
 };
 
 // ---------------------------------------------------------------------------

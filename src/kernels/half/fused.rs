@@ -48,10 +48,42 @@ pub type Lanes = [f32; LANES];
 /// compiler may leave a large closure out of line, compiled for baseline
 /// x86-64 (four lanes an instruction): the optimisers' rules are such
 /// types.
+///
+/// A rule works lane by lane: each lane's results depend on that lane's
+/// values only (the vector paths' tails and fallbacks run it on blocks
+/// padded with zeros).
 pub trait LaneRule<T, const N: usize, const K: usize> {
     /// The rule on one block.
     fn apply(&self, arrays: &mut [[T; LANES]; N], inputs: &[[T; LANES]; K]);
+
+    /// The rule on a block of [`HALF_LANES`] lanes: the AVX2 kernels' block,
+    /// whose lanes of three arrays and two inputs fit the sixteen AVX2
+    /// registers where [`LANES`] would not. By default, [`Self::apply`]
+    /// on the lanes followed by zeros; the optimisers' rules run the
+    /// half block alone.
+    #[inline(always)]
+    fn apply_half(&self, arrays: &mut [[T; HALF_LANES]; N], inputs: &[[T; HALF_LANES]; K])
+    where
+        T: Copy + Default,
+    {
+        let mut a = [[T::default(); LANES]; N];
+        let mut i = [[T::default(); LANES]; K];
+        for (w, h) in a.iter_mut().zip(arrays.iter()) {
+            w[..HALF_LANES].copy_from_slice(h);
+        }
+        for (w, h) in i.iter_mut().zip(inputs.iter()) {
+            w[..HALF_LANES].copy_from_slice(h);
+        }
+        self.apply(&mut a, &i);
+        for (h, w) in arrays.iter_mut().zip(a.iter()) {
+            h.copy_from_slice(&w[..HALF_LANES]);
+        }
+    }
 }
+
+/// Elements a block of the AVX2 kernels of the two layouts the optimisers
+/// run most ([`LaneRule::apply_half`]).
+pub const HALF_LANES: usize = LANES / 2;
 
 impl<T, const N: usize, const K: usize, F: Fn(&mut [[T; LANES]; N], &[[T; LANES]; K])>
     LaneRule<T, N, K> for F

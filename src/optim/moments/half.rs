@@ -12,7 +12,9 @@ use rayon::prelude::*;
 use super::blocks::walk_blocks;
 use super::{CHUNK, Moments, Rule, apply_zip};
 use crate::kernels::PAR_MIN_ELEMS;
-use crate::kernels::half::{FusedArray, HalfFloat, LANES, LaneRule, SrKey, narrow_stochastic_at};
+use crate::kernels::half::{
+    FusedArray, HALF_LANES, HalfFloat, LANES, LaneRule, SrKey, narrow_stochastic_at,
+};
 use crate::kernels::scatter::prefetch_span;
 use crate::param::{
     BlockGradient, Part, Rounding, RowForm, RowGradient, SparseRowGradient, Stored, StoredMut,
@@ -256,12 +258,12 @@ fn update_formed<T: Real, R: Rule<T>>(
 /// the parameter's lane before the update. (One loop: a gradient formed
 /// in a loop of its own first goes through the stack, measurably slower.)
 #[inline(always)]
-fn lanes<T: Real, R: Rule<T>>(
+fn lanes<T: Real, R: Rule<T>, const L: usize>(
     rule: &R,
-    [p, m, v]: [&mut [T; LANES]; 3],
+    [p, m, v]: [&mut [T; L]; 3],
     g: impl Fn(usize, T) -> T,
 ) {
-    for l in 0..LANES {
+    for l in 0..L {
         let g = g(l, p[l]);
         rule.apply(&mut p[l], &mut m[l], &mut v[l], g);
     }
@@ -278,6 +280,11 @@ impl<T: Real, R: Rule<T>> LaneRule<T, 3, 1> for Given<'_, R> {
     fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], [g]: &[[T; LANES]; 1]) {
         lanes(self.0, [p, m, v], |l, _| g[l]);
     }
+
+    #[inline(always)]
+    fn apply_half(&self, [p, m, v]: &mut [[T; HALF_LANES]; 3], [g]: &[[T; HALF_LANES]; 1]) {
+        lanes(self.0, [p, m, v], |l, _| g[l]);
+    }
 }
 
 /// The rule on a block of a zero gradient.
@@ -286,6 +293,11 @@ struct Zero<'a, R>(&'a R);
 impl<T: Real, R: Rule<T>> LaneRule<T, 3, 0> for Zero<'_, R> {
     #[inline(always)]
     fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], _: &[[T; LANES]; 0]) {
+        lanes(self.0, [p, m, v], |_, _| T::zero());
+    }
+
+    #[inline(always)]
+    fn apply_half(&self, [p, m, v]: &mut [[T; HALF_LANES]; 3], _: &[[T; HALF_LANES]; 0]) {
         lanes(self.0, [p, m, v], |_, _| T::zero());
     }
 }
@@ -300,6 +312,12 @@ struct Deviation<'a, R, T> {
 impl<T: Real, R: Rule<T>> LaneRule<T, 3, 2> for Deviation<'_, R, T> {
     #[inline(always)]
     fn apply(&self, [p, m, v]: &mut [[T; LANES]; 3], [c, s]: &[[T; LANES]; 2]) {
+        let k = self.k;
+        lanes(self.rule, [p, m, v], |l, x| k * (x - c[l]) - s[l]);
+    }
+
+    #[inline(always)]
+    fn apply_half(&self, [p, m, v]: &mut [[T; HALF_LANES]; 3], [c, s]: &[[T; HALF_LANES]; 2]) {
         let k = self.k;
         lanes(self.rule, [p, m, v], |l, x| k * (x - c[l]) - s[l]);
     }

@@ -14,14 +14,13 @@
 
 use std::arch::x86_64::*;
 
-use super::super::{FusedArray, LaneRule};
+use super::super::{FusedArray, HALF_LANES, LaneRule, blocks_scalar};
 use super::paired::{
-    even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx2, input_paired_avx512,
-    join_pairs_avx2, join_pairs_avx512, split_pairs_avx2, split_pairs_avx512, store_nan_avx2,
-    store_nan_avx512, store_stochastic_avx2, store_stochastic_avx512, widen_pairs_avx2,
-    widen_pairs_avx512,
+    even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx512, join_pairs_avx2,
+    join_pairs_avx512, split_pairs_avx2, split_pairs_avx512, store_nan_avx2, store_nan_avx512,
+    store_stochastic_avx2, store_stochastic_avx512, widen_pairs_avx2, widen_pairs_avx512,
 };
-use super::{AHEAD, blocks};
+use super::{AHEAD, Words, blocks};
 
 /// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
 /// every array is bf16 rounded stochastically, `Some(true)` when only the
@@ -143,10 +142,16 @@ pub(super) unsafe fn update_avx512<
     )
 }
 
-/// The AVX2 kernel of the layout over the whole blocks, in
-/// `update_avx2_paired`'s order (for each 16 elements, 8 lanes of even
-/// elements and 8 of odd ones) and loop ([`blocks`]); returns the elements
-/// done.
+/// The AVX2 kernel of the layout over the whole half blocks of
+/// [`HALF_LANES`] elements (8 lanes of even elements, then 8 of odd ones,
+/// as `update_avx2_paired` orders each 16), the rule on each through
+/// [`LaneRule::apply_half`]: a half block's lanes of three arrays and two
+/// inputs fit the sixteen AVX2 registers, where a block of
+/// [`LANES`](super::super::LANES)
+/// spilled some and loaded its constants again. The same fallbacks as
+/// [`blocks`] (a half block with a NaN input, or whose indices cross a
+/// high word, in the plain code), and the same bits: a rule works lane by
+/// lane. Returns the elements done.
 ///
 /// # Safety
 ///
@@ -164,69 +169,86 @@ pub(super) unsafe fn update_avx2<
     first: u64,
     f: &F,
 ) -> usize {
-    blocks(
-        arrays,
-        inputs,
-        first,
-        f,
-        |arrays, at, lanes| {
-            let base = bases(arrays);
-            let mut nan = _mm256_setzero_ps();
-            for (i, l) in lanes.iter_mut().enumerate() {
-                for h in [0, 16] {
-                    // SAFETY: at + 32 ≤ the whole blocks' end ≤ the array's
-                    // length, the array of the kind the layout says;
-                    // unaligned loads; a prefetch never faults; `l` holds 32
-                    // floats.
-                    unsafe {
-                        let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
-                            let p = base[i].cast::<u16>().add(at + h);
-                            if h == 0 {
-                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                            }
-                            let (e, o) = widen_pairs_avx2(_mm256_loadu_si256(p.cast()));
-                            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
-                            (e, o)
-                        } else {
-                            let p = base[i].cast::<f32>().add(at + h);
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
-                            split_pairs_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-                        };
-                        _mm256_storeu_ps(l.as_mut_ptr().add(h), e);
-                        _mm256_storeu_ps(l.as_mut_ptr().add(h + 8), o);
+    const H: usize = HALF_LANES;
+    let len = arrays[0].len();
+    let body = len - len % H;
+    let mut words = Words::new(arrays, first);
+    // Each array's first element, found once: the arrays stay where they
+    // are (a fallback below writes them through `arrays` and the pointers
+    // are taken again after it).
+    let mut base = bases_mut(arrays);
+    for at in (0..body).step_by(H) {
+        let index = first.wrapping_add(at as u64);
+        let (mut lanes, mut il) = ([[0.0f32; H]; N], [[0.0f32; H]; K]);
+        let word = match words.of(arrays, index) {
+            Some(word) => word,
+            None => {
+                blocks_scalar(arrays, inputs, first, at, at + H, f);
+                base = bases_mut(arrays);
+                continue;
+            }
+        };
+        let mut nan = _mm256_setzero_ps();
+        for (i, l) in lanes.iter_mut().enumerate() {
+            // SAFETY: at + 16 ≤ the whole half blocks' end ≤ the array's
+            // length, the array of the kind the layout says; unaligned
+            // loads; a prefetch never faults; `l` holds 16 floats.
+            unsafe {
+                let (e, o) = if bf16_at::<FIRST_ONLY>(i) {
+                    let p = base[i].cast::<u16>().add(at);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                    let (e, o) = widen_pairs_avx2(_mm256_loadu_si256(p.cast()));
+                    nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(e, o));
+                    (e, o)
+                } else {
+                    let p = base[i].cast::<f32>().add(at);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
+                    split_pairs_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                };
+                _mm256_storeu_ps(l.as_mut_ptr(), e);
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), o);
+            }
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            blocks_scalar(arrays, inputs, first, at, at + H, f);
+            base = bases_mut(arrays);
+            continue;
+        }
+        for (input, l) in inputs.iter().zip(il.iter_mut()) {
+            let input = &input[at..at + H];
+            // SAFETY: `input` and `l` hold 16 floats.
+            unsafe {
+                let (e, o) = split_pairs_avx2(
+                    _mm256_loadu_ps(input.as_ptr()),
+                    _mm256_loadu_ps(input.as_ptr().add(8)),
+                );
+                _mm256_storeu_ps(l.as_mut_ptr(), e);
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), o);
+            }
+        }
+        f.apply_half(&mut lanes, &il);
+        for (i, l) in lanes.iter().enumerate() {
+            // SAFETY: as the loads.
+            unsafe {
+                let e = _mm256_loadu_ps(l.as_ptr());
+                let o = _mm256_loadu_ps(l.as_ptr().add(8));
+                if bf16_at::<FIRST_ONLY>(i) {
+                    let dst = base[i].cast::<u16>().add(at);
+                    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
+                        // `index` is even (the layout's).
+                        let bits = even_pair_bits_avx2(index, word[i]);
+                        store_stochastic_avx2(dst, e, o, bits);
+                    } else {
+                        store_nan_avx2(dst, e, o, index, word[i]);
                     }
+                } else {
+                    let dst = base[i].cast::<f32>().add(at);
+                    let (x0, x1) = join_pairs_avx2(e, o);
+                    _mm256_storeu_ps(dst, x0);
+                    _mm256_storeu_ps(dst.add(8), x1);
                 }
             }
-            _mm256_movemask_ps(nan) == 0
-        },
-        |i, at, l| input_paired_avx2(i, at, l),
-        |arrays, at, index, word, lanes| {
-            let base = bases_mut(arrays);
-            for (i, l) in lanes.iter().enumerate() {
-                for h in [0, 16] {
-                    // The first of these 16 elements (even).
-                    let index = index.wrapping_add(h as u64);
-                    // SAFETY: as the loads.
-                    unsafe {
-                        let e = _mm256_loadu_ps(l.as_ptr().add(h));
-                        let o = _mm256_loadu_ps(l.as_ptr().add(h + 8));
-                        if bf16_at::<FIRST_ONLY>(i) {
-                            let dst = base[i].cast::<u16>().add(at + h);
-                            if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
-                                let bits = even_pair_bits_avx2(index, word[i]);
-                                store_stochastic_avx2(dst, e, o, bits);
-                            } else {
-                                store_nan_avx2(dst, e, o, index, word[i]);
-                            }
-                        } else {
-                            let dst = base[i].cast::<f32>().add(at + h);
-                            let (x0, x1) = join_pairs_avx2(e, o);
-                            _mm256_storeu_ps(dst, x0);
-                            _mm256_storeu_ps(dst.add(8), x1);
-                        }
-                    }
-                }
-            }
-        },
-    )
+        }
+    }
+    body
 }
