@@ -55,3 +55,13 @@ pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 /// Below this many elements a kernel runs serially: rayon's fork costs more
 /// than it saves.
 pub const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// A rayon pool of `n` threads, for the tests that hold a result to be
+/// the same bits on any number of threads.
+#[cfg(test)]
+pub(crate) fn threads(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("a test's thread pool")
+}

@@ -206,10 +206,7 @@ mod tests {
             let fast = dot_slices(&x, &r);
             assert_eq!(fast.to_bits(), dot_naive(&x, &r).to_bits(), "n = {n}");
             for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = crate::kernels::threads(threads);
                 assert_eq!(
                     pool.install(|| dot_slices(&x, &r)).to_bits(),
                     fast.to_bits()

@@ -520,10 +520,7 @@ mod tests {
                 want.1.step(want.0.parameters_mut(), &grads).unwrap();
             }
             for threads in [1, 2, 4] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = crate::kernels::threads(threads);
                 let (mut e, mut o) = fresh();
                 pool.install(|| {
                     for _ in 0..3 {

@@ -565,7 +565,6 @@ mod tests {
     use super::*;
     use crate::Rng;
     use ndarray::{Array1, Array2};
-    use rayon::ThreadPoolBuilder;
 
     struct Case {
         shared: Array2<f32>,
@@ -613,10 +612,7 @@ mod tests {
             for gate in [Some(c.gate.as_slice().unwrap()), None] {
                 let want = gated_mix_forward_naive(c.shared.view(), c.rows.view(), gate, &c.row_of);
                 for threads in [1, 2, 4] {
-                    let pool = ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
+                    let pool = crate::kernels::threads(threads);
                     let got = pool.install(|| {
                         gated_mix_forward(c.shared.view(), c.rows.view(), gate, &c.row_of)
                     });
@@ -656,10 +652,7 @@ mod tests {
                         want,
                     );
                     for threads in [1, 2, 4] {
-                        let pool = ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap();
+                        let pool = crate::kernels::threads(threads);
                         let (s1, r1, g1) = pool.install(|| {
                             gated_mix_backward(
                                 &crate::kernels::pool::Pool::new(),
@@ -735,10 +728,7 @@ mod tests {
                         want_b,
                     );
                     for threads in [1, 2, 4] {
-                        let pool = ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap();
+                        let pool = crate::kernels::threads(threads);
                         let what = format!(
                             "{:?}, n {n}, gate {use_gate}, {threads} threads",
                             stored.dtype()

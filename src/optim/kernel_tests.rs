@@ -19,14 +19,6 @@ enum Path {
 
 type Outcome = (ArrayD<u32>, Vec<(String, StateValue<f32>)>);
 
-/// A rayon pool of `n` threads.
-fn threads(n: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .unwrap()
-}
-
 /// A `(n, w)` table (n·w above the parallel threshold; w does not divide
 /// the chunk size) and gradients: every third row, no row, and dense.
 fn case(n: usize, w: usize) -> (ArrayD<f32>, Vec<ParamGrad<f32>>) {
@@ -65,7 +57,7 @@ where
     match path {
         Path::Naive => all(),
         Path::Threads(n) => {
-            let pool = threads(n);
+            let pool = crate::kernels::threads(n);
             pool.install(all);
         }
     }
@@ -193,7 +185,7 @@ fn update_by_rows_equals_the_update_of_the_dense_gradient() {
                 .unwrap();
         }
         for t in [1, 2, 4] {
-            let pool = threads(t);
+            let pool = crate::kernels::threads(t);
             let mut p = Parameter::new("t", init.clone());
             let mut opt = LazyAdam::new(LazyAdamConfig::default()).unwrap();
             pool.install(|| {
@@ -332,7 +324,7 @@ fn update_by_rows_of_formed_rows_in_f64_equals_the_update_of_the_dense_gradient(
             .unwrap();
     }
     for t in [1, 2] {
-        let pool = threads(t);
+        let pool = crate::kernels::threads(t);
         let mut got = fresh();
         pool.install(|| {
             for _ in 0..3 {
@@ -387,7 +379,7 @@ fn update_by_rows_in_half_precision_equals_the_update_of_the_dense_gradient() {
                         .unwrap();
                 }
                 for t in [1, 2, 4] {
-                    let pool = threads(t);
+                    let pool = crate::kernels::threads(t);
                     let mut got = fresh();
                     pool.install(|| {
                         for _ in 0..3 {
@@ -499,7 +491,7 @@ fn update_sparse_by_rows_equals_the_update_of_the_stored_gradient() {
                         .unwrap();
                 }
                 for t in [1, 2, 4] {
-                    let pool = threads(t);
+                    let pool = crate::kernels::threads(t);
                     let mut got = fresh();
                     let by = ByRows {
                         s,
@@ -602,7 +594,7 @@ fn runs_cover_each_row_once_and_cut_only_heavy_wide_rows() {
             self.0[j]
         }
     }
-    let pool = threads(2);
+    let pool = crate::kernels::threads(2);
     pool.install(|| {
         for (weights, width, cut) in [
             (vec![5, 5, 5], 2048, false),

@@ -17,6 +17,16 @@ pub mod cli;
 pub mod table;
 
 use ndarray::{ArrayD, IxDyn};
+
+/// A rayon pool of `n` threads, for the tests that hold a result to be
+/// the same bits on any number of threads.
+pub fn threads(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("a test's thread pool")
+}
+
 use proptest::prelude::*;
 use splitgrad::state::Module;
 use splitgrad::{ParamGrad, Parameter, Real, Rng, Tape, Var};

@@ -25,13 +25,6 @@ use splitgrad::ops::split_gather::split_gather_forward;
 use splitgrad::state::Module;
 use splitgrad::{ParamGrad, Rng, Tape};
 
-fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap()
-}
-
 fn same_bits(a: &Coalesced<f32>, b: &Coalesced<f32>) -> Result<(), TestCaseError> {
     prop_assert_eq!(&a.rows, &b.rows);
     prop_assert_eq!(a.values.dim(), b.values.dim());
@@ -122,9 +115,9 @@ proptest! {
             .map(|(v, rows, scale)| RowSource { values: v.view(), rows: rows.as_deref(), scale: *scale })
             .collect();
         for threads in [1, 2, 3] {
-            let fast = pool(threads).install(|| coalesce_sources(n_rows, width, &ids, &sources));
+            let fast = crate::common::threads(threads).install(|| coalesce_sources(n_rows, width, &ids, &sources));
             same_bits(&fast, &naive)?;
-            let apart = pool(threads).install(|| summed_apart(n_rows, width, &ids, &sources));
+            let apart = crate::common::threads(threads).install(|| summed_apart(n_rows, width, &ids, &sources));
             same_bits(&apart, &naive)?;
         }
     }
@@ -146,7 +139,7 @@ proptest! {
         let naive = coalesce_rows_naive(n_rows, &ids, plain.view());
         let src = [RowSource { values: values.view(), rows: Some(&rows[..]), scale: Some(c) }];
         for threads in [1, 2] {
-            same_bits(&pool(threads).install(|| coalesce_sources(n_rows, width, &ids, &src)), &naive)?;
+            same_bits(&crate::common::threads(threads).install(|| coalesce_sources(n_rows, width, &ids, &src)), &naive)?;
         }
     }
 }
@@ -180,7 +173,7 @@ fn coalescing_many_wide_rows_row_by_row_equals_naive() {
     let naive_half = coalesce_rows_naive(n_rows, &ids, half.mapv(f32::from).view());
     let half_src = [RowSource::all(half.view())];
     for threads in [1, 2] {
-        pool(threads).install(|| {
+        crate::common::threads(threads).install(|| {
             same_bits(&coalesce_sources(n_rows, width, &ids, &src), &naive).unwrap();
             let from_half = coalesce_sources_in(&Pool::new(), n_rows, width, &ids, &half_src);
             same_bits(&from_half, &naive_half).unwrap();
@@ -295,7 +288,7 @@ fn gather_case(rows: usize, width: usize, n: usize) {
         fortran.slice(ndarray::s![100.., ..]),
     );
     for threads in [1, 2] {
-        let split = pool(threads).install(|| {
+        let split = crate::common::threads(threads).install(|| {
             split_gather_forward(
                 &[a.into_dyn(), empty.view().into_dyn(), b.into_dyn()],
                 &routed,
@@ -323,7 +316,12 @@ fn blocked_dot_equals_its_twin_on_any_thread_count() {
     let r: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
     let want = dot_naive(&x, &r).to_bits();
     for threads in [1, 2, 3] {
-        assert_eq!(pool(threads).install(|| dot_slices(&x, &r)).to_bits(), want);
+        assert_eq!(
+            crate::common::threads(threads)
+                .install(|| dot_slices(&x, &r))
+                .to_bits(),
+            want
+        );
     }
 }
 

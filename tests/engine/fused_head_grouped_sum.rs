@@ -146,10 +146,7 @@ fn the_tile_kernel_gives_the_same_bits_on_any_thread_count() {
     };
     let c = case(4, 60, 200, 24, &[90, 7], 1.0);
     let run_on = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
+        crate::common::threads(threads)
             .install(|| run::<f32>(&c, true, HeadKernel::Tile(isa), SumChunks::Tokens(20)))
     };
     let one = run_on(1);

@@ -437,10 +437,7 @@ fn the_same_bits_for_any_rayon_thread_count() {
         ..fixed(11)
     };
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = crate::common::threads(threads);
         pool.install(|| c.pass::<f32>(Path::Summed))
     };
     let (one, four) = (run(1), run(4));

@@ -26,13 +26,6 @@ fn random(rng: &mut Rng, rows: usize, cols: usize, scale: f64) -> Array2<f32> {
     Array2::from_shape_fn((rows, cols), |_| (scale * rng.normal()) as f32)
 }
 
-fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap()
-}
-
 fn same_bits(a: &Array2<f32>, b: &Array2<f32>) -> bool {
     a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -203,7 +196,7 @@ fn the_product_is_the_same_bits_on_any_thread_count() {
     );
     for isa in variants() {
         let run = |threads: usize| {
-            pool(threads).install(|| {
+            crate::common::threads(threads).install(|| {
                 let mut c = Array2::zeros((300, 70));
                 gemm(isa, a.view(), b.view(), c.view_mut(), false);
                 c
@@ -461,7 +454,7 @@ fn the_head_is_the_same_bits_on_any_thread_count() {
     let p = Problem::new(&mut rng, 150, 24, &[90, 31], 1.0);
     for isa in variants() {
         let run = |threads: usize| {
-            pool(threads).install(|| {
+            crate::common::threads(threads).install(|| {
                 let (st, gh, gw) = run_head(isa, &p, head::Pass::LossAndGrads, 40, usize::MAX);
                 let given = head::Pass::Grads {
                     max: &st.max,

@@ -250,10 +250,7 @@ fn half_updates_equal_their_serial_twin_on_any_number_of_threads() {
                     naive.update_naive(&mut naive_p, &grad).unwrap();
                 }
                 for threads in [1, 2, 4] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
+                    let pool = crate::common::threads(threads);
                     let mut p = p0.clone();
                     let mut o = make_lazy();
                     pool.install(|| {

@@ -601,10 +601,7 @@ fn chunking<H: HalfFloat>() {
         }
         // Chunks on 1, 2 and 4 threads.
         for threads in [1, 2, 4] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = crate::common::threads(threads);
             let mut par = vec![H::from_bits(0); xs.len()];
             pool.install(|| {
                 par.par_chunks_mut(997)

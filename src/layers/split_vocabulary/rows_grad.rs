@@ -292,10 +292,7 @@ mod tests {
                     .unwrap();
             }
             for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = crate::kernels::threads(threads);
                 let mut got = fresh();
                 pool.install(|| {
                     for _ in 0..3 {
@@ -382,10 +379,7 @@ mod tests {
                 penalties.push((p, norms));
             }
             for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = crate::kernels::threads(threads);
                 let mut got = fresh();
                 let what =
                     format!("{dtype} rows, {state} state, poisoned {poisoned}, {threads} threads");

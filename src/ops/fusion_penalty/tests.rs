@@ -8,15 +8,9 @@ use crate::ops::fusion_penalty::{FusionBlocks, FusionLayout};
 use ndarray::Array2;
 
 use crate::param::RowForm;
-use rayon::ThreadPoolBuilder;
 
 /// Rows in `n_groups` groups (some empty, some single, some with equal
 /// rows so that deviations are exactly 0): (x, groups).
-/// A rayon pool of `n` threads.
-fn threads_pool(n: usize) -> rayon::ThreadPool {
-    ThreadPoolBuilder::new().num_threads(n).build().unwrap()
-}
-
 fn case(seed: u64, n: usize, n_groups: usize, width: usize) -> (Array2<f64>, RowGroups) {
     let mut rng = Rng::new(seed);
     let of: Vec<usize> = (0..n)
@@ -82,7 +76,7 @@ fn fused_equals_the_composition() {
 fn serial_and_parallel_agree_bit_for_bit() {
     let (x, groups) = case(5, 3000, 1400, 64);
     let run = |threads: usize| {
-        let pool = threads_pool(threads);
+        let pool = crate::kernels::threads(threads);
         pool.install(|| {
             let (p, norms) = fusion_penalty_forward(x.view().into_dyn(), &groups);
             let (_, g) = fused(&x, &groups, 1.3);
@@ -229,7 +223,7 @@ fn half_rows_equal_the_widened_rows_bit_for_bit() {
                     "{:?}, seed {seed}, non-finite {bad}, {threads} threads",
                     stored.dtype()
                 );
-                let pool = threads_pool(threads);
+                let pool = crate::kernels::threads(threads);
                 let (p1, n1, g1, rg1) = pool.install(|| {
                     let (p, n) = fusion_penalty_forward_stored(stored.view(), &groups);
                     let g = fusion_penalty_backward_stored(
@@ -300,7 +294,7 @@ fn forward_with_row_grads_is_the_two_passes() {
                 FusionRowGrads::from_stored(stored.view(), &groups, n0.as_slice().unwrap(), 0.3);
             for threads in [1, 2, 4] {
                 let what = format!("{:?}, seed {seed}, {threads} threads", stored.dtype());
-                let pool = threads_pool(threads);
+                let pool = crate::kernels::threads(threads);
                 let (p1, n1, rg1) = pool.install(|| {
                     fusion_penalty_forward_row_grads(&Pool::new(), stored.view(), &groups, 0.3)
                 });

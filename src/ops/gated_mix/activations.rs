@@ -318,7 +318,6 @@ mod tests {
     use crate::param::Dtype;
     use half::{bf16, f16};
     use ndarray::{Array1, Array2};
-    use rayon::ThreadPoolBuilder;
 
     /// Bits of a `T` array, or of a half array's elements.
     fn bits(a: &Stored<f32>) -> Vec<u32> {
@@ -419,10 +418,7 @@ mod tests {
                                 want,
                             );
                             for threads in [1, 4] {
-                                let tp = ThreadPoolBuilder::new()
-                                    .num_threads(threads)
-                                    .build()
-                                    .unwrap();
+                                let tp = crate::kernels::threads(threads);
                                 let what = format!(
                                     "n {n} d {d} {dtype} rows {rows_dtype} gate {use_gate} \
                                      {want:?} {threads} threads"

@@ -4,7 +4,8 @@
 
 use ndarray::{Array2, ArrayD, IxDyn};
 
-use super::{ByRows, Formed, case, threads, written};
+use super::{ByRows, Formed, case, written};
+use crate::kernels::threads;
 use crate::optim::{Adam, AdamConfig, LazyAdam, LazyAdamConfig, Optimizer, StateValue};
 use crate::param::{RowForm, RowGradient};
 use crate::{ParamGrad, Parameter, RowSparse};
