@@ -354,31 +354,40 @@ fn dense_half<T: Real, R: Rule<T>>(
         let first = keys.index(i, chunk, 0);
         update_run(rule, parts([p, m, v], keys.keys), g, first, b);
     };
-    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, || None, run);
+    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, 1, || None, run);
+}
+
+/// The three arrays cut into runs of `chunk` elements, side by side.
+fn triples<'a, T: Real>(
+    [p, m, v]: [StoredMut<'a, T>; 3],
+    chunk: usize,
+) -> impl Iterator<Item = Triple<'a, T>> {
+    p.chunks(chunk)
+        .into_iter()
+        .zip(m.chunks(chunk))
+        .zip(v.chunks(chunk))
 }
 
 /// `run` on each run of `chunk` elements of the three arrays (the i-th
 /// run, from element `i·chunk`), with a scratch of its task made by
-/// `scratch`: in order on this thread when `serial`, else in parallel.
+/// `scratch`: in order on this thread when `serial`, else in parallel,
+/// at least `min_runs` runs a task.
 fn in_chunks<'a, T: Real, S>(
-    [p, m, v]: [StoredMut<'a, T>; 3],
+    arrays: [StoredMut<'a, T>; 3],
     chunk: usize,
     serial: bool,
+    min_runs: usize,
     scratch: impl Fn() -> S + Sync + Send,
     run: impl Fn(&mut S, (usize, Triple<'a, T>)) + Sync + Send,
 ) {
-    let jobs = p
-        .chunks(chunk)
-        .into_iter()
-        .zip(m.chunks(chunk))
-        .zip(v.chunks(chunk))
-        .enumerate();
+    let jobs = triples(arrays, chunk).enumerate();
     if serial {
         let mut s = scratch();
         jobs.for_each(|job| run(&mut s, job));
     } else {
         jobs.collect::<Vec<_>>()
             .into_par_iter()
+            .with_min_len(min_runs)
             .for_each_init(scratch, run);
     }
 }
@@ -421,7 +430,7 @@ fn remapped_narrow_rows<T: Real, R: Rule<T>>(
         }
     };
     let scratch = || ([Vec::new(), Vec::new(), Vec::new()], Vec::new());
-    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, scratch, run);
+    in_chunks([p, m, v], chunk, len < PAR_MIN_ELEMS, 1, scratch, run);
 }
 
 /// `src`, rows of `width` elements, narrowed into `dst` with `key`, each
@@ -672,24 +681,15 @@ pub(super) fn by_rows<T: Real, R: Rule<T>>(
     keys: Keys,
 ) {
     let len = param.shape().iter().product::<usize>();
-    let [p, m, v] = arrays(param, slot);
-    let rows = p
-        .chunks(width)
-        .into_iter()
-        .zip(m.chunks(width))
-        .zip(v.chunks(width))
-        .enumerate();
-    let run = |s: &mut RowScratch<T>, row| update_row(rule, s, row, width, grad, &keys);
-    if len < PAR_MIN_ELEMS {
-        let mut s = RowScratch::new(width);
-        rows.for_each(|job| run(&mut s, job));
-    } else {
-        let min_rows = (4096 / width).max(1);
-        rows.collect::<Vec<_>>()
-            .into_par_iter()
-            .with_min_len(min_rows)
-            .for_each_init(|| RowScratch::new(width), run);
-    }
+    // Narrow rows batched so that a task has a few thousand elements.
+    in_chunks(
+        arrays(param, slot),
+        width,
+        len < PAR_MIN_ELEMS,
+        (4096 / width).max(1),
+        || RowScratch::new(width),
+        |s, row| update_row(rule, s, row, width, grad, &keys),
+    );
 }
 
 /// The body of [`MomentTable::update_half_by_blocks`](super::MomentTable::update_half_by_blocks):
@@ -706,16 +706,11 @@ pub(super) fn by_blocks<T: Real, R: Rule<T>>(
     grad: &dyn BlockGradient<T>,
     keys: Keys,
 ) {
-    let [p, m, v] = arrays(param, slot);
-    let (at, size) = p.address();
-    let len = p.len();
-    let rows = p
-        .chunks(width)
-        .into_iter()
-        .zip(m.chunks(width))
-        .zip(v.chunks(width));
+    let pmv = arrays(param, slot);
+    let (at, size) = pmv[0].address();
+    let len = pmv[0].len();
     walk_blocks(
-        rows.collect(),
+        triples(pmv, width).collect(),
         grad,
         Some((at, width * size)),
         len < PAR_MIN_ELEMS,
