@@ -35,7 +35,7 @@ use crate::app::corpus::Corpus;
 use crate::app::data::Data;
 use crate::app::model::{BigramModel, ModelConfig};
 use crate::app::report::{Agreement, agreement};
-use crate::checkpoint::{Snapshot, save_state};
+use crate::checkpoint::{Checkpoint, Snapshot, save_state};
 use crate::io::SplitIndex;
 use crate::param::Dtype;
 use crate::state::Module;
@@ -243,8 +243,10 @@ const HEAD: &str = "lm_head.vocab.weight";
 /// `select`) for the corpus of `data`: its shared table, of any width, and
 /// its head.
 pub fn shared_from_checkpoint(path: &Path, data: &Data) -> Result<BigramModel<f32>> {
-    let snap = Snapshot::read(path)?;
-    let shape = snap.state.get(TABLE).map(|t| t.shape().to_vec());
+    // Only the table and the head are read, once their header agrees with
+    // the corpus and their size with the memory.
+    let ck = Checkpoint::open(path)?;
+    let shape = ck.shape(TABLE).ok().map(<[usize]>::to_vec);
     let dim = match shape.as_deref() {
         Some(&[v, d]) if v == data.vocab_size => d,
         _ => {
@@ -256,7 +258,29 @@ pub fn shared_from_checkpoint(path: &Path, data: &Data) -> Result<BigramModel<f3
             )));
         }
     };
+    let table_dtype = ck.dtype(TABLE)?;
+    if ck.shape(HEAD)? != [data.vocab_size, dim] || ck.dtype(HEAD)? != table_dtype {
+        return Err(ck.error(
+            HEAD,
+            crate::ErrorKind::Format {
+                message: format!(
+                    "is {} {:?}, where the table `{TABLE}` is {table_dtype} {:?}: a model's head is its table's shape and dtype",
+                    ck.dtype(HEAD)?,
+                    ck.shape(HEAD)?,
+                    [data.vocab_size, dim]
+                ),
+            },
+        ));
+    }
     data.plan(dim, 0, 0).check("")?;
+    let mut state = crate::state::StateDict::from_file(path);
+    for name in [TABLE, HEAD] {
+        state.insert(name, ck.get(name)?);
+    }
+    let snap = Snapshot {
+        state,
+        metadata: ck.metadata().clone(),
+    };
     let config = ModelConfig::new(data.vocab_size, data.n_languages, dim);
     let mut model = BigramModel::<f32>::shared_only(config)?;
     // A model trained in half precision is read as it was kept.

@@ -529,7 +529,49 @@ impl<T: Real> Trainer<T> {
     /// changed.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let snap = Snapshot::read(path)?;
+        // The metadata and the header are checked before any tensor is
+        // read: a file for another run, or whose tensors its metadata does
+        // not describe, is refused without reading it.
+        let snap = Snapshot::read_checked(path, |ck| {
+            let head = Snapshot {
+                state: crate::state::StateDict::from_file(path),
+                metadata: ck.metadata().clone(),
+            };
+            self.check_metadata(&head, path)?;
+            saved::check_header(ck)
+        })?;
+        let step: u64 = snap.meta_parse("step")?;
+        saved::check_steps(&snap, step)?;
+        let hist = snap.state.get(HISTORY).map(TensorData::shape);
+        let want = [usize::try_from(step).unwrap_or(usize::MAX), 4];
+        if hist != Some(&want[..]) {
+            let found = hist.map(<[usize]>::to_vec).unwrap_or_default();
+            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &found)
+                .in_file(path)
+                .in_array(HISTORY));
+        }
+        let history = history_from(&snap.state, step)?;
+        let cfg = self.model.config();
+        let (_, curve, _) = record_from(
+            &snap,
+            &snap.state,
+            self.model.split.n_rows(),
+            cfg.n_languages,
+        )?;
+        let mut optimizer = optimizer(self.config.lr, self.config.precision, self.config.seed)?;
+        // `restore` checks every tensor before it changes the model.
+        snap.restore(&mut [&mut self.model], Some(&mut optimizer))?;
+        self.optimizer = optimizer;
+        self.heldout_curve = curve;
+        self.evaluation = None;
+        self.step = step;
+        self.history = history;
+        Ok(())
+    }
+
+    /// Checks that a checkpoint's metadata is of this run: its corpus,
+    /// precision and settings (`steps` may differ).
+    fn check_metadata(&self, snap: &Snapshot, path: &Path) -> Result<()> {
         let fp = format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint);
         let theirs = snap.meta("corpus_fingerprint")?;
         if !theirs.starts_with(FINGERPRINT_VERSION) {
@@ -589,31 +631,6 @@ impl<T: Real> Trainer<T> {
                 .in_file(path));
             }
         }
-        let step: u64 = snap.meta_parse("step")?;
-        let hist = snap.state.get(HISTORY).map(TensorData::shape);
-        let want = [usize::try_from(step).unwrap_or(usize::MAX), 4];
-        if hist != Some(&want[..]) {
-            let found = hist.map(<[usize]>::to_vec).unwrap_or_default();
-            return Err(Error::shape(HISTORY, format!("({step}, 4)"), &found)
-                .in_file(path)
-                .in_array(HISTORY));
-        }
-        let history = history_from(&snap.state, step)?;
-        let cfg = self.model.config();
-        let (_, curve, _) = record_from(
-            &snap,
-            &snap.state,
-            self.model.split.n_rows(),
-            cfg.n_languages,
-        )?;
-        let mut optimizer = optimizer(self.config.lr, self.config.precision, self.config.seed)?;
-        // `restore` checks every tensor before it changes the model.
-        snap.restore(&mut [&mut self.model], Some(&mut optimizer))?;
-        self.optimizer = optimizer;
-        self.heldout_curve = curve;
-        self.evaluation = None;
-        self.step = step;
-        self.history = history;
         Ok(())
     }
 }

@@ -101,8 +101,20 @@ pub struct Snapshot {
 impl Snapshot {
     /// Reads and validates the file at `path` and decodes every tensor.
     pub fn read(path: impl AsRef<Path>) -> Result<Snapshot> {
+        Self::read_checked(path, |_| Ok(()))
+    }
+
+    /// [`Self::read`], with `check` run on the opened file (its header and
+    /// metadata, no tensor read yet) before any tensor is decoded: where a
+    /// reader knows from the metadata what each tensor must be, a file
+    /// whose header says otherwise is refused before its bytes are read.
+    pub fn read_checked(
+        path: impl AsRef<Path>,
+        check: impl FnOnce(&Checkpoint) -> Result<()>,
+    ) -> Result<Snapshot> {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
+        check(&ck)?;
         let mut state = StateDict::from_file(path);
         for name in ck.names() {
             state.insert(name, ck.get(name)?);

@@ -472,7 +472,9 @@ pub trait Optimizer<T: Real> {
         let mut entries = Vec::with_capacity(state.len());
         for (name, t) in state.iter() {
             let value = match t {
+                // A step count is U64 whatever dtype a file gave it.
                 TensorData::U64(_) => StateValue::Step(state.step(name)?),
+                _ if name.ends_with(".step") => StateValue::Step(state.step(name)?),
                 TensorData::BF16(_) | TensorData::F16(_) => {
                     let dtype = if matches!(t, TensorData::BF16(_)) {
                         Dtype::BF16

@@ -9,6 +9,8 @@ mod io_corpus;
 #[cfg(feature = "cli")]
 mod bad_inputs;
 #[cfg(feature = "cli")]
+mod checkpoint_header;
+#[cfg(feature = "cli")]
 mod cli_crash;
 #[cfg(feature = "cli")]
 mod cli_half;

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::{HELDOUT_CURVE, HISTORY, RunLabels, StepStats, split_joined};
 use crate::app::eval::HeldOut;
 use crate::app::model::{BigramModel, ModelConfig};
-use crate::checkpoint::Snapshot;
+use crate::checkpoint::{Checkpoint, Snapshot};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::SplitIndex;
 use crate::kernels::Real;
@@ -112,11 +112,190 @@ pub(super) fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<
         .collect())
 }
 
+/// A metadata value of an opened checkpoint, or an error naming the key.
+fn meta_of<'a>(ck: &'a Checkpoint, key: &str) -> Result<&'a str> {
+    ck.metadata().get(key).map(String::as_str).ok_or_else(|| {
+        Error::new(ErrorKind::Missing)
+            .in_file(ck.path())
+            .in_array(format!("metadata `{key}`"))
+    })
+}
+
+/// A metadata value of an opened checkpoint, parsed.
+fn meta_parse_of<V: std::str::FromStr>(ck: &Checkpoint, key: &str) -> Result<V> {
+    let raw = meta_of(ck, key)?;
+    raw.parse().map_err(|_| {
+        Error::format(format!("metadata `{key}` = {raw:?} does not parse")).in_file(ck.path())
+    })
+}
+
+/// How a checkpoint of [`Trainer::save`](super::Trainer::save) keeps its
+/// parameters and its moments, from its metadata (`dtype`, and
+/// `state_dtype`, which a checkpoint from before it was recorded does not
+/// have: its moments are kept as its parameters).
+pub(crate) fn kept_dtypes(ck: &Checkpoint) -> Result<(Dtype, Dtype)> {
+    let read = |key: &str, raw: &str, allowed: &[Dtype]| {
+        raw.parse::<Dtype>()
+            .ok()
+            .filter(|d| allowed.contains(d) && d.name() == raw)
+            .ok_or_else(|| {
+                let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+                Error::format(format!(
+                    "metadata `{key}` = {raw:?}: a checkpoint keeps {}",
+                    names.join(", ")
+                ))
+                .in_file(ck.path())
+            })
+    };
+    let dtype = match ck.metadata().get("dtype") {
+        Some(raw) => read("dtype", raw, &[Dtype::F32, Dtype::BF16, Dtype::F16])?,
+        None => Dtype::F32,
+    };
+    let state = match ck.metadata().get("state_dtype") {
+        Some(raw) => read("state_dtype", raw, &[Dtype::F32, Dtype::BF16])?,
+        None => dtype,
+    };
+    Ok((dtype, state))
+}
+
+/// Checks the header of a checkpoint of [`Trainer::save`](super::Trainer::save) against its
+/// own metadata before any tensor is read: each weight of the model in the
+/// metadata's `dtype` and of the shape its sizes give, each moment in its
+/// `state_dtype` and no larger than a weight, each step count a U64
+/// scalar, the history `(step, 4)`, and every other tensor no larger than
+/// the sizes allow. A file whose header says otherwise (a tensor of
+/// another dtype, or of billions of rows under metadata of hundreds) is
+/// refused naming the tensor, not read.
+pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
+    let v: usize = meta_parse_of(ck, "vocab_size")?;
+    let l: usize = meta_parse_of(ck, "n_languages")?;
+    let d: usize = meta_parse_of(ck, "dim")?;
+    let step: u64 = meta_parse_of(ck, "step")?;
+    let (dtype, state) = kept_dtypes(ck)?;
+    let wrong_dtype = |name: &str, expected: &str, found: String| {
+        ck.error(
+            name,
+            ErrorKind::Dtype {
+                expected: expected.to_string(),
+                found,
+            },
+        )
+    };
+    let expect = |name: &str, want: &str, shape: &[usize]| -> Result<()> {
+        let found = ck.dtype(name)?.to_string();
+        if found != want {
+            return Err(wrong_dtype(name, want, found));
+        }
+        let got = ck.shape(name)?;
+        if got != shape {
+            let want: Vec<String> = shape.iter().map(usize::to_string).collect();
+            let want = match shape {
+                [d] => format!("({d},)"),
+                _ => format!("({})", want.join(", ")),
+            };
+            return Err(Error::shape("tensor", want, got)
+                .in_file(ck.path())
+                .in_array(name));
+        }
+        Ok(())
+    };
+    // The split rows: as many as the index has, at most one a pair.
+    let index = "split_vocabulary.token_index";
+    let n = match ck.shape(index)? {
+        &[n] if n <= v.saturating_mul(l) => n,
+        other => {
+            return Err(Error::shape(
+                "tensor",
+                format!(
+                    "(n,) with n ≤ {} (vocab_size × n_languages)",
+                    v.saturating_mul(l)
+                ),
+                other,
+            )
+            .in_file(ck.path())
+            .in_array(index));
+        }
+    };
+    let kept = dtype.safetensors();
+    for (name, shape) in [
+        ("token_embedding.vocab.weight", vec![v, d]),
+        ("lm_head.vocab.weight", vec![v, d]),
+        ("split_vocabulary.rows", vec![n, d]),
+    ] {
+        expect(name, kept, &shape)?;
+    }
+    if ck.names().contains(&"split_vocabulary.gate_logit") {
+        expect("split_vocabulary.gate_logit", kept, &[n])?;
+    }
+    for name in [index, "split_vocabulary.language_index"] {
+        expect(name, "I64", &[n])?;
+    }
+    let steps = usize::try_from(step).unwrap_or(usize::MAX);
+    expect(super::HISTORY, "F64", &[steps, 4])?;
+    // No tensor larger than the largest the sizes give.
+    let largest = [
+        v.saturating_mul(d),
+        n.saturating_mul(d.max(7)),
+        steps.saturating_mul(4),
+        l.saturating_mul(3),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    for name in ck.names() {
+        if name.starts_with(crate::checkpoint::OPTIMIZER) {
+            if name.ends_with(".step") {
+                expect(name, "U64", &[])?;
+                continue;
+            }
+            let found = ck.dtype(name)?.to_string();
+            if found != state.safetensors() {
+                return Err(wrong_dtype(name, state.safetensors(), found));
+            }
+        }
+        let elements = ck
+            .shape(name)?
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x));
+        if elements.is_none_or(|e| e > largest) {
+            return Err(ck.error(
+                name,
+                ErrorKind::Format {
+                    message: format!(
+                        "has shape {:?}, larger than any tensor of the run its metadata describes \
+                         (vocab_size {v}, dim {d}, {n} split rows, step {step}: at most {largest} elements)",
+                        ck.shape(name)?
+                    ),
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every optimiser step count of a checkpoint of
+/// [`Trainer::save`](super::Trainer::save) is the run's step (every
+/// parameter is updated at every step).
+pub(crate) fn check_steps(snap: &Snapshot, step: u64) -> Result<()> {
+    for (name, _) in snap.state.iter() {
+        if name.starts_with(crate::checkpoint::OPTIMIZER) && name.ends_with(".step") {
+            let theirs = snap.state.step(name)?;
+            if theirs != step {
+                let e = Error::format(format!(
+                    "an optimiser's step count of {theirs}, where the run's metadata says step {step}"
+                ));
+                return Err(snap.state.locate(e, name));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads the model of a checkpoint written by [`Trainer::save`](super::Trainer::save) (no corpus
 /// needed): sizes from the metadata, the index and every weight checked.
 pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
     let path = path.as_ref();
-    let snap = Snapshot::read(path)?;
+    let snap = Snapshot::read_checked(path, check_header)?;
     let config = ModelConfig {
         vocab_size: snap.meta_parse("vocab_size")?,
         n_languages: snap.meta_parse("n_languages")?,
@@ -145,13 +324,11 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
     .check("")
     .map_err(|e| e.in_file(path))?;
     let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
-    for p in model.parameters_mut() {
-        let kept = match snap.state.get(p.name()) {
-            Some(TensorData::BF16(_)) => Dtype::BF16,
-            Some(TensorData::F16(_)) => Dtype::F16,
-            _ => continue,
-        };
-        p.set_dtype(kept).map_err(|e| e.in_file(path))?;
+    // Kept as the metadata says (the header was held to it).
+    if let Some(kept) = dtype {
+        for p in model.parameters_mut() {
+            p.set_dtype(kept).map_err(|e| e.in_file(path))?;
+        }
     }
     let rest = snap.restore(&mut [&mut model], None)?;
     let state_bytes = snap
@@ -161,6 +338,7 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         .map(|(_, t)| tensor_bytes(t))
         .sum();
     let step: u64 = snap.meta_parse("step")?;
+    check_steps(&snap, step)?;
     let history = history_from(&rest, step)?;
     let (labels, heldout_curve, evaluation) =
         record_from(&snap, &rest, model.split.n_rows(), config.n_languages)?;
