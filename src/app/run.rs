@@ -63,6 +63,9 @@ pub struct Run<'a> {
     contexts: f64,
     /// The latest held-out cross-entropy (NaN before any).
     heldout: f64,
+    /// Files that describe the checkpoint this run replaces (a finished
+    /// run's report and plots), removed when it is first replaced.
+    stale: Vec<PathBuf>,
 }
 
 impl<'a> Run<'a> {
@@ -97,7 +100,32 @@ impl<'a> Run<'a> {
             stepping: 0.0,
             contexts: 0.0,
             heldout,
+            stale: Vec::new(),
         })
+    }
+
+    /// Files that describe the checkpoint in place when the run started
+    /// (the report and plots of a run finished there, which `--force`
+    /// replaces or `--resume` takes further): removed as soon as this run
+    /// replaces that checkpoint, so that none is left beside a checkpoint
+    /// it does not describe, and none is lost while the old checkpoint
+    /// stays.
+    pub fn set_stale(&mut self, files: Vec<PathBuf>) {
+        self.stale = files;
+    }
+
+    /// Writes the checkpoint, then removes the stale files.
+    fn save(&mut self) -> Result<()> {
+        self.trainer.save(&self.checkpoint)?;
+        for f in std::mem::take(&mut self.stale) {
+            match std::fs::remove_file(&f) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(crate::Error::from(e).in_file(&f));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The trainer, its model and its record.
@@ -131,7 +159,7 @@ impl<'a> Run<'a> {
             self.heldout = ce;
         }
         if step.is_multiple_of(self.checkpoint_every) && !self.trainer.is_done() {
-            self.trainer.save(&self.checkpoint)?;
+            self.save()?;
         }
         Ok(s)
     }
@@ -156,7 +184,7 @@ impl<'a> Run<'a> {
     pub fn stop(&mut self) -> Result<Stopped> {
         let step = self.trainer.step_index();
         Ok(if step > self.first {
-            self.trainer.save(&self.checkpoint)?;
+            self.save()?;
             Stopped::Saved(step)
         } else if step > 0 {
             Stopped::AsResumed(step)
@@ -180,7 +208,7 @@ impl<'a> Run<'a> {
         self.trainer
             .record_heldout(evaluation.ce, evaluation.ce_closed);
         self.trainer.set_evaluation(evaluation);
-        self.trainer.save(&self.checkpoint)?;
+        self.save()?;
         let t = &self.trainer;
         let mut report = Report::build(&ReportInput {
             model: t.model(),

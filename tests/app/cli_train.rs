@@ -349,3 +349,52 @@ fn options_a_command_would_not_honour_are_refused() {
     assert_eq!(step_of(&run.join("model.safetensors")), Some(5));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A finished run's report and plots go with its checkpoint: a `--force`
+/// run killed after its first checkpoint leaves none of them beside its
+/// own, and one killed before it leaves the finished run whole.
+#[test]
+fn a_replaced_run_leaves_no_report_beside_the_new_checkpoint() {
+    let dir = scratch("stale");
+    let out = dir.join("run");
+    let files = ["report.json", "loss.svg", "gates.svg"];
+    let ckpt = out.join("model.safetensors");
+    let mut replaced = false;
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(&out);
+        train(&out, 10, &[]);
+        for f in files {
+            assert!(out.join(f).exists(), "{f}");
+        }
+        let before = std::fs::read(&ckpt).unwrap();
+        let mut child = train_command(&dir, &out, 4000, &["--force", "--seed", "3"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while step_of(&ckpt) == Some(10) && started.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if std::fs::read(&ckpt).unwrap() == before {
+            // Killed before its first checkpoint: the finished run is whole.
+            for f in files {
+                assert!(out.join(f).exists(), "{f}");
+            }
+            continue;
+        }
+        assert!(step_of(&ckpt).is_some_and(|s| s < 4000 && s % 5 == 0));
+        for f in files {
+            assert!(
+                !out.join(f).exists(),
+                "{f} left beside another run's checkpoint"
+            );
+        }
+        replaced = true;
+        break;
+    }
+    assert!(replaced, "no kill landed after the first checkpoint");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -273,6 +273,9 @@ pub fn run(args: TrainArgs) -> CliResult<ExitCode> {
     let (out, _lock) = args.prepare_out(&data)?;
     let ckpt = out.join(CHECKPOINT);
     let mut run = Run::start(&data, &config, ckpt.clone(), args.resume)?;
+    // A run finished in this folder (replaced by --force, or taken further
+    // by --resume) has its report and plots removed with its checkpoint.
+    run.set_stale(RUN_FILES.iter().map(|f| out.join(f)).collect());
     if args.resume && run.trainer().step_index() > args.steps {
         return Err(format!(
             "--steps {} with --resume: {} is at step {} already; give --steps above it to train \
@@ -336,6 +339,9 @@ fn train_to_end(run: &mut Run<'_>, stop: &Stop, quiet: bool) -> CliResult<Option
     progress.finish();
     Ok(None)
 }
+
+/// What a finished run writes beside its checkpoint.
+const RUN_FILES: [&str; 3] = ["report.json", "loss.svg", "gates.svg"];
 
 /// Writes `report.json` and the two plots of a finished run into `out`.
 fn write_run(out: &Path, report: &Report, trainer: &Trainer<f32>) -> CliResult<()> {
