@@ -3,7 +3,9 @@
 //! the metadata does not describe (another dtype, a tensor larger than the
 //! run could have), naming the tensor, without reading it; optimiser step
 //! counts must be the run's step; and numbers in the metadata (a seed near
-//! `u64::MAX`) are not taken for byte offsets.
+//! `u64::MAX`) are not taken for byte offsets. `export` refuses a table
+//! that overflows the dtype it is asked for, and `--force` removes the
+//! tables of the export it replaces.
 
 use std::fs;
 use std::io::Write;
@@ -156,4 +158,45 @@ fn an_optimiser_step_count_other_than_the_runs_is_refused() {
     resume.extend(["--quiet", "--resume", "--out", s(out)]);
     let err = fails(&dir, &resume);
     assert!(err.contains(&want), "{err}");
+}
+
+#[test]
+fn export_refuses_a_table_beyond_f16_and_force_removes_the_previous_tables() {
+    let dir = scratch("export");
+    let ck = trained(&dir, &[]);
+    // The shared table's row 3, column 2 beyond f16's largest value.
+    let (header, mut data) = split(&ck);
+    let name = "token_embedding.vocab.weight";
+    let at = header[name]["data_offsets"][0].as_u64().unwrap() as usize + (3 * 8 + 2) * 4;
+    data[at..at + 4].copy_from_slice(&70000.0f32.to_le_bytes());
+    let big = dir.join("big.safetensors");
+    join(&big, &header, &data, 0);
+    let err = fails(
+        &dir,
+        &["export", s(&big), "--out", "ex16", "--dtype", "f16"],
+    );
+    assert!(
+        err.contains("does not fit in f16: row 3, column 2 is 70000"),
+        "{err}"
+    );
+    assert!(!dir.join("ex16").exists());
+    run_ok(
+        &dir,
+        &["export", s(&big), "--out", "exbf", "--dtype", "bf16"],
+    );
+
+    // A previous export's tables this one does not write are removed by
+    // --force; other files stay.
+    let out = dir.join("ex");
+    run_ok(&dir, &["export", s(&ck), "--out", s(&out)]);
+    let kept = out.join("kept.json");
+    let mut json: Value = serde_json::from_slice(&fs::read(&kept).unwrap()).unwrap();
+    json["languages"].as_array_mut().unwrap().push(json!("xx"));
+    fs::write(&kept, serde_json::to_string(&json).unwrap()).unwrap();
+    fs::write(out.join("xx.safetensors"), b"another run's table").unwrap();
+    fs::write(out.join("notes.txt"), b"mine").unwrap();
+    run_ok(&dir, &["export", s(&ck), "--out", s(&out), "--force"]);
+    assert!(!out.join("xx.safetensors").exists());
+    assert!(out.join("language-0.safetensors").exists());
+    assert_eq!(fs::read(out.join("notes.txt")).unwrap(), b"mine");
 }

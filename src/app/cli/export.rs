@@ -82,6 +82,27 @@ fn file_stem(names: Option<&[String]>, l: usize) -> String {
     }
 }
 
+/// The language file stems a previous export's `kept.json` names (none
+/// when there is none, or it does not read as one: then nothing is
+/// removed).
+fn previous_tables(kept: &std::path::Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(kept) else {
+        return Vec::new();
+    };
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    json["languages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        // Only a stem export writes: no path, no hidden file.
+        .filter(|s| file_stem(Some(&[s.to_string()]), 0) == *s && !s.starts_with('.'))
+        .map(str::to_string)
+        .collect()
+}
+
 /// `splitgrad export`.
 pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
     let saved = load_model::<f32>(&args.checkpoint)?;
@@ -113,6 +134,40 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
         )
         .into());
     }
+    // Every table is held to the dtype before any file is written: an f16
+    // table whose values overflow it is refused, not written as infinity.
+    for (lang, path) in files.iter().take(l).enumerate() {
+        let wide = language_table(model, lang, use_gate)?;
+        let table = Stored::from_full(wide.clone().into_dyn(), dtype)?;
+        let narrow = table.widened();
+        let overflow = wide
+            .indexed_iter()
+            .zip(narrow.iter())
+            .find(|((_, x), y)| x.is_finite() && !y.is_finite());
+        if let Some(((at, x), _)) = overflow {
+            return Err(format!(
+                "{}: {} does not fit in {dtype}: row {}, column {} is {x}, beyond {dtype}'s \
+                 largest finite value; export with --dtype bf16 or f32",
+                path.display(),
+                names
+                    .and_then(|n| n.get(lang))
+                    .map_or(format!("language {lang}'s table"), |n| format!(
+                        "the table of {n}"
+                    )),
+                at.0,
+                at.1
+            )
+            .into());
+        }
+    }
+    // With --force, the tables of a previous export there (named in its
+    // kept.json) that this one does not write are removed once it is
+    // written, so that none of another run is left among them.
+    let previous = if args.force {
+        previous_tables(&files[l])
+    } else {
+        Vec::new()
+    };
     std::fs::create_dir_all(&args.out).map_err(|e| {
         format!(
             "{}: cannot create the output folder: {e}",
@@ -157,6 +212,21 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
     });
     let text = serde_json::to_string_pretty(&kept)? + "\n";
     crate::io::write_atomic(&files[l], |w| Ok(w.write_all(text.as_bytes())?))?;
+    for stem in previous {
+        let old = args.out.join(format!("{stem}.safetensors"));
+        if !files.contains(&old) {
+            match std::fs::remove_file(&old) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "{}: cannot remove the previous export's table: {e}",
+                        old.display()
+                    )
+                    .into());
+                }
+                _ => {}
+            }
+        }
+    }
     println!(
         "splitgrad export: {l} embedding tables ({} × {}, {dtype}) and kept.json ({} kept of {} rows) in {}",
         model.config().vocab_size,
