@@ -392,6 +392,15 @@ fn a_replaced_run_leaves_no_report_beside_the_new_checkpoint() {
                 "{f} left beside another run's checkpoint"
             );
         }
+        // Its report says it is unfinished, and keeps nothing yet.
+        let report = run_ok(&dir, &["report", s(&ckpt), "--json"]);
+        let text = String::from_utf8_lossy(&report.stdout);
+        assert!(
+            text.contains("unfinished run, ") && text.contains(" of 4000 steps"),
+            "{text}"
+        );
+        assert!(!text.contains("kept rows"), "{text}");
+        assert_eq!(last_json(&report)["finished"], false);
         replaced = true;
         break;
     }

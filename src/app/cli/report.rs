@@ -394,9 +394,45 @@ pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
         ROWS_LISTED,
     ));
     report.memory = Some(Memory::of_saved(&saved));
-    print(&report);
+    // A run stopped before its last step has no held-out evaluation: no
+    // row is kept or scored yet, and the report says so instead.
+    let finished = saved.evaluation.is_some();
+    if finished {
+        print(&report);
+    } else {
+        let planned = saved.metadata.get("steps").and_then(|s| s.parse().ok());
+        print_unfinished(&report, planned);
+    }
     if args.json {
-        println!("{}", serde_json::to_string(&to_json(&report))?);
+        let mut v = to_json(&report);
+        v["finished"] = json!(finished);
+        println!("{}", serde_json::to_string(&v)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the report of a run stopped before its last step (`planned`
+/// steps, where the checkpoint says): what it has, and that the decision
+/// waits for the held-out evaluation at the end.
+fn print_unfinished(r: &Report, planned: Option<u64>) {
+    println!(
+        "splitgrad: unfinished run, {} of {} steps on {} ({} split rows, {})",
+        r.steps,
+        planned.map_or("its".to_string(), |p| p.to_string()),
+        r.corpus,
+        r.n_rows,
+        if r.use_gate() { "gated" } else { "fusion mode" }
+    );
+    println!(
+        "  latest training loss {:.4} (cross-entropy {:.4})",
+        r.last_step.map_or(f64::NAN, |s| shown(s.total)),
+        r.last_step.map_or(f64::NAN, |s| shown(s.ce))
+    );
+    println!(
+        "  no held-out evaluation yet: it runs at the last step, and decides which rows are kept; \
+         finish the run with `splitgrad train --resume` and the same settings"
+    );
+    if let Some(m) = &r.memory {
+        print_memory(m);
+    }
 }
