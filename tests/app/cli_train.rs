@@ -407,3 +407,40 @@ fn a_replaced_run_leaves_no_report_beside_the_new_checkpoint() {
     assert!(replaced, "no kill landed after the first checkpoint");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `timeout -s INT` (without `--foreground`) sends its signal to the run
+/// and again to its process group: the run takes both for one request,
+/// finishes its step and writes its checkpoint, every time.
+#[test]
+fn a_signal_sent_twice_at_once_stops_the_run_cleanly() {
+    if std::process::Command::new("timeout")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("no `timeout` here: skipped");
+        return;
+    }
+    let dir = scratch("timeout");
+    for round in 0..4 {
+        let out = dir.join(format!("run{round}"));
+        let steps = "1000000";
+        let args = ["train", "--steps", steps, "--out", s(&out)];
+        let run = std::process::Command::new("timeout")
+            .args(["--preserve-status", "-s", "INT", "1.5", cli::BIN])
+            .args([&args[..], SMALL].concat())
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(130), "round {round}: {err}");
+        let said: u64 = err
+            .split("stopped at step ")
+            .nth(1)
+            .and_then(|t| t.split(':').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("round {round}: {err}"));
+        assert_eq!(step_of(&out.join("model.safetensors")), Some(said));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

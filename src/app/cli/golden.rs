@@ -138,12 +138,10 @@ fn seconds(s: &str) -> Result<f64, String> {
 /// Ctrl-C does not reach) before it ends; a second signal exits at once.
 fn stop_on_signal() -> CliResult<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    use signal_hook::flag::{register, register_conditional_shutdown};
+    use signal_hook::flag::register;
     let stop = Arc::new(AtomicBool::new(false));
-    // The exit on a second signal is registered first, so that it sees
-    // the flag the first signal sets.
-    register_conditional_shutdown(SIGINT, 130, Arc::clone(&stop))?;
-    register_conditional_shutdown(SIGTERM, 143, Arc::clone(&stop))?;
+    // The exit on a second signal is registered first.
+    super::exit_on_second_signal()?;
     register(SIGINT, Arc::clone(&stop))?;
     register(SIGTERM, Arc::clone(&stop))?;
     Ok(stop)

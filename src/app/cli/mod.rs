@@ -147,6 +147,43 @@ fn quiet_broken_pipe() {
     }
 }
 
+/// A signal that repeats within this time of the first is the same
+/// request: `timeout` (without `--foreground`) sends its signal to the
+/// program and again to its process group, microseconds apart.
+const SAME_REQUEST: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Exits at once with 130 on SIGINT and 143 on SIGTERM when either comes
+/// a second time, [`SAME_REQUEST`] or more after the first; the first (and
+/// its repeats within that time) only set the flags registered after this.
+/// Register before those flags.
+fn exit_on_second_signal() -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+    let start = Instant::now();
+    // Nanoseconds from `start` to the first signal, plus one (0: none yet).
+    let first = Arc::new(AtomicU64::new(0));
+    for (sig, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+        let first = Arc::clone(&first);
+        let action = move || {
+            let now = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1;
+            match first.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {}
+                Err(seen) if now.saturating_sub(seen) >= SAME_REQUEST.as_nanos() as u64 => {
+                    signal_hook::low_level::exit(code)
+                }
+                Err(_) => {}
+            }
+        };
+        // SAFETY: the action is async-signal-safe: it reads the monotonic
+        // clock (`clock_gettime`), does atomic operations on memory it
+        // owns, and may call `_exit`; it neither allocates nor locks.
+        unsafe { signal_hook::low_level::register(sig, action) }?;
+    }
+    Ok(())
+}
+
 /// The `splitgrad` program: parses the arguments, runs the command, and
 /// prints any error as one line.
 pub fn main() -> ExitCode {

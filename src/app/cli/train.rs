@@ -184,7 +184,8 @@ impl TrainArgs {
 /// Set by SIGINT or SIGTERM: the run finishes its step, writes a
 /// checkpoint and stops. A second signal while that happens exits at once
 /// (with 130 or 143), leaving the last checkpoint, written atomically,
-/// intact.
+/// intact; one within a quarter of a second of the first is taken for the
+/// same request (as `timeout` sends it twice).
 struct Stop {
     interrupt: Arc<AtomicBool>,
     terminate: Arc<AtomicBool>,
@@ -193,16 +194,11 @@ struct Stop {
 impl Stop {
     fn install() -> CliResult<Stop> {
         use signal_hook::consts::{SIGINT, SIGTERM};
-        use signal_hook::flag::{register, register_conditional_shutdown};
-        let any = Arc::new(AtomicBool::new(false));
+        use signal_hook::flag::register;
         let interrupt = Arc::new(AtomicBool::new(false));
         let terminate = Arc::new(AtomicBool::new(false));
-        // The exit on a second signal is registered first, so that it sees
-        // the flag the first signal sets.
-        register_conditional_shutdown(SIGINT, 130, Arc::clone(&any))?;
-        register_conditional_shutdown(SIGTERM, 143, Arc::clone(&any))?;
-        register(SIGINT, Arc::clone(&any))?;
-        register(SIGTERM, Arc::clone(&any))?;
+        // The exit on a second signal is registered first.
+        super::exit_on_second_signal()?;
         register(SIGINT, Arc::clone(&interrupt))?;
         register(SIGTERM, Arc::clone(&terminate))?;
         Ok(Stop {
