@@ -23,7 +23,7 @@ pub struct BenchArgs {
     /// Timed steps after one warm-up step [default: 10; 3 for each row of --sweep].
     #[arg(long)]
     pub steps: Option<usize>,
-    /// Worker threads, of rayon and of the matrix products (default: all cores).
+    /// Worker threads, of rayon and of the matrix products (default: RAYON_NUM_THREADS if set, else all cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Divide every size by this, for a quick smoke run (1: as specified).

@@ -111,7 +111,12 @@ pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
             .into());
         }
         Some(n) => n,
-        None => cores,
+        // As rayon reads it; a value that is not a count is left to it.
+        None => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| (1..=MAX_THREADS).contains(&n))
+            .unwrap_or(cores),
     };
     if n > cores {
         eprintln!(

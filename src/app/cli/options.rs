@@ -151,7 +151,7 @@ pub fn kept_as(p: &Precision) -> String {
 /// The worker threads and the seed of a command that trains.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct RunArgs {
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: RAYON_NUM_THREADS if set, else all cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Seed of the corpus, the weights and the batches.

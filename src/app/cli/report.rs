@@ -17,6 +17,15 @@ use crate::io::write_atomic;
 
 use super::CliResult;
 
+/// `n` and the noun, plural unless n is 1 (`1 step`, `2 steps`).
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("{n} {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// A number with three decimals, or "undefined".
 pub fn fmt3(x: Option<f64>) -> String {
     x.map_or_else(|| "undefined".to_string(), |v| format!("{v:.3}"))
@@ -300,8 +309,8 @@ fn print_gated(r: &Report, g: &GatedOutcome) {
 /// Prints the report for a person.
 pub fn print(r: &Report) {
     println!(
-        "splitgrad: {} steps on {} ({} split rows, {})",
-        r.steps,
+        "splitgrad: {} on {} ({} split rows, {})",
+        count(r.steps as u64, "step"),
         r.corpus,
         r.n_rows,
         if r.use_gate() { "gated" } else { "fusion mode" }
@@ -364,10 +373,15 @@ pub fn print(r: &Report) {
             .filter(|h| h.contexts_per_step.is_finite() && h.gflops.is_finite())
         {
             Some(h) => println!(
-                "  {tps:.0} tokens/s on {} threads (training steps only; {:.0} distinct contexts a step, the head at {:.1} GFLOP/s)",
-                t.threads, h.contexts_per_step, h.gflops
+                "  {tps:.0} tokens/s on {} (training steps only; {:.0} distinct contexts a step, the head at {:.1} GFLOP/s)",
+                count(t.threads as u64, "thread"),
+                h.contexts_per_step,
+                h.gflops
             ),
-            None => println!("  {tps:.0} tokens/s on {} threads", t.threads),
+            None => println!(
+                "  {tps:.0} tokens/s on {}",
+                count(t.threads as u64, "thread")
+            ),
         }
     }
     if let Some(m) = &r.memory {

@@ -91,7 +91,7 @@ pub struct TokenizeArgs {
     /// it) if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Worker threads (default: all cores); the output is the same for any
+    /// Worker threads (default: RAYON_NUM_THREADS if set, else all cores); the output is the same for any
     /// number.
     #[arg(long)]
     pub threads: Option<usize>,
