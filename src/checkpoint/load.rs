@@ -118,8 +118,12 @@ impl Checkpoint {
             .map_err(|e| Error::from(e).in_file(path))?;
         let text = std::str::from_utf8(&head[N_LEN..])
             .map_err(|e| invalid(SafeTensorError::InvalidHeader(e)))?;
-        let header: Metadata = serde_json::from_str(text)
-            .map_err(|e| invalid(SafeTensorError::InvalidHeaderDeserialization(e)))?;
+        let header: Metadata = serde_json::from_str(text).map_err(|e| match diagnose(text) {
+            Some((name, what)) => bad(format!(
+                "not a valid safetensors file: tensor `{name}`: {what}"
+            )),
+            None => invalid(SafeTensorError::InvalidHeaderDeserialization(e)),
+        })?;
         let tensors = header.tensors();
         // The validated ranges tile 0..data_len in offset order.
         let data_len = tensors
@@ -238,6 +242,76 @@ const READ_BLOCK: usize = 1 << 20;
 fn first_all_ones(data: &[u8], exponent: u16) -> Option<usize> {
     data.chunks_exact(2)
         .position(|b| u16::from_le_bytes([b[0], b[1]]) & exponent == exponent)
+}
+
+/// The first tensor (by name) of a header that does not deserialise whose
+/// entry says why: an unknown dtype, a shape that is not a list of sizes
+/// or whose bytes overflow, byte offsets that are not two increasing
+/// numbers or do not span the shape's bytes. `None` when the header is not
+/// a JSON object or no entry is at fault (then the JSON error says why).
+fn diagnose(text: &str) -> Option<(String, String)> {
+    let serde_json::Value::Object(map) = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    let sizes = [
+        ("BOOL", 1),
+        ("U8", 1),
+        ("I8", 1),
+        ("F8_E5M2", 1),
+        ("F8_E4M3", 1),
+        ("I16", 2),
+        ("U16", 2),
+        ("F16", 2),
+        ("BF16", 2),
+        ("I32", 4),
+        ("U32", 4),
+        ("F32", 4),
+        ("F64", 8),
+        ("I64", 8),
+        ("U64", 8),
+    ];
+    map.iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .find_map(|(name, entry)| {
+            let fault = |what: String| Some((name.clone(), what));
+            let dtype = entry.get("dtype").and_then(|d| d.as_str());
+            let Some(&(dtype, size)) = sizes.iter().find(|(d, _)| Some(*d) == dtype) else {
+                return fault(format!(
+                    "dtype {}: not a safetensors dtype",
+                    entry.get("dtype")?
+                ));
+            };
+            let shape: Option<Vec<u64>> = entry
+                .get("shape")
+                .and_then(|s| s.as_array())
+                .and_then(|s| s.iter().map(|d| d.as_u64()).collect());
+            let Some(shape) = shape else {
+                return fault(format!(
+                    "shape {}: not a list of sizes",
+                    entry.get("shape")?
+                ));
+            };
+            let Some(bytes) = shape.iter().try_fold(size, |a: u64, &d| a.checked_mul(d)) else {
+                return fault(format!(
+                    "shape {shape:?} of {dtype} is more bytes than a file can hold"
+                ));
+            };
+            let offsets: Option<Vec<u64>> = entry
+                .get("data_offsets")
+                .and_then(|s| s.as_array())
+                .and_then(|s| s.iter().map(|d| d.as_u64()).collect());
+            match offsets.as_deref() {
+                Some(&[a, b]) if b >= a && b - a == bytes => None,
+                Some(&[a, b]) if b >= a => fault(format!(
+                    "data_offsets [{a}, {b}] span {} bytes; shape {shape:?} of {dtype} is {bytes}",
+                    b - a
+                )),
+                _ => fault(format!(
+                    "data_offsets {}: not two increasing byte offsets",
+                    entry.get("data_offsets")?
+                )),
+            }
+        })
 }
 
 /// `(3, 4)`, `(5,)`, `()`: a shape as PyTorch prints it.
@@ -665,6 +739,50 @@ mod tests {
                 path.display()
             )
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A header that does not deserialise names the tensor at fault and
+    /// what is wrong with its entry.
+    #[test]
+    fn a_bad_entry_is_named_with_its_fault() {
+        let dir = temp_dir("diagnose");
+        let cases = [
+            (
+                r#""dtype":"BF17","shape":[2],"data_offsets":[0,4]"#,
+                "dtype \"BF17\": not a safetensors dtype",
+            ),
+            (
+                r#""dtype":"F32","shape":[-2],"data_offsets":[0,8]"#,
+                "shape [-2]: not a list of sizes",
+            ),
+            (
+                r#""dtype":"F32","shape":[4000000000,4000000000,4000000000],"data_offsets":[0,8]"#,
+                "shape [4000000000, 4000000000, 4000000000] of F32 is more bytes than a file can hold",
+            ),
+            (
+                r#""dtype":"F32","shape":[3],"data_offsets":[0,8]"#,
+                "data_offsets [0, 8] span 8 bytes; shape [3] of F32 is 12",
+            ),
+        ];
+        for (i, (entry, fault)) in cases.iter().enumerate() {
+            let header = format!(
+                r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}},"b":{{{entry}}}}}"#
+            );
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.extend_from_slice(&[0; 16]);
+            let path = dir.join(format!("{i}.safetensors"));
+            fs::write(&path, &bytes).unwrap();
+            let err = Checkpoint::open(&path).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "{}: not a valid safetensors file: tensor `b`: {fault}",
+                    path.display()
+                )
+            );
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 
