@@ -295,7 +295,33 @@ pub(crate) fn check_steps(snap: &Snapshot, step: u64) -> Result<()> {
 /// needed): sizes from the metadata, the index and every weight checked.
 pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
     let path = path.as_ref();
-    let snap = Snapshot::read_checked(path, check_header)?;
+    // The model's memory from the metadata, then the header held to the
+    // metadata, before any tensor is read.
+    let snap = Snapshot::read_checked(path, |ck| {
+        let dtype = match kept_dtypes(ck)?.0 {
+            d if d.is_half() => Some(d),
+            _ => None,
+        };
+        let n_rows = match ck.shape("split_vocabulary.token_index") {
+            Ok(&[n]) => n,
+            _ => 0,
+        };
+        crate::app::plan::Plan {
+            vocab_size: meta_parse_of(ck, "vocab_size")?,
+            vocab_source: "the checkpoint's metadata".into(),
+            n_languages: meta_parse_of(ck, "n_languages")?,
+            languages_source: "the checkpoint's metadata".into(),
+            dim: meta_parse_of(ck, "dim")?,
+            n_rows,
+            real_bytes: std::mem::size_of::<T>(),
+            param_dtype: dtype,
+            action: "loading",
+            ..Default::default()
+        }
+        .check("")
+        .map_err(|e| e.in_file(path))?;
+        check_header(ck)
+    })?;
     let config = ModelConfig {
         vocab_size: snap.meta_parse("vocab_size")?,
         n_languages: snap.meta_parse("n_languages")?,
@@ -309,20 +335,6 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
         Some(d @ ("bf16" | "f16")) => d.parse::<Dtype>().ok(),
         _ => None,
     };
-    crate::app::plan::Plan {
-        vocab_size: config.vocab_size,
-        vocab_source: "the checkpoint's metadata".into(),
-        n_languages: config.n_languages,
-        languages_source: "the checkpoint's metadata".into(),
-        dim: config.dim,
-        n_rows: index.token_index.len(),
-        real_bytes: std::mem::size_of::<T>(),
-        param_dtype: dtype,
-        action: "loading",
-        ..Default::default()
-    }
-    .check("")
-    .map_err(|e| e.in_file(path))?;
     let mut model = BigramModel::new(config, index).map_err(|e| e.in_file(path))?;
     // Kept as the metadata says (the header was held to it).
     if let Some(kept) = dtype {
