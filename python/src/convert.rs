@@ -39,6 +39,36 @@ pub fn check_alloc(what: impl FnOnce() -> String, bytes: u64) -> PyResult<()> {
     splitgrad::io::check_memory(what, bytes, "").map_err(py_err)
 }
 
+/// Refuses, before it is made, the copy of a state handed to Python whose
+/// tensors are `tensors` (each tensor's bytes and whether it is in half
+/// precision, which is handed over through one more copy, of its bits):
+/// `MemoryError` where the memory available would not hold it, instead of
+/// an allocation that fails and aborts the process.
+pub fn check_state_copy(
+    what: impl FnOnce() -> String,
+    tensors: impl IntoIterator<Item = (u64, bool)>,
+) -> PyResult<()> {
+    let (mut total, mut half) = (0u64, 0u64);
+    for (bytes, is_half) in tensors {
+        total = total.saturating_add(bytes);
+        if is_half {
+            half = half.max(bytes);
+        }
+    }
+    check_alloc(what, total.saturating_add(half))
+}
+
+/// A named tensor's bytes, and whether it is in half precision, for
+/// [`check_state_copy`].
+pub fn tensor_bytes(t: &splitgrad::state::TensorRef<'_>) -> (u64, bool) {
+    let (size, half) = match t.dtype() {
+        "BF16" | "F16" => (2, true),
+        "F32" => (4, false),
+        _ => (8, false),
+    };
+    (bytes_for(t.shape(), size), half)
+}
+
 /// The bytes of `n` elements of `elem` bytes each (`u64::MAX` on overflow).
 pub fn bytes_for(n: &[usize], elem: usize) -> u64 {
     let mut f: Vec<u64> = n.iter().map(|&x| x as u64).collect();
@@ -365,6 +395,18 @@ pub fn state_from_py(obj: &Bound<'_, PyAny>) -> PyResult<StateDict> {
         };
         let arr = np.call_method1("asarray", (&value,))?;
         let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+        // Each array is copied (a half one twice: its bits, then them as
+        // the type): refused first where the memory would not hold it.
+        let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+        let (size, copies) = match dtype.as_str() {
+            "uint16" | "float16" | "bfloat16" => (2, 2),
+            "float32" => (4, 1),
+            _ => (8, 1),
+        };
+        check_alloc(
+            || format!("the copy of state entry `{name}` (shape {shape:?}, {dtype})"),
+            bytes_for(&shape, size).saturating_mul(copies),
+        )?;
         let bits = |arr: &Bound<'_, PyAny>| -> PyResult<ArrayD<u16>> {
             let a = arr.call_method1("view", ("uint16",))?;
             Ok(owned(

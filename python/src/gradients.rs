@@ -187,7 +187,18 @@ impl PyGradients {
 
     /// The gradient as a dense array of the parameter's shape (a copy).
     fn dense<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        crate::each!(&self.inner, l => Ok(to_numpy(py, find(l, name)?.grad.to_dense()).into_any()))
+        crate::each!(&self.inner, l => {
+            let e = find(l, name)?;
+            let shape = match &e.grad {
+                ParamGrad::RowSparse(s) => vec![s.n_rows, s.values.ncols()],
+                ParamGrad::Dense(d) => d.shape().to_vec(),
+            };
+            crate::convert::check_alloc(
+                || format!("the dense gradient of `{name}` (shape {shape:?})"),
+                crate::convert::bytes_for(&shape, 8),
+            )?;
+            Ok(to_numpy(py, e.grad.to_dense()).into_any())
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -326,7 +326,13 @@ macro_rules! layer_class {
 
             /// Every parameter and buffer by name, copied.
             fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-                let sd = $crate::each!(&*self.read(py)?, l => l.state_dict());
+                let inner = self.read(py)?;
+                $crate::each!(&*inner, l => $crate::convert::check_state_copy(
+                    || "the state dict's copy".to_string(),
+                    l.state_refs().iter().map(|(_, t)| $crate::convert::tensor_bytes(t)),
+                ))?;
+                let sd = $crate::each!(&*inner, l => l.state_dict());
+                drop(inner);
                 $crate::convert::state_to_py(py, sd)
             }
 

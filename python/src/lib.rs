@@ -20,6 +20,10 @@ mod vocabulary;
 
 use pyo3::prelude::*;
 
+/// The most threads `set_num_threads` starts (as the command line's
+/// `--threads`).
+const MAX_THREADS: usize = 1024;
+
 /// Sizes rayon's global pool (the kernels' threads); only before the first
 /// parallel call of the process. The matrix products of the head read
 /// `MATMUL_NUM_THREADS` once.
@@ -29,6 +33,12 @@ fn set_num_threads(n: usize) -> PyResult<()> {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "threads must be at least 1",
         ));
+    }
+    if n > MAX_THREADS {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{n} threads is more than {MAX_THREADS}; this machine has {} cores",
+            std::thread::available_parallelism().map_or(1, |c| c.get())
+        )));
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)

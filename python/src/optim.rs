@@ -306,7 +306,10 @@ impl PyOptimizer {
 
     /// The state by name (`<param>.exp_avg`, `.exp_avg_sq`, `.step`, …), copied.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let sd = crate::each!(&*self.read(py)?, o => o.state_dict());
+        let opt = self.read(py)?;
+        crate::each!(&*opt, o => check_optimizer_copy(o.as_ref()))?;
+        let sd = crate::each!(&*opt, o => o.state_dict());
+        drop(opt);
         state_to_py(py, sd)
     }
 
@@ -334,6 +337,24 @@ impl PyOptimizer {
             self.dtype().name()
         ))
     }
+}
+
+/// Refuses, before it is made, the copy of an optimiser's state that its
+/// state dict is (made twice where it lends none: its state, then the
+/// tensors).
+fn check_optimizer_copy<T: PyReal>(opt: &dyn Optimizer<T>) -> PyResult<()> {
+    use splitgrad::optim::StateRef;
+    let Some(refs) = opt.state_refs() else {
+        return Ok(());
+    };
+    let sizes = refs.iter().map(|(_, r)| match r {
+        StateRef::Array(a) => {
+            let half = a.dtype().is_half();
+            (crate::convert::bytes_for(a.shape(), a.dtype().size()), half)
+        }
+        StateRef::Step(_) => (8, false),
+    });
+    crate::convert::check_state_copy(|| "the optimiser's state dict's copy".to_string(), sizes)
 }
 
 /// `Optimizer.load_state_dict` for the optimiser's real type `dt`.

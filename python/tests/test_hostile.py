@@ -65,6 +65,47 @@ NUMPY_CASES = [
      '    sg.Adam(lr=0.1).step(e, g)\n'
      'finally:\n'
      '    del os.environ["SPLITGRAD_MEMORY_LIMIT"]'),
+    # Copies handed to or taken from Python are checked before they are made: an allocation that
+    # fails would abort the process.
+    ("a state dict's copy beyond the address space left", "MemoryError", "state dict",
+     'import mmap\n'
+     'e = sg.SplitTokenEmbeddings({"a": 500_000}, ["a"], 256)\n'
+     'e.set_dtype("bfloat16")\n'
+     'vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024\n'
+     'ballast = mmap.mmap(-1, (8 << 30) - vm - (100 << 20))  # ~100 MiB left, none of it touched\n'
+     'e.state_dict()'),
+    ("copies of state beyond the memory limit", "MemoryError", "",
+     'import os\n'
+     'e = sg.SplitTokenEmbeddings({"orig": 2**20}, ["orig"], 64)\n'
+     'g = e.backward(np.arange(2**20), np.ones((2**20, 64), np.float32))\n'
+     'o = sg.Adam(lr=0.1)\n'
+     'o.step(e, g)\n'
+     'sd, osd = e.state_dict(), o.state_dict()\n'
+     'os.environ["SPLITGRAD_MEMORY_LIMIT"] = "100M"  # each of these copies is 256 MiB or more\n'
+     'raised = []\n'
+     'for what, call in [("state dict", e.state_dict), ("optimiser", o.state_dict),\n'
+     '                   ("dense gradient", lambda: g.dense("token_embedding.orig.weight")),\n'
+     '                   ("state entry", lambda: e.load_state_dict(sd)),\n'
+     '                   ("state entry", lambda: o.load_state_dict(osd, [e]))]:\n'
+     '    try:\n'
+     '        call()\n'
+     '    except MemoryError as err:\n'
+     '        assert what in str(err), (what, str(err))\n'
+     '        raised.append(what)\n'
+     'del os.environ["SPLITGRAD_MEMORY_LIMIT"]\n'
+     'assert len(raised) == 5, raised\n'
+     'raise MemoryError("each copy refused")'),
+    ("threads beyond any machine", "ValueError", "more than 1024", "sg.set_num_threads(2**40)"),
+    ("a step count that no step follows", "ValueError", "no step count follows",
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
+     'g = e.backward(np.arange(4), np.ones((4, 2), np.float32))\n'
+     'o = sg.Adam(lr=0.1)\n'
+     'o.step(e, g)\n'
+     's = o.state_dict()\n'
+     'k = [n for n in s if n.endswith(".step")][0]\n'
+     's[k] = np.array(2**64 - 1, dtype=np.uint64)\n'
+     'o.load_state_dict(s, [e])\n'
+     'o.step(e, g)'),
     ("negative split size", "ValueError", "", 'sg.SplitTokenEmbeddings({"orig": -1}, ["orig"], 4)'),
     ("negative hidden size", "ValueError", "", 'sg.SplitTokenEmbeddings({"orig": 2}, ["orig"], -4)'),
     ("ids of a float dtype", "ValueError", "dtype",

@@ -316,7 +316,13 @@ impl<T: Real> MomentTable<T> {
     /// the first time); an error as [`MomentTable::slot`].
     pub fn step(&mut self, param: &Parameter<T>) -> Result<&mut Moments<T>> {
         let slot = self.slot(param)?;
-        slot.step += 1;
+        slot.step = slot.step.checked_add(1).ok_or_else(|| {
+            crate::Error::config(format!(
+                "parameter `{}` has taken {} steps: no step count follows (its state was loaded with one)",
+                param.name(),
+                slot.step
+            ))
+        })?;
         Ok(slot)
     }
 
