@@ -52,6 +52,7 @@ from .torch import (
     _applied,
     _configured,
     _first_order,
+    _graph_task,
     _half_np,
     _np_dtype,
     _out,
@@ -345,6 +346,22 @@ def _param(core, name):
     return nn.Parameter(_tensor_of(core, name))
 
 
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _int_ids(t, what: str) -> torch.Tensor:
+    """`t` flattened as int64 ids, refused unless it is a CPU tensor of an integer dtype (as the
+    unsharded layers refuse it): a float, bool or complex id is not cut toward zero."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"array `{what}`: expected a torch tensor of integer ids, got {type(t).__name__}")
+    if t.dtype not in _ID_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _ID_DTYPES)
+        raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected an integer dtype ({names})")
+    if t.device.type != "cpu":
+        raise ValueError(f"array `{what}`: is on {t.device}, expected a CPU tensor")
+    return t.reshape(-1).to(torch.int64)
+
+
 def _check_ids(flat: torch.Tensor, n: int, what: str):
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n):
         bad = int(torch.nonzero((flat < 0) | (flat >= n))[0])
@@ -451,9 +468,7 @@ class ShardedTokenEmbeddings(_Sharded):
         return self._fused.state_dict()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.is_floating_point():
-            raise ValueError(f"array `input_ids`: has dtype {input_ids.dtype}, expected an integer dtype")
-        _check_ids(input_ids.reshape(-1), self.vocab, "input_ids")
+        _check_ids(_int_ids(input_ids, "input_ids"), self.vocab, "input_ids")
         self._sync_trainable()
         anchor = self._anchor if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()) else self._anchor.detach()
         return _ShardedEmbeddingFunction.apply(self, input_ids, anchor)
@@ -471,8 +486,8 @@ class ShardedTokenEmbeddings(_Sharded):
 class _ShardedVocabularyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, m, use_gate, tokens, langs, shared, anchor):
-        t = tokens.reshape(-1).to(torch.int64)
-        l_ = langs.reshape(-1).to(torch.int64)
+        t = _int_ids(tokens, "token_ids")
+        l_ = _int_ids(langs, "lang_per_token")
         if m._dtype != m._engine:
             _own_dtype(m, shared, "shared")
         s = shared.reshape(-1, m.dim)
@@ -615,8 +630,13 @@ class ShardedVocabulary(_Sharded):
         return out
 
     def _defer(self, grads=None, penalty=0.0, fusion_penalty=0.0):
+        # A step left by a backward pass that raised before it ended goes
+        # with it (every process's pass raised, or the exchange names the
+        # one that did not).
+        if self._pending is not None and self._pending["task"] != _graph_task():
+            self._pending = None
         if self._pending is None:
-            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0}
+            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0, "task": _graph_task()}
             torch.autograd.Variable._execution_engine.queue_callback(self._fused_step)
         p = self._pending
         if grads is not None:
@@ -690,7 +710,7 @@ class _ShardedHeadFunction(torch.autograd.Function):
         if m._dtype != m._engine:
             _own_dtype(m, hidden, "hidden_states")
         h = hidden.reshape(-1, m.hidden).detach()
-        lab = labels.reshape(-1).to(torch.int64)
+        lab = _int_ids(labels, "labels")
         if lab.shape[0] != h.shape[0]:
             raise ValueError(f"labels hold {lab.shape[0]} tokens, hidden_states {h.shape[0]}")
         comm = m._comm

@@ -442,6 +442,13 @@ def _integer(x, what: str) -> int:
     return int(x)
 
 
+def _graph_task():
+    """The id of the backward pass running in this thread (-1 outside one; None where torch does not
+    say): a fused step queued by a pass that raised is told from the next pass's by it."""
+    f = getattr(torch._C, "_current_graph_task_id", None)
+    return None if f is None else f()
+
+
 def _fused_options(fused_adam):
     """``((lr, betas, eps), options)`` of a ``fused_adam`` dict: options are
     ``state_dtype`` (None: the engine's; ``torch.bfloat16`` or ``"bf16"``)
@@ -1143,7 +1150,13 @@ class SplitVocabulary(_Bound, nn.Module):
 
     @property
     def _pending(self):
-        return getattr(self._local, "pending", None)
+        p = getattr(self._local, "pending", None)
+        if p is not None and p["task"] != _graph_task():
+            # Left by a backward pass that raised before it ended (its
+            # callback never ran): its step goes with it, and the next
+            # pass steps on its own gradients.
+            self._local.pending = p = None
+        return p
 
     @_pending.setter
     def _pending(self, value):
@@ -1156,7 +1169,8 @@ class SplitVocabulary(_Bound, nn.Module):
         they are (None: not known, the step computes them).
         """
         if self._pending is None:
-            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0, "norms": None, "stale": False}
+            self._pending = {"grads": [], "penalty": 0.0, "fusion": 0.0, "norms": None, "stale": False,
+                             "task": _graph_task()}
             torch.autograd.Variable._execution_engine.queue_callback(self._fused_step)
         p = self._pending
         if grads is not None:
@@ -1170,7 +1184,7 @@ class SplitVocabulary(_Bound, nn.Module):
                 p["norms"] = norms
 
     def _fused_step(self):
-        p, self._pending = self._pending, None
+        p, self._local.pending = self._local.pending, None
         norms = None if p["stale"] else p["norms"]
         world = _group_size(self)
         if world > 1:  # the penalties' weights, averaged over the processes

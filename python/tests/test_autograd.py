@@ -228,3 +228,39 @@ def test_sparse_false_gives_the_dense_gradient_of_the_sparse_one(index_file):
     vb(TOKENS, LANGS, shared).sum().backward()
     assert va.rows.grad.is_sparse and not vb.rows.grad.is_sparse
     assert torch.equal(va.rows.grad.to_dense(), vb.rows.grad)
+
+
+def test_a_backward_pass_that_raises_leaves_no_fused_step_pending():
+    # A function upstream of the vocabulary raises in its backward after the
+    # layer has queued its step: that step goes with the pass, and the next
+    # passes step the rows again on their own gradients.
+    import numpy as np
+    import torch
+    from splitgrad.torch import SplitVocabulary
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("upstream")
+
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "index.npz")
+        np.savez(path, language_index=np.array([0, 1]), token_index=np.array([1, 2]))
+        sv = SplitVocabulary(path, 4, 3, 2, gate_init=0.5, fused_adam={"lr": 0.1})
+    tok, lang = torch.tensor([1, 2, 1]), torch.tensor([0, 1, 1])
+    shared = torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="upstream"):
+        sv(tok, lang, Boom.apply(shared)).sum().backward()
+    for _ in range(3):
+        before = sv.rows.detach().clone()
+        sv(tok, lang, shared).square().sum().backward()
+        assert not torch.equal(sv.rows.detach(), before), "the rows did not move"
+    import copy
+    copy.deepcopy(sv)

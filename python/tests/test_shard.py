@@ -640,3 +640,44 @@ def test_bf16_layers_sharded_on_two_processes_train_and_resume(tmp_path):
     plain.load_state_dict(full, strict=False)
     for k, v in full.items():
         assert v.dtype == dtype and torch.equal(plain.state_dict()[k].view(torch.int16), v.view(torch.int16)), k
+
+
+def ids_worker(rank, world, store, index_path, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from splitgrad.torch import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary, shard
+
+    emb = shard(SplitTokenEmbeddings(SIZES, list(SIZES), D, fused_adam=FUSED))
+    sv = shard(SplitVocabulary(index_path, V, D, L, fused_adam=FUSED))
+    head = shard(SplitLanguageModellingHead(SIZES, list(SIZES), D))
+    shared = torch.zeros(2, D)
+    ok = torch.tensor([1, 2])
+    calls = {
+        "float input_ids": lambda: emb(torch.tensor([1.7, 2.2])),
+        "bool input_ids": lambda: emb(torch.tensor([True, False])),
+        "float token_ids": lambda: sv(torch.tensor([1.7, 2.2]), torch.tensor([0, 1]), shared),
+        "float lang_per_token": lambda: sv(ok, torch.tensor([0.9, 0.1]), shared),
+        "float labels": lambda: head(torch.zeros(2, D), torch.tensor([1.9, 1.9])),
+        "list input_ids": lambda: emb([1, 2]),
+    }
+    got = {}
+    for what, call in calls.items():
+        try:
+            call()
+            got[what] = None
+        except (ValueError, TypeError) as e:
+            got[what] = str(e)
+    torch.save(got, out)
+    dist.destroy_process_group()
+
+
+def test_sharded_layers_refuse_ids_that_are_not_integers(tmp_path):
+    # As the unsharded layers do: a float id is not cut toward zero, a bool
+    # is not an id.
+    out = str(tmp_path / "ids.pt")
+    mp.spawn(ids_worker, args=(1, str(tmp_path / "store"), make_index(tmp_path), out), nprocs=1, join=True)
+    got = torch.load(out)
+    for what, message in got.items():
+        assert message is not None, f"{what} was taken"
+        name = what.split()[1]
+        assert f"array `{name}`" in message, (what, message)
