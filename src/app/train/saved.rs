@@ -232,11 +232,14 @@ pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
     }
     let steps = usize::try_from(step).unwrap_or(usize::MAX);
     expect(super::HISTORY, "F64", &[steps, 4])?;
-    // No tensor larger than the largest the sizes give.
+    // No tensor larger than the largest the sizes give (a run's records:
+    // its rows' evaluation (n, 7), its languages' (L, 3), its held-out
+    // curve, at most one entry a step and two more, (k, 3)).
     let largest = [
         v.saturating_mul(d),
         n.saturating_mul(d.max(7)),
         steps.saturating_mul(4),
+        steps.saturating_add(2).saturating_mul(3),
         l.saturating_mul(3),
     ]
     .into_iter()
