@@ -427,20 +427,26 @@ fn a_signal_sent_twice_at_once_stops_the_run_cleanly() {
         let steps = "1000000";
         let args = ["train", "--steps", steps, "--out", s(&out)];
         let run = std::process::Command::new("timeout")
-            .args(["--preserve-status", "-s", "INT", "1.5", cli::BIN])
+            .args(["--preserve-status", "-s", "INT", "2.5", cli::BIN])
             .args([&args[..], SMALL].concat())
             .current_dir(&dir)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(130), "round {round}: {err}");
+        let ckpt = out.join("model.safetensors");
+        if err.contains("stopped before the first step") {
+            // A loaded machine still setting up: a clean stop too.
+            assert!(!ckpt.exists(), "round {round}: {err}");
+            continue;
+        }
         let said: u64 = err
             .split("stopped at step ")
             .nth(1)
             .and_then(|t| t.split(':').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("round {round}: {err}"));
-        assert_eq!(step_of(&out.join("model.safetensors")), Some(said));
+        assert_eq!(step_of(&ckpt), Some(said));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
