@@ -351,8 +351,9 @@ fn options_a_command_would_not_honour_are_refused() {
 }
 
 /// A finished run's report and plots go with its checkpoint: a `--force`
-/// run killed after its first checkpoint leaves none of them beside its
-/// own, and one killed before it leaves the finished run whole.
+/// run stopped (SIGINT) after its first step leaves none of them beside
+/// its own checkpoint, and one stopped before it leaves the finished run
+/// whole.
 #[test]
 fn a_replaced_run_leaves_no_report_beside_the_new_checkpoint() {
     let dir = scratch("stale");
@@ -376,16 +377,22 @@ fn a_replaced_run_leaves_no_report_beside_the_new_checkpoint() {
         while step_of(&ckpt) == Some(10) && started.elapsed() < Duration::from_secs(120) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let pid = child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130));
         if std::fs::read(&ckpt).unwrap() == before {
-            // Killed before its first checkpoint: the finished run is whole.
+            // Stopped before its first step: the finished run is whole.
             for f in files {
                 assert!(out.join(f).exists(), "{f}");
             }
             continue;
         }
-        assert!(step_of(&ckpt).is_some_and(|s| s < 4000 && s % 5 == 0));
+        assert!(step_of(&ckpt).is_some_and(|s| s < 4000));
         for f in files {
             assert!(
                 !out.join(f).exists(),
