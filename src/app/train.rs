@@ -16,7 +16,7 @@ use ndarray::Array2;
 use crate::app::corpus::Corpus;
 use crate::app::eval::HeldOut;
 use crate::app::model::{Batch, BigramModel};
-use crate::checkpoint::{Snapshot, save_state};
+use crate::checkpoint::{Checkpoint, Snapshot, save_state};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::Real;
 use crate::optim::{
@@ -533,11 +533,7 @@ impl<T: Real> Trainer<T> {
         // read: a file for another run, or whose tensors its metadata does
         // not describe, is refused without reading it.
         let snap = Snapshot::read_checked(path, |ck| {
-            let head = Snapshot {
-                state: crate::state::StateDict::from_file(path),
-                metadata: ck.metadata().clone(),
-            };
-            self.check_metadata(&head, path)?;
+            self.check_metadata(ck)?;
             saved::check_header(ck)
         })?;
         let step: u64 = snap.meta_parse("step")?;
@@ -571,9 +567,10 @@ impl<T: Real> Trainer<T> {
 
     /// Checks that a checkpoint's metadata is of this run: its corpus,
     /// precision and settings (`steps` may differ).
-    fn check_metadata(&self, snap: &Snapshot, path: &Path) -> Result<()> {
+    fn check_metadata(&self, ck: &Checkpoint) -> Result<()> {
+        let path = ck.path();
         let fp = format!("{FINGERPRINT_VERSION}{:016x}", self.fingerprint);
-        let theirs = snap.meta("corpus_fingerprint")?;
+        let theirs = ck.meta("corpus_fingerprint")?;
         if !theirs.starts_with(FINGERPRINT_VERSION) {
             return Err(Error::config(
                 "the checkpoint was written by an earlier splitgrad, whose corpus fingerprint this one no longer computes; finish it with that version, or start again with --force",
@@ -596,11 +593,11 @@ impl<T: Real> Trainer<T> {
             ("state_dtype", "--state-dtype"),
             ("rounding", "--rounding"),
         ] {
-            let theirs = match snap.metadata.get(key) {
+            let theirs = match ck.metadata().get(key) {
                 Some(v) => v.as_str(),
                 None if key == "state_dtype" => T::NAME,
                 None if key == "rounding" => RoundingMode::Stochastic.name(),
-                None => snap.meta(key)?,
+                None => ck.meta(key)?,
             };
             if theirs != ours[key] {
                 return Err(Error::config(format!(
@@ -622,7 +619,7 @@ impl<T: Real> Trainer<T> {
             "use_gate",
             "seed",
         ] {
-            let theirs = snap.meta(key)?;
+            let theirs = ck.meta(key)?;
             if theirs != ours[key] {
                 return Err(Error::config(format!(
                     "the checkpoint was written with {key} = {theirs}, this run has {}",

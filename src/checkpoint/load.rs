@@ -253,29 +253,15 @@ fn diagnose(text: &str) -> Option<(String, String)> {
     let serde_json::Value::Object(map) = serde_json::from_str(text).ok()? else {
         return None;
     };
-    let sizes = [
-        ("BOOL", 1),
-        ("U8", 1),
-        ("I8", 1),
-        ("F8_E5M2", 1),
-        ("F8_E4M3", 1),
-        ("I16", 2),
-        ("U16", 2),
-        ("F16", 2),
-        ("BF16", 2),
-        ("I32", 4),
-        ("U32", 4),
-        ("F32", 4),
-        ("F64", 8),
-        ("I64", 8),
-        ("U64", 8),
-    ];
     map.iter()
         .filter(|(k, _)| *k != "__metadata__")
         .find_map(|(name, entry)| {
             let fault = |what: String| Some((name.clone(), what));
-            let dtype = entry.get("dtype").and_then(|d| d.as_str());
-            let Some(&(dtype, size)) = sizes.iter().find(|(d, _)| Some(*d) == dtype) else {
+            // The dtypes safetensors names, as it reads them.
+            let dtype = entry
+                .get("dtype")
+                .and_then(|d| serde_json::from_value::<Dtype>(d.clone()).ok());
+            let Some(dtype) = dtype else {
                 return fault(format!(
                     "dtype {}: not a safetensors dtype",
                     entry.get("dtype")?
@@ -291,7 +277,10 @@ fn diagnose(text: &str) -> Option<(String, String)> {
                     entry.get("shape")?
                 ));
             };
-            let Some(bytes) = shape.iter().try_fold(size, |a: u64, &d| a.checked_mul(d)) else {
+            let bits = shape
+                .iter()
+                .try_fold(dtype.bitsize() as u64, |a, &d| a.checked_mul(d));
+            let Some(bytes) = bits.map(|b| b.div_ceil(8)) else {
                 return fault(format!(
                     "shape {shape:?} of {dtype} is more bytes than a file can hold"
                 ));
@@ -425,6 +414,24 @@ impl Checkpoint {
     /// ```
     pub fn dtype(&self, name: &str) -> Result<Dtype> {
         Ok(self.entry(name)?.dtype)
+    }
+
+    /// Metadata value `key`, or an error naming the key and the file.
+    pub fn meta(&self, key: &str) -> Result<&str> {
+        super::snapshot::meta_in(&self.metadata, Some(&self.path), key)
+    }
+
+    /// [`Self::meta`], parsed; an error names the key, the value and the
+    /// file.
+    pub fn meta_parse<V: std::str::FromStr>(&self, key: &str) -> Result<V> {
+        super::snapshot::meta_parse_in(&self.metadata, Some(&self.path), key)
+    }
+
+    /// Checks, from the header alone, that tensor `name` is of `dtype` and
+    /// of `expected_shape`: [`ErrorKind::Missing`], [`ErrorKind::Dtype`]
+    /// or [`ErrorKind::Shape`] as [`Self::get_real`] gives them.
+    pub fn expect(&self, name: &str, dtype: Dtype, expected_shape: &[usize]) -> Result<()> {
+        self.checked(name, dtype, expected_shape).map(|_| ())
     }
 
     /// An error about tensor `name` of this file: `kind`, naming both.
@@ -696,206 +703,4 @@ impl Checkpoint {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::fs;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("splitgrad-ckpt-unit-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    /// Eight tensors of 2^61 − 1 bytes each end at 2^64 − 8: safetensors
-    /// 0.8 overflows `buffer_end + N_LEN + n` on this header (a panic in a
-    /// debug build) unless it is rejected first.
-    #[test]
-    fn offsets_near_usize_max_are_a_format_error_not_a_panic() {
-        let big: u64 = (1 << 61) - 1;
-        let parts: Vec<String> = (0..8u64)
-            .map(|i| {
-                format!(
-                    "\"t{i}\":{{\"dtype\":\"U8\",\"shape\":[{big}],\"data_offsets\":[{},{}]}}",
-                    i * big,
-                    (i + 1) * big
-                )
-            })
-            .collect();
-        let header = format!("{{{}}}", parts.join(","));
-        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-        bytes.extend_from_slice(header.as_bytes());
-
-        let dir = temp_dir("overflow");
-        let path = dir.join("evil.safetensors");
-        fs::write(&path, &bytes).unwrap();
-        let err = Checkpoint::open(&path).unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::Format { .. }));
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "{}: not a safetensors file: a byte offset in the header is too large",
-                path.display()
-            )
-        );
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A header that does not deserialise names the tensor at fault and
-    /// what is wrong with its entry.
-    #[test]
-    fn a_bad_entry_is_named_with_its_fault() {
-        let dir = temp_dir("diagnose");
-        let cases = [
-            (
-                r#""dtype":"BF17","shape":[2],"data_offsets":[0,4]"#,
-                "dtype \"BF17\": not a safetensors dtype",
-            ),
-            (
-                r#""dtype":"F32","shape":[-2],"data_offsets":[0,8]"#,
-                "shape [-2]: not a list of sizes",
-            ),
-            (
-                r#""dtype":"F32","shape":[4000000000,4000000000,4000000000],"data_offsets":[0,8]"#,
-                "shape [4000000000, 4000000000, 4000000000] of F32 is more bytes than a file can hold",
-            ),
-            (
-                r#""dtype":"F32","shape":[3],"data_offsets":[0,8]"#,
-                "data_offsets [0, 8] span 8 bytes; shape [3] of F32 is 12",
-            ),
-        ];
-        for (i, (entry, fault)) in cases.iter().enumerate() {
-            let header = format!(
-                r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}},"b":{{{entry}}}}}"#
-            );
-            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-            bytes.extend_from_slice(header.as_bytes());
-            bytes.extend_from_slice(&[0; 16]);
-            let path = dir.join(format!("{i}.safetensors"));
-            fs::write(&path, &bytes).unwrap();
-            let err = Checkpoint::open(&path).unwrap_err().to_string();
-            assert_eq!(
-                err,
-                format!(
-                    "{}: not a valid safetensors file: tensor `b`: {fault}",
-                    path.display()
-                )
-            );
-        }
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Numbers near `u64::MAX` in the metadata (a run's seed, a corpus
-    /// named by one) are not offsets: such a file opens and reads.
-    #[test]
-    fn large_numbers_in_the_metadata_are_not_taken_for_offsets() {
-        let dir = temp_dir("bigmeta");
-        let path = dir.join("seed.safetensors");
-        let meta = BTreeMap::from([
-            ("seed".to_string(), u64::MAX.to_string()),
-            ("corpus".to_string(), "18446744073709551610.npz".to_string()),
-        ]);
-        let w = ndarray::arr1(&[1.5f32, -2.0]);
-        super::super::save(&path, &[("w", (&w).into())], &meta).unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
-        assert_eq!(ck.metadata(), &meta);
-        assert_eq!(ck.get_real::<f32>("w", &[2]).unwrap(), w.into_dyn());
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Tensors are read from the file opened: one replaced by a rename
-    /// (how every checkpoint is written) still reads as it was, and one
-    /// cut short afterwards is an error naming the file and the tensor.
-    #[test]
-    fn tensors_come_from_the_file_as_it_was_opened() {
-        use ndarray::Array1;
-        let dir = temp_dir("reopen");
-        let path = dir.join("model.safetensors");
-        let old = Array1::from(vec![1.0f32, 2.0, 3.0]);
-        let new = Array1::from(vec![7.0f32, 8.0, 9.0]);
-        super::super::save(&path, &[("w", (&old).into())], &BTreeMap::new()).unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
-        let other = dir.join("next.safetensors");
-        super::super::save(&other, &[("w", (&new).into())], &BTreeMap::new()).unwrap();
-        fs::rename(&other, &path).unwrap();
-        assert_eq!(
-            ck.get_real::<f32>("w", &[3]).unwrap(),
-            old.clone().into_dyn()
-        );
-        assert_eq!(
-            Checkpoint::open(&path)
-                .unwrap()
-                .get_real::<f32>("w", &[3])
-                .unwrap(),
-            new.into_dyn()
-        );
-
-        let ck = Checkpoint::open(&path).unwrap();
-        let len = fs::metadata(&path).unwrap().len();
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(len - 4)
-            .unwrap();
-        let err = ck.get_real::<f32>("w", &[3]).unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::Io { .. }), "{err}");
-        assert_eq!(err.file(), Some(path.as_path()));
-        assert_eq!(err.array(), Some("w"));
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A tensor larger than a read block: its values and the position of
-    /// a non-finite element past the first block come out as written.
-    #[test]
-    fn tensors_past_one_block_read_whole_and_place_their_first_non_finite() {
-        use ndarray::Array2;
-        let dir = temp_dir("blocks");
-        let path = dir.join("model.safetensors");
-        let cols = 1000;
-        let rows = 3 * READ_BLOCK / (4 * cols) + 1;
-        let mut w = Array2::from_shape_fn((rows, cols), |(i, j)| (i * cols + j) as f32);
-        let last = rows - 1;
-        w[[last, 7]] = f32::INFINITY;
-        w[[last, 9]] = f32::NAN;
-        let h = w.mapv(half::bf16::from_f32);
-        super::super::save(
-            &path,
-            &[("w", (&w).into()), ("h", (&h).into())],
-            &BTreeMap::new(),
-        )
-        .unwrap();
-        let ck = Checkpoint::open(&path).unwrap();
-        let back = ck.get_real::<f32>("w", &[rows, cols]).unwrap();
-        assert!(
-            back.iter()
-                .zip(w.iter())
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
-        for name in ["w", "h"] {
-            let err = ck.check_finite(name).unwrap_err();
-            assert!(
-                matches!(err.kind(), ErrorKind::NonFinite { position, value }
-                    if position == &[last, 7] && *value == f64::INFINITY),
-                "{name}: {err}"
-            );
-        }
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn unravel_is_row_major() {
-        assert_eq!(unravel(0, &[]), Vec::<usize>::new());
-        assert_eq!(unravel(5, &[2, 3]), [1, 2]);
-        assert_eq!(unravel(23, &[2, 3, 4]), [1, 2, 3]);
-        assert_eq!(unravel(13, &[2, 3, 4]), [1, 0, 1]);
-    }
-
-    #[test]
-    fn shapes_print_as_pytorch_does() {
-        assert_eq!(fmt_shape(&[]), "()");
-        assert_eq!(fmt_shape(&[5]), "(5,)");
-        assert_eq!(fmt_shape(&[3, 0]), "(3, 0)");
-    }
-}
+mod tests;

@@ -89,6 +89,38 @@ pub fn save_state<T: Real>(
     save(path, &entries, metadata)
 }
 
+/// Value `key` of `metadata` (of `file`), or an error naming the key and
+/// the file.
+pub(super) fn meta_in<'a>(
+    metadata: &'a BTreeMap<String, String>,
+    file: Option<&Path>,
+    key: &str,
+) -> Result<&'a str> {
+    metadata.get(key).map(String::as_str).ok_or_else(|| {
+        let e = Error::new(ErrorKind::Missing).in_array(format!("metadata `{key}`"));
+        match file {
+            Some(p) => e.in_file(p),
+            None => e,
+        }
+    })
+}
+
+/// [`meta_in`], parsed; an error names the key, the value and the file.
+pub(super) fn meta_parse_in<V: std::str::FromStr>(
+    metadata: &BTreeMap<String, String>,
+    file: Option<&Path>,
+    key: &str,
+) -> Result<V> {
+    let raw = meta_in(metadata, file, key)?;
+    raw.parse().map_err(|_| {
+        let e = Error::format(format!("metadata `{key}` = {raw:?} does not parse"));
+        match file {
+            Some(p) => e.in_file(p),
+            None => e,
+        }
+    })
+}
+
 /// A checkpoint read back: every tensor, decoded, and the metadata.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -127,26 +159,13 @@ impl Snapshot {
 
     /// A metadata value, or an error naming the key and the file.
     pub fn meta(&self, key: &str) -> Result<&str> {
-        self.metadata.get(key).map(String::as_str).ok_or_else(|| {
-            let e = Error::new(ErrorKind::Missing).in_array(format!("metadata `{key}`"));
-            match self.state.source() {
-                Some(p) => e.in_file(p),
-                None => e,
-            }
-        })
+        meta_in(&self.metadata, self.state.source(), key)
     }
 
     /// A metadata value parsed, or an error naming the key, the value and
     /// the file.
     pub fn meta_parse<V: std::str::FromStr>(&self, key: &str) -> Result<V> {
-        let raw = self.meta(key)?;
-        raw.parse().map_err(|_| {
-            let e = Error::format(format!("metadata `{key}` = {raw:?} does not parse"));
-            match self.state.source() {
-                Some(p) => e.in_file(p),
-                None => e,
-            }
-        })
+        meta_parse_in(&self.metadata, self.state.source(), key)
     }
 
     /// Loads `modules` and, when given, `optimizer` from this checkpoint.

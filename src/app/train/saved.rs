@@ -112,21 +112,14 @@ pub(super) fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<
         .collect())
 }
 
-/// A metadata value of an opened checkpoint, or an error naming the key.
-fn meta_of<'a>(ck: &'a Checkpoint, key: &str) -> Result<&'a str> {
-    ck.metadata().get(key).map(String::as_str).ok_or_else(|| {
-        Error::new(ErrorKind::Missing)
-            .in_file(ck.path())
-            .in_array(format!("metadata `{key}`"))
-    })
-}
-
-/// A metadata value of an opened checkpoint, parsed.
-fn meta_parse_of<V: std::str::FromStr>(ck: &Checkpoint, key: &str) -> Result<V> {
-    let raw = meta_of(ck, key)?;
-    raw.parse().map_err(|_| {
-        Error::format(format!("metadata `{key}` = {raw:?} does not parse")).in_file(ck.path())
-    })
+/// The safetensors dtype a tensor kept as `d` is stored in.
+fn stored_as(d: Dtype) -> safetensors::Dtype {
+    match d {
+        Dtype::F32 => safetensors::Dtype::F32,
+        Dtype::F64 => safetensors::Dtype::F64,
+        Dtype::BF16 => safetensors::Dtype::BF16,
+        Dtype::F16 => safetensors::Dtype::F16,
+    }
 }
 
 /// How a checkpoint of [`Trainer::save`](super::Trainer::save) keeps its
@@ -167,38 +160,11 @@ pub(crate) fn kept_dtypes(ck: &Checkpoint) -> Result<(Dtype, Dtype)> {
 /// another dtype, or of billions of rows under metadata of hundreds) is
 /// refused naming the tensor, not read.
 pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
-    let v: usize = meta_parse_of(ck, "vocab_size")?;
-    let l: usize = meta_parse_of(ck, "n_languages")?;
-    let d: usize = meta_parse_of(ck, "dim")?;
-    let step: u64 = meta_parse_of(ck, "step")?;
+    let v: usize = ck.meta_parse("vocab_size")?;
+    let l: usize = ck.meta_parse("n_languages")?;
+    let d: usize = ck.meta_parse("dim")?;
+    let step: u64 = ck.meta_parse("step")?;
     let (dtype, state) = kept_dtypes(ck)?;
-    let wrong_dtype = |name: &str, expected: &str, found: String| {
-        ck.error(
-            name,
-            ErrorKind::Dtype {
-                expected: expected.to_string(),
-                found,
-            },
-        )
-    };
-    let expect = |name: &str, want: &str, shape: &[usize]| -> Result<()> {
-        let found = ck.dtype(name)?.to_string();
-        if found != want {
-            return Err(wrong_dtype(name, want, found));
-        }
-        let got = ck.shape(name)?;
-        if got != shape {
-            let want: Vec<String> = shape.iter().map(usize::to_string).collect();
-            let want = match shape {
-                [d] => format!("({d},)"),
-                _ => format!("({})", want.join(", ")),
-            };
-            return Err(Error::shape("tensor", want, got)
-                .in_file(ck.path())
-                .in_array(name));
-        }
-        Ok(())
-    };
     // The split rows: as many as the index has, at most one a pair.
     let index = "split_vocabulary.token_index";
     let n = match ck.shape(index)? {
@@ -216,22 +182,22 @@ pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
             .in_array(index));
         }
     };
-    let kept = dtype.safetensors();
+    let kept = stored_as(dtype);
     for (name, shape) in [
         ("token_embedding.vocab.weight", vec![v, d]),
         ("lm_head.vocab.weight", vec![v, d]),
         ("split_vocabulary.rows", vec![n, d]),
     ] {
-        expect(name, kept, &shape)?;
+        ck.expect(name, kept, &shape)?;
     }
     if ck.names().contains(&"split_vocabulary.gate_logit") {
-        expect("split_vocabulary.gate_logit", kept, &[n])?;
+        ck.expect("split_vocabulary.gate_logit", kept, &[n])?;
     }
     for name in [index, "split_vocabulary.language_index"] {
-        expect(name, "I64", &[n])?;
+        ck.expect(name, safetensors::Dtype::I64, &[n])?;
     }
     let steps = usize::try_from(step).unwrap_or(usize::MAX);
-    expect(super::HISTORY, "F64", &[steps, 4])?;
+    ck.expect(super::HISTORY, safetensors::Dtype::F64, &[steps, 4])?;
     // No tensor larger than the largest the sizes give (a run's records:
     // its rows' evaluation (n, 7), its languages' (L, 3), its held-out
     // curve, at most one entry a step and two more, (k, 3)).
@@ -248,13 +214,10 @@ pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
     for name in ck.names() {
         if name.starts_with(crate::checkpoint::OPTIMIZER) {
             if name.ends_with(".step") {
-                expect(name, "U64", &[])?;
+                ck.expect(name, safetensors::Dtype::U64, &[])?;
                 continue;
             }
-            let found = ck.dtype(name)?.to_string();
-            if found != state.safetensors() {
-                return Err(wrong_dtype(name, state.safetensors(), found));
-            }
+            ck.expect(name, stored_as(state), ck.shape(name)?)?;
         }
         let elements = ck
             .shape(name)?
@@ -310,11 +273,11 @@ pub fn load_model<T: Real>(path: impl AsRef<Path>) -> Result<SavedModel<T>> {
             _ => 0,
         };
         crate::app::plan::Plan {
-            vocab_size: meta_parse_of(ck, "vocab_size")?,
+            vocab_size: ck.meta_parse("vocab_size")?,
             vocab_source: "the checkpoint's metadata".into(),
-            n_languages: meta_parse_of(ck, "n_languages")?,
+            n_languages: ck.meta_parse("n_languages")?,
             languages_source: "the checkpoint's metadata".into(),
-            dim: meta_parse_of(ck, "dim")?,
+            dim: ck.meta_parse("dim")?,
             n_rows,
             real_bytes: std::mem::size_of::<T>(),
             param_dtype: dtype,
