@@ -61,12 +61,13 @@ pub fn check_state_copy(
 /// A named tensor's bytes, and whether it is in half precision, for
 /// [`check_state_copy`].
 pub fn tensor_bytes(t: &splitgrad::state::TensorRef<'_>) -> (u64, bool) {
-    let (size, half) = match t.dtype() {
-        "BF16" | "F16" => (2, true),
-        "F32" => (4, false),
-        _ => (8, false),
-    };
-    (bytes_for(t.shape(), size), half)
+    // Anything else (a step count, an index) is 8 bytes an element.
+    let kept = splitgrad::param::Dtype::from_safetensors(t.dtype());
+    let size = kept.map_or(8, splitgrad::param::Dtype::size);
+    (
+        bytes_for(t.shape(), size),
+        kept.is_some_and(|d| d.is_half()),
+    )
 }
 
 /// The bytes of `n` elements of `elem` bytes each (`u64::MAX` on overflow).

@@ -29,6 +29,15 @@ fn trained(dir: &Path, extra: &[&str]) -> PathBuf {
     out.join("model.safetensors")
 }
 
+/// `train --resume` of [`trained`]'s run in `out` to step 8, `extra`
+/// besides.
+fn resume_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train", "--steps", "8", "--batch", "128", "--dim", "8"];
+    args.extend(["--quiet", "--resume", "--out", s(out)]);
+    args.extend_from_slice(extra);
+    args
+}
+
 /// The header of a safetensors file and its data section.
 fn split(path: &Path) -> (Value, Vec<u8>) {
     let bytes = fs::read(path).unwrap();
@@ -66,11 +75,7 @@ fn a_seed_near_u64_max_is_not_taken_for_an_offset() {
     let ck = trained(&dir, &["--seed", "18446744073709551615"]);
     run_ok(&dir, &["report", s(&ck)]);
     let out = ck.parent().unwrap();
-    let resume = ["train", "--steps", "8", "--batch", "128", "--dim", "8"];
-    let mut args = resume.to_vec();
-    args.extend(["--seed", "18446744073709551615", "--quiet", "--resume"]);
-    args.extend(["--out", s(out)]);
-    run_ok(&dir, &args);
+    run_ok(&dir, &resume_args(out, &["--seed", "18446744073709551615"]));
 }
 
 #[test]
@@ -131,9 +136,7 @@ fn a_tensor_larger_than_the_run_could_have_is_refused_unread() {
         assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
         assert!(err.contains(want), "{cmd:?}: {err}");
     }
-    let mut resume = vec!["train", "--steps", "8", "--batch", "128", "--dim", "8"];
-    resume.extend(["--quiet", "--resume", "--out", s(&bad_dir)]);
-    let out = run_limited(&dir, &resume, 600 << 10);
+    let out = run_limited(&dir, &resume_args(&bad_dir, &[]), 600 << 10);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(want), "{err}");
@@ -154,9 +157,7 @@ fn an_optimiser_step_count_other_than_the_runs_is_refused() {
     let err = fails(&dir, &["report", s(&ck)]);
     assert!(err.contains(&want), "{err}");
     let out = ck.parent().unwrap();
-    let mut resume = vec!["train", "--steps", "8", "--batch", "128", "--dim", "8"];
-    resume.extend(["--quiet", "--resume", "--out", s(out)]);
-    let err = fails(&dir, &resume);
+    let err = fails(&dir, &resume_args(out, &[]));
     assert!(err.contains(&want), "{err}");
 }
 

@@ -306,20 +306,26 @@ fn print_gated(r: &Report, g: &GatedOutcome) {
     print_rows("not kept, closest to the rule", &rest);
 }
 
-/// Prints the report for a person.
-pub fn print(r: &Report) {
+/// The report's first two lines: `steps` (how far the run went) on its
+/// corpus, its rows and mode; then its `which` ("final", "latest")
+/// training loss.
+fn print_head(r: &Report, steps: &str, which: &str) {
     println!(
-        "splitgrad: {} on {} ({} split rows, {})",
-        count(r.steps as u64, "step"),
+        "splitgrad: {steps} on {} ({} split rows, {})",
         r.corpus,
         r.n_rows,
         if r.use_gate() { "gated" } else { "fusion mode" }
     );
     println!(
-        "  final training loss {:.4} (cross-entropy {:.4})",
+        "  {which} training loss {:.4} (cross-entropy {:.4})",
         r.last_step.map_or(f64::NAN, |s| shown(s.total)),
         r.last_step.map_or(f64::NAN, |s| shown(s.ce))
     );
+}
+
+/// Prints the report for a person.
+pub fn print(r: &Report) {
+    print_head(r, &count(r.steps as u64, "step"), "final");
     if let Some((h, ce)) = r
         .heldout
         .as_ref()
@@ -429,18 +435,11 @@ pub fn run(args: ReportArgs) -> CliResult<ExitCode> {
 /// steps, where the checkpoint says): what it has, and that the decision
 /// waits for the held-out evaluation at the end.
 fn print_unfinished(r: &Report, planned: Option<u64>) {
-    println!(
-        "splitgrad: unfinished run, {} of {} steps on {} ({} split rows, {})",
-        r.steps,
-        planned.map_or("its".to_string(), |p| p.to_string()),
-        r.corpus,
-        r.n_rows,
-        if r.use_gate() { "gated" } else { "fusion mode" }
-    );
-    println!(
-        "  latest training loss {:.4} (cross-entropy {:.4})",
-        r.last_step.map_or(f64::NAN, |s| shown(s.total)),
-        r.last_step.map_or(f64::NAN, |s| shown(s.ce))
+    let planned = planned.map_or("its".to_string(), |p| p.to_string());
+    print_head(
+        r,
+        &format!("unfinished run, {} of {planned} steps", r.steps),
+        "latest",
     );
     println!(
         "  no held-out evaluation yet: it runs at the last step, and decides which rows are kept; \
