@@ -10,7 +10,9 @@ use splitgrad::state::Module;
 use crate::convert::{OrRaise, PyReal, check_shape, ids_arg};
 use crate::gradients::{PyGradients, gradients_of};
 use crate::halfio::{Act, act_arg, half_bits_arg, input_arg, output, output_bits, with_half_view};
-use crate::layer::{ByDtype, Workspaces, check_output, layer_class, split_layer_methods};
+use crate::layer::{
+    ByDtype, Workspaces, check_output, check_output_bytes, layer_class, split_layer_methods,
+};
 use crate::optim::PyOptimizer;
 use half::vec::{HalfBitsVecExt, HalfFloatVecExt};
 use pyo3::exceptions::PyValueError;
@@ -38,13 +40,18 @@ fn forward<'py, T: PyReal>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
-    check_output::<T>("the output of forward", &[ids.len(), layer.hidden_size()])?;
+    let dims = [ids.len(), layer.hidden_size()];
     let tables_in = |d: StorageDtype| layer.parameters().iter().all(|p| p.dtype() == d);
     let same = match act {
         Some(Act::BF16) => tables_in(StorageDtype::BF16),
         Some(Act::F16) => tables_in(StorageDtype::F16),
         None => false,
     };
+    match act {
+        // Rows copied bit for bit: the half-precision output alone.
+        Some(a) if same => check_output_bytes("the output of forward", &dims, 2, a.short())?,
+        _ => check_output::<T>("the output of forward", &dims, act)?,
+    }
     if let (true, Some(act)) = (same, act) {
         // Tables and activations of one half type: the rows copied bit
         // for bit into the output, in a buffer numpy gave back before.
@@ -82,7 +89,11 @@ fn backward<'py, T: PyReal>(
     let ws: &Workspace<T> = wss.of();
     let act = act_arg(act, crate::convert::dtype_of::<T>())?;
     let ids = ids_arg(ids, "input_ids")?;
-    check_output::<T>("the tables' gradients", &[ids.len(), layer.hidden_size()])?;
+    check_output::<T>(
+        "the tables' gradients",
+        &[ids.len(), layer.hidden_size()],
+        None,
+    )?;
     if !through_tape && let Some(act) = act {
         // A half-precision upstream gradient is read as it is: its rows
         // widened as they are summed.

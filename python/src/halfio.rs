@@ -17,6 +17,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use rayon::prelude::*;
+use splitgrad::kernels::pool::{keep, take_fitting};
 
 use crate::convert::{PyReal, check_alloc};
 use crate::layer::Workspaces;
@@ -32,6 +33,14 @@ pub enum Act {
 }
 
 impl Act {
+    /// Its torch name.
+    pub fn short(self) -> &'static str {
+        match self {
+            Act::BF16 => "bfloat16",
+            Act::F16 => "float16",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Act::BF16 => "bfloat16 (its bits as uint16)",
@@ -63,8 +72,9 @@ pub fn act_arg(
     }
 }
 
-/// Buffers of one element type kept whole (every element initialised) for
-/// the next request of the same length.
+/// Buffers of one element type kept with their elements initialised, for
+/// later requests; which buffer a request takes, and which are freed, is
+/// the crate's pool rule ([`splitgrad::kernels::pool::take_fitting`]).
 pub struct Kept<E>(Arc<Mutex<Vec<Vec<E>>>>);
 
 impl<E> Clone for Kept<E> {
@@ -85,13 +95,14 @@ impl<E: Copy + Default> Kept<E> {
     /// At most this many are kept.
     const MAX: usize = 8;
 
-    /// A buffer of `n` elements: a kept one of that length, else a new one
-    /// (zeroed).
+    /// A buffer of `n` elements: a kept one that fits (its old contents,
+    /// zeros past its old length), else a new one (zeroed).
     pub fn take(&self, n: usize) -> Vec<E> {
         if n * std::mem::size_of::<E>() >= Self::MIN_BYTES {
             let mut free = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = free.iter().position(|v| v.len() == n) {
-                return free.swap_remove(i);
+            if let Some(mut v) = take_fitting(&mut free, n) {
+                v.resize(n, E::default());
+                return v;
             }
         }
         vec![E::default(); n]
@@ -99,14 +110,11 @@ impl<E: Copy + Default> Kept<E> {
 
     /// Keeps `v` for a later request (or frees it).
     pub fn give(&self, v: Vec<E>) {
-        if v.len() * std::mem::size_of::<E>() < Self::MIN_BYTES {
+        if v.capacity() * std::mem::size_of::<E>() < Self::MIN_BYTES {
             return;
         }
         let mut free = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() >= Self::MAX {
-            free.remove(0);
-        }
-        free.push(v);
+        keep(&mut free, v, Self::MAX);
     }
 }
 

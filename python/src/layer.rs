@@ -170,11 +170,31 @@ pub fn std_layout<'a, T: Clone>(
 }
 
 /// Refuses an output (or gradient) of `dims` elements of `T` that would
-/// not fit in the memory available, before a kernel allocates it.
-pub fn check_output<T>(what: &str, dims: &[usize]) -> PyResult<()> {
+/// not fit in the memory available, before a kernel allocates it; with
+/// `act`, its copy narrowed to that half type counts too (both are held
+/// while it is made).
+pub fn check_output<T>(
+    what: &str,
+    dims: &[usize],
+    act: Option<crate::halfio::Act>,
+) -> PyResult<()> {
+    let wide = std::mem::size_of::<T>();
+    let (elem, kind) = match act {
+        None => (wide, std::any::type_name::<T>().to_string()),
+        Some(a) => (
+            wide + 2,
+            format!("{}, then {}", std::any::type_name::<T>(), a.short()),
+        ),
+    };
+    check_output_bytes(what, dims, elem, &kind)
+}
+
+/// Refuses an output of `dims` elements of `elem` bytes each (`kind`
+/// naming them) that would not fit in the memory available.
+pub fn check_output_bytes(what: &str, dims: &[usize], elem: usize, kind: &str) -> PyResult<()> {
     crate::convert::check_alloc(
-        || format!("{what} (shape {dims:?}, {})", std::any::type_name::<T>()),
-        crate::convert::bytes_for(dims, std::mem::size_of::<T>()),
+        || format!("{what} (shape {dims:?}, {kind})"),
+        crate::convert::bytes_for(dims, elem),
     )
 }
 

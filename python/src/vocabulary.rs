@@ -116,7 +116,7 @@ fn forward<'py, T: PyReal>(
     let langs = ids_arg(args[1], "language_ids")?;
     let shared = input_arg::<T>(args[2], "shared", act, wss)?;
     let sv_ = std_layout(shared.view(), "shared")?;
-    check_output::<T>("the output of forward", sv_.shape())?;
+    check_output::<T>("the output of forward", sv_.shape(), act)?;
     let out = py.detach(|| sv.forward_saved(ws, &tokens, &langs, sv_.view(), use_gate));
     output(py, out.or_raise()?.0, act, wss)
 }
@@ -139,7 +139,7 @@ fn backward<T: PyReal>(
     let shared = input_arg::<T>(args[2], "shared", act, wss)?;
     let g = input_arg::<T>(args[3], "grad_output", act, wss)?;
     let s_ = std_layout(shared.view(), "shared")?;
-    check_output::<T>("the gradient of shared", s_.shape())?;
+    check_output::<T>("the gradient of shared", s_.shape(), act)?;
     let gv = g.view();
     let res = py.detach(|| {
         let saved = sv.route(&tokens, &langs, s_.shape())?;

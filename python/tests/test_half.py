@@ -517,9 +517,10 @@ def sys_platform_linux():
     return sys.platform.startswith("linux")
 
 
-def _peak_growth(setup, build):
+def _peak_growth(setup, build, after="VmHWM:"):
     """Bytes the peak resident set grows by while ``build`` runs in a fresh
-    interpreter (after ``setup``), measured with Linux's resettable peak."""
+    interpreter (after ``setup``), measured with Linux's resettable peak
+    (``after="VmRSS:"``: the resident set left after it instead)."""
     import subprocess
     import sys
     import textwrap
@@ -535,7 +536,7 @@ def _peak_growth(setup, build):
         before = status("VmRSS:")
         open("/proc/self/clear_refs", "w").write("5")  # the peak starts again from now
         {build}
-        print(status("VmHWM:") - before)
+        print(status({after!r}) - before)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -564,6 +565,23 @@ def test_half_tables_are_built_and_converted_without_an_f32_copy(dtype, tmp_path
     )
     assert grown < half + (48 << 20), grown
     assert elems * 2 == half
+
+
+@pytest.mark.skipif(not sys_platform_linux(), reason="reads /proc/self/status")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_outputs_of_growing_lengths_leave_about_one_buffer_behind(dtype):
+    # Ten forwards, each output 32 MiB and a little longer than the last,
+    # each dropped before the next: the buffers kept for reuse hold about
+    # one output, not one per length.
+    elem = 4 if dtype == "float32" else 2
+    rows = (32 << 20) // (256 * elem)
+    left = _peak_growth(
+        f"m = sgt.SplitTokenEmbeddings({{'orig': 1000}}, ['orig'], 256, dtype=torch.{dtype}); "
+        "torch.set_grad_enabled(False)",
+        f"for k in range(10): m(torch.randint(0, 1000, ({rows} + 1000 * k,)))",
+        after="VmRSS:",
+    )
+    assert left < 3 * (32 << 20), left
 
 
 def test_rounding_rows_are_checked_and_key_the_roundings():

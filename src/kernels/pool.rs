@@ -13,7 +13,8 @@
 //! back to the allocator, which reuses them well. The pool holds at most
 //! [`Pool::MAX_BUFFERS`] buffers and gives the oldest back when more come.
 //! A request takes the smallest held buffer that fits and is at most twice
-//! the size asked for.
+//! the size asked for; one that finds none frees the held buffers it
+//! outgrew (see [`take_fitting`]), so growing sizes keep one buffer each.
 //!
 //! A `Pool` is a handle: cloning it shares the same buffers (it is `Send`
 //! and `Sync`, so tasks on other threads may take from it too).
@@ -64,22 +65,33 @@ impl<T> Default for Pool<T> {
 }
 
 /// The smallest held buffer with room for `n` elements and at most twice
-/// that, taken out of `free`.
-fn take_fitting<E>(free: &mut Vec<Vec<E>>, n: usize) -> Option<Vec<E>> {
+/// that, taken out of `free` (its length and contents as they were).
+///
+/// When none fits, the held buffers that `n` outgrew (room for at least
+/// half of `n` but not all of it) are freed: the new buffer made for `n`
+/// serves the requests they served, so sizes that grow a little at a time
+/// (batches of varying length) keep one buffer, not one per size. Two held
+/// buffers within a factor of two of each other are then both buffers that
+/// were in use at once, so beyond what a step holds at once the held bytes
+/// stay under twice the largest buffer.
+pub fn take_fitting<E>(free: &mut Vec<Vec<E>>, n: usize) -> Option<Vec<E>> {
     let best = free
         .iter()
         .enumerate()
         .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
         .min_by_key(|(_, v)| v.capacity())
-        .map(|(i, _)| i)?;
-    let mut v = free.swap_remove(best);
-    v.clear();
-    Some(v)
+        .map(|(i, _)| i);
+    match best {
+        Some(i) => Some(free.swap_remove(i)),
+        None => {
+            free.retain(|v| v.capacity() >= n || v.capacity() < n.div_ceil(2));
+            None
+        }
+    }
 }
 
-/// Keeps `v` in `free` (the oldest given back when `free` is full).
-fn keep<E>(free: &mut Vec<Vec<E>>, mut v: Vec<E>, max: usize) {
-    v.clear();
+/// Keeps `v` in `free` (the oldest given back when `free` holds `max`).
+pub fn keep<E>(free: &mut Vec<Vec<E>>, v: Vec<E>, max: usize) {
     if free.len() >= max {
         free.remove(0);
     }
@@ -115,8 +127,9 @@ impl<T> Pool<T> {
     /// when one fits (at most twice `n`), else a new allocation.
     pub fn take_vec(&self, n: usize) -> Vec<T> {
         if n * std::mem::size_of::<T>() >= Self::MIN_BYTES
-            && let Some(v) = take_fitting(&mut self.lock(), n)
+            && let Some(mut v) = take_fitting(&mut self.lock(), n)
         {
+            v.clear();
             return v;
         }
         Vec::with_capacity(n)
@@ -138,8 +151,9 @@ impl<T> Pool<T> {
     /// [`Pool::take_vec`] for half-precision elements (bf16 or f16).
     pub fn take_half_vec<H: super::HalfFloat>(&self, n: usize) -> Vec<H> {
         if n * 2 >= Self::MIN_BYTES
-            && let Some(v) = take_fitting(&mut self.lock_halves(), n)
+            && let Some(mut v) = take_fitting(&mut self.lock_halves(), n)
         {
+            v.clear();
             return H::vec_from_bits(v);
         }
         Vec::with_capacity(n)
@@ -259,5 +273,56 @@ mod tests {
             pool.give_vec(Vec::<f32>::with_capacity(1 << 18));
         }
         assert_eq!(pool.held_bytes(), Pool::<f32>::MAX_BUFFERS << 20);
+    }
+
+    #[test]
+    fn sizes_that_grow_a_little_at_a_time_keep_one_buffer() {
+        let pool = Pool::<f32>::new();
+        for k in 0..20 {
+            let v = pool.take_vec((1 << 20) + k * 1000);
+            pool.give_vec(v);
+        }
+        let held = pool.held_bytes();
+        assert!(held < 5 << 20, "{held} bytes held");
+    }
+
+    #[test]
+    fn held_bytes_stay_under_twice_the_largest_buffer_for_any_one_at_a_time_sizes() {
+        // Sizes from 1 to 64 MiB in a fixed pseudo-random order, one out at
+        // a time.
+        let pool = Pool::<u8>::new();
+        let mut x = 12345u64;
+        let mut largest = 0;
+        for _ in 0..500 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let n = (1 << 20) + (x >> 38) as usize; // up to 65 MiB
+            let v = pool.take_vec(n);
+            largest = largest.max(v.capacity());
+            pool.give_vec(v);
+            assert!(
+                pool.held_bytes() <= 2 * largest,
+                "{} > 2 × {largest}",
+                pool.held_bytes()
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_that_takes_the_same_sizes_again_reuses_every_buffer() {
+        let pool = Pool::<f32>::new();
+        let sizes = [1 << 18, 3 << 18, 5 << 18, 1 << 21, 1 << 21];
+        let step = |pool: &Pool<f32>| -> Vec<*const f32> {
+            let taken: Vec<Vec<f32>> = sizes.iter().map(|&n| pool.take_vec(n)).collect();
+            let ptrs = taken.iter().map(|v| v.as_ptr()).collect();
+            taken.into_iter().for_each(|v| pool.give_vec(v));
+            ptrs
+        };
+        let mut first = step(&pool);
+        let mut again = step(&pool);
+        first.sort();
+        again.sort();
+        assert_eq!(first, again);
     }
 }
