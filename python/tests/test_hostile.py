@@ -95,6 +95,18 @@ NUMPY_CASES = [
      'del os.environ["SPLITGRAD_MEMORY_LIMIT"]\n'
      'assert len(raised) == 5, raised\n'
      'raise MemoryError("each copy refused")'),
+    ("a half-precision output counted at its own size", "MemoryError", "the output of forward (shape [300000, 256], bfloat16)",
+     'import os\n'
+     'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 256)\n'
+     'e.set_dtype("bfloat16")\n'
+     'os.environ["SPLITGRAD_MEMORY_LIMIT"] = "200M"\n'
+     'try:\n'
+     '    out = e.forward(np.zeros(150_000, np.int64), act="bfloat16")  # 77 MB (154 MB in f32)\n'
+     '    assert out.dtype == np.uint16 and out.shape == (150_000, 256), (out.dtype, out.shape)\n'
+     '    del out\n'
+     '    e.forward(np.zeros(300_000, np.int64), act="bfloat16")  # 154 MB\n'
+     'finally:\n'
+     '    del os.environ["SPLITGRAD_MEMORY_LIMIT"]'),
     ("threads beyond any machine", "ValueError", "more than 1024", "sg.set_num_threads(2**40)"),
     ("a step count that no step follows", "ValueError", "no step count follows",
      'e = sg.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)\n'
