@@ -221,7 +221,7 @@ impl From<crate::kernels::routing::Unrouted> for Error {
     }
 }
 
-fn fmt_position(p: &[usize]) -> String {
+pub(crate) fn fmt_position(p: &[usize]) -> String {
     let parts: Vec<String> = p.iter().map(|i| i.to_string()).collect();
     format!("[{}]", parts.join(", "))
 }

@@ -271,6 +271,45 @@ impl TensorRef<'_> {
             TensorRef::U64(_) => "U64",
         }
     }
+
+    /// The multi-index and value of the first NaN or infinity, in the
+    /// array's logical order (integers have none).
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use splitgrad::state::TensorRef;
+    /// let a = array![[1.0f32, 2.0], [f32::NAN, f32::INFINITY]];
+    /// let (at, value) = TensorRef::from(&a).first_non_finite().unwrap();
+    /// assert_eq!(at, vec![1, 0]);
+    /// assert!(value.is_nan());
+    /// ```
+    pub fn first_non_finite(&self) -> Option<(Vec<usize>, f64)> {
+        fn real<T: Real>(a: &ArrayViewD<'_, T>) -> Option<(Vec<usize>, f64)> {
+            if a.iter().all(|x| x.is_finite()) {
+                return None;
+            }
+            a.indexed_iter()
+                .find(|(_, x)| !x.is_finite())
+                .map(|(i, &x)| (i.slice().to_vec(), Real::to_f64(x)))
+        }
+        match self {
+            TensorRef::F32(a) => real(a),
+            TensorRef::F64(a) => real(a),
+            TensorRef::BF16(a) => first_non_finite_half(a),
+            TensorRef::F16(a) => first_non_finite_half(a),
+            TensorRef::I64(_) | TensorRef::U64(_) => None,
+        }
+    }
+}
+
+/// [`TensorRef::first_non_finite`] of a half-precision array.
+fn first_non_finite_half<H: crate::kernels::HalfFloat + Into<f64>>(
+    a: &ArrayViewD<'_, H>,
+) -> Option<(Vec<usize>, f64)> {
+    let a = a.as_standard_layout();
+    let flat = a.as_slice().expect("standard layout is contiguous");
+    let i = crate::kernels::half::first_non_finite(flat)?;
+    Some((unravel(i, a.shape()), flat[i].into()))
 }
 
 impl TensorData {
@@ -529,17 +568,9 @@ impl StateDict {
             }
         };
         self.check_shape(name, view.shape(), shape)?;
-        fn first_bad<H: crate::kernels::HalfFloat + Into<f64>>(
-            a: &ArrayViewD<'_, H>,
-        ) -> Option<(Vec<usize>, f64)> {
-            let a = a.as_standard_layout();
-            let flat = a.as_slice().expect("standard layout is contiguous");
-            let i = crate::kernels::half::first_non_finite(flat)?;
-            Some((unravel(i, a.shape()), flat[i].into()))
-        }
         let bad = match &view {
-            StoredView::BF16(a) => first_bad(a),
-            StoredView::F16(a) => first_bad(a),
+            StoredView::BF16(a) => first_non_finite_half(a),
+            StoredView::F16(a) => first_non_finite_half(a),
             StoredView::Full(_) => None,
         };
         if let Some((position, value)) = bad {

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copyreg
 
+import numpy as np
+
 from ._splitgrad import SplitLanguageModellingHead, SplitTokenEmbeddings, SplitVocabulary
 
 
@@ -25,10 +27,26 @@ def _rounding_rows(layer) -> dict:
     return {name: r for name, r in rows.items() if r is not None}
 
 
+def _copy_parameters(layer, state) -> None:
+    """Writes the copied parameters into the new layer's buffers as they
+    were, NaN and infinities included: a copy reproduces its layer, where a
+    load (``load_state_dict``, ``load_checkpoint``) refuses non-finite
+    values as a sign of a damaged file or a diverged run."""
+    for name in layer.parameter_names():
+        dst = layer.parameter(name)
+        src = np.asarray(state[name])
+        if src.shape != dst.shape or src.dtype != dst.dtype:
+            raise ValueError(
+                f"copy of {type(layer).__name__}: parameter `{name}` is {src.dtype} {src.shape}, "
+                f"expected {dst.dtype} {dst.shape}"
+            )
+        np.copyto(dst, src)
+
+
 def _restore(layer, state, trainable, param_dtype=None, rounding_rows=None):
     if param_dtype is not None and param_dtype != layer.param_dtype:
         layer.set_dtype(param_dtype)  # parameters kept in bf16 / f16
-    layer.load_state_dict(state)
+    _copy_parameters(layer, state)
     for name, flag in trainable.items():
         layer.set_parameter_trainable(name, flag)
     for name, rows in (rounding_rows or {}).items():

@@ -172,3 +172,27 @@ def test_drop_in_copies_train_like_the_original_and_apart_from_it(how, which, in
     for k, v in a.state_dict().items():
         assert torch.equal(v, before[k]), f"a step on the copy moved the original's {k}"
     assert any(not torch.equal(v, before[k]) for k, v in b.state_dict().items())
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+@pytest.mark.parametrize("dtype", [None, "bfloat16", "float16"])
+def test_a_copy_keeps_non_finite_values_and_a_checkpoint_refuses_them(how, dtype, tmp_path):
+    # A copy reproduces its layer, NaN and infinities included; a checkpoint
+    # (whose load refuses them) is refused before anything is written, and
+    # the file already there stays as it was.
+    for layer in _numpy_layers():
+        if dtype is not None:
+            layer.set_dtype(dtype)
+        name = layer.parameter_names()[0]
+        p = layer.parameter(name)
+        if p.dtype == np.uint16:  # bf16 bits
+            p.reshape(-1)[:2] = [0x7F80, 0x7FC0]  # +inf, NaN
+        else:
+            p.reshape(-1)[:2] = [np.inf, np.nan]
+        c = COPIES[how](layer)
+        assert np.array_equal(c.parameter(name), p, equal_nan=p.dtype != np.uint16), (type(layer).__name__, name)
+        path = tmp_path / "ck.safetensors"
+        path.write_bytes(b"an earlier checkpoint")
+        with pytest.raises(ValueError, match=f"{name}.*non-finite value inf at position .*nothing was written"):
+            sg.save_checkpoint(path, [layer])
+        assert path.read_bytes() == b"an earlier checkpoint"

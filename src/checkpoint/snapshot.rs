@@ -84,6 +84,19 @@ pub fn save_state<T: Real>(
         .collect();
     entries.extend(opt_names.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
     entries.extend(lent_arrays.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
+    // What the load refuses is refused here, before anything is written: a
+    // checkpoint keeps finite parameters and moments only (the `extra`
+    // tensors are the caller's, loaded back unchecked).
+    for (name, t) in &entries {
+        if let Some((position, value)) = t.first_non_finite() {
+            let e = Error::config(format!(
+                "holds the non-finite value {value} at position {}; a checkpoint keeps finite \
+                 values only (its load refuses others), so nothing was written",
+                crate::error::fmt_position(&position)
+            ));
+            return Err(e.in_file(path.as_ref()).in_array(*name));
+        }
+    }
     entries.extend(steps.iter().map(|(n, t)| (n.as_str(), t.into())));
     entries.extend(extra.iter().map(|(n, t)| (n.as_str(), t.reborrow())));
     save(path, &entries, metadata)
@@ -293,6 +306,49 @@ mod tests {
             );
             assert_eq!(std::fs::read(&lent).unwrap(), copied, "optimiser {i}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_non_finite_parameter_or_moment_is_refused_before_anything_is_written() {
+        let dir = std::env::temp_dir().join(format!("splitgrad-nonfinite-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.safetensors");
+        std::fs::write(&path, b"the previous checkpoint").unwrap();
+        for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+            let mut emb = SplitTokenEmbeddings::<f32>::new(&[("a", 5)], &["a"], 4).unwrap();
+            emb.reset_parameters(&mut Rng::new(3));
+            emb.parameters_mut()[0]
+                .stored_mut()
+                .set_dtype(dtype)
+                .unwrap();
+            let mut w = emb.parameters()[0].stored().widened().into_owned();
+            w[[3, 1]] = f32::INFINITY;
+            emb.parameters_mut()[0].stored_mut().assign(w.view());
+            let err = save_state(&path, &[&emb], None, &[], &BTreeMap::new()).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains("token_embedding.a.weight"), "{msg}");
+            assert!(msg.contains("inf at position [3, 1]"), "{msg}");
+            assert!(msg.contains("nothing was written"), "{msg}");
+            assert_eq!(std::fs::read(&path).unwrap(), b"the previous checkpoint");
+        }
+        // A moment: Adam's first moment after a step on an infinite gradient.
+        let mut emb = SplitTokenEmbeddings::<f32>::new(&[("a", 5)], &["a"], 4).unwrap();
+        let mut opt = Adam::<f32>::new(AdamConfig::default()).unwrap();
+        let mut g = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[5, 4]));
+        g[[0, 0]] = f32::MAX;
+        let p = &mut emb.parameters_mut()[0];
+        opt.update(p, &ParamGrad::Dense(g.clone())).unwrap();
+        opt.update(p, &ParamGrad::Dense(g)).unwrap();
+        // (g² overflows f32: the second moment holds an infinity.)
+        let sd = opt.state_dict();
+        assert!(
+            sd.iter()
+                .any(|(_, t)| t.view().first_non_finite().is_some())
+        );
+        let err = save_state(&path, &[], Some(&opt), &[], &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("optimizer."), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"the previous checkpoint");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
