@@ -287,7 +287,9 @@ class _Bound:
     def _sync_locked(self):
         for owner, attr, name in self._pairs:
             p = self._param(owner, attr)
-            if p.data_ptr() != self._ptrs[name]:
+            if not isinstance(p, nn.Parameter):
+                self._check_stand_in(p, name)
+            elif p.data_ptr() != self._ptrs[name]:
                 self._rebind(p, name)
             if self._core.is_trainable(name) != bool(p.requires_grad):
                 self._core.set_parameter_trainable(name, bool(p.requires_grad))
@@ -395,6 +397,25 @@ class _Bound:
 
     def _load_fused_states(self, states):
         raise AssertionError("no fused optimiser to load")
+
+    def _check_stand_in(self, p, name: str) -> None:
+        """Refuses a tensor that is not an ``nn.Parameter`` in a parameter's
+        place (``torch.func.functional_call``, a parametrization) unless it
+        is a view of the layer's own buffer: the kernels compute on that
+        buffer, and adopting the tensor would write its values into the
+        layer for good."""
+        buf = _tensor_of(self._core, name)
+        try:
+            own = p.data_ptr() == buf.data_ptr() and p.shape == buf.shape and p.stride() == buf.stride()
+        except RuntimeError:  # a tensor with no storage (torch.func's wrappers)
+            own = False
+        if not own or p.dtype != buf.dtype:
+            raise TypeError(
+                f"{type(self).__name__}: parameter `{name}` is a {type(p).__name__}, not the layer's "
+                "nn.Parameter: the kernels compute on the layer's own buffers, so other values cannot "
+                "stand in for its parameters for one call (torch.func.functional_call, "
+                "parametrizations); copy the layer (copy.deepcopy) and load_state_dict into the copy"
+            )
 
     def _rebind(self, p: torch.Tensor, name: str):
         buf = _tensor_of(self._core, name)

@@ -183,6 +183,32 @@ def test_converted_or_replaced_parameters():
         ours(torch.tensor([3]))
 
 
+def test_stand_in_values_for_one_call_are_refused_and_the_layer_is_unchanged(index_file):
+    path, _, _ = index_file
+    ids = torch.tensor([1, 11])
+    layers = [
+        (SplitTokenEmbeddings(SIZES, ORDER, H), (ids,)),
+        (SplitLanguageModellingHead(SIZES, ORDER, H), (torch.randn(2, H), ids)),
+        (SplitVocabulary(path, 12, H, 4), (ids, torch.tensor([0, 3]), torch.randn(2, H))),
+    ]
+    for layer, args in layers:
+        before = {k: v.detach().clone() for k, v in layer.state_dict().items()}
+        zeros = {k: torch.zeros_like(v) for k, v in layer.named_parameters()}
+        with pytest.raises(TypeError, match="functional_call"):
+            torch.func.functional_call(layer, zeros, args)
+        after = layer.state_dict()
+        assert all(torch.equal(after[k], before[k]) for k in before), type(layer).__name__
+        assert all(not (z != 0).any() for z in zeros.values())  # and the stand-ins are untouched
+        # The layer's own values, detached: computed as the layer computes them.
+        own = {k: v.detach() for k, v in layer.named_parameters()}
+        out = torch.func.functional_call(layer, own, args)
+        want = layer(*args)
+        got = out.cross_entropy if isinstance(layer, SplitLanguageModellingHead) else out
+        want = want.cross_entropy if isinstance(layer, SplitLanguageModellingHead) else want
+        assert torch.equal(got, want)
+        assert all(p.requires_grad for p in layer.parameters())
+
+
 # --- SplitLanguageModellingHead vs the spec's reference ------------------------
 
 
