@@ -1077,12 +1077,12 @@ def _dense_state(model, mods):
     return {k: v for k, v in model.state_dict().items() if not k.startswith(under)}
 
 
-def _load_dense(directory, model, mods, saved):
-    """Restores the non-sharded state ``save_shards`` kept in rank 0's
-    shard (absent from shards written before it kept it), refusing a model
-    whose other parameters are not the saved ones."""
+def _dense_to_load(directory, model, mods, saved):
+    """The non-sharded state ``save_shards`` kept in rank 0's shard, to load
+    with ``load_state_dict`` (None: shards written before it kept it),
+    refusing a model whose other parameters are not the saved ones."""
     if saved is None or isinstance(model, _Sharded):
-        return
+        return None
     own = _dense_state(model, mods)
     missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or extra:
@@ -1093,8 +1093,7 @@ def _load_dense(directory, model, mods, saved):
     for k, v in own.items():
         if tuple(v.shape) != tuple(saved[k].shape):
             raise ValueError(f"load_shards: {directory}: `{k}` has shape {tuple(saved[k].shape)}, the model's {tuple(v.shape)}")
-    # Through load_state_dict, so that every module takes its entries its own way.
-    model.load_state_dict({k: saved[k] for k in own}, strict=False)
+    return {k: saved[k] for k in own}
 
 
 def _read_shards(directory):
@@ -1262,23 +1261,58 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
                 "Build the layer from the index file of the model that saved them"
             )
     optim_sd = _optimizer_state_of(directory, shards, model, mods, optimizer, mods[0][1]._comm) if optimizer is not None and mods else None
+    # Everything is read and checked before anything changes, so that a
+    # load that fails leaves the model as it was: this process's rows of
+    # every table, every fused state, the non-sharded state.
+    rows, fused = [], []
     for prefix, mod in mods:
         local = mod.local_state()
         saved = shards[0]["layers"][prefix]["tensors"]
-        with torch.no_grad():
-            for name, (shape, rows, t) in local.items():
-                if name not in saved:
-                    raise KeyError(f"{directory}: no shard of `{_key(prefix, name)}`")
-                held = [s["layers"][prefix]["tensors"][name][1:] for s in shards]
-                t.copy_(_my_rows(directory, _key(prefix, name), shape[0], rows, held))
-        st = {k: _half_np(v) for k, v in _my_fused(directory, shards, prefix, local).items()}
-        if isinstance(mod, ShardedVocabulary):
-            mod._load_fused([{k.split(":", 1)[1]: v for k, v in st.items() if k.startswith(f"{i}:")} for i in range(2)], full=False)
-        elif isinstance(mod, ShardedTokenEmbeddings):
-            mod._load_fused(st, full=False)
-    _load_dense(directory, model, mods, shards[0].get("dense"))
+        mine = []
+        for name, (shape, ids, t) in local.items():
+            if name not in saved:
+                raise KeyError(f"{directory}: no shard of `{_key(prefix, name)}`")
+            held = [s["layers"][prefix]["tensors"][name][1:] for s in shards]
+            mine.append((t, _my_rows(directory, _key(prefix, name), shape[0], ids, held)))
+        rows.append(mine)
+        fused.append({k: _half_np(v) for k, v in _my_fused(directory, shards, prefix, local).items()})
+    dense = _dense_to_load(directory, model, mods, shards[0].get("dense"))
+    # The fused states first (each optimiser checks its state whole before
+    # it takes it); one refused puts back those loaded before it.
+    loaded = []
+    try:
+        for (_, mod), st in zip(mods, fused):
+            before = mod._fused_state()
+            _put_fused(mod, st, keep_empty=True)
+            loaded.append((mod, before))
+    except BaseException:
+        for mod, before in reversed(loaded):
+            _put_fused(mod, before, keep_empty=False)
+        raise
+    with torch.no_grad():
+        for mine in rows:
+            for t, new in mine:
+                t.copy_(new)
+    if dense is not None:
+        # Through load_state_dict, so that every module takes its entries its own way.
+        model.load_state_dict(dense, strict=False)
     if optim_sd is not None:
         optimizer.load_state_dict(optim_sd)
+
+
+def _put_fused(mod, state, keep_empty):
+    """Loads a fused Adam state of this process's rows into ``mod`` (as
+    ``_fused_state`` gives it). An empty state leaves the optimiser as it
+    is when ``keep_empty``, else empties it."""
+    if not state and keep_empty:
+        return
+    if isinstance(mod, ShardedVocabulary):
+        if mod._core is None:
+            return
+        for i, opt in enumerate(mod._fused):
+            opt.load_state_dict({k.split(":", 1)[1]: v for k, v in state.items() if k.startswith(f"{i}:")}, mod._core)
+    elif isinstance(mod, ShardedTokenEmbeddings):
+        mod._fused.load_state_dict(dict(state), mod._core)
 
 
 def _my_fused(directory, shards, prefix, local):

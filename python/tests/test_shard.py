@@ -681,3 +681,60 @@ def test_sharded_layers_refuse_ids_that_are_not_integers(tmp_path):
         assert message is not None, f"{what} was taken"
         name = what.split()[1]
         assert f"array `{name}`" in message, (what, message)
+
+
+def atomic_load_worker(rank, world, store, index_path, directory, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from splitgrad.torch import load_shards, save_shards, shard
+    from splitgrad.shard import _sharded_modules  # noqa: I001 (after splitgrad.torch, which imports it)
+
+    tokens, langs, labels = batches()[0]
+    src = shard(build(index_path, False))
+    src(tokens, langs, labels).backward()
+    save_shards(src, directory)
+    # A NaN in a moment of the last sharded layer's fused state: the layers
+    # before it load before it is refused.
+    path = os.path.join(directory, "shard-0-of-1.pt")
+    saved = torch.load(path, weights_only=False)
+    last = [p for p, _ in _sharded_modules(src) if saved["layers"][p]["fused"]][-1]
+    key = next(k for k, v in saved["layers"][last]["fused"].items() if v.ndim >= 1)
+    saved["layers"][last]["fused"][key].view(-1)[0] = float("nan")
+    torch.save(saved, path)
+    # Moments in float32, and values after two steps of its own.
+    dst = shard(build(index_path, False))
+    for tokens, langs, labels in batches()[:2]:
+        dst(tokens, langs, labels).backward()
+
+    def state():
+        tables = {f"{p}.{n}": t.clone() for p, m in _sharded_modules(dst) for n, (_, _, t) in m.local_state().items()}
+        fused = {f"{p}.{k}": torch.from_numpy(np.array(v)) for p, m in _sharded_modules(dst) for k, v in m._fused_state().items()}
+        dense = {k: v.clone() for k, v in dst.lin.state_dict().items()}
+        return tables, fused, dense
+
+    before = state()
+    try:
+        load_shards(dst, directory)
+        err = None
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    after = state()
+    same = [
+        b.keys() == a.keys() and all(torch.equal(b[k].reshape(-1).view(torch.uint8), a[k].reshape(-1).view(torch.uint8)) for k in b)
+        for b, a in zip(before, after)
+    ]
+    torch.save({"err": err, "same": same, "fused": sorted(before[1]), "last": last}, out)
+    dist.destroy_process_group()
+
+
+def test_a_load_of_shards_that_fails_leaves_the_model_as_it_was(tmp_path):
+    # Shards with a NaN in the last layer's fused state: refused, and the
+    # tables, the fused states and the model's other parameters are those
+    # before the call.
+    out, directory = str(tmp_path / "out.pt"), str(tmp_path / "shards")
+    mp.spawn(atomic_load_worker, args=(1, str(tmp_path / "store"), make_index(tmp_path), directory, out), nprocs=1, join=True)
+    got = torch.load(out)
+    assert got["err"] is not None and "non-finite" in got["err"], got["err"]
+    assert got["last"] != "emb", "no layer loads before the refused one"
+    assert got["fused"], "no fused state to compare"
+    assert got["same"] == [True, True, True], (got["err"], got["same"])
