@@ -140,7 +140,10 @@ def _half_np(t: torch.Tensor) -> np.ndarray:
 def _own_dtype(module, t: torch.Tensor, what: str) -> None:
     """A ValueError naming ``what`` unless ``t`` is of the layer's dtype."""
     if t.dtype != module._dtype:
-        raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype)")
+        hint = ""
+        if t.dtype in _HALF:
+            hint = f"; convert the layer, .to({t.dtype}), for {str(t.dtype).removeprefix('torch.')} activations"
+        raise ValueError(f"array `{what}`: has dtype {t.dtype}, expected {module._dtype} (the layer's dtype{hint})")
 
 
 def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
@@ -149,7 +152,7 @@ def _act_in(module, t: torch.Tensor, what: str) -> np.ndarray:
     if not isinstance(t, torch.Tensor):
         return t
     _cpu(t, what)
-    if module._dtype != module._engine:
+    if module._dtype != module._engine or t.dtype in _HALF:
         _own_dtype(module, t, what)
         return _half_np(t)
     return _real(t, what)
@@ -169,7 +172,7 @@ def _grad_in(module, g: torch.Tensor, what: str) -> np.ndarray:
 def _widened(module, t: torch.Tensor, what: str) -> np.ndarray:
     """An activation of the layer's dtype widened by torch to the engine's
     (the head: its results are scaled before they are rounded)."""
-    if isinstance(t, torch.Tensor) and module._dtype != module._engine:
+    if isinstance(t, torch.Tensor) and (module._dtype != module._engine or t.dtype in _HALF):
         _cpu(t, what)
         _own_dtype(module, t, what)
         t = t.to(module._engine)
@@ -364,9 +367,10 @@ class _Bound:
         the kernels (rounded to nearest, as torch's conversion rounds); the
         torch parameters stay the same objects, over the new buffers."""
         if dtype not in _HALF and dtype != self._engine:
+            hint = f" (build it with dtype={dtype} instead)" if dtype in (torch.float32, torch.float64) else ""
             raise TypeError(
                 f"{type(self).__name__} computes in {_np_dtype(self._engine)} and keeps its parameters as {_np_dtype(self._engine)}, "
-                f"bfloat16 or float16, not {dtype} (build it with dtype={dtype} instead)"
+                f"bfloat16 or float16, not {dtype}{hint}"
             )
         with self._lock:
             self._sync_locked()
@@ -431,6 +435,14 @@ class _Bound:
         self._ptrs[name] = buf.data_ptr()
         if name in self._sparse_names:
             self._coalesced.watch(p)  # a parameter object put in place of the layer's own
+
+
+def _has_fused(layer) -> None:
+    """A ValueError unless ``layer`` was built with a fused optimiser."""
+    if layer._fused is None:
+        raise ValueError(
+            f"{type(layer).__name__} has no fused Adam to load a state into (build it with fused_adam={{...}})"
+        )
 
 
 def _fused_config(fused_adam):
@@ -811,7 +823,11 @@ class SplitTokenEmbeddings(_Bound, nn.Module):
         return None if self._fused is None else self._fused.state_dict()
 
     def load_fused_optimizer_state(self, state):
-        self._fused.load_state_dict(state, self._core)
+        """Loads a state ``fused_optimizer_state`` gave (checked whole before
+        anything changes)."""
+        _has_fused(self)
+        with self._lock:
+            self._fused.load_state_dict(state, self._core)
 
     def _fused_states(self):
         return None if self._fused is None else [self._fused.state_dict()]
@@ -1221,6 +1237,25 @@ class SplitVocabulary(_Bound, nn.Module):
     def fused_optimizer_state(self):
         """The fused optimisers' states: (rows, gate_logit)."""
         return None if self._fused is None else tuple(o.state_dict() for o in self._fused)
+
+    def load_fused_optimizer_state(self, state):
+        """Loads the states ``fused_optimizer_state`` gave, (rows, gate_logit):
+        both or, when one is refused, neither."""
+        _has_fused(self)
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise ValueError(
+                "load_fused_optimizer_state: expected (the rows' state, the gate logits' state), "
+                f"as fused_optimizer_state() gives, not {type(state).__name__}"
+            )
+        with self._lock:
+            rows, gates = self._fused
+            before = rows.state_dict()
+            rows.load_state_dict(state[0], self._core)
+            try:
+                gates.load_state_dict(state[1], self._core)
+            except BaseException:
+                rows.load_state_dict(before, self._core)
+                raise
 
     def _fused_states(self):
         return None if self._fused is None else [o.state_dict() for o in self._fused]

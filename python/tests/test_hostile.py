@@ -149,6 +149,21 @@ TORCH_CASES = [
      'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2)(torch.zeros(3))'),
     ("drop-in of an unsupported dtype", "TypeError", "float32, float64, bfloat16 or float16",
      'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2, dtype=torch.int32)'),
+    ("bf16 hidden states into a float32 head (autocast's output)", "ValueError",
+     "has dtype torch.bfloat16, expected torch.float32 (the layer's dtype; convert the layer, .to(torch.bfloat16)",
+     'h = st.SplitLanguageModellingHead({"orig": 4}, ["orig"], 2)\n'
+     'h(torch.zeros(3, 2, dtype=torch.bfloat16), torch.tensor([0, 1, 2]))'),
+    ("a conversion to a complex dtype", "TypeError", "not torch.complex64",
+     'import warnings\n'
+     'warnings.simplefilter("ignore")\n'
+     'h = st.SplitLanguageModellingHead({"orig": 4}, ["orig"], 2)\n'
+     'try:\n'
+     '    h.to(torch.complex64)\n'
+     'except TypeError as e:\n'
+     '    assert "dtype=torch.complex64" not in str(e), str(e)  # no layer is built in complex\n'
+     '    raise'),
+    ("a fused state into a layer without fused Adam", "ValueError", "has no fused Adam to load a state into",
+     'st.SplitTokenEmbeddings({"orig": 4}, ["orig"], 2).load_fused_optimizer_state({})'),
 ]
 
 CHILD = r"""

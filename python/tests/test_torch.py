@@ -516,3 +516,28 @@ def test_head_constructed_as_d9d_constructs():
     for s, lin in theirs.items():
         assert torch.equal(ours.state_dict()[f"lm_head.{s}.weight"], lin.weight.detach()), s
     assert ours.state_dict()["lm_head.orig.weight"].abs().sum() > 0
+
+
+def test_vocabulary_fused_state_loads_both_or_neither(index_file):
+    path, _, _ = index_file
+    v = SplitVocabulary(path, 12, H, 4, fused_adam={"lr": 0.1})
+    tokens, langs = torch.tensor([1, 2, 3, 5]), torch.tensor([0, 1, 2, 3])
+
+    def step():
+        v(tokens, langs, torch.randn(4, H)).sum().backward()
+
+    step()
+    saved = v.fused_optimizer_state()
+    step()
+    before = v.fused_optimizer_state()
+    bad = (saved[0], {k: np.full_like(a, np.nan) if a.ndim else a for k, a in saved[1].items()})
+    with pytest.raises(ValueError, match="gate_logit.exp_avg.*non-finite"):
+        v.load_fused_optimizer_state(bad)
+    after = v.fused_optimizer_state()
+    for b, a in zip(before, after):
+        assert b.keys() == a.keys() and all(np.array_equal(b[k], a[k]) for k in b)
+    v.load_fused_optimizer_state(saved)
+    for b, a in zip(saved, v.fused_optimizer_state()):
+        assert all(np.array_equal(b[k], a[k]) for k in b)
+    with pytest.raises(ValueError, match="rows' state, the gate logits' state"):
+        v.load_fused_optimizer_state(saved[0])
