@@ -17,7 +17,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use rayon::prelude::*;
-use splitgrad::kernels::pool::{keep, take_fitting};
+use splitgrad::layers::reuse::{keep, take_fitting};
 
 use crate::convert::{PyReal, check_alloc};
 use crate::layer::Workspaces;
@@ -74,7 +74,7 @@ pub fn act_arg(
 
 /// Buffers of one element type kept with their elements initialised, for
 /// later requests; which buffer a request takes, and which are freed, is
-/// the crate's pool rule ([`splitgrad::kernels::pool::take_fitting`]).
+/// the crate's pool rule ([`splitgrad::layers::reuse::take_fitting`]).
 pub struct Kept<E>(Arc<Mutex<Vec<Vec<E>>>>);
 
 impl<E> Clone for Kept<E> {

@@ -44,6 +44,13 @@ pub use splits::SplitTables;
 /// [`Tape::with_pool`](crate::Tape::with_pool) draws from the same kind.
 pub use crate::kernels::pool::Pool as Workspace;
 
+/// The rule by which a [`Workspace`] reuses and frees its buffers, for a
+/// caller that keeps buffers of its own element type the same way (the
+/// Python binding's half-precision outputs).
+pub mod reuse {
+    pub use crate::kernels::pool::{keep, take_fitting};
+}
+
 use crate::kernels::Real;
 use crate::param::Parameter;
 

@@ -351,7 +351,7 @@ impl<T: Real> Summed<'_, '_, T> {
     /// `Σ_n loss_n`, its gradients added into `grads` (zeros).
     fn run(self, mut grads: SumGrads<T>) -> (T, SumGrads<T>) {
         let total = match (self.tile(&mut grads), self.form) {
-            // The active tokens, in token order (none: the empty sum, −0).
+            // The active tokens, in token order.
             (Some((_, loss)), Form::PerToken(_)) => loss.iter().map(|&l| l as f64).sum(),
             (Some((slots, loss)), Form::Grouped(_)) => {
                 // Σ_n in token order, an ignored token's 0 included.
@@ -364,7 +364,9 @@ impl<T: Real> Summed<'_, '_, T> {
             (None, Form::PerToken(_)) => fallback::whole_rows(&self, &mut grads),
             (None, Form::Grouped(_)) => fallback::per_token_kernel(&self, &mut grads),
         };
-        (T::from_f64(total), grads)
+        // Rust's empty float sum is −0; a batch with no active token sums
+        // to +0, as torch's sum does (every other total keeps its bits).
+        (T::from_f64(total + 0.0), grads)
     }
 
     /// The tile kernel's pass: each loss's token and the per-token losses,
