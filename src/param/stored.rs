@@ -113,10 +113,11 @@ impl fmt::Display for Dtype {
 impl FromStr for Dtype {
     type Err = Error;
     /// `f32`, `f64`, `bf16`, `f16`, or torch's names (`float32`,
-    /// `bfloat16`, `float16`, `half`, …).
+    /// `bfloat16`, `float16`, `half`, …), in any case.
     fn from_str(s: &str) -> Result<Dtype> {
         let s = s.strip_prefix("torch.").unwrap_or(s);
-        Ok(match s {
+        // Any case: safetensors spells them `BF16`, `F16`, ….
+        Ok(match s.to_ascii_lowercase().as_str() {
             "f32" | "float32" | "float" => Dtype::F32,
             "f64" | "float64" | "double" => Dtype::F64,
             "bf16" | "bfloat16" => Dtype::BF16,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use splitgrad::checkpoint::Checkpoint;
+use splitgrad::param::Dtype;
 use splitgrad::state::TensorData;
 
 use crate::common::cli::{self, assert_same_tensors, last_json, run_ok, s};
@@ -430,6 +431,31 @@ fn precisions_the_run_cannot_keep_are_refused() {
         cli::clap_fails(&dir, &args),
         "error: invalid value 'int8' for '--dtype <DTYPE>': unknown dtype `int8` (expected f32, f64, bf16 or f16)"
     );
+    // `bench` holds its flags to the same rule and names them.
+    assert_eq!(
+        cli::fails(&dir, &["bench", "embed_full", "--dtype", "f64"], None),
+        "--dtype f64: the model keeps its parameters as f32, bf16 or f16"
+    );
+    assert_eq!(
+        cli::fails(&dir, &["bench", "embed_full", "--state-dtype", "f16"], None),
+        "--state-dtype f16: f16 cannot keep Adam's second moment (a squared gradient below 6e-8 is lost); keep the optimiser state in bf16 or f32"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dtypes_are_taken_in_any_case_and_by_torch_names() {
+    for (given, kept) in [
+        ("BF16", Dtype::BF16),
+        ("Float16", Dtype::F16),
+        ("half", Dtype::F16),
+    ] {
+        assert_eq!(given.parse::<Dtype>().unwrap(), kept, "{given}");
+    }
+    let dir = scratch("dtype-case");
+    let out = train(&dir.join("run"), 2, &["--dtype", "BF16"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bf16"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

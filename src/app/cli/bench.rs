@@ -108,6 +108,14 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         )
         .into());
     }
+    // `--dtype` and `--state-dtype` held to what a training run keeps,
+    // with the same messages.
+    super::options::PrecisionArgs {
+        dtype: args.dtype,
+        state_dtype: args.state_dtype,
+        rounding: None,
+    }
+    .precision()?;
     if args.versus_f32 && !(args.dtype.is_half() || args.state_dtype.is_half()) {
         return Err(
             "--versus-f32 sets a run kept in half precision beside the same run in f32, \

@@ -38,7 +38,8 @@ fn num(x: f64) -> Value {
 
 /// A finite number; `None` for NaN and infinities (which JSON cannot hold).
 fn finite(x: f64) -> Option<f64> {
-    x.is_finite().then_some(x)
+    // (+ 0.0: a −0 prints as 0, not as `-0.0000`.)
+    x.is_finite().then_some(x + 0.0)
 }
 
 /// `x` where finite, NaN otherwise: a figure as the JSON report holds it.
