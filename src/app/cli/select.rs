@@ -94,13 +94,15 @@ fn selection(args: &SelectArgs) -> CliResult<Selection> {
 /// `splitgrad select`.
 pub fn run(args: SelectArgs) -> CliResult<ExitCode> {
     args.model.check()?;
-    let precision = args.precision.precision()?;
+    // (Before the flags' own check: with --checkpoint, any of them is the
+    // mistake, whatever its value.)
     if args.checkpoint.is_some() && args.precision != PrecisionArgs::default() {
         return Err(
             "--dtype, --state-dtype and --rounding set how select trains the shared-only model; with --checkpoint it trains none (it reads the model as the checkpoint keeps it)"
                 .into(),
         );
     }
+    let precision = args.precision.precision()?;
     if args.checkpoint.is_some()
         && let Some(flags) = args.given.flags(&["steps", "batch", "dim", "lr"])
     {
