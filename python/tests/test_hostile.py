@@ -74,6 +74,24 @@ NUMPY_CASES = [
      'vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024\n'
      'ballast = mmap.mmap(-1, (8 << 30) - vm - (100 << 20))  # ~100 MiB left, none of it touched\n'
      'e.state_dict()'),
+    # Right after a reading of the limits: the process's own mapping of
+    # gigabytes is not in a reading made before it.
+    ("a change of dtype beyond the address space left", "MemoryError", "the parameters kept as bf16",
+     'import mmap\n'
+     'e = sg.SplitTokenEmbeddings({"a": 500_000}, ["a"], 256)\n'
+     'vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024\n'
+     'ballast = mmap.mmap(-1, (8 << 30) - vm - (100 << 20))  # ~100 MiB left; the bf16 table is 244 MiB\n'
+     'e.set_dtype("bfloat16")'),
+    ("a checkpoint saved with less address space left than the file's size", None, "",
+     'import mmap, os, tempfile\n'
+     'e = sg.SplitTokenEmbeddings({"a": 500_000}, ["a"], 256)\n'
+     'e.set_dtype("bfloat16")\n'
+     'vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024\n'
+     'ballast = mmap.mmap(-1, (8 << 30) - vm - (100 << 20))  # ~100 MiB left; the file is 244 MiB\n'
+     'with tempfile.TemporaryDirectory() as d:\n'
+     '    path = os.path.join(d, "ck.safetensors")\n'
+     '    sg.save_checkpoint(path, [e])\n'
+     '    assert os.path.getsize(path) > 244 << 20, os.path.getsize(path)'),
     ("copies of state beyond the memory limit", "MemoryError", "",
      'import os\n'
      'e = sg.SplitTokenEmbeddings({"orig": 2**20}, ["orig"], 64)\n'

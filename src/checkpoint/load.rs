@@ -62,7 +62,7 @@ pub struct Checkpoint {
 }
 
 /// The largest header safetensors 0.8 reads (its `MAX_HEADER_SIZE`).
-const MAX_HEADER: u64 = 100_000_000;
+pub(super) const MAX_HEADER: u64 = 100_000_000;
 
 impl Checkpoint {
     /// Reads and validates the safetensors file at `path`.

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::Path;
 
 use ndarray::ArrayViewD;
+use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, View};
 
 use super::{Element, TensorRef};
@@ -59,26 +60,6 @@ impl View for &Encoded<'_> {
     }
     fn data_len(&self) -> usize {
         self.bytes.len()
-    }
-}
-
-/// A tensor's dtype, shape and length without its bytes: given these,
-/// `safetensors::serialize` writes the length prefix and the header alone,
-/// and [`save`] streams the bytes after it.
-struct HeaderOnly<'a>(&'a Encoded<'a>);
-
-impl View for &HeaderOnly<'_> {
-    fn dtype(&self) -> Dtype {
-        self.0.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        self.0.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&[])
-    }
-    fn data_len(&self) -> usize {
-        self.0.bytes.len()
     }
 }
 
@@ -169,16 +150,49 @@ pub fn save<S: AsRef<str>>(
                 .collect::<HashMap<_, _>>(),
         )
     };
-    // The prefix and header from the crate, the tensors' bytes streamed
-    // after them from where they are: no image of the whole file in memory.
-    let heads: Vec<(&str, HeaderOnly<'_>)> =
-        encoded.iter().map(|(n, e)| (*n, HeaderOnly(e))).collect();
-    let mut header = safetensors::serialize(heads.iter().map(|(n, h)| (*n, h)), info)
-        .map_err(|e| Error::format(format!("cannot serialise: {e}")).in_file(path))?;
+    // The prefix and header as the crate makes them, the tensors' bytes
+    // streamed after them from where they are: no image of the whole file
+    // in memory, nor room reserved for one (`safetensors::serialize`
+    // reserves the file's size, which fails under an address-space limit).
+    let order = in_file_order(&encoded);
+    let mut offset = 0usize;
+    let mut infos = Vec::with_capacity(order.len());
+    for (name, e) in &order {
+        let end = offset.checked_add(e.bytes.len()).ok_or_else(|| {
+            Error::format("the tensors' bytes overflow a file's length").in_file(path)
+        })?;
+        infos.push((
+            name.to_string(),
+            TensorInfo {
+                dtype: e.dtype,
+                shape: e.shape.to_vec(),
+                data_offsets: (offset, end),
+            },
+        ));
+        offset = end;
+    }
+    let cannot =
+        |e: &dyn std::fmt::Display| Error::format(format!("cannot serialise: {e}")).in_file(path);
+    let metadata = Metadata::new(info, infos).map_err(|e| cannot(&e))?;
+    let mut json = serde_json::to_string(&metadata)
+        .map_err(|e| cannot(&e))?
+        .into_bytes();
+    // Padded with spaces to a multiple of 8 bytes, as the crate pads it.
+    json.resize(json.len().next_multiple_of(N_LEN), b' ');
+    if json.len() as u64 > super::load::MAX_HEADER {
+        return Err(cannot(&format!(
+            "a header of {} bytes, more than the {} safetensors reads",
+            json.len(),
+            super::load::MAX_HEADER
+        )));
+    }
+    let mut header = Vec::with_capacity(N_LEN + json.len());
+    header.extend((json.len() as u64).to_le_bytes());
+    header.extend(json);
     sort_metadata(&mut header);
     write_atomic(path, |f| {
         f.write_all(&header)?;
-        for (_, e) in in_file_order(&encoded) {
+        for (_, e) in order {
             f.write_all(&e.bytes)?;
         }
         Ok(())

@@ -125,6 +125,12 @@ fn plan_limit(system: Option<u64>, user: Option<u64>) -> u64 {
         .map_or(u64::MAX, |m| m.saturating_sub(HEADROOM))
 }
 
+/// The largest request a reading answers without a new one. The process
+/// itself may have mapped gigabytes since the last reading (a reading
+/// cannot see that), and a larger request costs far more to fill than the
+/// tens of microseconds a reading takes.
+const CACHED_MAX: u64 = 16 << 20;
+
 /// How long a reading of the `/proc` and cgroup files answers small
 /// requests. Reading them takes tens of microseconds (five files), which a
 /// small forward pass would otherwise pay several times per call.
@@ -134,7 +140,8 @@ const REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
 /// it since.
 ///
 /// A reading answers a request without a new one only while it is younger
-/// than [`REFRESH`], only for a request of at most 1/8 of the figure read,
+/// than [`REFRESH`], only for a request of at most [`CACHED_MAX`] and 1/8
+/// of the figure read,
 /// and only while everything it granted (which the process may now hold)
 /// stays within half of it: memory that other processes take within
 /// 100 ms would have to exceed half of what was free for a granted request
@@ -158,7 +165,7 @@ impl LimitCache {
         }
         let limit = plan_limit(self.system, user);
         let total = self.granted.saturating_add(bytes);
-        if bytes > limit / 8 || total > limit / 2 {
+        if bytes > CACHED_MAX || bytes > limit / 8 || total > limit / 2 {
             return false;
         }
         self.granted = total;
@@ -368,37 +375,44 @@ mod tests {
     #[test]
     fn a_reading_answers_small_requests_until_it_is_old_or_half_spent() {
         let t0 = std::time::Instant::now();
-        let gib = 1u64 << 30;
-        let mut c = LimitCache {
+        let mib = 1u64 << 20;
+        let small = CACHED_MAX;
+        let reading = |system: u64| LimitCache {
             read_at: t0,
-            system: Some(8 * gib + HEADROOM),
+            system: Some(system + HEADROOM),
             granted: 0,
         };
+        let mut c = reading(4 * small);
         let soon = t0 + std::time::Duration::from_millis(10);
+        // (a figure of 4 requests: an eighth of it is half a request)
+        assert!(!c.grant(small / 2 + 1, soon, None));
+        let mut c2 = reading(64 * small);
         // small requests come from the reading, and are counted
-        assert!(c.grant(gib, soon, None));
-        assert!(c.grant(gib, soon, None));
-        assert_eq!(c.granted, 2 * gib);
-        // more than an eighth of the figure: read again
-        assert!(!c.grant(gib + 1, soon, None));
+        assert!(c2.grant(small, soon, None));
+        assert!(c2.grant(small, soon, None));
+        assert_eq!(c2.granted, 2 * small);
+        // more than CACHED_MAX, however large the figure: read again
+        assert!(!c2.grant(small + 1, soon, None));
         // half of the figure granted: read again
-        assert!(c.grant(gib, soon, None));
-        assert!(c.grant(gib, soon, None));
-        assert!(!c.grant(1, soon, None));
+        for _ in 2..32 {
+            assert!(c2.grant(small, soon, None));
+        }
+        assert!(!c2.grant(1, soon, None));
         // a fresh reading at the same figure grants again
-        c.granted = 0;
-        assert!(c.grant(1, soon, None));
+        c2.granted = 0;
+        assert!(c2.grant(1, soon, None));
         // the user's cap counts at once
-        assert!(!c.grant(gib, soon, Some(4 * gib)));
+        assert!(!c2.grant(small, soon, Some(8 * mib)));
         // an old reading answers nothing
-        assert!(!c.grant(1, t0 + REFRESH, None));
-        // nothing known: everything small enough of u64::MAX
+        assert!(!c2.grant(1, t0 + REFRESH, None));
+        // nothing known: everything up to CACHED_MAX
         let mut none = LimitCache {
             read_at: t0,
             system: None,
             granted: 0,
         };
-        assert!(none.grant(gib, soon, None));
+        assert!(none.grant(small, soon, None));
+        assert!(!none.grant(small + 1, soon, None));
     }
 
     #[test]
