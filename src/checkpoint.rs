@@ -30,12 +30,13 @@
 //!   error, never a silent conversion) and only in the shape the caller
 //!   expects. Every error names the file and the tensor.
 //!
-//! Memory: `safetensors::serialize` builds the whole file image in memory,
-//! so saving copies each tensor's bytes once, into that image; a contiguous
-//! array is otherwise borrowed as it is (on a little-endian machine), a
-//! strided view is first gathered into row-major order. Loading holds the
-//! file's bytes while the [`Checkpoint`] lives, and each `get_*` makes one
-//! decoded copy of its tensor.
+//! Memory: saving writes the header, then each tensor's bytes from where
+//! they are (a contiguous array is borrowed as it is on a little-endian
+//! machine, a strided view first gathered into row-major order); no image
+//! of the file is built, nor room reserved for one. Loading reads the
+//! header, then each tensor when it is asked for (its size checked against
+//! the memory available first), and each `get_*` makes one decoded copy
+//! of its tensor.
 
 mod load;
 mod save;
