@@ -1278,13 +1278,13 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
         fused.append({k: _half_np(v) for k, v in _my_fused(directory, shards, prefix, local).items()})
     dense = _dense_to_load(directory, model, mods, shards[0].get("dense"))
     # The fused states first (each optimiser checks its state whole before
-    # it takes it); one refused puts back those loaded before it.
+    # it takes it); one refused puts back every state loaded before it, the
+    # vocabulary's rows' state included when its gates' state is refused.
     loaded = []
     try:
         for (_, mod), st in zip(mods, fused):
-            before = mod._fused_state()
+            loaded.append((mod, mod._fused_state()))
             _put_fused(mod, st, keep_empty=True)
-            loaded.append((mod, before))
     except BaseException:
         for mod, before in reversed(loaded):
             _put_fused(mod, before, keep_empty=False)

@@ -693,12 +693,13 @@ def atomic_load_worker(rank, world, store, index_path, directory, out):
     src = shard(build(index_path, False))
     src(tokens, langs, labels).backward()
     save_shards(src, directory)
-    # A NaN in a moment of the last sharded layer's fused state: the layers
-    # before it load before it is refused.
+    # A NaN in a moment of the last sharded layer's fused state, in its
+    # second optimiser's (the vocabulary's gate logits'): the layers before
+    # it, and its rows' optimiser, load before it is refused.
     path = os.path.join(directory, "shard-0-of-1.pt")
     saved = torch.load(path, weights_only=False)
     last = [p for p, _ in _sharded_modules(src) if saved["layers"][p]["fused"]][-1]
-    key = next(k for k, v in saved["layers"][last]["fused"].items() if v.ndim >= 1)
+    key = next(k for k, v in saved["layers"][last]["fused"].items() if v.ndim >= 1 and k.startswith("1:"))
     saved["layers"][last]["fused"][key].view(-1)[0] = float("nan")
     torch.save(saved, path)
     # Moments in float32, and values after two steps of its own.
