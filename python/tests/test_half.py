@@ -616,3 +616,18 @@ def test_rounding_rows_are_checked_and_key_the_roundings():
         part._core.set_rounding_rows("nope", None)
     part._core.set_rounding_rows(name, None)
     assert part._core.rounding_rows(name) is None
+
+
+def test_a_float16_layer_used_twice_in_a_pass_with_dense_gradients_or_fused_adam():
+    # torch cannot add sparse float16 gradients; the README's ways around it work.
+    ids1, ids2 = torch.tensor([1, 2]), torch.tensor([2, 3])
+    e = SplitTokenEmbeddings({"orig": 10}, ["orig"], 4, dtype=torch.float16, sparse=False)
+    (e(ids1).float().sum() + e(ids2).float().sum()).backward()
+    g = e.token_embedding["orig"].weight.grad
+    assert g.layout == torch.strided and g.dtype == torch.float16
+    assert g[:, 0].tolist() == [0, 1, 2, 1, 0, 0, 0, 0, 0, 0]
+    f = SplitTokenEmbeddings({"orig": 10}, ["orig"], 4, dtype=torch.float16, fused_adam={"lr": 0.1})
+    before = f.token_embedding["orig"].weight.detach().clone()
+    (f(ids1).float().sum() + f(ids2).float().sum()).backward()
+    moved = (f.token_embedding["orig"].weight != before).any(dim=1)
+    assert moved.tolist() == [False, True, True, True] + [False] * 6
