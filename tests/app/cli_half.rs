@@ -429,7 +429,13 @@ fn precisions_the_run_cannot_keep_are_refused() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(
         cli::clap_fails(&dir, &args),
-        "error: invalid value 'int8' for '--dtype <DTYPE>': unknown dtype `int8` (expected f32, f64, bf16 or f16)"
+        "error: invalid value 'int8' for '--dtype <DTYPE>': unknown dtype `int8` (expected f32, bf16 or f16)"
+    );
+    let args = train_args(&dir.join("run"), 5, &["--state-dtype", "f8"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(
+        cli::clap_fails(&dir, &args),
+        "error: invalid value 'f8' for '--state-dtype <STATE_DTYPE>': unknown dtype `f8` (expected f32 or bf16)"
     );
     // `bench` holds its flags to the same rule and names them.
     assert_eq!(

@@ -37,10 +37,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub reference: bool,
     /// How the parameters are kept: f32, bf16 or f16 (the math is f32).
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", value_parser = super::options::param_dtype_arg)]
     pub dtype: Dtype,
     /// How the optimisers keep their moments: f32 or bf16.
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", value_parser = super::options::state_dtype_arg)]
     pub state_dtype: Dtype,
     /// With --dtype or --state-dtype in half precision: also build the workload in f32 and time
     /// its steps alternating with these, in blocks of --versus-block steps, and report the ratios.

@@ -43,7 +43,7 @@ pub struct ExportArgs {
     pub force: bool,
     /// How the tables are written: f32, bf16 or f16 (rounded to nearest
     /// once) [default: as the checkpoint keeps its parameters].
-    #[arg(long)]
+    #[arg(long, value_parser = super::options::param_dtype_arg)]
     pub dtype: Option<Dtype>,
 }
 

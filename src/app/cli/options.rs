@@ -64,16 +64,30 @@ impl ModelArgs {
     }
 }
 
+/// `--dtype`'s value: f32, bf16 or f16 (torch's names too, in any case).
+/// A known dtype the model cannot keep (f64) is taken here and refused by
+/// [`PrecisionArgs::precision`] with its reason.
+pub fn param_dtype_arg(s: &str) -> Result<Dtype, String> {
+    s.parse()
+        .map_err(|_| format!("unknown dtype `{s}` (expected f32, bf16 or f16)"))
+}
+
+/// `--state-dtype`'s value: f32 or bf16, as [`param_dtype_arg`] takes them.
+pub fn state_dtype_arg(s: &str) -> Result<Dtype, String> {
+    s.parse()
+        .map_err(|_| format!("unknown dtype `{s}` (expected f32 or bf16)"))
+}
+
 /// How a training command keeps the model's parameters and the
 /// optimisers' moments, and how it rounds what it keeps in half precision.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct PrecisionArgs {
     /// How the model's parameters are kept: f32, bf16 or f16 (the math is
     /// f32).
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", value_parser = param_dtype_arg)]
     pub dtype: Dtype,
     /// How the optimisers keep their moments: f32 or bf16.
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", value_parser = state_dtype_arg)]
     pub state_dtype: Dtype,
     /// How values stored in bf16 or f16 are rounded: stochastic or nearest
     /// [default: stochastic]; only with --dtype or --state-dtype in half
