@@ -47,4 +47,15 @@ pub use save::save;
 pub use snapshot::{OPTIMIZER, Snapshot, load_state, save_state};
 
 pub(crate) use crate::state::Element;
+
+/// A fresh, empty folder for one of this module's unit tests (`tag`
+/// names the test).
+#[cfg(test)]
+fn test_dir(tag: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("splitgrad-ckpt-unit-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
 pub use crate::state::{Tensor, TensorData, TensorRef};

@@ -284,17 +284,10 @@ impl TensorRef<'_> {
     /// assert!(value.is_nan());
     /// ```
     pub fn first_non_finite(&self) -> Option<(Vec<usize>, f64)> {
-        fn real<T: Real>(a: &ArrayViewD<'_, T>) -> Option<(Vec<usize>, f64)> {
-            if a.iter().all(|x| x.is_finite()) {
-                return None;
-            }
-            a.indexed_iter()
-                .find(|(_, x)| !x.is_finite())
-                .map(|(i, &x)| (i.slice().to_vec(), Real::to_f64(x)))
-        }
+        use crate::io::first_non_finite;
         match self {
-            TensorRef::F32(a) => real(a),
-            TensorRef::F64(a) => real(a),
+            TensorRef::F32(a) => first_non_finite(a.view()),
+            TensorRef::F64(a) => first_non_finite(a.view()),
             TensorRef::BF16(a) => first_non_finite_half(a),
             TensorRef::F16(a) => first_non_finite_half(a),
             TensorRef::I64(_) | TensorRef::U64(_) => None,

@@ -118,12 +118,7 @@ impl<'a> Run<'a> {
     fn save(&mut self) -> Result<()> {
         self.trainer.save(&self.checkpoint)?;
         for f in std::mem::take(&mut self.stale) {
-            match std::fs::remove_file(&f) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(crate::Error::from(e).in_file(&f));
-                }
-                _ => {}
-            }
+            crate::io::remove_if_present(&f).map_err(|e| crate::Error::from(e).in_file(&f))?;
         }
         Ok(())
     }

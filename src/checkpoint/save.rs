@@ -264,19 +264,10 @@ mod tests {
     use crate::checkpoint::Checkpoint;
     use ndarray::array;
     use std::fs;
-    use std::path::PathBuf;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("splitgrad-ckpt-unit-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
-    }
 
     #[test]
     fn streamed_files_equal_the_crates_image() {
-        let dir = temp_dir("stream");
+        let dir = crate::checkpoint::test_dir("stream");
         let path = dir.join("model.safetensors");
         let f32s = array![[1.0f32, -2.0], [0.5, 8.0]];
         let f64s = array![3.0f64, 4.0, 5.0];
@@ -315,7 +306,7 @@ mod tests {
 
     #[test]
     fn failure_before_rename_keeps_old_file_and_removes_temp() {
-        let dir = temp_dir("inject");
+        let dir = crate::checkpoint::test_dir("inject");
         let path = dir.join("model.safetensors");
         let old = array![1.0f32, 2.0];
         save(&path, &[("w", (&old).into())], &BTreeMap::new()).unwrap();

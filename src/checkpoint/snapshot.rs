@@ -311,8 +311,7 @@ mod tests {
 
     #[test]
     fn a_non_finite_parameter_or_moment_is_refused_before_anything_is_written() {
-        let dir = std::env::temp_dir().join(format!("splitgrad-nonfinite-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::checkpoint::test_dir("nonfinite");
         let path = dir.join("run.safetensors");
         std::fs::write(&path, b"the previous checkpoint").unwrap();
         for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {

@@ -123,6 +123,25 @@ fn write_atomic_inner(
     Ok(())
 }
 
+/// Removes the file at `path`; one that is not there is no error (it was
+/// to be gone, and is).
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// let path = std::env::temp_dir().join(format!("splitgrad-doc-gone-{}", std::process::id()));
+/// std::fs::write(&path, b"old")?;
+/// splitgrad::io::remove_if_present(&path)?;
+/// splitgrad::io::remove_if_present(&path)?; // already gone
+/// assert!(!path.exists());
+/// # Ok(()) }
+/// ```
+pub fn remove_if_present(path: impl AsRef<Path>) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// Removes the temporary files that [`write_atomic`] left in `dir` when its
 /// process was killed mid-write (SIGKILL, power loss): files named
 /// `.<name>.tmp-<pid>-<n>` whose process is gone. Those of a live process

@@ -31,7 +31,7 @@ mod writer;
 
 #[cfg(test)]
 pub(crate) use atomic::FAIL_BEFORE_RENAME;
-pub use atomic::{remove_stale_temporaries, write_atomic};
+pub use atomic::{remove_if_present, remove_stale_temporaries, write_atomic};
 pub use column::{Column, Width};
 pub use index::{SplitIndex, load_index, save_index};
 pub use limits::{
@@ -62,14 +62,25 @@ use crate::kernels::Real;
 /// assert!(check_finite(a.slice(ndarray::s![0, ..]), "rows").is_ok());
 /// ```
 pub fn check_finite<T: Real, D: Dimension>(array: ArrayView<'_, T, D>, name: &str) -> Result<()> {
-    if array.iter().all(|x| x.is_finite()) {
-        return Ok(());
+    match first_non_finite(array) {
+        None => Ok(()),
+        Some((position, value)) => {
+            Err(Error::new(ErrorKind::NonFinite { position, value }).in_array(name))
+        }
     }
-    let array = array.into_dyn();
-    let (position, value) = array
+}
+
+/// The multi-index and value of the first NaN or infinity of `array`, in
+/// row-major order ([`check_finite`]'s search, without the error).
+pub(crate) fn first_non_finite<T: Real, D: Dimension>(
+    array: ArrayView<'_, T, D>,
+) -> Option<(Vec<usize>, f64)> {
+    if array.iter().all(|x| x.is_finite()) {
+        return None;
+    }
+    array
+        .into_dyn()
         .indexed_iter()
         .find(|(_, x)| !x.is_finite())
         .map(|(i, &x)| (i.slice().to_vec(), Real::to_f64(x)))
-        .unwrap_or_default();
-    Err(Error::new(ErrorKind::NonFinite { position, value }).in_array(name))
 }

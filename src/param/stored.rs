@@ -75,6 +75,21 @@ impl Dtype {
         }
     }
 
+    /// [`Dtype::safetensors`] as the safetensors crate's type.
+    ///
+    /// ```
+    /// use splitgrad::param::Dtype;
+    /// assert_eq!(Dtype::BF16.safetensors_dtype(), safetensors::Dtype::BF16);
+    /// ```
+    pub fn safetensors_dtype(self) -> safetensors::Dtype {
+        match self {
+            Dtype::F32 => safetensors::Dtype::F32,
+            Dtype::F64 => safetensors::Dtype::F64,
+            Dtype::BF16 => safetensors::Dtype::BF16,
+            Dtype::F16 => safetensors::Dtype::F16,
+        }
+    }
+
     /// The dtype of a safetensors dtype string ([`Dtype::safetensors`]'s
     /// inverse); `None` for any other (`"U64"`, …).
     ///

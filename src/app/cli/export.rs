@@ -215,16 +215,12 @@ pub fn run(args: ExportArgs) -> CliResult<ExitCode> {
     for stem in previous {
         let old = args.out.join(format!("{stem}.safetensors"));
         if !files.contains(&old) {
-            match std::fs::remove_file(&old) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(format!(
-                        "{}: cannot remove the previous export's table: {e}",
-                        old.display()
-                    )
-                    .into());
-                }
-                _ => {}
-            }
+            crate::io::remove_if_present(&old).map_err(|e| {
+                format!(
+                    "{}: cannot remove the previous export's table: {e}",
+                    old.display()
+                )
+            })?;
         }
     }
     println!(

@@ -112,16 +112,6 @@ pub(super) fn history_from(rest: &crate::state::StateDict, step: u64) -> Result<
         .collect())
 }
 
-/// The safetensors dtype a tensor kept as `d` is stored in.
-fn stored_as(d: Dtype) -> safetensors::Dtype {
-    match d {
-        Dtype::F32 => safetensors::Dtype::F32,
-        Dtype::F64 => safetensors::Dtype::F64,
-        Dtype::BF16 => safetensors::Dtype::BF16,
-        Dtype::F16 => safetensors::Dtype::F16,
-    }
-}
-
 /// How a checkpoint of [`Trainer::save`](super::Trainer::save) keeps its
 /// parameters and its moments, from its metadata (`dtype`, and
 /// `state_dtype`, which a checkpoint from before it was recorded does not
@@ -182,7 +172,7 @@ pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
             .in_array(index));
         }
     };
-    let kept = stored_as(dtype);
+    let kept = dtype.safetensors_dtype();
     for (name, shape) in [
         ("token_embedding.vocab.weight", vec![v, d]),
         ("lm_head.vocab.weight", vec![v, d]),
@@ -217,7 +207,7 @@ pub(crate) fn check_header(ck: &Checkpoint) -> Result<()> {
                 ck.expect(name, safetensors::Dtype::U64, &[])?;
                 continue;
             }
-            ck.expect(name, stored_as(state), ck.shape(name)?)?;
+            ck.expect(name, state.safetensors_dtype(), ck.shape(name)?)?;
         }
         let elements = ck
             .shape(name)?

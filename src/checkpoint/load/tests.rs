@@ -3,14 +3,6 @@
 use super::*;
 use std::fs;
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("splitgrad-ckpt-unit-{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Eight tensors of 2^61 − 1 bytes each end at 2^64 − 8: safetensors
 /// 0.8 overflows `buffer_end + N_LEN + n` on this header (a panic in a
 /// debug build) unless it is rejected first.
@@ -30,7 +22,7 @@ fn offsets_near_usize_max_are_a_format_error_not_a_panic() {
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
 
-    let dir = temp_dir("overflow");
+    let dir = crate::checkpoint::test_dir("overflow");
     let path = dir.join("evil.safetensors");
     fs::write(&path, &bytes).unwrap();
     let err = Checkpoint::open(&path).unwrap_err();
@@ -49,7 +41,7 @@ fn offsets_near_usize_max_are_a_format_error_not_a_panic() {
 /// what is wrong with its entry.
 #[test]
 fn a_bad_entry_is_named_with_its_fault() {
-    let dir = temp_dir("diagnose");
+    let dir = crate::checkpoint::test_dir("diagnose");
     let cases = [
         (
             r#""dtype":"BF17","shape":[2],"data_offsets":[0,4]"#,
@@ -93,7 +85,7 @@ fn a_bad_entry_is_named_with_its_fault() {
 /// named by one) are not offsets: such a file opens and reads.
 #[test]
 fn large_numbers_in_the_metadata_are_not_taken_for_offsets() {
-    let dir = temp_dir("bigmeta");
+    let dir = crate::checkpoint::test_dir("bigmeta");
     let path = dir.join("seed.safetensors");
     let meta = BTreeMap::from([
         ("seed".to_string(), u64::MAX.to_string()),
@@ -113,7 +105,7 @@ fn large_numbers_in_the_metadata_are_not_taken_for_offsets() {
 #[test]
 fn tensors_come_from_the_file_as_it_was_opened() {
     use ndarray::Array1;
-    let dir = temp_dir("reopen");
+    let dir = crate::checkpoint::test_dir("reopen");
     let path = dir.join("model.safetensors");
     let old = Array1::from(vec![1.0f32, 2.0, 3.0]);
     let new = Array1::from(vec![7.0f32, 8.0, 9.0]);
@@ -154,7 +146,7 @@ fn tensors_come_from_the_file_as_it_was_opened() {
 #[test]
 fn tensors_past_one_block_read_whole_and_place_their_first_non_finite() {
     use ndarray::Array2;
-    let dir = temp_dir("blocks");
+    let dir = crate::checkpoint::test_dir("blocks");
     let path = dir.join("model.safetensors");
     let cols = 1000;
     let rows = 3 * READ_BLOCK / (4 * cols) + 1;
