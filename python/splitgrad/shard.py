@@ -341,6 +341,9 @@ class _Sharded(nn.Module):
     def _fused_state(self):
         return {}
 
+    def _set_fused_state(self, state):
+        """Puts back a state ``_fused_state`` gave (empty: no state)."""
+
 
 def _param(core, name):
     return nn.Parameter(_tensor_of(core, name))
@@ -466,6 +469,9 @@ class ShardedTokenEmbeddings(_Sharded):
 
     def _fused_state(self):
         return self._fused.state_dict()
+
+    def _set_fused_state(self, state):
+        self._fused.load_state_dict(dict(state), self._core)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         _check_ids(_int_ids(input_ids, "input_ids"), self.vocab, "input_ids")
@@ -628,6 +634,12 @@ class ShardedVocabulary(_Sharded):
             for k, v in opt.state_dict().items():
                 out[f"{i}:{k}"] = v
         return out
+
+    def _set_fused_state(self, state):
+        if self._core is None:
+            return
+        for i, opt in enumerate(self._fused):
+            opt.load_state_dict({k.split(":", 1)[1]: v for k, v in state.items() if k.startswith(f"{i}:")}, self._core)
 
     def _defer(self, grads=None, penalty=0.0, fusion_penalty=0.0):
         # A step left by a backward pass that raised before it ended goes
@@ -1280,14 +1292,16 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
     # The fused states first (each optimiser checks its state whole before
     # it takes it); one refused puts back every state loaded before it, the
     # vocabulary's rows' state included when its gates' state is refused.
+    # (Shards that hold no fused state for a layer leave its state as it is.)
     loaded = []
     try:
         for (_, mod), st in zip(mods, fused):
-            loaded.append((mod, mod._fused_state()))
-            _put_fused(mod, st, keep_empty=True)
+            if st:
+                loaded.append((mod, mod._fused_state()))
+                mod._set_fused_state(st)
     except BaseException:
         for mod, before in reversed(loaded):
-            _put_fused(mod, before, keep_empty=False)
+            mod._set_fused_state(before)
         raise
     with torch.no_grad():
         for mine in rows:
@@ -1298,21 +1312,6 @@ def load_shards(model: nn.Module, directory, optimizer=None) -> None:
         model.load_state_dict(dense, strict=False)
     if optim_sd is not None:
         optimizer.load_state_dict(optim_sd)
-
-
-def _put_fused(mod, state, keep_empty):
-    """Loads a fused Adam state of this process's rows into ``mod`` (as
-    ``_fused_state`` gives it). An empty state leaves the optimiser as it
-    is when ``keep_empty``, else empties it."""
-    if not state and keep_empty:
-        return
-    if isinstance(mod, ShardedVocabulary):
-        if mod._core is None:
-            return
-        for i, opt in enumerate(mod._fused):
-            opt.load_state_dict({k.split(":", 1)[1]: v for k, v in state.items() if k.startswith(f"{i}:")}, mod._core)
-    elif isinstance(mod, ShardedTokenEmbeddings):
-        mod._fused.load_state_dict(dict(state), mod._core)
 
 
 def _my_fused(directory, shards, prefix, local):
