@@ -347,6 +347,27 @@ fn a_resume_with_another_precision_is_refused_naming_both() {
         10,
         &["--resume", "--dtype", "bf16", "--rounding", "stochastic"],
     );
+    // A precision written in a form no run writes is the file's fault, and
+    // the message says what a checkpoint keeps instead of naming a flag
+    // value that would be refused again (bad-inputs row 97).
+    let model = out.join("model.safetensors");
+    for (key, junk, keeps) in [
+        ("dtype", "bfloat16", "f32, bf16, f16"),
+        ("state_dtype", "BF16", "f32, bf16"),
+        ("rounding", "Stochastic", "stochastic or nearest"),
+    ] {
+        let kept = metadata(&model, key);
+        cli::edit_metadata(&model, key, junk);
+        let args = train_args(&out, 20, &["--resume", "--dtype", "bf16"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(
+            cli::fails(&dir, &args, None),
+            format!("{ckpt}metadata `{key}` = {junk:?}: a checkpoint keeps {keeps}"),
+            "{key}"
+        );
+        cli::edit_metadata(&model, key, &kept);
+    }
+    train(&out, 20, &["--resume", "--dtype", "bf16"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

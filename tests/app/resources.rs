@@ -122,7 +122,7 @@ fn nothing_created(dir: &Path) {
 /// Row 48: a quick run whose checkpoint's metadata claims V = 10^12.
 fn vocabulary_of_a_trillion(dir: &Path) {
     cli::run_ok(dir, QUICK);
-    edit_metadata(
+    cli::edit_metadata(
         &dir.join("run/model.safetensors"),
         "vocab_size",
         "1000000000000",
@@ -166,22 +166,6 @@ fn resource_rows_44_to_59() {
             (row.then)(&dir);
         },
     );
-}
-
-/// Rewrites the `__metadata__` of a safetensors file.
-fn edit_metadata(path: &Path, key: &str, value: &str) {
-    let bytes = fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    header["__metadata__"][key] = serde_json::json!(value);
-    let mut text = serde_json::to_vec(&header).unwrap();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out.extend_from_slice(&bytes[8 + n..]);
-    fs::write(path, out).unwrap();
 }
 
 /// A zip archive of one member `token_ids.npy`, stored with `method` (0

@@ -245,3 +245,19 @@ pub fn assert_same_tensors(a: &Path, b: &Path, except: &[&str]) {
         );
     }
 }
+
+/// Rewrites the `__metadata__` of a safetensors file.
+pub fn edit_metadata(path: &Path, key: &str, value: &str) {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"][key] = serde_json::json!(value);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    fs::write(path, out).unwrap();
+}
