@@ -93,6 +93,9 @@ ARGS = parse()
 # The script sits beside the package's sources (python/splitgrad, without the
 # compiled extension): import the installed package, not those.
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+from workload_ids import zipf  # noqa: E402  (numpy only: the workloads' ids)
+
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 HEAP_KEPT = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 # Both settings are read when the process starts: set them, then start again.
@@ -128,14 +131,6 @@ LR = 1e-3
 
 def sz(n):
     return max(1, n // ARGS.scale)
-
-
-def zipf(rng, n, size, s=1.2):
-    """k in 0..n with P(k) ∝ (k + 1)^−s."""
-    w = np.arange(1, n + 1, dtype=np.float64) ** -s
-    cdf = np.cumsum(w)
-    cdf /= cdf[-1]
-    return np.minimum(np.searchsorted(cdf, rng.random(size)), n - 1).astype(np.int64)
 
 
 def d9d_sparse(sizes, order, h):

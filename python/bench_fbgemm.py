@@ -63,6 +63,9 @@ ARGS = parse()
 # The script sits beside the package's sources (python/splitgrad, without the
 # compiled extension): import the installed package, not those.
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+from workload_ids import zipf  # noqa: E402  (numpy only: the workloads' ids)
+
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import torch  # noqa: E402
@@ -98,14 +101,6 @@ LR = 1e-3
 
 def sz(n):
     return max(1, n // ARGS.scale)
-
-
-def zipf(rng, n, size, s=1.2):
-    """k in 0..n with P(k) ∝ (k + 1)^−s."""
-    w = np.arange(1, n + 1, dtype=np.float64) ** -s
-    cdf = np.cumsum(w)
-    cdf /= cdf[-1]
-    return np.minimum(np.searchsorted(cdf, rng.random(size)), n - 1).astype(np.int64)
 
 
 def fbgemm_tables(sizes, dim, optimizer, lr, stochastic_rounding=True):
