@@ -428,6 +428,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             bytes_ratio: (params_bytes + state_bytes) as f64 / (f32_params + f32_state) as f64,
             bytes_moved: f32_moved,
             bandwidth_fraction: f32_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
+            best_bandwidth_fraction: f32_moved as f64
+                / base_step_s.iter().copied().fold(f64::INFINITY, f64::min)
+                / (memcpy_gbps * 1e9),
             update_floor_s: f32_floor.map(|f| f.1),
             loss: base_loss,
             step_s: std::mem::take(&mut base_step_s),
@@ -459,6 +462,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         bytes_terms,
         memcpy_gbps,
         bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
+        best_bandwidth_fraction: bytes_moved as f64 / min_s / (memcpy_gbps * 1e9),
         lazy_adam_elements: adam_elements.map(|e| e.0),
         lazy_adam_gelems: update_floor.map(|f| f.0),
         update_floor_s: update_floor.map(|f| f.1),

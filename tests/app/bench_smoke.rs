@@ -56,6 +56,13 @@ fn every_workload_runs_and_reports_finite_figures() {
             r.bandwidth_fraction.is_finite() && r.bandwidth_fraction > 0.0,
             "{w}"
         );
+        // The fastest step is at least as fast as the median one.
+        assert!(
+            r.best_bandwidth_fraction >= r.bandwidth_fraction,
+            "{w}: {} < {}",
+            r.best_bandwidth_fraction,
+            r.bandwidth_fraction
+        );
         assert!(r.params_bytes > 0, "{w}");
         if cfg!(target_os = "linux") {
             let rss = r.peak_rss_mib.expect("VmHWM on Linux");
