@@ -387,7 +387,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     // Before the copy's buffers raise it.
     let peak_rss_mib = peak_rss_mib();
     let median_s = median(&step_s);
-    let min_s = step_s.iter().copied().fold(f64::INFINITY, f64::min);
+    let min_s = fastest(&step_s);
     let bytes_terms = w.bytes_terms();
     let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
     let params_bytes = w.params_bytes();
@@ -402,6 +402,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         (bytes_moved, b.params_bytes(), b.state_bytes())
     });
     let memcpy_gbps = copy_rate_gbps((64 << 20) / cfg.scale);
+    // Bytes moved in a step of `s` seconds, as a fraction of the copy rate.
+    let of_copy_rate = |bytes: u64, s: f64| bytes as f64 / s / (memcpy_gbps * 1e9);
     // The update's floor (rate, seconds) in the run's dtypes, and in f32.
     let [update_floor, f32_floor] = {
         let after = adam_rates()?;
@@ -427,10 +429,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             state_bytes: f32_state,
             bytes_ratio: (params_bytes + state_bytes) as f64 / (f32_params + f32_state) as f64,
             bytes_moved: f32_moved,
-            bandwidth_fraction: f32_moved as f64 / median_f32 / (memcpy_gbps * 1e9),
-            best_bandwidth_fraction: f32_moved as f64
-                / base_step_s.iter().copied().fold(f64::INFINITY, f64::min)
-                / (memcpy_gbps * 1e9),
+            bandwidth_fraction: of_copy_rate(f32_moved, median_f32),
+            best_bandwidth_fraction: of_copy_rate(f32_moved, fastest(&base_step_s)),
             update_floor_s: f32_floor.map(|f| f.1),
             loss: base_loss,
             step_s: std::mem::take(&mut base_step_s),
@@ -461,8 +461,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         bytes_moved,
         bytes_terms,
         memcpy_gbps,
-        bandwidth_fraction: bytes_moved as f64 / median_s / (memcpy_gbps * 1e9),
-        best_bandwidth_fraction: bytes_moved as f64 / min_s / (memcpy_gbps * 1e9),
+        bandwidth_fraction: of_copy_rate(bytes_moved, median_s),
+        best_bandwidth_fraction: of_copy_rate(bytes_moved, min_s),
         lazy_adam_elements: adam_elements.map(|e| e.0),
         lazy_adam_gelems: update_floor.map(|f| f.0),
         update_floor_s: update_floor.map(|f| f.1),
@@ -481,6 +481,11 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         versus_f32,
         loss,
     })
+}
+
+/// The smallest of a list (∞ for an empty one).
+fn fastest(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// The median of a non-empty list.
