@@ -52,7 +52,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 
 def parse():
@@ -94,7 +93,7 @@ ARGS = parse()
 # compiled extension): import the installed package, not those.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-from workload_ids import zipf  # noqa: E402  (numpy only: the workloads' ids)
+from bench_common import timed, zipf  # noqa: E402  (numpy only)
 
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 HEAP_KEPT = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
@@ -480,15 +479,6 @@ def lmhead():
 
 
 WORKLOADS = {"embed_prompt": embed_prompt, "embed_full": embed_full, "splitvocab": splitvocab, "lmhead": lmhead}
-
-
-def timed(step, k):
-    out = []
-    for _ in range(k):
-        t = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def main():

@@ -1,5 +1,8 @@
-"""The ids of the benchmark workloads (docs/spec.md §5), shared by the
-benchmark scripts beside this file, so that each draws the same batches."""
+"""What the benchmark scripts beside this file share: the workloads' ids
+(docs/spec.md §5), so that each draws the same batches, and the timing of
+a step. numpy and the standard library only."""
+
+import time
 
 import numpy as np
 
@@ -10,3 +13,13 @@ def zipf(rng, n, size, s=1.2):
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
     return np.minimum(np.searchsorted(cdf, rng.random(size)), n - 1).astype(np.int64)
+
+
+def timed(step, k):
+    """The seconds of each of ``k`` calls of ``step``."""
+    out = []
+    for _ in range(k):
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out

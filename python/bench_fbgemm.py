@@ -44,7 +44,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -64,7 +63,7 @@ ARGS = parse()
 # compiled extension): import the installed package, not those.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-from workload_ids import zipf  # noqa: E402  (numpy only: the workloads' ids)
+from bench_common import timed, zipf  # noqa: E402  (numpy only)
 
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
@@ -154,15 +153,6 @@ def workload():
     ids = torch.from_numpy(zipf(rng, sum(sizes.values()), n))
     r = torch.from_numpy(np.random.default_rng(1).standard_normal((n, h), dtype=np.float32)).to(F16)
     return sizes, h, ids, r
-
-
-def timed(step, k):
-    out = []
-    for _ in range(k):
-        t0 = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def speed():
