@@ -555,36 +555,18 @@ fn select_trains_its_shared_model_in_bf16_and_reads_it_back() {
         std::fs::read(&first).unwrap(),
         std::fs::read(&again).unwrap()
     );
-    let err = cli::fails(
-        &dir,
-        &[
-            "select",
-            "--checkpoint",
-            s(&shared),
-            "--dtype",
-            "bf16",
-            "--out",
-            s(&dir.join("c.npz")),
-        ],
-        None,
-    );
-    assert!(err.contains("with --checkpoint it trains none"), "{err}");
-    // --rounding alone too (it was refused as rounding nothing in half
-    // precision, which no flag could mend).
-    let err = cli::fails(
-        &dir,
-        &[
-            "select",
-            "--checkpoint",
-            s(&shared),
-            "--rounding",
-            "nearest",
-            "--out",
-            s(&dir.join("c.npz")),
-        ],
-        None,
-    );
-    assert!(err.contains("with --checkpoint it trains none"), "{err}");
+    // --dtype, and --rounding alone too (it was refused as rounding nothing
+    // in half precision, which no flag could mend), train nothing here.
+    for flag in [["--dtype", "bf16"], ["--rounding", "nearest"]] {
+        let c = dir.join("c.npz");
+        let args = [
+            &["select", "--checkpoint", s(&shared)],
+            &flag[..],
+            &["--out", s(&c)],
+        ];
+        let err = cli::fails(&dir, &args.concat(), None);
+        assert!(err.contains("with --checkpoint it trains none"), "{err}");
+    }
     // A bf16 run of `train` is read as it was kept too.
     let run_dir = dir.join("run");
     train(&run_dir, 20, &["--dtype", "bf16"]);
