@@ -47,6 +47,7 @@ pub use save::save;
 pub use snapshot::{OPTIMIZER, Snapshot, load_state, save_state};
 
 pub(crate) use crate::state::Element;
+pub use crate::state::{Tensor, TensorData, TensorRef};
 
 /// A fresh, empty folder for one of this module's unit tests (`tag`
 /// names the test).
@@ -58,4 +59,3 @@ fn test_dir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
-pub use crate::state::{Tensor, TensorData, TensorRef};
