@@ -97,6 +97,9 @@
 //! 1.85 (edition 2024).
 #![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs)]
+// `serde_json::json!` expands recursively, once a field: the bench report's
+// object needs more than the default 128 levels.
+#![recursion_limit = "256"]
 
 pub mod checkpoint;
 pub mod error;

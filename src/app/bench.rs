@@ -65,7 +65,7 @@ mod workloads;
 
 pub use report::{BenchReport, Versus};
 
-use rates::{copy_rate_gbps, lazy_adam_gelems, peak_rss_mib, sched_ns, sgemm_gflops};
+use rates::{PairedCopy, copy_rate_gbps, lazy_adam_gelems, peak_rss_mib, sched_ns, sgemm_gflops};
 pub use sweep::{SweepConfig, SweepRow, sweep};
 use workloads::build;
 
@@ -317,6 +317,14 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         ])
     };
     let rates_before = adam_rates()?;
+    // The paired copies' buffers, for the larger of a step's traffic and an
+    // f32 step's, made before the steps: the peak memory leaves them out.
+    let moved = |w: &workloads::Built| w.bytes_terms().iter().map(|t| t.1).sum::<u64>();
+    let (run_moved, f32_moved) = (moved(&w), base.as_ref().map_or(0, moved));
+    let rss_before_copies = peak_rss_mib();
+    let mut paired = PairedCopy::new(run_moved.max(f32_moved))?;
+    let mut copy_gbps = Vec::with_capacity(cfg.steps);
+    let mut base_copy_gbps = Vec::new();
     let mut base_step_s = Vec::new();
     let mut base_loss = 0.0;
     let mut step_s = Vec::with_capacity(cfg.steps);
@@ -331,24 +339,26 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         let out = w.step()?;
         Ok((t0.elapsed().as_secs_f64(), out))
     };
-    // n steps of the f32 workload, timed.
-    let mut f32_steps = |base: &mut Option<workloads::Built>, n: usize| -> Result<()> {
-        if let Some(b) = base {
-            for _ in 0..n {
-                let (s, out) = timed(b, HeadKernel::Auto)?;
-                base_step_s.push(s);
-                base_loss = out.loss;
+    // n steps of the f32 workload, timed, each followed by its paired copy.
+    let mut f32_steps =
+        |base: &mut Option<workloads::Built>, paired: &mut PairedCopy, n: usize| -> Result<()> {
+            if let Some(b) = base {
+                for _ in 0..n {
+                    let (s, out) = timed(b, HeadKernel::Auto)?;
+                    base_step_s.push(s);
+                    base_copy_gbps.push(paired.gbps(f32_moved));
+                    base_loss = out.loss;
+                }
             }
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     for i in 0..cfg.steps {
         // The f32 workload takes its turn in blocks: first in every other
         // block, so that neither side always runs after the other.
         let block = cfg.versus_block;
         let f32_first = !(i / block).is_multiple_of(2);
         if f32_first && i.is_multiple_of(block) {
-            f32_steps(&mut base, block.min(cfg.steps - i))?;
+            f32_steps(&mut base, &mut paired, block.min(cfg.steps - i))?;
         }
         // With a reference, every other step runs it first.
         if reference && i % 2 == 1 {
@@ -356,9 +366,10 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         }
         let (s, out) = timed(&mut w, HeadKernel::Auto)?;
         step_s.push(s);
+        copy_gbps.push(paired.gbps(run_moved));
         let last_of_block = (i + 1).is_multiple_of(block) || i + 1 == cfg.steps;
         if last_of_block && !f32_first {
-            f32_steps(&mut base, i % block + 1)?;
+            f32_steps(&mut base, &mut paired, i % block + 1)?;
         }
         if reference && i % 2 == 0 {
             reference_step_s.push(timed(&mut w, HeadKernel::Matrixmultiply)?.0);
@@ -384,12 +395,17 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         (Some(a), Some(b)) => (Some(per_step(a.0, b.0)), Some(per_step(a.1, b.1))),
         _ => (None, None),
     };
-    // Before the copy's buffers raise it.
-    let peak_rss_mib = peak_rss_mib();
+    // Before the copy's buffers raise it, and without the paired copies'.
+    let paired_mib = paired.buffer_bytes() as f64 / (1 << 20) as f64;
+    let peak_rss_mib = peak_rss_mib().map(|after| {
+        let steps = after - paired_mib;
+        rss_before_copies.map_or(steps, |before| before.max(steps))
+    });
+    drop(paired);
     let median_s = median(&step_s);
     let min_s = fastest(&step_s);
     let bytes_terms = w.bytes_terms();
-    let bytes_moved = bytes_terms.iter().map(|t| t.1).sum();
+    let bytes_moved = run_moved;
     let params_bytes = w.params_bytes();
     let state_bytes = w.state_bytes();
     let workspace_bytes = w.workspace_bytes();
@@ -397,13 +413,19 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let useful_flops = w.useful_flops();
     let sgemm_shape = w.sgemm_shape();
     drop(w);
-    let base = base.map(|b| {
-        let bytes_moved: u64 = b.bytes_terms().iter().map(|t| t.1).sum();
-        (bytes_moved, b.params_bytes(), b.state_bytes())
-    });
+    let base = base.map(|b| (f32_moved, b.params_bytes(), b.state_bytes()));
     let memcpy_gbps = copy_rate_gbps((64 << 20) / cfg.scale);
     // Bytes moved in a step of `s` seconds, as a fraction of the copy rate.
     let of_copy_rate = |bytes: u64, s: f64| bytes as f64 / s / (memcpy_gbps * 1e9);
+    // The median over steps of a step's rate against its paired copy's.
+    let of_paired = |bytes: u64, steps: &[f64], copies: &[f64]| {
+        let pairs: Vec<f64> = steps
+            .iter()
+            .zip(copies)
+            .map(|(s, c)| bytes as f64 / s / (c * 1e9))
+            .collect();
+        median(&pairs)
+    };
     // The update's floor (rate, seconds) in the run's dtypes, and in f32.
     let [update_floor, f32_floor] = {
         let after = adam_rates()?;
@@ -431,6 +453,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             bytes_moved: f32_moved,
             bandwidth_fraction: of_copy_rate(f32_moved, median_f32),
             best_bandwidth_fraction: of_copy_rate(f32_moved, fastest(&base_step_s)),
+            paired_memcpy_gbps: median(&base_copy_gbps),
+            paired_bandwidth_fraction: of_paired(f32_moved, &base_step_s, &base_copy_gbps),
+            copy_gbps: std::mem::take(&mut base_copy_gbps),
             update_floor_s: f32_floor.map(|f| f.1),
             loss: base_loss,
             step_s: std::mem::take(&mut base_step_s),
@@ -441,6 +466,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         crate::kernels::gemm::Isa::fast().map(|isa| sgemm_gflops(m, k, n, Some(isa)))
     });
     let gflops = flops.map(|f| f / median_s / 1e9);
+    let paired_bandwidth_fraction = of_paired(bytes_moved, &step_s, &copy_gbps);
     Ok(BenchReport {
         workload: cfg.workload,
         steps: cfg.steps,
@@ -463,6 +489,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         memcpy_gbps,
         bandwidth_fraction: of_copy_rate(bytes_moved, median_s),
         best_bandwidth_fraction: of_copy_rate(bytes_moved, min_s),
+        paired_memcpy_gbps: median(&copy_gbps),
+        paired_bandwidth_fraction,
+        copy_gbps,
         lazy_adam_elements: adam_elements.map(|e| e.0),
         lazy_adam_gelems: update_floor.map(|f| f.0),
         update_floor_s: update_floor.map(|f| f.1),
@@ -696,6 +725,33 @@ mod tests {
             assert_eq!(v.median_ratio, r.median_s / v.median_s);
             let pairs: Vec<f64> = r.step_s.iter().zip(&v.step_s).map(|(a, b)| a / b).collect();
             assert_eq!(v.pair_ratio, median(&pairs));
+            // Each side's steps against the copies paired with them.
+            for (moved, steps, copies, fraction, rate) in [
+                (
+                    r.bytes_moved,
+                    &r.step_s,
+                    &r.copy_gbps,
+                    r.paired_bandwidth_fraction,
+                    r.paired_memcpy_gbps,
+                ),
+                (
+                    v.bytes_moved,
+                    &v.step_s,
+                    &v.copy_gbps,
+                    v.paired_bandwidth_fraction,
+                    v.paired_memcpy_gbps,
+                ),
+            ] {
+                assert_eq!(copies.len(), steps.len(), "{w}");
+                assert!(copies.iter().all(|c| c.is_finite() && *c > 0.0), "{w}");
+                assert_eq!(rate, median(copies), "{w}");
+                let of: Vec<f64> = steps
+                    .iter()
+                    .zip(copies)
+                    .map(|(s, c)| moved as f64 / s / (c * 1e9))
+                    .collect();
+                assert_eq!(fraction, median(&of), "{w}");
+            }
             let bytes = (r.params_bytes + r.state_bytes) as f64;
             assert_eq!(
                 v.bytes_ratio,

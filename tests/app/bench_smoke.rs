@@ -63,6 +63,22 @@ fn every_workload_runs_and_reports_finite_figures() {
             r.best_bandwidth_fraction,
             r.bandwidth_fraction
         );
+        // A copy of the step's size after each step, and the pairs' median.
+        assert_eq!(r.copy_gbps.len(), r.step_s.len(), "{w}");
+        assert!(r.paired_memcpy_gbps.is_finite() && r.paired_memcpy_gbps > 0.0);
+        let (lo, hi) = r
+            .step_s
+            .iter()
+            .zip(&r.copy_gbps)
+            .map(|(s, c)| r.bytes_moved as f64 / s / (c * 1e9))
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), f| {
+                (lo.min(f), hi.max(f))
+            });
+        assert!(
+            (lo..=hi).contains(&r.paired_bandwidth_fraction),
+            "{w}: {} outside the pairs' {lo}..={hi}",
+            r.paired_bandwidth_fraction
+        );
         assert!(r.params_bytes > 0, "{w}");
         if cfg!(target_os = "linux") {
             let rss = r.peak_rss_mib.expect("VmHWM on Linux");

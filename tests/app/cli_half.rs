@@ -195,6 +195,17 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
     assert!((v["median_ratio"].as_f64().unwrap() / ratio - 1.0).abs() < 1e-12);
     assert!(v["bytes_ratio"].as_f64().unwrap() < 0.55, "{v}");
     assert!(v["pair_ratio"].as_f64().unwrap() > 0.0);
+    // Both sides' steps against a copy of their size after each of them.
+    assert!(
+        text.contains("paired copy  each step against a copy"),
+        "{text}"
+    );
+    assert!(text.contains("; against the paired copies: "), "{text}");
+    for side in [&j, v] {
+        assert_eq!(side["copy_gbps"].as_array().unwrap().len(), 4, "{side}");
+        assert!(side["paired_bandwidth_fraction"].as_f64().unwrap() > 0.0);
+        assert!(side["paired_memcpy_gbps"].as_f64().unwrap() > 0.0);
+    }
     assert_eq!(v["block"], 1);
     // The update's floor beside the copy rate, in both dtypes.
     assert!(text.contains("update floor lazy Adam from cache"), "{text}");

@@ -14,6 +14,9 @@ use crate::optim::Optimizer;
 use crate::param::{Dtype, ParamGrad, Parameter, RowSparse, Stored};
 use crate::{Real, Rng};
 
+/// `f32` elements in a 4 KiB page.
+const PAGE: usize = 4096 / std::mem::size_of::<f32>();
+
 /// `VmHWM` of `/proc/self/status` in MiB.
 pub(super) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -45,7 +48,6 @@ pub(super) fn sched_ns() -> Option<(u64, u64)> {
 /// aliasing) and halves the rate, whichever way the allocator placed them.
 pub(super) fn copy_rate_gbps(n: usize) -> f64 {
     const CHUNK: usize = 1 << 16;
-    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
     let n = n.max(CHUNK);
     let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
     let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
@@ -145,4 +147,73 @@ pub(super) fn sgemm_gflops(
     }
     std::hint::black_box(&c);
     2.0 * (m * k * n) as f64 / best / 1e9
+}
+
+/// Copies as large as a step's traffic, one timed right after each timed
+/// step (`bench`'s paired copy rate, [`super::BenchReport::paired_bandwidth_fraction`]):
+/// a step of `b` bytes is followed by a parallel copy that reads `b / 2`
+/// bytes and writes as many, by the same rayon chunks as
+/// [`copy_rate_gbps`], so that the step and the copy it is set against
+/// meet the same machine a few milliseconds apart. Copies take the two
+/// halves of the buffers in turn, so a copy does not find the one before
+/// it in cache; every page is faulted in when the buffers are made.
+pub(super) struct PairedCopy {
+    src: Vec<f32>,
+    dst: Vec<f32>,
+    /// Elements a half holds.
+    half: usize,
+    turn: usize,
+}
+
+impl PairedCopy {
+    /// Buffers for copies of up to `bytes` (read plus written), checked
+    /// against the memory available before they are allocated.
+    pub(super) fn new(bytes: u64) -> Result<PairedCopy> {
+        let half = Self::elements(bytes);
+        // Two halves, and a page to start each buffer on a page boundary.
+        let len = 2 * half + PAGE;
+        crate::io::check_memory(
+            || format!("the paired copy's two buffers of {len} f32"),
+            crate::io::bytes_of(&[len as u64, 2, F32]),
+            "",
+        )?;
+        let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let dst = src.clone();
+        Ok(PairedCopy {
+            src,
+            dst,
+            half,
+            turn: 0,
+        })
+    }
+
+    /// The elements a copy of `bytes` reads: half of them, whole pages.
+    fn elements(bytes: u64) -> usize {
+        ((bytes / 2 / F32) as usize).div_ceil(PAGE).max(1) * PAGE
+    }
+
+    /// Bytes of the two buffers.
+    pub(super) fn buffer_bytes(&self) -> u64 {
+        (self.src.len() + self.dst.len()) as u64 * F32
+    }
+
+    /// One copy of about `bytes` (read plus written; at most the buffers'
+    /// `bytes` at construction), timed: the copy's GB/s.
+    pub(super) fn gbps(&mut self, bytes: u64) -> f64 {
+        const CHUNK: usize = 1 << 16;
+        let n = Self::elements(bytes).min(self.half);
+        let at = self.turn * self.half;
+        self.turn ^= 1;
+        let s0 = self.src.as_ptr().align_offset(4096) + at;
+        let d0 = self.dst.as_ptr().align_offset(4096) + at;
+        let src = &self.src[s0..s0 + n];
+        let dst = &mut self.dst[d0..d0 + n];
+        let t0 = Instant::now();
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let t = t0.elapsed().as_secs_f64();
+        std::hint::black_box(&self.dst);
+        (2 * n as u64 * F32) as f64 / t / 1e9
+    }
 }

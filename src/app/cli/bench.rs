@@ -247,6 +247,15 @@ fn table(r: &BenchReport) -> String {
                 100.0 * r.best_bandwidth_fraction
             ),
         ),
+        (
+            "paired copy".into(),
+            format!(
+                "each step against a copy of as many bytes right after it: {:.0} % \
+                 (median of the pairs; the copies' median {:.1} GB/s)",
+                100.0 * r.paired_bandwidth_fraction,
+                r.paired_memcpy_gbps
+            ),
+        ),
     ];
     if let (Some(n), Some(rate), Some(floor)) =
         (r.lazy_adam_elements, r.lazy_adam_gelems, r.update_floor_s)
@@ -318,10 +327,12 @@ fn table(r: &BenchReport) -> String {
         rows.push((
             "f32 bytes".into(),
             format!(
-                "{} per step: {:.0} % of the copy rate (the fastest step: {:.0} %){}",
+                "{} per step: {:.0} % of the copy rate (the fastest step: {:.0} %; \
+                 against the paired copies: {:.0} %){}",
                 mb(v.bytes_moved),
                 100.0 * v.bandwidth_fraction,
                 100.0 * v.best_bandwidth_fraction,
+                100.0 * v.paired_bandwidth_fraction,
                 match v.update_floor_s {
                     Some(f) => format!(
                         "; update floor {}, {:.0} % of its median",
@@ -383,6 +394,9 @@ fn to_json(r: &BenchReport) -> Value {
         "memcpy_gbps": r.memcpy_gbps,
         "bandwidth_fraction": r.bandwidth_fraction,
         "best_bandwidth_fraction": r.best_bandwidth_fraction,
+        "paired_memcpy_gbps": r.paired_memcpy_gbps,
+        "paired_bandwidth_fraction": r.paired_bandwidth_fraction,
+        "copy_gbps": r.copy_gbps,
         "lazy_adam_elements": r.lazy_adam_elements,
         "lazy_adam_gelems": r.lazy_adam_gelems,
         "update_floor_s": r.update_floor_s,
@@ -417,6 +431,9 @@ fn versus_json(v: &Versus) -> Value {
         "bytes_moved": v.bytes_moved,
         "bandwidth_fraction": v.bandwidth_fraction,
         "best_bandwidth_fraction": v.best_bandwidth_fraction,
+        "paired_memcpy_gbps": v.paired_memcpy_gbps,
+        "paired_bandwidth_fraction": v.paired_bandwidth_fraction,
+        "copy_gbps": v.copy_gbps,
         "update_floor_s": v.update_floor_s,
         "loss": v.loss,
     })
