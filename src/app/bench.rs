@@ -206,6 +206,13 @@ pub struct BenchConfig {
     /// cache. In a longer block the steps after the first follow steps of
     /// their own workload, as in a training loop.
     pub versus_block: usize,
+    /// Right after each timed step (each side's, with `versus_f32`), time
+    /// a copy of as many bytes as the step moves, and set each step
+    /// against its copy ([`BenchReport::paired_bandwidth_fraction`]). The
+    /// copies leave the caches cold for the next step, as alternating with
+    /// `versus_f32` does, so the steps' times are those of a step that
+    /// finds little of its data in the last-level cache.
+    pub paired_copy: bool,
 }
 
 impl BenchConfig {
@@ -221,6 +228,7 @@ impl BenchConfig {
             state_dtype: Dtype::F32,
             versus_f32: false,
             versus_block: VERSUS_BLOCK,
+            paired_copy: false,
         }
     }
 }
@@ -322,7 +330,10 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let moved = |w: &workloads::Built| w.bytes_terms().iter().map(|t| t.1).sum::<u64>();
     let (run_moved, f32_moved) = (moved(&w), base.as_ref().map_or(0, moved));
     let rss_before_copies = peak_rss_mib();
-    let mut paired = PairedCopy::new(run_moved.max(f32_moved))?;
+    let mut paired = match cfg.paired_copy {
+        true => Some(PairedCopy::new(run_moved.max(f32_moved))?),
+        false => None,
+    };
     let mut copy_gbps = Vec::with_capacity(cfg.steps);
     let mut base_copy_gbps = Vec::new();
     let mut base_step_s = Vec::new();
@@ -340,18 +351,22 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         Ok((t0.elapsed().as_secs_f64(), out))
     };
     // n steps of the f32 workload, timed, each followed by its paired copy.
-    let mut f32_steps =
-        |base: &mut Option<workloads::Built>, paired: &mut PairedCopy, n: usize| -> Result<()> {
-            if let Some(b) = base {
-                for _ in 0..n {
-                    let (s, out) = timed(b, HeadKernel::Auto)?;
-                    base_step_s.push(s);
-                    base_copy_gbps.push(paired.gbps(f32_moved));
-                    base_loss = out.loss;
+    let mut f32_steps = |base: &mut Option<workloads::Built>,
+                         paired: &mut Option<PairedCopy>,
+                         n: usize|
+     -> Result<()> {
+        if let Some(b) = base {
+            for _ in 0..n {
+                let (s, out) = timed(b, HeadKernel::Auto)?;
+                base_step_s.push(s);
+                if let Some(p) = paired {
+                    base_copy_gbps.push(p.gbps(f32_moved));
                 }
+                base_loss = out.loss;
             }
-            Ok(())
-        };
+        }
+        Ok(())
+    };
     for i in 0..cfg.steps {
         // The f32 workload takes its turn in blocks: first in every other
         // block, so that neither side always runs after the other.
@@ -366,7 +381,9 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         }
         let (s, out) = timed(&mut w, HeadKernel::Auto)?;
         step_s.push(s);
-        copy_gbps.push(paired.gbps(run_moved));
+        if let Some(p) = &mut paired {
+            copy_gbps.push(p.gbps(run_moved));
+        }
         let last_of_block = (i + 1).is_multiple_of(block) || i + 1 == cfg.steps;
         if last_of_block && !f32_first {
             f32_steps(&mut base, &mut paired, i % block + 1)?;
@@ -396,7 +413,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         _ => (None, None),
     };
     // Before the copy's buffers raise it, and without the paired copies'.
-    let paired_mib = paired.buffer_bytes() as f64 / (1 << 20) as f64;
+    let paired_mib = paired.as_ref().map_or(0, |p| p.buffer_bytes()) as f64 / (1 << 20) as f64;
     let peak_rss_mib = peak_rss_mib().map(|after| {
         let steps = after - paired_mib;
         rss_before_copies.map_or(steps, |before| before.max(steps))
@@ -417,14 +434,15 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
     let memcpy_gbps = copy_rate_gbps((64 << 20) / cfg.scale);
     // Bytes moved in a step of `s` seconds, as a fraction of the copy rate.
     let of_copy_rate = |bytes: u64, s: f64| bytes as f64 / s / (memcpy_gbps * 1e9);
-    // The median over steps of a step's rate against its paired copy's.
+    // The median over steps of a step's rate against its paired copy's,
+    // and the copies' median rate (none without paired copies).
     let of_paired = |bytes: u64, steps: &[f64], copies: &[f64]| {
         let pairs: Vec<f64> = steps
             .iter()
             .zip(copies)
             .map(|(s, c)| bytes as f64 / s / (c * 1e9))
             .collect();
-        median(&pairs)
+        (!copies.is_empty()).then(|| (median(&pairs), median(copies)))
     };
     // The update's floor (rate, seconds) in the run's dtypes, and in f32.
     let [update_floor, f32_floor] = {
@@ -435,6 +453,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             Some((rate, n / rate / 1e9))
         })
     };
+    let f32_paired = of_paired(f32_moved, &base_step_s, &base_copy_gbps);
     let versus_f32 = base.map(|(f32_moved, f32_params, f32_state)| {
         let median_f32 = median(&base_step_s);
         let pairs: Vec<f64> = step_s
@@ -453,8 +472,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
             bytes_moved: f32_moved,
             bandwidth_fraction: of_copy_rate(f32_moved, median_f32),
             best_bandwidth_fraction: of_copy_rate(f32_moved, fastest(&base_step_s)),
-            paired_memcpy_gbps: median(&base_copy_gbps),
-            paired_bandwidth_fraction: of_paired(f32_moved, &base_step_s, &base_copy_gbps),
+            paired_bandwidth_fraction: f32_paired.map(|p| p.0),
+            paired_memcpy_gbps: f32_paired.map(|p| p.1),
             copy_gbps: std::mem::take(&mut base_copy_gbps),
             update_floor_s: f32_floor.map(|f| f.1),
             loss: base_loss,
@@ -466,7 +485,7 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         crate::kernels::gemm::Isa::fast().map(|isa| sgemm_gflops(m, k, n, Some(isa)))
     });
     let gflops = flops.map(|f| f / median_s / 1e9);
-    let paired_bandwidth_fraction = of_paired(bytes_moved, &step_s, &copy_gbps);
+    let paired = of_paired(bytes_moved, &step_s, &copy_gbps);
     Ok(BenchReport {
         workload: cfg.workload,
         steps: cfg.steps,
@@ -489,8 +508,8 @@ fn run_here(cfg: &BenchConfig) -> Result<BenchReport> {
         memcpy_gbps,
         bandwidth_fraction: of_copy_rate(bytes_moved, median_s),
         best_bandwidth_fraction: of_copy_rate(bytes_moved, min_s),
-        paired_memcpy_gbps: median(&copy_gbps),
-        paired_bandwidth_fraction,
+        paired_bandwidth_fraction: paired.map(|p| p.0),
+        paired_memcpy_gbps: paired.map(|p| p.1),
         copy_gbps,
         lazy_adam_elements: adam_elements.map(|e| e.0),
         lazy_adam_gelems: update_floor.map(|f| f.0),
@@ -706,12 +725,16 @@ mod tests {
                 assert_eq!(v.loss.to_bits(), f32_alone.loss.to_bits(), "{w}: f32");
                 assert_eq!(r.loss.to_bits(), half_alone.loss.to_bits(), "{w}: bf16");
             }
+            // With paired copies (which change no loss either).
             let r = run(&BenchConfig {
                 versus_f32: true,
+                paired_copy: true,
                 ..half
             })
             .unwrap();
             let v = r.versus_f32.as_ref().expect("the f32 steps");
+            assert_eq!(v.loss.to_bits(), f32_alone.loss.to_bits(), "{w}: f32");
+            assert_eq!(r.loss.to_bits(), half_alone.loss.to_bits(), "{w}: bf16");
             assert_eq!(
                 (v.params_bytes, v.state_bytes, v.bytes_moved),
                 (
@@ -744,13 +767,13 @@ mod tests {
             ] {
                 assert_eq!(copies.len(), steps.len(), "{w}");
                 assert!(copies.iter().all(|c| c.is_finite() && *c > 0.0), "{w}");
-                assert_eq!(rate, median(copies), "{w}");
+                assert_eq!(rate, Some(median(copies)), "{w}");
                 let of: Vec<f64> = steps
                     .iter()
                     .zip(copies)
                     .map(|(s, c)| moved as f64 / s / (c * 1e9))
                     .collect();
-                assert_eq!(fraction, median(&of), "{w}");
+                assert_eq!(fraction, Some(median(&of)), "{w}");
             }
             let bytes = (r.params_bytes + r.state_bytes) as f64;
             assert_eq!(

@@ -10,6 +10,7 @@ fn every_workload_runs_and_reports_finite_figures() {
             steps: 3,
             threads: Some(3),
             scale: 64,
+            paired_copy: true,
             ..BenchConfig::new(w)
         };
         let r = run(&cfg).unwrap_or_else(|e| panic!("{w}: {e}"));
@@ -65,7 +66,9 @@ fn every_workload_runs_and_reports_finite_figures() {
         );
         // A copy of the step's size after each step, and the pairs' median.
         assert_eq!(r.copy_gbps.len(), r.step_s.len(), "{w}");
-        assert!(r.paired_memcpy_gbps.is_finite() && r.paired_memcpy_gbps > 0.0);
+        let rate = r.paired_memcpy_gbps.expect("paired copies");
+        assert!(rate.is_finite() && rate > 0.0, "{w}");
+        let fraction = r.paired_bandwidth_fraction.expect("paired copies");
         let (lo, hi) = r
             .step_s
             .iter()
@@ -75,9 +78,8 @@ fn every_workload_runs_and_reports_finite_figures() {
                 (lo.min(f), hi.max(f))
             });
         assert!(
-            (lo..=hi).contains(&r.paired_bandwidth_fraction),
-            "{w}: {} outside the pairs' {lo}..={hi}",
-            r.paired_bandwidth_fraction
+            (lo..=hi).contains(&fraction),
+            "{w}: {fraction} outside the pairs' {lo}..={hi}"
         );
         assert!(r.params_bytes > 0, "{w}");
         if cfg!(target_os = "linux") {

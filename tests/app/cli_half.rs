@@ -195,16 +195,11 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
     assert!((v["median_ratio"].as_f64().unwrap() / ratio - 1.0).abs() < 1e-12);
     assert!(v["bytes_ratio"].as_f64().unwrap() < 0.55, "{v}");
     assert!(v["pair_ratio"].as_f64().unwrap() > 0.0);
-    // Both sides' steps against a copy of their size after each of them.
-    assert!(
-        text.contains("paired copy  each step against a copy"),
-        "{text}"
-    );
-    assert!(text.contains("; against the paired copies: "), "{text}");
+    // No paired copies unless asked for.
+    assert!(!text.contains("paired copy"), "{text}");
     for side in [&j, v] {
-        assert_eq!(side["copy_gbps"].as_array().unwrap().len(), 4, "{side}");
-        assert!(side["paired_bandwidth_fraction"].as_f64().unwrap() > 0.0);
-        assert!(side["paired_memcpy_gbps"].as_f64().unwrap() > 0.0);
+        assert!(side["copy_gbps"].as_array().unwrap().is_empty(), "{side}");
+        assert!(side["paired_bandwidth_fraction"].is_null(), "{side}");
     }
     assert_eq!(v["block"], 1);
     // The update's floor beside the copy rate, in both dtypes.
@@ -217,12 +212,13 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
     );
     assert!((floor * rate * 1e9 / n as f64 - 1.0).abs() < 1e-12, "{j}");
     assert!(v["update_floor_s"].as_f64().unwrap() > 0.0, "{v}");
-    // In blocks of 3 steps: 4 steps each still, the report says how.
+    // In blocks of 3 steps: 4 steps each still, the report says how. With
+    // paired copies: each side's steps against a copy after each of them.
     let blocks = run_ok(
         &dir,
         &args
             .iter()
-            .chain(&["--versus-block", "3"])
+            .chain(&["--versus-block", "3", "--paired-copy"])
             .copied()
             .collect::<Vec<_>>(),
     );
@@ -231,11 +227,22 @@ fn bench_versus_f32_reports_both_and_refuses_what_it_cannot_compare() {
         text.contains("in f32, alternating in blocks of 3 steps: this run takes"),
         "{text}"
     );
-    let v = &last_json(&blocks)["versus_f32"];
+    assert!(
+        text.contains("paired copy  each step against a copy"),
+        "{text}"
+    );
+    assert!(text.contains("; against the paired copies: "), "{text}");
+    let j = last_json(&blocks);
+    let v = &j["versus_f32"];
     assert_eq!(
         (v["step_s"].as_array().unwrap().len(), &v["block"]),
         (4, &3.into())
     );
+    for side in [&j, v] {
+        assert_eq!(side["copy_gbps"].as_array().unwrap().len(), 4, "{side}");
+        assert!(side["paired_bandwidth_fraction"].as_f64().unwrap() > 0.0);
+        assert!(side["paired_memcpy_gbps"].as_f64().unwrap() > 0.0);
+    }
     // Without the flag: null.
     let plain = run_ok(
         &dir,
@@ -293,6 +300,12 @@ fn bench_refuses_options_it_would_not_honour() {
         (
             &["--sweep", "--reference"],
             "--reference with --sweep: it times lmhead's step: give lmhead instead".into(),
+        ),
+        (
+            &["--sweep", "--paired-copy"],
+            "--paired-copy with --sweep: it pairs a workload's steps with copies: give a \
+             workload instead"
+                .into(),
         ),
         (
             &["--sweep", "--scale", "4"],

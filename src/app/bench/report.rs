@@ -36,13 +36,14 @@ pub struct Versus {
     /// `bytes_moved / (fastest f32 step) / memcpy rate`
     /// ([`BenchReport::best_bandwidth_fraction`]).
     pub best_bandwidth_fraction: f64,
-    /// The median rate of the copies paired with the f32 steps, GB/s
+    /// With paired copies, [`BenchReport::paired_bandwidth_fraction`] of
+    /// the f32 steps.
+    pub paired_bandwidth_fraction: Option<f64>,
+    /// With paired copies, the median rate of the f32 steps' copies, GB/s
     /// ([`BenchReport::paired_memcpy_gbps`]).
-    pub paired_memcpy_gbps: f64,
-    /// [`BenchReport::paired_bandwidth_fraction`] of the f32 steps.
-    pub paired_bandwidth_fraction: f64,
+    pub paired_memcpy_gbps: Option<f64>,
     /// The rate of each f32 step's paired copy, GB/s, in the order of
-    /// `step_s`.
+    /// `step_s` (empty without paired copies).
     pub copy_gbps: Vec<f64>,
     /// [`BenchReport::update_floor_s`] in f32 (f32 moments).
     pub update_floor_s: Option<f64>,
@@ -111,18 +112,19 @@ pub struct BenchReport {
     /// shared machine the two differ by the steps' spread; a gap that
     /// stays in this one is the step's own.
     pub best_bandwidth_fraction: f64,
-    /// The median rate of the paired copies, GB/s: after each timed step, a
-    /// copy of as many bytes as the step moves (half read, half written),
-    /// timed alone.
-    pub paired_memcpy_gbps: f64,
-    /// The median over steps of `bytes_moved / step / (its paired copy's
+    /// With [`BenchConfig::paired_copy`](super::BenchConfig::paired_copy):
+    /// the median over steps of `bytes_moved / step / (its paired copy's
     /// rate)`: each step against a copy of the same size run right after
     /// it, so that a load or a change of the machine's copy rate during the
     /// run meets both sides, where `bandwidth_fraction` sets the median
     /// step against the best copy after all the steps.
-    pub paired_bandwidth_fraction: f64,
-    /// The rate of each step's paired copy, GB/s, in the order of
-    /// `step_s`.
+    pub paired_bandwidth_fraction: Option<f64>,
+    /// With paired copies, their median rate, GB/s: after each timed step,
+    /// a copy of as many bytes as the step moves (half read, half
+    /// written), timed alone.
+    pub paired_memcpy_gbps: Option<f64>,
+    /// The rate of each step's paired copy, GB/s, in the order of `step_s`
+    /// (empty without paired copies).
     pub copy_gbps: Vec<f64>,
     /// The elements lazy Adam moves in a step (the workloads but
     /// `lmhead`).

@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// its steps alternating with these, in blocks of --versus-block steps, and report the ratios.
     #[arg(long)]
     pub versus_f32: bool,
+    /// Right after each timed step (each side's with --versus-f32), time a copy of as many bytes
+    /// as the step moves, and report each step against its copy (the median of the pairs). The
+    /// copies leave the caches cold for the next step.
+    #[arg(long)]
+    pub paired_copy: bool,
     /// With --versus-f32: the steps each side takes before the other takes its turn [default: 1,
     /// step by step: every step starts on the caches the other workload left]. In a longer block
     /// the steps after the first follow steps of their own workload, as in a training loop.
@@ -154,6 +159,7 @@ pub fn run(args: BenchArgs) -> CliResult<ExitCode> {
         state_dtype: args.state_dtype,
         versus_f32: args.versus_f32,
         versus_block: args.versus_block.unwrap_or(VERSUS_BLOCK),
+        paired_copy: args.paired_copy,
     };
     let r = run_bench(&cfg)?;
     print!("{}", table(&r));
@@ -247,16 +253,17 @@ fn table(r: &BenchReport) -> String {
                 100.0 * r.best_bandwidth_fraction
             ),
         ),
-        (
+    ];
+    if let (Some(f), Some(rate)) = (r.paired_bandwidth_fraction, r.paired_memcpy_gbps) {
+        rows.push((
             "paired copy".into(),
             format!(
                 "each step against a copy of as many bytes right after it: {:.0} % \
-                 (median of the pairs; the copies' median {:.1} GB/s)",
-                100.0 * r.paired_bandwidth_fraction,
-                r.paired_memcpy_gbps
+                 (median of the pairs; the copies' median {rate:.1} GB/s)",
+                100.0 * f
             ),
-        ),
-    ];
+        ));
+    }
     if let (Some(n), Some(rate), Some(floor)) =
         (r.lazy_adam_elements, r.lazy_adam_gelems, r.update_floor_s)
     {
@@ -327,12 +334,14 @@ fn table(r: &BenchReport) -> String {
         rows.push((
             "f32 bytes".into(),
             format!(
-                "{} per step: {:.0} % of the copy rate (the fastest step: {:.0} %; \
-                 against the paired copies: {:.0} %){}",
+                "{} per step: {:.0} % of the copy rate (the fastest step: {:.0} %{}){}",
                 mb(v.bytes_moved),
                 100.0 * v.bandwidth_fraction,
                 100.0 * v.best_bandwidth_fraction,
-                100.0 * v.paired_bandwidth_fraction,
+                match v.paired_bandwidth_fraction {
+                    Some(f) => format!("; against the paired copies: {:.0} %", 100.0 * f),
+                    None => String::new(),
+                },
                 match v.update_floor_s {
                     Some(f) => format!(
                         "; update floor {}, {:.0} % of its median",
@@ -462,6 +471,12 @@ fn refuse_with_sweep(args: &BenchArgs) -> CliResult<()> {
     }
     if args.reference {
         return not("--reference", "it times lmhead's step: give lmhead instead");
+    }
+    if args.paired_copy {
+        return not(
+            "--paired-copy",
+            "it pairs a workload's steps with copies: give a workload instead",
+        );
     }
     if args.scale != 1 {
         return not(
