@@ -40,6 +40,18 @@ pub(super) fn sched_ns() -> Option<(u64, u64)> {
     Some(total)
 }
 
+/// Elements a task of a parallel copy moves (256 KiB of `f32`).
+const CHUNK: usize = 1 << 16;
+
+/// `src` copied into `dst` by rayon tasks of [`CHUNK`] elements: seconds.
+fn par_copy(dst: &mut [f32], src: &[f32]) -> f64 {
+    let t0 = Instant::now();
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    t0.elapsed().as_secs_f64()
+}
+
 /// Best of five parallel copies of `n` `f32` (after one that faults the
 /// pages in), counting bytes read plus bytes written, GB/s.
 ///
@@ -47,7 +59,6 @@ pub(super) fn sched_ns() -> Option<(u64, u64)> {
 /// the source modulo 4096 makes every load wait on the store before it (4K
 /// aliasing) and halves the rate, whichever way the allocator placed them.
 pub(super) fn copy_rate_gbps(n: usize) -> f64 {
-    const CHUNK: usize = 1 << 16;
     let n = n.max(CHUNK);
     let page_aligned = |v: &[f32]| v.as_ptr().align_offset(4096);
     let src_buf: Vec<f32> = (0..n + PAGE).map(|i| i as f32).collect();
@@ -58,11 +69,7 @@ pub(super) fn copy_rate_gbps(n: usize) -> f64 {
     let dst = &mut dst_buf[d0..d0 + n];
     let mut best = f64::INFINITY;
     for rep in 0..6 {
-        let t0 = Instant::now();
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        let t = t0.elapsed().as_secs_f64();
+        let t = par_copy(dst, src);
         if rep > 0 {
             best = best.min(t);
         }
@@ -200,7 +207,6 @@ impl PairedCopy {
     /// One copy of about `bytes` (read plus written; at most the buffers'
     /// `bytes` at construction), timed: the copy's GB/s.
     pub(super) fn gbps(&mut self, bytes: u64) -> f64 {
-        const CHUNK: usize = 1 << 16;
         let n = Self::elements(bytes).min(self.half);
         let at = self.turn * self.half;
         self.turn ^= 1;
@@ -208,11 +214,7 @@ impl PairedCopy {
         let d0 = self.dst.as_ptr().align_offset(4096) + at;
         let src = &self.src[s0..s0 + n];
         let dst = &mut self.dst[d0..d0 + n];
-        let t0 = Instant::now();
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        let t = t0.elapsed().as_secs_f64();
+        let t = par_copy(dst, src);
         std::hint::black_box(&self.dst);
         (2 * n as u64 * F32) as f64 / t / 1e9
     }
