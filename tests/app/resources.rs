@@ -441,3 +441,62 @@ fn a_second_ctrl_c_stops_at_once_with_the_last_checkpoint_intact() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `RAYON_NUM_THREADS` that is not a count, or beyond reason, is refused
+/// as `--threads` would be (rayon alone would fall back to every core
+/// without a word); unset, empty or 0 is every core (bad-inputs row 99).
+#[test]
+fn rayon_num_threads_that_is_not_a_count_is_refused() {
+    let dir = scratch("resources", "rayon_env");
+    let args = ["train", "--steps", "2", "--batch", "64", "--quiet", "--out"];
+    for (value, want) in [
+        (
+            "abc",
+            "RAYON_NUM_THREADS=\"abc\" is not a number of threads: set a count from 1 to 1024 \
+             (0 or unset: every core), or give --threads",
+        ),
+        (
+            "-2",
+            "RAYON_NUM_THREADS=\"-2\" is not a number of threads: set a count from 1 to 1024 \
+             (0 or unset: every core), or give --threads",
+        ),
+        (
+            "100000",
+            "RAYON_NUM_THREADS=100000 is more than 1024; this machine has",
+        ),
+    ] {
+        let out = cli::command(&dir, &[&args[..], &["refused"]].concat())
+            .env("RAYON_NUM_THREADS", value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("splitgrad: error: {want}")),
+            "{value}: {stderr}"
+        );
+        assert!(!dir.join("refused").exists(), "{value}");
+    }
+    // --threads wins over the variable; 0, empty and a count run.
+    for (i, (value, extra)) in [
+        ("abc", &["--threads", "1"][..]),
+        ("0", &[]),
+        ("", &[]),
+        (" 2 ", &[]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out_dir = format!("ran{i}");
+        let out = cli::command(&dir, &[&args[..], &[out_dir.as_str()], extra].concat())
+            .env("RAYON_NUM_THREADS", value)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{value:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(dir.join(&out_dir).join("model.safetensors").exists());
+    }
+}

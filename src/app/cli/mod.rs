@@ -99,6 +99,33 @@ enum GoldenCommand {
 /// The most worker threads a command starts.
 const MAX_THREADS: usize = 1024;
 
+/// The threads `RAYON_NUM_THREADS` (`var`) asks for: unset, empty or 0 is
+/// every core, as rayon reads it. A value that is not a count, or above
+/// [`MAX_THREADS`], is refused rather than ignored (rayon would fall back
+/// to every core, silently).
+fn env_threads(var: Option<std::ffi::OsString>, cores: usize) -> CliResult<usize> {
+    let Some(var) = var else {
+        return Ok(cores);
+    };
+    let text = var.to_string_lossy();
+    match text.trim() {
+        "" => Ok(cores),
+        t => match t.parse::<usize>() {
+            Ok(0) => Ok(cores),
+            Ok(n) if n <= MAX_THREADS => Ok(n),
+            Ok(n) => Err(format!(
+                "RAYON_NUM_THREADS={n} is more than {MAX_THREADS}; this machine has {cores} cores"
+            )
+            .into()),
+            Err(_) => Err(format!(
+                "RAYON_NUM_THREADS={text:?} is not a number of threads: set a count from 1 to \
+                 {MAX_THREADS} (0 or unset: every core), or give --threads"
+            )
+            .into()),
+        },
+    }
+}
+
 /// Sets the worker threads of rayon and of the matrix products.
 pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -111,12 +138,7 @@ pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
             .into());
         }
         Some(n) => n,
-        // As rayon reads it; a value that is not a count is left to it.
-        None => std::env::var("RAYON_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| (1..=MAX_THREADS).contains(&n))
-            .unwrap_or(cores),
+        None => env_threads(std::env::var_os("RAYON_NUM_THREADS"), cores)?,
     };
     if n > cores {
         eprintln!(
