@@ -99,24 +99,20 @@ enum GoldenCommand {
 /// The most worker threads a command starts.
 const MAX_THREADS: usize = 1024;
 
-/// The threads `RAYON_NUM_THREADS` (`var`) asks for: unset, empty or 0 is
-/// every core, as rayon reads it. A value that is not a count, or above
-/// [`MAX_THREADS`], is refused rather than ignored (rayon would fall back
-/// to every core, silently).
-fn env_threads(var: Option<std::ffi::OsString>, cores: usize) -> CliResult<usize> {
+/// The count `RAYON_NUM_THREADS` (`var`) asks for: none where it is
+/// unset, empty or 0 (every core, as rayon reads it). A value that is not
+/// a count is refused rather than ignored (rayon would fall back to every
+/// core, silently); [`set_threads`] bounds a count as it bounds
+/// `--threads`.
+fn env_threads(var: Option<std::ffi::OsString>) -> CliResult<Option<usize>> {
     let Some(var) = var else {
-        return Ok(cores);
+        return Ok(None);
     };
     let text = var.to_string_lossy();
     match text.trim() {
-        "" => Ok(cores),
+        "" => Ok(None),
         t => match t.parse::<usize>() {
-            Ok(0) => Ok(cores),
-            Ok(n) if n <= MAX_THREADS => Ok(n),
-            Ok(n) => Err(format!(
-                "RAYON_NUM_THREADS={n} is more than {MAX_THREADS}; this machine has {cores} cores"
-            )
-            .into()),
+            Ok(n) => Ok((n > 0).then_some(n)),
             Err(_) => Err(format!(
                 "RAYON_NUM_THREADS={text:?} is not a number of threads: set a count from 1 to \
                  {MAX_THREADS} (0 or unset: every core), or give --threads"
@@ -129,16 +125,22 @@ fn env_threads(var: Option<std::ffi::OsString>, cores: usize) -> CliResult<usize
 /// Sets the worker threads of rayon and of the matrix products.
 pub fn set_threads(threads: Option<usize>) -> CliResult<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let n = match threads {
+    // The count asked for, and how it was asked (none: every core).
+    let asked = match threads {
         Some(0) => return Err("--threads must be at least 1".into()),
-        Some(n) if n > MAX_THREADS => {
+        Some(n) => Some((n, format!("--threads {n}"))),
+        None => env_threads(std::env::var_os("RAYON_NUM_THREADS"))?
+            .map(|n| (n, format!("RAYON_NUM_THREADS={n}"))),
+    };
+    let n = match asked {
+        Some((n, how)) if n > MAX_THREADS => {
             return Err(format!(
-                "--threads {n} is more than {MAX_THREADS}; this machine has {cores} cores"
+                "{how} is more than {MAX_THREADS}; this machine has {cores} cores"
             )
             .into());
         }
-        Some(n) => n,
-        None => env_threads(std::env::var_os("RAYON_NUM_THREADS"), cores)?,
+        Some((n, _)) => n,
+        None => cores,
     };
     if n > cores {
         eprintln!(
