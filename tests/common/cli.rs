@@ -151,6 +151,26 @@ pub fn fails(dir: &Path, args: &[&str], limit_kib: Option<u64>) -> String {
         Some(kib) => run_limited(dir, args, kib),
         None => run(dir, args),
     };
+    failed(dir, args, &before, run)
+}
+
+/// As [`fails`] (with no address-space limit), the command set up by
+/// `env` first: an environment variable, say.
+#[track_caller]
+pub fn fails_with(
+    dir: &Path,
+    args: &[&str],
+    env: impl FnOnce(&mut Command) -> &mut Command,
+) -> String {
+    let before = snapshot(dir);
+    let run = env(&mut command(dir, args)).output().unwrap();
+    failed(dir, args, &before, run)
+}
+
+/// The checks of [`fails`] on `run`, `before` the folder's snapshot taken
+/// before it.
+#[track_caller]
+fn failed(dir: &Path, args: &[&str], before: &BTreeMap<PathBuf, Vec<u8>>, run: Output) -> String {
     let stderr = String::from_utf8(run.stderr).unwrap();
     assert_eq!(
         run.status.code(),
@@ -165,7 +185,7 @@ pub fn fails(dir: &Path, args: &[&str], limit_kib: Option<u64>) -> String {
         .filter(|l| !l.starts_with(PROGRESS))
         .collect();
     assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
-    assert_eq!(snapshot(dir), before, "{args:?} changed a file");
+    assert_eq!(&snapshot(dir), before, "{args:?} changed a file");
     lines[0]
         .strip_prefix(ERROR)
         .unwrap_or_else(|| panic!("{args:?}: {}", lines[0]))
