@@ -3,7 +3,7 @@
 //! all, and its naive twin (five generic tape ops) on all. Then the
 //! penalty with the rows' lazy Adam update at `splitvocab`'s size: a pass
 //! for its terms and the update by rows, against the terms formed a block
-//! at a time inside the update.
+//! at a time inside the update; and the blocks' formation alone.
 
 mod common;
 
@@ -124,6 +124,18 @@ fn with_update(c: &mut Criterion) {
                     opt.update_by_rows(sv.rows_mut(), &grad).unwrap();
                     terms.give_back(&work);
                     black_box(p)
+                })
+            })
+        });
+        // The blocks formed alone (their centroids, norms and terms, no
+        // update), on one thread: the formation's arithmetic, the rows in
+        // the last-level cache after the first formation.
+        let (mut sv, _) = fresh();
+        g.bench_function("form_serial", |b| {
+            b.iter(|| {
+                pools.one.install(|| {
+                    let (rows, blocks) = sv.rows_and_fusion_blocks(0.01);
+                    black_box(blocks.penalty(rows.stored().view()).0)
                 })
             })
         });

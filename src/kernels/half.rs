@@ -270,7 +270,8 @@ fn check_lengths(kernel: &str, src: usize, dst: usize) {
 }
 
 /// The index of the first element of `x` that is not finite (±∞ or NaN:
-/// every exponent bit set), scanned in blocks the compiler vectorises.
+/// every exponent bit set), scanned in blocks the compiler vectorises,
+/// compiled for the CPU's widest vectors ([`wide`](super::wide::wide)).
 ///
 /// ```
 /// use half::bf16;
@@ -281,11 +282,16 @@ fn check_lengths(kernel: &str, src: usize, dst: usize) {
 pub fn first_non_finite<H: HalfFloat>(x: &[H]) -> Option<usize> {
     const BLOCK: usize = 4096;
     let bad = |b: &u16| b & H::INF_BITS == H::INF_BITS;
-    H::bits(x)
-        .chunks(BLOCK)
-        .enumerate()
-        .find(|(_, c)| c.iter().fold(false, |any, b| any | bad(b)))
-        .and_then(|(k, c)| c.iter().position(bad).map(|i| k * BLOCK + i))
+    super::wide::wide(
+        #[inline(always)]
+        || {
+            H::bits(x)
+                .chunks(BLOCK)
+                .enumerate()
+                .find(|(_, c)| c.iter().fold(false, |any, b| any | bad(b)))
+                .and_then(|(k, c)| c.iter().position(bad).map(|i| k * BLOCK + i))
+        },
+    )
 }
 
 /// `dst[i] = src[i]` as f32, exactly, on [`HalfPath::chosen`].

@@ -322,14 +322,17 @@ fn spread<T: Real>(
 fn dev_sq_sum<T: Real>(x: &[T], c: &[T]) -> T {
     const LANES: usize = 8;
     let mut acc = [T::zero(); LANES];
-    let (xs, cs) = (x.chunks_exact(LANES), c.chunks_exact(LANES));
-    let (xr, cr) = (xs.remainder(), cs.remainder());
-    for (xs, cs) in xs.zip(cs) {
+    let c = &c[..x.len()];
+    let ((xs, xr), (cs, cr)) = (x.as_chunks::<LANES>(), c.as_chunks::<LANES>());
+    for (xs, cs) in xs.iter().zip(cs) {
         for k in 0..LANES {
             let d = xs[k] - cs[k];
             acc[k] += d * d;
         }
     }
+    // Without this barrier the compiler splits the eight sums into four
+    // vectors of two, loaded two floats at a time, to match the tree below.
+    let acc = std::hint::black_box(acc);
     let mut tail = T::zero();
     for (&a, &b) in xr.iter().zip(cr) {
         tail += (a - b) * (a - b);
