@@ -588,14 +588,7 @@ impl<T: Real> Trainer<T> {
         // A precision the file names in no form a run writes (an alias, a
         // name in capitals) is the file's fault: no flag could match it.
         saved::kept_dtypes(ck)?;
-        if let Some(raw) = ck.metadata().get("rounding")
-            && raw.parse::<RoundingMode>().is_err()
-        {
-            return Err(Error::format(format!(
-                "metadata `rounding` = {raw:?}: a checkpoint keeps stochastic or nearest"
-            ))
-            .in_file(path));
-        }
+        saved::kept_rounding(ck)?;
         // Kept as the flags say; a checkpoint from before `state_dtype`
         // and `rounding` were recorded kept its state as its parameters
         // and rounded nothing.

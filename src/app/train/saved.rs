@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::precision::RoundingMode;
 use super::{HELDOUT_CURVE, HISTORY, RunLabels, StepStats, split_joined};
 use crate::app::eval::HeldOut;
 use crate::app::model::{BigramModel, ModelConfig};
@@ -139,6 +140,22 @@ pub(crate) fn kept_dtypes(ck: &Checkpoint) -> Result<(Dtype, Dtype)> {
         None => dtype,
     };
     Ok((dtype, state))
+}
+
+/// How a checkpoint of [`Trainer::save`](super::Trainer::save) rounds its
+/// narrowing stores, from its metadata (`rounding`, which a checkpoint
+/// from before it was recorded does not have: it rounded stochastically,
+/// or rounded nothing).
+pub(crate) fn kept_rounding(ck: &Checkpoint) -> Result<RoundingMode> {
+    match ck.metadata().get("rounding") {
+        Some(raw) => raw.parse::<RoundingMode>().map_err(|_| {
+            Error::format(format!(
+                "metadata `rounding` = {raw:?}: a checkpoint keeps stochastic or nearest"
+            ))
+            .in_file(ck.path())
+        }),
+        None => Ok(RoundingMode::Stochastic),
+    }
 }
 
 /// Checks the header of a checkpoint of [`Trainer::save`](super::Trainer::save) against its
