@@ -45,21 +45,26 @@ fn lazy_adam(c: &mut Criterion) {
     g.finish();
 
     // The same rows of a bf16 table, the moments in f32 and in bf16, each
-    // store rounded stochastically; the bytes of the same elements at
-    // their widths.
+    // store rounded stochastically, then to nearest; the bytes of the same
+    // elements at their widths.
     for (state, moment_bytes) in [(Dtype::F32, 4), (Dtype::BF16, 2)] {
         let mut g = c.benchmark_group(format!("lazy_adam/update_bf16_{state}_state"));
         g.throughput(Throughput::Bytes(
             ((4 + 2 * 2 + 4 * moment_bytes) * touched * H) as u64,
         ));
-        for (name, pool) in pools.both() {
-            let (mut p, mut opt) = fresh();
-            p.set_dtype(Dtype::BF16).unwrap();
-            opt.set_state_dtype(state).unwrap();
-            opt.set_rounding(Rounding::Stochastic { seed: 0 });
-            g.bench_function(name, |b| {
-                b.iter(|| pool.install(|| opt.update(&mut p, black_box(&grad)).unwrap()))
-            });
+        for (rounding, suffix) in [
+            (Rounding::Stochastic { seed: 0 }, ""),
+            (Rounding::Nearest, "_nearest"),
+        ] {
+            for (name, pool) in pools.both() {
+                let (mut p, mut opt) = fresh();
+                p.set_dtype(Dtype::BF16).unwrap();
+                opt.set_state_dtype(state).unwrap();
+                opt.set_rounding(rounding);
+                g.bench_function(format!("{name}{suffix}"), |b| {
+                    b.iter(|| pool.install(|| opt.update(&mut p, black_box(&grad)).unwrap()))
+                });
+            }
         }
         g.finish();
     }

@@ -1,8 +1,9 @@
 //! The AVX-512 and AVX2 (with F16C) paths of [`super::update_fused`]: whole
 //! blocks of [`LANES`] elements; the caller runs the tail in the plain code.
-//! Every array bf16 rounded stochastically, or only the first with the
-//! others f32, from an even first index, runs the kernels of `layouts`,
-//! compiled for that layout; any other layout of f32 and bf16 arrays, the
+//! Every array bf16, or only the first with the others f32, every bf16
+//! array rounded the same way (stochastically from an even first index, or
+//! to nearest), runs the kernels of `layouts`, compiled for that layout;
+//! any other layout of f32 and bf16 arrays, the
 //! kernels of `paired`, which match each array's kind as they go; a layout
 //! with an f16 array, the kernels here, in the natural order. All give the
 //! same bits. The block loop they share is here.
@@ -145,16 +146,16 @@ pub(super) unsafe fn update_avx512<const N: usize, const K: usize, F: LaneRule<f
     first: u64,
     f: &F,
 ) -> usize {
-    // SAFETY (the three calls): as this function's; `layout` found the
-    // layout each kernel takes.
-    match layouts::layout(arrays, first) {
-        Some(false) => {
-            return unsafe { layouts::update_avx512::<false, N, K, F>(arrays, inputs, first, f) };
-        }
-        Some(true) => {
-            return unsafe { layouts::update_avx512::<true, N, K, F>(arrays, inputs, first, f) };
-        }
-        None => {}
+    // SAFETY (the calls): as this function's; `layout` found the layout
+    // each kernel takes.
+    if let Some(l) = layouts::layout(arrays, first) {
+        let run = match (l.first_only, l.nearest) {
+            (false, false) => layouts::update_avx512::<false, false, N, K, F>,
+            (false, true) => layouts::update_avx512::<false, true, N, K, F>,
+            (true, false) => layouts::update_avx512::<true, false, N, K, F>,
+            (true, true) => layouts::update_avx512::<true, true, N, K, F>,
+        };
+        return unsafe { run(arrays, inputs, first, f) };
     }
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.
@@ -259,16 +260,16 @@ pub(super) unsafe fn update_avx2<const N: usize, const K: usize, F: LaneRule<f32
     first: u64,
     f: &F,
 ) -> usize {
-    // SAFETY (the three calls): as this function's; `layout` found the
-    // layout each kernel takes.
-    match layouts::layout(arrays, first) {
-        Some(false) => {
-            return unsafe { layouts::update_avx2::<false, N, K, F>(arrays, inputs, first, f) };
-        }
-        Some(true) => {
-            return unsafe { layouts::update_avx2::<true, N, K, F>(arrays, inputs, first, f) };
-        }
-        None => {}
+    // SAFETY (the calls): as this function's; `layout` found the layout
+    // each kernel takes.
+    if let Some(l) = layouts::layout(arrays, first) {
+        let run = match (l.first_only, l.nearest) {
+            (false, false) => layouts::update_avx2::<false, false, N, K, F>,
+            (false, true) => layouts::update_avx2::<false, true, N, K, F>,
+            (true, false) => layouts::update_avx2::<true, false, N, K, F>,
+            (true, true) => layouts::update_avx2::<true, true, N, K, F>,
+        };
+        return unsafe { run(arrays, inputs, first, f) };
     }
     if arrays.iter().all(|a| !matches!(a, FusedArray::F16(..))) {
         // SAFETY: as this function's.

@@ -1,40 +1,63 @@
-//! The paired kernels of the two layouts the optimisers run most: every
-//! array in bf16 rounded stochastically (a bf16 parameter with bf16
-//! moments), or only the first (a bf16 parameter with f32 moments), from
-//! an even first index. Each array's kind is a constant of the
-//! monomorphised loop, so the per-array loops unroll, no enum is matched
-//! between the vector instructions and a block's lanes stay in registers:
-//! on a Zen 4 core the Adam rule's block runs in about two thirds of the
-//! general paired kernel's time, which matches each array at run time
-//! (`docs/bench.md`). The bits are the general kernel's: the same pairing,
-//! the same random words, and the same fallbacks (a block with a NaN
-//! input, or whose indices cross a high word, in the plain code; a bf16
-//! output block with a NaN by the full rounding kernel, in the natural
-//! order).
+//! The paired kernels of the layouts the optimisers run most: every
+//! array in bf16 (a bf16 parameter with bf16 moments), or only the first (a
+//! bf16 parameter with f32 moments), every bf16 array rounded the same way:
+//! stochastically from an even first index, or to nearest from any. Each
+//! array's kind and the rounding are constants of the monomorphised loop,
+//! so the per-array loops unroll, no enum is matched between the vector
+//! instructions and a block's lanes stay in registers: on a Zen 4 core the
+//! Adam rule's block runs in about two thirds of the general paired
+//! kernel's time, which matches each array at run time (`docs/bench.md`).
+//! The bits are the general kernel's: the same pairing, the same random
+//! words, and the same fallbacks (a block with a NaN input, or whose
+//! indices cross a high word, in the plain code; a bf16 output block with
+//! a NaN by the full rounding kernel, in the natural order). Rounding to
+//! nearest is the stochastic store with the increments `bf16_nearest` adds
+//! in place of random bits.
 
 use std::arch::x86_64::*;
 
 use super::super::{FusedArray, HALF_LANES, LaneRule, blocks_scalar};
 use super::paired::{
     even_pair_bits_avx2, even_pair_bits_avx512, input_paired_avx512, join_pairs_avx2,
-    join_pairs_avx512, split_pairs_avx2, split_pairs_avx512, store_nan_avx2, store_nan_avx512,
-    store_stochastic_avx2, store_stochastic_avx512, widen_pairs_avx2, widen_pairs_avx512,
+    join_pairs_avx512, nearest_increments_avx2, nearest_increments_avx512, split_pairs_avx2,
+    split_pairs_avx512, store_nan_avx2, store_nan_avx512, store_nan_nearest_avx2,
+    store_nan_nearest_avx512, store_stochastic_avx2, store_stochastic_avx512, widen_pairs_avx2,
+    widen_pairs_avx512,
 };
 use super::{AHEAD, Words, blocks};
 
-/// Which of the two layouts `arrays` is, from `first`: `Some(false)` when
-/// every array is bf16 rounded stochastically, `Some(true)` when only the
-/// first is and the others are f32; `None` otherwise, or for an odd
-/// `first` (a word's two elements then belong to two pairs).
-pub(super) fn layout<const N: usize>(arrays: &[FusedArray<'_>; N], first: u64) -> Option<bool> {
-    let stochastic = |a: &FusedArray<'_>| matches!(a, FusedArray::Bf16(_, Some(_)));
+/// A layout with a kernel of its own ([`layout`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Layout {
+    /// Only the first array is bf16, the others f32 (else every one is
+    /// bf16).
+    pub first_only: bool,
+    /// The bf16 arrays round to nearest (else stochastically).
+    pub nearest: bool,
+}
+
+/// Which layout `arrays` is, from `first`: every array bf16, or only the
+/// first with the others f32, every bf16 array rounded the same way;
+/// `None` otherwise, or for stochastic rounding from an odd `first` (a
+/// word's two elements then belong to two pairs).
+pub(super) fn layout<const N: usize>(arrays: &[FusedArray<'_>; N], first: u64) -> Option<Layout> {
     let full = |a: &FusedArray<'_>| matches!(a, FusedArray::Full(_));
-    match arrays.split_first() {
-        _ if first & 1 == 1 => None,
-        Some((a, rest)) if stochastic(a) && rest.iter().all(stochastic) => Some(false),
-        Some((a, rest)) if stochastic(a) && rest.iter().all(full) => Some(true),
-        _ => None,
-    }
+    let (a, rest) = arrays.split_first()?;
+    let FusedArray::Bf16(_, key) = a else {
+        return None;
+    };
+    let nearest = key.is_none();
+    let alike = |a: &FusedArray<'_>| matches!(a, FusedArray::Bf16(_, k) if k.is_none() == nearest);
+    let first_only = match () {
+        _ if !nearest && first & 1 == 1 => return None,
+        _ if rest.iter().all(alike) => false,
+        _ if rest.iter().all(full) => true,
+        _ => return None,
+    };
+    Some(Layout {
+        first_only,
+        nearest,
+    })
 }
 
 /// Whether array `i` is bf16 in the layout (otherwise f32).
@@ -63,9 +86,9 @@ fn bases_mut<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
     })
 }
 
-/// The AVX-512 kernel of the layout (`FIRST_ONLY`: [`layout`]'s answer)
-/// over the whole blocks, in `update_avx512_paired`'s order and loop
-/// ([`blocks`]); returns the elements done.
+/// The AVX-512 kernel of the layout (`FIRST_ONLY` and `NEAREST`:
+/// [`layout`]'s answer) over the whole blocks, in `update_avx512_paired`'s
+/// order and loop ([`blocks`]); returns the elements done.
 ///
 /// # Safety
 ///
@@ -74,6 +97,7 @@ fn bases_mut<const N: usize>(arrays: &mut [FusedArray<'_>; N]) -> [*mut u8; N] {
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn update_avx512<
     const FIRST_ONLY: bool,
+    const NEAREST: bool,
     const N: usize,
     const K: usize,
     F: LaneRule<f32, N, K>,
@@ -123,12 +147,19 @@ pub(super) unsafe fn update_avx512<
                     let o = _mm512_loadu_ps(l.as_ptr().add(16));
                     if bf16_at::<FIRST_ONLY>(i) {
                         let dst = base[i].cast::<u16>().add(at);
-                        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) == 0 {
-                            // `index` is even (the layout's).
-                            let bits = even_pair_bits_avx512(index, word[i]);
-                            store_stochastic_avx512(dst, e, o, bits);
-                        } else {
-                            store_nan_avx512(dst, e, o, index, word[i]);
+                        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, o) != 0;
+                        match (NEAREST, nan) {
+                            (true, false) => {
+                                let inc = nearest_increments_avx512(e, o);
+                                store_stochastic_avx512(dst, e, o, inc);
+                            }
+                            (true, true) => store_nan_nearest_avx512(dst, e, o),
+                            (false, false) => {
+                                // `index` is even (the layout's).
+                                let bits = even_pair_bits_avx512(index, word[i]);
+                                store_stochastic_avx512(dst, e, o, bits);
+                            }
+                            (false, true) => store_nan_avx512(dst, e, o, index, word[i]),
                         }
                     } else {
                         let dst = base[i].cast::<f32>().add(at);
@@ -160,6 +191,7 @@ pub(super) unsafe fn update_avx512<
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn update_avx2<
     const FIRST_ONLY: bool,
+    const NEAREST: bool,
     const N: usize,
     const K: usize,
     F: LaneRule<f32, N, K>,
@@ -234,12 +266,19 @@ pub(super) unsafe fn update_avx2<
                 let o = _mm256_loadu_ps(l.as_ptr().add(8));
                 if bf16_at::<FIRST_ONLY>(i) {
                     let dst = base[i].cast::<u16>().add(at);
-                    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) == 0 {
-                        // `index` is even (the layout's).
-                        let bits = even_pair_bits_avx2(index, word[i]);
-                        store_stochastic_avx2(dst, e, o, bits);
-                    } else {
-                        store_nan_avx2(dst, e, o, index, word[i]);
+                    let nan = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(e, o)) != 0;
+                    match (NEAREST, nan) {
+                        (true, false) => {
+                            let inc = nearest_increments_avx2(e, o);
+                            store_stochastic_avx2(dst, e, o, inc);
+                        }
+                        (true, true) => store_nan_nearest_avx2(dst, e, o),
+                        (false, false) => {
+                            // `index` is even (the layout's).
+                            let bits = even_pair_bits_avx2(index, word[i]);
+                            store_stochastic_avx2(dst, e, o, bits);
+                        }
+                        (false, true) => store_nan_avx2(dst, e, o, index, word[i]),
                     }
                 } else {
                     let dst = base[i].cast::<f32>().add(at);

@@ -165,6 +165,68 @@ pub(super) fn even_pair_bits_avx2(index: u64, w: u32) -> (__m256i, __m256i) {
     )
 }
 
+/// The increments that make [`store_stochastic_avx512`] round a paired
+/// block's lanes (`e`, `o`, no NaN among them) to nearest, ties to even:
+/// `0x7FFF` plus the lowest bit kept, as `bf16_nearest` adds them.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn nearest_increments_avx512(e: __m512, o: __m512) -> (__m512i, __m512i) {
+    let inc = |x: __m512| {
+        let kept = _mm512_srli_epi32::<16>(_mm512_castps_si512(x));
+        let lowest = _mm512_and_si512(kept, _mm512_set1_epi32(1));
+        _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lowest)
+    };
+    (inc(e), inc(o))
+}
+
+/// [`nearest_increments_avx512`] for the 16 elements of a half block on
+/// AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn nearest_increments_avx2(e: __m256, o: __m256) -> (__m256i, __m256i) {
+    let inc = |x: __m256| {
+        let kept = _mm256_srli_epi32::<16>(_mm256_castps_si256(x));
+        let lowest = _mm256_and_si256(kept, _mm256_set1_epi32(1));
+        _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lowest)
+    };
+    (inc(e), inc(o))
+}
+
+/// A paired bf16 block with a NaN among its lanes rounded to nearest and
+/// stored in the natural order by the full kernel, which quiets the NaN.
+/// Out of line, as [`store_nan_avx512`].
+///
+/// # Safety
+///
+/// `dst` is valid for writing 32 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store_nan_nearest_avx512(dst: *mut u16, e: __m512, o: __m512) {
+    let (x0, x1) = join_pairs_avx512(e, o);
+    for (v, x) in [x0, x1].into_iter().enumerate() {
+        let h = bf16_nearest_avx512(_mm512_castps_si512(x));
+        // SAFETY: the caller's.
+        unsafe { _mm256_storeu_si256(dst.add(16 * v).cast(), h) };
+    }
+}
+
+/// [`store_nan_nearest_avx512`] for 16 elements on AVX2.
+///
+/// # Safety
+///
+/// `dst` is valid for writing 16 bf16.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn store_nan_nearest_avx2(dst: *mut u16, e: __m256, o: __m256) {
+    let (x0, x1) = join_pairs_avx2(e, o);
+    let round = |x: __m256| bf16_nearest_avx2(_mm256_castps_si256(x));
+    let h = pack16_avx2(round(x0), round(x1));
+    // SAFETY: the caller's.
+    unsafe { _mm256_storeu_si256(dst.cast(), h) };
+}
+
 /// `bf16_stochastic` of a bf16 block's lanes (`e`, `o`, in paired order,
 /// no NaN among them) with their random bits (`re` of the even lanes, `ro`
 /// of the odd ones), stored in the natural order: each lane plus its bits,
