@@ -26,6 +26,7 @@ use crate::kernels::Real;
 use crate::kernels::half::first_non_finite;
 use crate::kernels::pool::Pool;
 use crate::kernels::rows::TableRows;
+use crate::kernels::wide::wide_fn;
 use crate::param::StoredView;
 use crate::tape::{Tape, Var};
 
@@ -279,6 +280,7 @@ fn centroid<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T]) {
 /// `k` (`k(p)`: the p-th member's): its centroid `c` and
 /// `s = (Σ_j k_j·d_j) / |g|`, d_j = x_j − c, the sum over members in
 /// increasing order, skipping `k_j = 0`.
+#[inline(always)]
 fn group_terms<T: Real>(
     x: ArrayView2<'_, T>,
     members: &[usize],
@@ -398,7 +400,7 @@ pub fn fusion_penalty_forward_stored<T: Real>(
                         return;
                     }
                     let (x, local) = group_rows.view(members, block);
-                    group_norms(x, local, c, norms);
+                    group_norms_wide(x, local, c, norms);
                 },
             );
     }
@@ -521,7 +523,7 @@ pub fn fusion_penalty_backward_stored<T: Real>(
                         return;
                     }
                     let (x, local) = group_rows.view(members, block);
-                    group_grads(x, local, |p| factor(a, norms[members[p]]), buf, grads);
+                    group_grads(x, local, members, a, norms, buf, grads);
                 },
             );
     }
@@ -531,25 +533,38 @@ pub fn fusion_penalty_backward_stored<T: Real>(
     unsafe { out.assume_init() }.into_dyn()
 }
 
-/// The gradient rows of one group of two or more rows `members` of x,
-/// factors `k` (indexed as `members`), into `grads` (one per member),
-/// with `buf` two rows long.
-fn group_grads<T: Real>(
-    x: ArrayView2<'_, T>,
-    members: &[usize],
-    k: impl Fn(usize) -> T,
-    buf: &mut [T],
-    grads: &mut [&mut [MaybeUninit<T>]],
-) {
-    let width = x.ncols();
-    let (c, s) = buf.split_at_mut(width);
-    group_terms(x.view(), members, &k, c, s);
-    for (p, (gi, &i)) in grads.iter_mut().zip(members).enumerate() {
-        let ki = k(p);
-        let row = x.row(i);
-        let row = row.as_slice().expect("standard layout");
-        for (((g, &v), &c), &s) in gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter()) {
-            g.write(ki * (v - c) - s);
+wide_fn! {
+    /// [`group_norms`] on the CPU's widest vectors.
+    fn group_norms_wide<T: Real>(x: ArrayView2<'_, T>, members: &[usize], c: &mut [T], norms: &mut [T]) {
+        group_norms(x, members, c, norms)
+    }
+}
+
+wide_fn! {
+    /// The gradient rows of one group of two or more rows `members` of x
+    /// (the group's rows `rows` of the table), into `grads` (one per
+    /// member), with `buf` two rows long: the p-th member's factor is
+    /// `factor(a, norms[rows[p]])`. On the CPU's widest vectors.
+    fn group_grads<T: Real>(
+        x: ArrayView2<'_, T>,
+        members: &[usize],
+        rows: &[usize],
+        a: T,
+        norms: &[T],
+        buf: &mut [T],
+        grads: &mut [&mut [MaybeUninit<T>]],
+    ) {
+        let k = |p: usize| factor(a, norms[rows[p]]);
+        let width = x.ncols();
+        let (c, s) = buf.split_at_mut(width);
+        group_terms(x.view(), members, k, c, s);
+        for (p, (gi, &i)) in grads.iter_mut().zip(members).enumerate() {
+            let ki = k(p);
+            let row = x.row(i);
+            let row = row.as_slice().expect("standard layout");
+            for (((g, &v), &c), &s) in gi.iter_mut().zip(row).zip(c.iter()).zip(s.iter()) {
+                g.write(ki * (v - c) - s);
+            }
         }
     }
 }
