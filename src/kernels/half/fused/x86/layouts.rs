@@ -48,11 +48,15 @@ pub(super) fn layout<const N: usize>(arrays: &[FusedArray<'_>; N], first: u64) -
     };
     let nearest = key.is_none();
     let alike = |a: &FusedArray<'_>| matches!(a, FusedArray::Bf16(_, k) if k.is_none() == nearest);
-    let first_only = match () {
-        _ if !nearest && first & 1 == 1 => return None,
-        _ if rest.iter().all(alike) => false,
-        _ if rest.iter().all(full) => true,
-        _ => return None,
+    if !nearest && first & 1 == 1 {
+        return None;
+    }
+    let first_only = if rest.iter().all(alike) {
+        false
+    } else if rest.iter().all(full) {
+        true
+    } else {
+        return None;
     };
     Some(Layout {
         first_only,
