@@ -588,7 +588,7 @@ impl<T: Real> Trainer<T> {
         // A precision the file names in no form a run writes (an alias, a
         // name in capitals) is the file's fault: no flag could match it.
         saved::kept_dtypes(ck)?;
-        saved::kept_rounding(ck)?;
+        let rounding = saved::kept_rounding(ck)?;
         // Kept as the flags say; a checkpoint from before `state_dtype`
         // and `rounding` were recorded kept its state as its parameters
         // and rounded nothing.
@@ -600,7 +600,7 @@ impl<T: Real> Trainer<T> {
             let theirs = match ck.metadata().get(key) {
                 Some(v) => v.as_str(),
                 None if key == "state_dtype" => T::NAME,
-                None if key == "rounding" => RoundingMode::Stochastic.name(),
+                None if key == "rounding" => rounding.name(),
                 None => ck.meta(key)?,
             };
             if theirs != ours[key] {
